@@ -1,0 +1,505 @@
+package rootfs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+)
+
+// Store is the on-disk cache of unpacked images under one directory. Several
+// processes may use one Store at once: every change of an entry happens under
+// that entry's file lock, and every entry appears by an atomic rename.
+//
+// Layout (all directories 0700, files 0600):
+//
+//	rootfs/HEX/          one published entry per platform manifest sha256:HEX
+//	    rootfs/          the unpacked tree, shared read-only by sandboxes
+//	    image.json       Image metadata
+//	    config.json      the image config, as served
+//	    last-used        its mtime is the last time the entry was used
+//	aliases/HEX/PLATFORM the named digest sha256:HEX (index or manifest) on
+//	                     PLATFORM ("linux_amd64") is this manifest (JSON)
+//	refs/KEY.json        the last digest a tag resolved to (for --offline)
+//	leases/HEX/HOLDER    HOLDER (a sandbox) uses entry HEX: rm and gc keep it
+//	locks/HEX.lock       flock(2) lock of entry HEX
+//	tmp/HEX-RANDOM/      an entry being built; removed if its builder died
+//	trash/               entries being removed
+type Store struct {
+	dir string
+}
+
+// Image describes a cached, unpacked image: one platform manifest.
+type Image struct {
+	// ManifestDigest is the platform manifest's digest.
+	ManifestDigest string `json:"manifest_digest"`
+	// Platform is the manifest's platform, "os/arch[/variant]".
+	Platform string `json:"platform"`
+	// ConfigDigest is the image config's digest.
+	ConfigDigest string `json:"config_digest"`
+	// Layers are the layers' compressed digests, bottom first.
+	Layers []string `json:"layers"`
+	// SizeBytes is the size of the regular files of the tree.
+	SizeBytes int64 `json:"size_bytes"`
+	// Created is when the tree was unpacked.
+	Created time.Time `json:"created"`
+	// Rootfs is the unpacked tree's path (not stored; filled on read).
+	Rootfs string `json:"rootfs"`
+	// LastUsed is when a prewarm or a sandbox last used it (not stored).
+	LastUsed time.Time `json:"last_used"`
+	// Names are the references and digests that lead to it (not stored).
+	Names []string `json:"names,omitempty"`
+	// Holders are the leases' holders, e.g. sandbox names (not stored).
+	Holders []string `json:"holders,omitempty"`
+}
+
+// alias is the content of an alias file.
+type alias struct {
+	ManifestDigest string `json:"manifest_digest"`
+	Platform       string `json:"platform"`
+	// Name is the digest the alias is keyed by (index or manifest).
+	Name string `json:"name"`
+}
+
+// refRecord is the content of a refs file: a tag's last resolution.
+type refRecord struct {
+	Ref      string    `json:"ref"`
+	Digest   string    `json:"digest"`
+	Resolved time.Time `json:"resolved"`
+}
+
+// OpenStore opens (creating if needed) the image cache in dir.
+func OpenStore(dir string) (*Store, error) {
+	s := &Store{dir: dir}
+	for _, d := range []string{"", "rootfs", "aliases", "refs", "leases", "locks", "tmp", "trash"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
+			return nil, fmt.Errorf("open image store: %w", err)
+		}
+	}
+	return s, nil
+}
+
+func (s *Store) entryDir(hex string) string     { return filepath.Join(s.dir, "rootfs", hex) }
+func (s *Store) aliasPath(hex string, p Platform) string {
+	return filepath.Join(s.dir, "aliases", hex, p.key())
+}
+
+// refPath names a tag's refs file by the sha256 of the tag, so that no part
+// of a user's string becomes a path.
+func (s *Store) refPath(key string) string {
+	return filepath.Join(s.dir, "refs", sha256Hash([]byte(key)).Hex[:32]+".json")
+}
+
+// get reads a published entry.
+func (s *Store) get(hex string) (*Image, error) {
+	dir := s.entryDir(hex)
+	var img Image
+	if err := readJSON(filepath.Join(dir, "image.json"), &img); err != nil {
+		return nil, err
+	}
+	img.Rootfs = filepath.Join(dir, "rootfs")
+	if fi, err := os.Stat(filepath.Join(dir, "last-used")); err == nil {
+		img.LastUsed = fi.ModTime()
+	}
+	return &img, nil
+}
+
+// touch records a use of entry hex.
+func (s *Store) touch(hex string) {
+	now := time.Now()
+	_ = os.Chtimes(filepath.Join(s.entryDir(hex), "last-used"), now, now)
+}
+
+// resolveAlias returns the entry that (named digest, platform) leads to.
+func (s *Store) resolveAlias(named v1.Hash, p Platform) (*Image, error) {
+	var a alias
+	if err := readJSON(s.aliasPath(named.Hex, p), &a); err != nil {
+		return nil, err
+	}
+	m, err := parseDigest(a.ManifestDigest)
+	if err != nil {
+		return nil, err
+	}
+	return s.get(m.Hex)
+}
+
+// Get returns the cached image that IMAGE (a digest reference, or a tag or
+// layout with its last resolution) leads to on platform p, without any
+// network access. It fails with errdefs.ErrNotFound when it is not cached.
+func (s *Store) Get(image string, p Platform) (*Image, error) {
+	ref, err := ParseReference(image)
+	if err != nil {
+		return nil, err
+	}
+	named := ref.Digest
+	if named.Hex == "" {
+		if named, err = s.lastResolution(ref); err != nil {
+			return nil, err
+		}
+	}
+	img, err := s.resolveAlias(named, p)
+	if err != nil {
+		return nil, fmt.Errorf("image %s for %s is not cached; run flmbox prewarm %s: %w", image, p, image, errdefs.ErrNotFound)
+	}
+	return img, nil
+}
+
+func (s *Store) lastResolution(ref Reference) (v1.Hash, error) {
+	var rec refRecord
+	if err := readJSON(s.refPath(ref.tagKey()), &rec); err != nil {
+		return v1.Hash{}, fmt.Errorf("%s was never resolved on this worker; run flmbox prewarm without --offline: %w", ref, errdefs.ErrNotFound)
+	}
+	return parseDigest(rec.Digest)
+}
+
+// List returns every cached image, most recently used first.
+func (s *Store) List(ctx context.Context) ([]*Image, error) {
+	ents, err := os.ReadDir(filepath.Join(s.dir, "rootfs"))
+	if err != nil {
+		return nil, fmt.Errorf("list images: %w", err)
+	}
+	names := s.names()
+	var out []*Image
+	for _, e := range ents {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		img, err := s.get(e.Name())
+		if err != nil {
+			continue // not an entry (or removed meanwhile)
+		}
+		img.Names = names[img.ManifestDigest]
+		img.Holders, _ = s.holders(e.Name())
+		out = append(out, img)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].LastUsed.After(out[j].LastUsed) })
+	return out, nil
+}
+
+// names maps manifest digests to the names that lead to them: tags and
+// aliases' digests ("sha256:… (linux/amd64)").
+func (s *Store) names() map[string][]string {
+	out := map[string][]string{}
+	byDigest := map[string][]string{} // named digest -> tags
+	refs, _ := os.ReadDir(filepath.Join(s.dir, "refs"))
+	for _, r := range refs {
+		var rec refRecord
+		if readJSON(filepath.Join(s.dir, "refs", r.Name()), &rec) == nil {
+			byDigest[rec.Digest] = append(byDigest[rec.Digest], rec.Ref)
+		}
+	}
+	s.walkAliases(func(_ string, a alias) {
+		if a.Name != a.ManifestDigest {
+			out[a.ManifestDigest] = append(out[a.ManifestDigest], a.Name)
+		}
+		out[a.ManifestDigest] = append(out[a.ManifestDigest], byDigest[a.Name]...)
+	})
+	return out
+}
+
+// walkAliases calls fn for every readable alias file.
+func (s *Store) walkAliases(fn func(path string, a alias)) {
+	named, _ := os.ReadDir(filepath.Join(s.dir, "aliases"))
+	for _, n := range named {
+		plats, _ := os.ReadDir(filepath.Join(s.dir, "aliases", n.Name()))
+		for _, p := range plats {
+			if strings.HasPrefix(p.Name(), ".") {
+				continue // a file being written
+			}
+			path := filepath.Join(s.dir, "aliases", n.Name(), p.Name())
+			var a alias
+			if readJSON(path, &a) == nil {
+				fn(path, a)
+			}
+		}
+	}
+}
+
+var holderRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// Lease records that holder (a sandbox's name) uses the cached image with
+// this manifest digest, so that Remove and GC keep it. Leases outlive the
+// process; Release ends one.
+func (s *Store) Lease(ctx context.Context, manifestDigest, holder string) error {
+	m, err := parseDigest(manifestDigest)
+	if err != nil {
+		return err
+	}
+	if !holderRE.MatchString(holder) {
+		return fmt.Errorf("lease holder %q is not a valid name: %w", holder, errdefs.ErrInvalidArgument)
+	}
+	unlock, err := s.lock(ctx, m.Hex)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if _, err := s.get(m.Hex); err != nil {
+		return fmt.Errorf("lease image %s: not cached: %w", manifestDigest, errdefs.ErrNotFound)
+	}
+	dir := filepath.Join(s.dir, "leases", m.Hex)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	s.touch(m.Hex)
+	return os.WriteFile(filepath.Join(dir, holder), nil, 0o600)
+}
+
+// Release ends holder's lease on the image; releasing a lease that does not
+// exist is not an error.
+func (s *Store) Release(manifestDigest, holder string) error {
+	m, err := parseDigest(manifestDigest)
+	if err != nil {
+		return err
+	}
+	if !holderRE.MatchString(holder) {
+		return fmt.Errorf("lease holder %q is not a valid name: %w", holder, errdefs.ErrInvalidArgument)
+	}
+	err = os.Remove(filepath.Join(s.dir, "leases", m.Hex, holder))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("release lease: %w", err)
+	}
+	_ = os.Remove(filepath.Join(s.dir, "leases", m.Hex)) // only if empty
+	return nil
+}
+
+func (s *Store) holders(hex string) ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(s.dir, "leases", hex))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out, err
+}
+
+// Removed describes an entry that Remove or GC deleted.
+type Removed struct {
+	ManifestDigest string `json:"manifest_digest"`
+	SizeBytes      int64  `json:"size_bytes"`
+}
+
+// Remove deletes what IMAGE names: a manifest digest removes that entry; an
+// index digest, a digest reference or a tag removes every platform entry it
+// leads to, and its aliases. Nothing cached under that name is not an error
+// (Remove is idempotent). An entry leased by a sandbox is kept and the call
+// fails with errdefs.ErrFailedPrecondition.
+func (s *Store) Remove(ctx context.Context, image string) ([]Removed, error) {
+	var named v1.Hash
+	var tagPath string
+	if h, err := parseDigest(image); err == nil {
+		named = h
+	} else {
+		ref, err := ParseReference(image)
+		if err != nil {
+			return nil, err
+		}
+		named = ref.Digest
+		if named.Hex == "" {
+			tagPath = s.refPath(ref.tagKey())
+			if named, err = s.lastResolution(ref); err != nil {
+				return nil, nil // never resolved here: nothing to remove
+			}
+		}
+	}
+	targets := map[string]bool{}
+	if _, err := os.Stat(s.entryDir(named.Hex)); err == nil {
+		targets[named.Hex] = true
+	}
+	s.walkAliases(func(_ string, a alias) {
+		if a.Name == named.String() {
+			if m, err := parseDigest(a.ManifestDigest); err == nil {
+				targets[m.Hex] = true
+			}
+		}
+	})
+	var removed []Removed
+	var errs []error
+	for hex := range targets {
+		r, err := s.removeEntry(ctx, hex)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if r != nil {
+			removed = append(removed, *r)
+		}
+	}
+	if len(errs) == 0 {
+		_ = os.RemoveAll(filepath.Join(s.dir, "aliases", named.Hex))
+		if tagPath != "" {
+			_ = os.Remove(tagPath)
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// removeEntry deletes entry hex and every alias that leads to it, unless it
+// is leased.
+func (s *Store) removeEntry(ctx context.Context, hex string) (*Removed, error) {
+	unlock, err := s.lock(ctx, hex)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	img, err := s.get(hex)
+	if err != nil {
+		return nil, nil // already gone
+	}
+	if h, _ := s.holders(hex); len(h) > 0 {
+		return nil, fmt.Errorf("image %s is used by %s; remove those sandboxes first (flmbox sandbox rm): %w",
+			img.ManifestDigest, strings.Join(h, ", "), errdefs.ErrFailedPrecondition)
+	}
+	s.walkAliases(func(path string, a alias) {
+		if a.ManifestDigest == img.ManifestDigest {
+			_ = os.Remove(path)
+			_ = os.Remove(filepath.Dir(path)) // only if empty
+		}
+	})
+	trash, err := os.MkdirTemp(filepath.Join(s.dir, "trash"), hex+"-")
+	if err != nil {
+		return nil, fmt.Errorf("remove image %s: %w", img.ManifestDigest, err)
+	}
+	if err := os.Rename(s.entryDir(hex), filepath.Join(trash, "entry")); err != nil {
+		return nil, fmt.Errorf("remove image %s: %w", img.ManifestDigest, err)
+	}
+	if err := os.RemoveAll(trash); err != nil {
+		return nil, fmt.Errorf("remove image %s: delete its files: %w", img.ManifestDigest, err)
+	}
+	return &Removed{ManifestDigest: img.ManifestDigest, SizeBytes: img.SizeBytes}, nil
+}
+
+// GCOptions select what GC removes besides leftovers of interrupted pulls.
+type GCOptions struct {
+	// UnusedFor removes entries not used for this long (0: no such rule).
+	UnusedFor time.Duration
+	// MaxBytes, when not nil, removes least recently used entries until the
+	// cache holds at most this many bytes.
+	MaxBytes *int64
+}
+
+// GC removes leftovers of interrupted pulls and removals, aliases that lead
+// nowhere, and the unleased entries that the options select.
+func (s *Store) GC(ctx context.Context, o GCOptions) ([]Removed, error) {
+	s.cleanLeftovers()
+	s.walkAliases(func(path string, a alias) {
+		if m, err := parseDigest(a.ManifestDigest); err != nil || !exists(s.entryDir(m.Hex)) {
+			_ = os.Remove(path)
+			_ = os.Remove(filepath.Dir(path))
+		}
+	})
+	imgs, err := s.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// Oldest use first.
+	sort.Slice(imgs, func(i, j int) bool { return imgs[i].LastUsed.Before(imgs[j].LastUsed) })
+	var total int64
+	for _, img := range imgs {
+		total += img.SizeBytes
+	}
+	var removed []Removed
+	for _, img := range imgs {
+		old := o.UnusedFor > 0 && time.Since(img.LastUsed) > o.UnusedFor
+		over := o.MaxBytes != nil && total > *o.MaxBytes
+		if !(old || over) || len(img.Holders) > 0 {
+			continue
+		}
+		m, _ := parseDigest(img.ManifestDigest)
+		r, err := s.removeEntry(ctx, m.Hex)
+		if err != nil {
+			if errors.Is(err, errdefs.ErrFailedPrecondition) {
+				continue // leased meanwhile
+			}
+			return removed, err
+		}
+		if r != nil {
+			total -= r.SizeBytes
+			removed = append(removed, *r)
+		}
+	}
+	return removed, nil
+}
+
+// cleanLeftovers removes staging entries whose builder is gone (its lock is
+// free) and everything in trash.
+func (s *Store) cleanLeftovers() {
+	tmps, _ := os.ReadDir(filepath.Join(s.dir, "tmp"))
+	for _, t := range tmps {
+		hex, _, _ := strings.Cut(t.Name(), "-")
+		if _, err := parseDigest("sha256:" + hex); err != nil {
+			_ = os.RemoveAll(filepath.Join(s.dir, "tmp", t.Name()))
+			continue
+		}
+		if unlock, ok := s.tryLock(hex); ok {
+			_ = os.RemoveAll(filepath.Join(s.dir, "tmp", t.Name()))
+			unlock()
+		}
+	}
+	trash, _ := os.ReadDir(filepath.Join(s.dir, "trash"))
+	for _, t := range trash {
+		_ = os.RemoveAll(filepath.Join(s.dir, "trash", t.Name()))
+	}
+}
+
+// removeStaging removes leftovers of earlier builds of entry hex. The caller
+// holds the entry's lock, so no live builder owns them.
+func (s *Store) removeStaging(hex string) {
+	tmps, _ := os.ReadDir(filepath.Join(s.dir, "tmp"))
+	for _, t := range tmps {
+		if strings.HasPrefix(t.Name(), hex+"-") {
+			_ = os.RemoveAll(filepath.Join(s.dir, "tmp", t.Name()))
+		}
+	}
+}
+
+func exists(p string) bool {
+	_, err := os.Lstat(p)
+	return err == nil
+}
+
+func readJSON(p string, v any) error {
+	b, err := readFileLimit(p, maxManifestBytes)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("parse %s: %w", p, err)
+	}
+	return nil
+}
+
+// writeJSONAtomic writes v to p through a temporary file in p's directory
+// and a rename, so readers see the old or the new content, never a part.
+func writeJSONAtomic(p string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(filepath.Dir(p), ".tmp-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), p)
+}
