@@ -32,7 +32,7 @@ func ParsePlatform(s string) (Platform, error) {
 	}
 	for _, p := range parts {
 		if !validPlatformPart(p) {
-			return Platform{}, fmt.Errorf("parse platform %q: %q is not a valid part (letters, digits, '.', '_', '-'): %w", s, p, errdefs.ErrInvalidArgument)
+			return Platform{}, fmt.Errorf("parse platform %q: %q is not a valid part (letters, digits, '.', '_', '-', starting with a letter or digit): %w", s, p, errdefs.ErrInvalidArgument)
 		}
 	}
 	p := Platform{OS: parts[0], Architecture: parts[1]}
@@ -43,7 +43,7 @@ func ParsePlatform(s string) (Platform, error) {
 }
 
 func validPlatformPart(s string) bool {
-	if s == "" || len(s) > 32 {
+	if s == "" || len(s) > 32 || s[0] == '.' || s[0] == '-' {
 		return false
 	}
 	for _, c := range s {

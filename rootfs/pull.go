@@ -229,6 +229,9 @@ func (s *Store) build(ctx context.Context, src source, md v1.Hash, m *v1.Manifes
 	}
 	defer unlock()
 	if img, err := s.get(md.Hex); err == nil {
+		if img.Platform != o.Platform.String() {
+			return nil, false, fmt.Errorf("image %s is for %s, not %s; choose its platform with --platform: %w", md, img.Platform, o.Platform, errdefs.ErrNotFound)
+		}
 		s.touch(md.Hex)
 		return img, true, nil
 	}

@@ -88,7 +88,7 @@ func OpenStore(dir string) (*Store, error) {
 	return s, nil
 }
 
-func (s *Store) entryDir(hex string) string     { return filepath.Join(s.dir, "rootfs", hex) }
+func (s *Store) entryDir(hex string) string { return filepath.Join(s.dir, "rootfs", hex) }
 func (s *Store) aliasPath(hex string, p Platform) string {
 	return filepath.Join(s.dir, "aliases", hex, p.key())
 }

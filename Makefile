@@ -1,0 +1,78 @@
+# flmbox: two commands on a fresh Debian machine, as root:
+#   make demo   installs what it needs, builds, and runs the main job
+#   make test   installs what it needs and runs every test (unit, fuzz smoke, integration)
+
+SHELL := /bin/bash
+GO ?= go
+export CGO_ENABLED := 0
+export PATH := /usr/local/go/bin:$(PATH)
+
+RUNSC_VERSION := v0.0.0-20260905035102-160fafc42237
+RUNSC_BIN     := /usr/local/bin/runsc
+FLMBOX        := bin/flmbox
+FLMBOX_ROOT   ?= /var/lib/flmbox
+FUZZTIME      ?= 20s
+
+.PHONY: all build deps runsc testimage demo test unit integration fuzz bench vet clean
+
+all: build
+
+build:
+	$(GO) build -trimpath -o $(FLMBOX) ./cmd/flmbox
+
+# System packages: debootstrap builds the test image.
+deps:
+	@command -v $(GO) >/dev/null || { echo "Go is missing: install Go 1.26 into /usr/local/go" >&2; exit 1; }
+	@command -v debootstrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap; }
+
+# gVisor's runsc, pinned, built without cgo (a cgo build fails at create).
+# Falls back to Debian's runsc package if the build fails.
+runsc:
+	@if [ -x $(RUNSC_BIN) ] && $(GO) version -m $(RUNSC_BIN) 2>/dev/null | grep -q '$(RUNSC_VERSION)'; then \
+		echo "runsc $(RUNSC_VERSION) is installed at $(RUNSC_BIN)"; \
+	elif GOBIN=/usr/local/bin $(GO) install gvisor.dev/gvisor/runsc@$(RUNSC_VERSION); then \
+		echo "built runsc $(RUNSC_VERSION) into $(RUNSC_BIN)"; \
+	else \
+		echo "building runsc failed; installing Debian's runsc package" >&2; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq runsc; \
+	fi
+
+# The Python test image (debootstrap, cached under /var/cache/flmbox/testimage).
+testimage: deps
+	@mkdir -p bin
+	$(GO) run ./internal/cmd/testimage -json > bin/testimage.json.tmp && mv bin/testimage.json.tmp bin/testimage.json
+	@cat bin/testimage.json
+
+demo: deps runsc build testimage
+	@layout=$$(sed -n 's/.*"layout": *"\([^"]*\)".*/\1/p' bin/testimage.json); \
+	index=$$(sed -n 's/.*"index_digest": *"\([^"]*\)".*/\1/p' bin/testimage.json); \
+	set -x; \
+	$(FLMBOX) doctor; \
+	$(FLMBOX) --root $(FLMBOX_ROOT) prewarm oci-layout:$$layout@$$index; \
+	$(FLMBOX) --root $(FLMBOX_ROOT) prewarm --json oci-layout:$$layout@$$index; \
+	$(FLMBOX) --root $(FLMBOX_ROOT) images ls
+
+vet:
+	$(GO) vet ./...
+	$(GO) vet -tags integration ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+
+unit:
+	$(GO) test -count=1 ./...
+
+fuzz:
+	$(GO) test -run=NONE -fuzz=FuzzUnpack -fuzztime=$(FUZZTIME) ./rootfs/
+
+# Integration tests need root, runsc and the test image; a missing piece fails them.
+integration: deps runsc
+	$(GO) test -count=1 -tags integration -timeout 40m ./integration/ ./internal/testimage/
+
+test: deps runsc vet unit fuzz integration
+
+# Side-by-side timings (never asserted): cold prewarm vs crane export | tar, cache-hit prewarm.
+bench: deps runsc
+	@command -v crane >/dev/null || GOBIN=/usr/local/bin $(GO) install github.com/google/go-containerregistry/cmd/crane@v0.22.1
+	$(GO) test -count=1 -tags integration -run=NONE -bench=. -benchtime=1x -timeout 30m ./integration/
+
+clean:
+	rm -rf bin

@@ -1,0 +1,166 @@
+//go:build integration
+
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"github.com/flmbox/flmbox/internal/testimage"
+	"github.com/flmbox/flmbox/runtime"
+)
+
+var (
+	// flmboxBin is the flmbox binary under test, built by TestMain.
+	flmboxBin string
+	// img is the Python test image.
+	img *testimage.Image
+	// runscPath is the runsc binary the tests use.
+	runscPath string
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(setup(m))
+}
+
+func setup(m *testing.M) int {
+	fail := func(format string, args ...any) int {
+		fmt.Fprintf(os.Stderr, "integration: "+format+"\n", args...)
+		return 1
+	}
+	if os.Geteuid() != 0 {
+		return fail("the integration tests need root: run make test as root")
+	}
+	var err error
+	if runscPath, err = runtime.FindRunsc(os.Getenv(runtime.RunscEnv)); err != nil {
+		return fail("%v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	if img, err = testimage.Build(ctx, testimage.Options{Log: os.Stderr}); err != nil {
+		return fail("build the test image: %v", err)
+	}
+	dir, err := os.MkdirTemp("", "flmbox-integration-")
+	if err != nil {
+		return fail("%v", err)
+	}
+	defer os.RemoveAll(dir)
+	flmboxBin = filepath.Join(dir, "flmbox")
+	build := exec.CommandContext(ctx, "go", "build", "-o", flmboxBin, "../cmd/flmbox")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		return fail("build flmbox: %v\n%s", err, out)
+	}
+	return m.Run()
+}
+
+// testRegistry serves the test image from an in-process registry on
+// loopback, counting requests and able to tamper with blobs.
+type testRegistry struct {
+	srv      *httptest.Server
+	host     string
+	requests atomic.Int64
+	blobGets atomic.Int64
+
+	mu      sync.Mutex
+	corrupt map[string]bool // blob digest -> serve it with a flipped byte
+}
+
+const repo = "flmbox/python"
+
+// startRegistry starts a registry holding the test image's index as
+// flmbox/python:3.12-slim.
+func startRegistry(t testing.TB) *testRegistry {
+	t.Helper()
+	r := &testRegistry{corrupt: map[string]bool{}}
+	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		r.requests.Add(1)
+		if req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/blobs/sha256:") {
+			r.blobGets.Add(1)
+			d := req.URL.Path[strings.LastIndex(req.URL.Path, "/")+1:]
+			r.mu.Lock()
+			corrupt := r.corrupt[d]
+			r.mu.Unlock()
+			if corrupt {
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, req)
+				b := rec.Body.Bytes()
+				b[len(b)/2] ^= 0xff
+				w.WriteHeader(http.StatusOK)
+				w.Write(b)
+				return
+			}
+		}
+		h.ServeHTTP(w, req)
+	}))
+	t.Cleanup(r.srv.Close)
+	r.host = strings.TrimPrefix(r.srv.URL, "http://")
+	ref, err := name.ParseReference(r.tagRef())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.WriteIndex(ref, img.Index); err != nil {
+		t.Fatalf("push the test image: %v", err)
+	}
+	r.requests.Store(0)
+	r.blobGets.Store(0)
+	return r
+}
+
+func (r *testRegistry) tagRef() string    { return r.host + "/" + repo + ":3.12-slim" }
+func (r *testRegistry) digestRef() string { return r.host + "/" + repo + "@" + img.IndexDigest.String() }
+
+// result is a finished flmbox process.
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// flmbox runs the flmbox binary with --root root.
+func flmbox(t testing.TB, root string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, flmboxBin, append([]string{"--root", root, "--runsc", runscPath}, args...)...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	res := result{stdout: stdout.String(), stderr: stderr.String()}
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		res.code = ee.ExitCode()
+	case err != nil:
+		t.Fatalf("run flmbox %v: %v", args, err)
+	}
+	return res
+}
+
+// mustFlmbox runs flmbox and fails the test unless it exits 0.
+func mustFlmbox(t testing.TB, root string, args ...string) string {
+	t.Helper()
+	res := flmbox(t, root, args...)
+	if res.code != 0 {
+		t.Fatalf("flmbox %v: exit %d\nstdout: %s\nstderr: %s", args, res.code, res.stdout, res.stderr)
+	}
+	return res.stdout
+}

@@ -1,0 +1,204 @@
+package testimage
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/errdefs"
+)
+
+// debootstrapPath is where Debian installs debootstrap; PATH is searched
+// first.
+const debootstrapPath = "/usr/sbin/debootstrap"
+
+// runDebootstrap builds r into target. debootstrap runs in its own process
+// group and mount namespace, so the /proc and /sys it mounts inside target
+// vanish with it even when it is killed; on cancellation the group gets
+// SIGTERM, then the leader SIGKILL after 30 s. The error carries the tail of
+// its output.
+func runDebootstrap(ctx context.Context, r recipe, target string) error {
+	bin, err := exec.LookPath("debootstrap")
+	if err != nil {
+		bin = debootstrapPath
+		if _, serr := os.Stat(bin); serr != nil {
+			return fmt.Errorf("find debootstrap: install it with 'apt-get install debootstrap': %w", errors.Join(err, errdefs.ErrNotFound))
+		}
+	}
+	tail := &tailBuffer{max: 8 << 10}
+	cmd := exec.CommandContext(ctx, bin, r.debootstrapArgs(target)...)
+	cmd.Env = append(os.Environ(),
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"LC_ALL=C", "DEBIAN_FRONTEND=noninteractive")
+	cmd.Stdout, cmd.Stderr = tail, tail
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Unshareflags: syscall.CLONE_NEWNS}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
+	cmd.WaitDelay = 30 * time.Second
+	if err := cmd.Run(); err != nil {
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			err = errors.Join(ctxErr, err)
+		}
+		return fmt.Errorf("run debootstrap %s (mirror %s); its output ends with:\n%s\n%w",
+			strings.Join(cmd.Args[1:], " "), r.Mirror, tail.lines(30), err)
+	}
+	return nil
+}
+
+// tailBuffer keeps the last bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	buf []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if over := len(t.buf) - t.max; over > 0 {
+		t.buf = t.buf[over:]
+	}
+	return len(p), nil
+}
+
+// lines returns the last n lines.
+func (t *tailBuffer) lines(n int) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ls := strings.Split(strings.TrimRight(string(t.buf), "\n"), "\n")
+	if len(ls) > n {
+		ls = ls[len(ls)-n:]
+	}
+	return strings.Join(ls, "\n")
+}
+
+// cleanStats tells what cleanTree removed.
+type cleanStats struct {
+	Removed int      // top-level entries removed
+	Special []string // device nodes, sockets and fifos among them (and below)
+}
+
+// cleanTree empties dev, proc, sys and run (keeping the directories) and
+// drops downloaded packages and apt lists from the tree at root.
+func cleanTree(root string) (cleanStats, error) {
+	var st cleanStats
+	var victims []string
+	for _, d := range []string{"dev", "proc", "sys", "run", "var/lib/apt/lists"} {
+		ents, err := os.ReadDir(filepath.Join(root, d))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return st, fmt.Errorf("clean tree: %w", err)
+		}
+		for _, e := range ents {
+			victims = append(victims, filepath.Join(root, d, e.Name()))
+		}
+	}
+	debs, err := filepath.Glob(filepath.Join(root, "var/cache/apt/archives/*.deb"))
+	if err != nil {
+		return st, fmt.Errorf("clean tree: %w", err)
+	}
+	victims = append(victims, debs...)
+	if err := refuseMounts(root); err != nil {
+		return st, err
+	}
+	for _, v := range victims {
+		filepath.WalkDir(v, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && d.Type()&(fs.ModeDevice|fs.ModeCharDevice|fs.ModeSocket|fs.ModeNamedPipe) != 0 {
+				rel, _ := filepath.Rel(root, p)
+				st.Special = append(st.Special, rel)
+			}
+			return nil
+		})
+		if err := os.RemoveAll(v); err != nil {
+			return st, fmt.Errorf("clean tree: %w", err)
+		}
+		st.Removed++
+	}
+	return st, nil
+}
+
+// mountsUnder lists the mount points at or below dir in this process's
+// mount namespace.
+func mountsUnder(dir string) ([]string, error) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("read mount table: %w", err)
+	}
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs
+	}
+	if real, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = real
+	}
+	var out []string
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 5 {
+			continue
+		}
+		mp := unescapeMountinfo(f[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	return out, nil
+}
+
+// unescapeMountinfo decodes the octal escapes (\040 for a space) of
+// /proc/self/mountinfo.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// refuseMounts fails when something is mounted below dir: removing the
+// tree would then delete files outside it (a bind-mounted /dev).
+func refuseMounts(dir string) error {
+	mps, err := mountsUnder(dir)
+	if err != nil {
+		return err
+	}
+	if len(mps) > 0 {
+		return fmt.Errorf("refuse to remove %s: %s still mounted below it; unmount them (umount -R) and retry: %w",
+			dir, strings.Join(mps, ", "), errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// removeTree removes a build directory unless something is mounted in it.
+func removeTree(dir string) error {
+	if err := refuseMounts(dir); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove %s: %w", dir, err)
+	}
+	return nil
+}
