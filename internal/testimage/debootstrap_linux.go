@@ -49,8 +49,8 @@ func runDebootstrap(ctx context.Context, r recipe, target string) error {
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			err = errors.Join(ctxErr, err)
 		}
-		return fmt.Errorf("run debootstrap %s (mirror %s); its output ends with:\n%s\n%w",
-			strings.Join(cmd.Args[1:], " "), r.Mirror, tail.lines(30), err)
+		return fmt.Errorf("run debootstrap %s: %w\ncheck that the mirror is reachable and the cache directory has 500 MB free; debootstrap's output ends with:\n%s",
+			strings.Join(cmd.Args[1:], " "), err, tail.lines(30))
 	}
 	return nil
 }
