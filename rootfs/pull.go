@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"hash"
 	"io"
@@ -149,9 +148,15 @@ func (s *Store) Prewarm(ctx context.Context, image string, opts *PullOptions) (*
 		}
 	}
 
+	// Descend from the index to the platform's manifest. A wrapper index
+	// (one entry, itself an index: what pushing an OCI layout's index.json
+	// makes) is followed, one level deep.
 	manifestDigest, manifestRaw := topDigest, raw
-	if kind == kindIndex {
-		d, err := pickManifest(raw, o.Platform)
+	for depth := 0; kind == kindIndex; depth++ {
+		if depth == 2 {
+			return nil, fmt.Errorf("resolve %s: indexes nested more than one level deep are not supported: %w", image, errdefs.ErrNotImplemented)
+		}
+		d, err := pickManifest(manifestRaw, o.Platform)
 		if err != nil {
 			return nil, fmt.Errorf("resolve %s: %w", image, err)
 		}
@@ -162,8 +167,8 @@ func (s *Store) Prewarm(ctx context.Context, image string, opts *PullOptions) (*
 		if got := sha256Hash(manifestRaw); got != d.Digest {
 			return nil, &DigestMismatchError{What: "manifest for " + o.Platform.String(), Kind: "digest", Expected: d.Digest.String(), Actual: got.String()}
 		}
-		if k, err := classify(manifestRaw, mt); err != nil || k != kindImage {
-			return nil, fmt.Errorf("resolve %s for %s: the index entry is not an image manifest (nested indexes are not supported): %w", image, o.Platform, errors.Join(err, errdefs.ErrNotImplemented))
+		if kind, err = classify(manifestRaw, mt); err != nil {
+			return nil, fmt.Errorf("resolve %s for %s: %w", image, o.Platform, err)
 		}
 	}
 	m, err := v1.ParseManifest(strings.NewReader(string(manifestRaw)))
@@ -208,16 +213,24 @@ func pickManifest(raw []byte, p Platform) (*v1.Descriptor, error) {
 			continue
 		}
 		if p.matches(*d.Platform) {
-			if _, err := parseDigest(d.Digest.String()); err != nil {
-				return nil, err
-			}
-			return d, nil
+			return d, checkDescriptor(d)
 		}
 		if d.Platform.OS != "unknown" {
 			have = append(have, Platform{OS: d.Platform.OS, Architecture: d.Platform.Architecture, Variant: d.Platform.Variant}.normalize().String())
 		}
 	}
+	if len(idx.Manifests) == 1 && idx.Manifests[0].Platform == nil && idx.Manifests[0].MediaType.IsIndex() {
+		return &idx.Manifests[0], checkDescriptor(&idx.Manifests[0])
+	}
+	if len(have) == 0 {
+		return nil, fmt.Errorf("the index names no platforms; name a platform manifest by its digest: %w", errdefs.ErrNotFound)
+	}
 	return nil, fmt.Errorf("the index has no image for %s (it has %s); choose one with --platform: %w", p, strings.Join(have, ", "), errdefs.ErrNotFound)
+}
+
+func checkDescriptor(d *v1.Descriptor) error {
+	_, err := parseDigest(d.Digest.String())
+	return err
 }
 
 // build unpacks the image with manifest m into the cache unless it is there,

@@ -559,3 +559,29 @@ func TestParsePlatform(t *testing.T) {
 		}
 	}
 }
+
+func TestPrewarmFollowsWrapperIndex(t *testing.T) {
+	r := newTestRegistry(t)
+	ref, amd := pushIndex(t, r, "py")
+	inner, err := name.ParseReference(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, err := remote.Index(inner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What `crane push --index` of an OCI layout makes: an index whose only
+	// entry is the real index, without a platform.
+	wrapper := mutate.AppendManifests(mutate.IndexMediaType(empty.Index, types.OCIImageIndex), mutate.IndexAddendum{Add: idx})
+	wref, _ := name.ParseReference(r.ref(t, "wrapped") + ":latest")
+	if err := remote.WriteIndex(wref, wrapper); err != nil {
+		t.Fatal(err)
+	}
+	wd, _ := wrapper.Digest()
+	res, err := newTestStore(t).Prewarm(context.Background(), r.ref(t, "wrapped")+"@"+wd.String(), &PullOptions{Platform: amd64})
+	md, _ := amd.Digest()
+	if err != nil || res.ManifestDigest != md.String() || res.IndexDigest != wd.String() {
+		t.Fatalf("wrapped index: %+v %v", res, err)
+	}
+}
