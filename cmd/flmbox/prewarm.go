@@ -29,7 +29,10 @@ func prewarmCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			if f, ok := c.App.ErrWriter.(*os.File); ok && !c.Bool("json") && term.IsTerminal(int(f.Fd())) {
+			switch f, ok := c.App.ErrWriter.(*os.File); {
+			case c.Bool("debug"):
+				opts.Progress = newDebugProgress(c.App.ErrWriter)
+			case ok && !c.Bool("json") && term.IsTerminal(int(f.Fd())):
 				p := newTTYProgress(f)
 				defer p.Close()
 				opts.Progress = p

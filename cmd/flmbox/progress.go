@@ -69,3 +69,28 @@ func (p *ttyProgress) Close() {
 }
 
 func humanSize(n int64) string { return units.BytesSize(float64(n)) }
+
+// debugProgress logs each layer's phase changes with the time since the
+// pull started (--debug), to show where a pull's time goes.
+type debugProgress struct {
+	mu    sync.Mutex
+	w     io.Writer
+	start time.Time
+	phase map[int]string
+}
+
+func newDebugProgress(w io.Writer) *debugProgress {
+	return &debugProgress{w: w, start: time.Now(), phase: map[int]string{}}
+}
+
+// Layer implements rootfs.Progress.
+func (p *debugProgress) Layer(s rootfs.LayerStatus) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.phase[s.Index] == s.Phase {
+		return
+	}
+	p.phase[s.Index] = s.Phase
+	fmt.Fprintf(p.w, "%8.1f ms  layer %d/%d %s %s (%s)\n", float64(time.Since(p.start).Microseconds())/1000,
+		s.Index, s.Count, s.Digest, s.Phase, units.BytesSize(float64(s.Size)))
+}
