@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -153,6 +154,9 @@ func (u *Unpacker) applyEntry(tr *tar.Reader, hdr *tar.Header, ls *layerState) e
 	if strings.HasPrefix(base, whiteoutPrefix) {
 		return u.whiteout(hdr.Name, dir, base, ls)
 	}
+	if strings.Contains("/"+dir, "/"+whiteoutMeta) {
+		return nil // inside aufs metadata (.wh..wh.plnk/…): ignored with it
+	}
 	if hdr.Uid < 0 || hdr.Gid < 0 || hdr.Uid > 1<<32-2 || hdr.Gid > 1<<32-2 {
 		return errUnsafe("owner %d:%d is out of range", hdr.Uid, hdr.Gid)
 	}
@@ -226,6 +230,11 @@ func (ls *layerState) setDir(p string, hdr *tar.Header) {
 }
 
 func (u *Unpacker) writeFile(pfd int, base string, tr io.Reader, hdr *tar.Header) error {
+	// Sparse entries expand holes without reading the stream, so the bytes
+	// written are bounded on their own.
+	if hdr.Size > u.opts.MaxBytes-u.size {
+		return &LimitError{What: "uncompressed bytes", Limit: u.opts.MaxBytes}
+	}
 	fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("create file: %w", err)
@@ -292,9 +301,6 @@ func (u *Unpacker) whiteout(name, dir, base string, ls *layerState) error {
 		return errUnsafe("invalid whiteout name %q", base)
 	}
 	p := path.Join(dir, target)
-	if ls.added[p] {
-		return nil // a whiteout never hides entries of its own layer
-	}
 	pfd, err := u.openDir(dir, unix.O_PATH)
 	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
 		return nil // nothing there to hide
@@ -303,6 +309,15 @@ func (u *Unpacker) whiteout(name, dir, base string, ls *layerState) error {
 		return fmt.Errorf("resolve %q: %w", dir, err)
 	}
 	defer unix.Close(pfd)
+	if ls.added[p] {
+		// A whiteout never hides entries of its own layer. If this layer
+		// put entries into a lower directory, hide only the lower ones.
+		fd, err := unix.Openat(pfd, target, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil // this layer's own non-directory: kept
+		}
+		return clearLower(fd, p, ls)
+	}
 	if err := removeAllAt(pfd, target); err != nil {
 		return fmt.Errorf("whiteout %q: %w", p, err)
 	}
@@ -397,11 +412,17 @@ func setTimesAt(pfd int, base string, hdr *tar.Header) error {
 	if !hdr.AccessTime.IsZero() {
 		atime = clampTime(hdr.AccessTime)
 	}
-	ts := []unix.Timespec{unix.NsecToTimespec(atime.UnixNano()), unix.NsecToTimespec(mtime.UnixNano())}
+	ts := []unix.Timespec{timespec(atime), timespec(mtime)}
 	if err := unix.UtimesNanoAt(pfd, base, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return fmt.Errorf("set times: %w", err)
 	}
 	return nil
+}
+
+// timespec converts t without going through UnixNano, which overflows after
+// the year 2262.
+func timespec(t time.Time) unix.Timespec {
+	return unix.Timespec{Sec: t.Unix(), Nsec: int64(t.Nanosecond())}
 }
 
 // openDir resolves p (relative to the tree's root, "" for the root) inside
