@@ -72,7 +72,8 @@ type LayerStatus struct {
 	Digest string
 	// Size is the compressed size; Fetched the bytes fetched so far.
 	Size, Fetched int64
-	// Phase is "fetching", "fetched", "unpacking" or "done".
+	// Phase is "fetching", "fetched", "unpacking" or "done"; a layer may be
+	// unpacking while it is still fetching.
 	Phase string
 }
 
@@ -349,26 +350,31 @@ func checkLayer(l v1.Descriptor) error {
 }
 
 // fetchAndUnpack fetches the layers in parallel (up to o.Jobs at once, bottom
-// layer first) into staging/blobs, verifying each blob's size and digest as it
-// streams, and meanwhile unpacks them in order into staging/rootfs,
-// decompressing and hashing ahead of the unpacker in another goroutine and
-// checking each diff_id once the layer's stream has been read to its end.
-// It returns the unpacked size.
+// layer first) into spool files in staging/blobs, verifying each blob's size
+// and digest as it streams, and meanwhile unpacks them in order into
+// staging/rootfs, each as soon as its first bytes arrive. A goroutine
+// decompresses and hashes ahead of the unpacker; each diff_id is checked once
+// the layer's stream has been read to its end, and a layer counts as applied
+// only once its fetch verified the blob. It returns the unpacked size.
 func fetchAndUnpack(ctx context.Context, src source, layers []v1.Descriptor, diffIDs []v1.Hash, staging string, o *PullOptions) (int64, error) {
 	blobs := filepath.Join(staging, "blobs")
 	if err := os.Mkdir(blobs, 0o700); err != nil {
 		return 0, err
 	}
-	blobPath := func(i int) string { return filepath.Join(blobs, fmt.Sprint(i)) }
+	spools := make([]*spool, len(layers))
+	for i := range layers {
+		sp, err := newSpool(filepath.Join(blobs, fmt.Sprint(i)))
+		if err != nil {
+			return 0, err
+		}
+		defer sp.close()
+		spools[i] = sp
+	}
 	status := func(i int, phase string, fetched int64) {
 		o.Progress.Layer(LayerStatus{Index: i + 1, Count: len(layers), Digest: layers[i].Digest.String(), Size: layers[i].Size, Fetched: fetched, Phase: phase})
 	}
 
 	g, gctx := errgroup.WithContext(ctx)
-	ready := make([]chan struct{}, len(layers))
-	for i := range ready {
-		ready[i] = make(chan struct{})
-	}
 	var size int64
 	g.Go(func() error {
 		u, err := NewUnpacker(filepath.Join(staging, "rootfs"), &o.Unpack)
@@ -377,38 +383,43 @@ func fetchAndUnpack(ctx context.Context, src source, layers []v1.Descriptor, dif
 		}
 		defer u.Close()
 		for i, l := range layers {
-			select {
-			case <-ready[i]:
-			case <-gctx.Done():
-				return gctx.Err()
+			what := fmt.Sprintf("layer %d (%s)", i+1, l.Digest)
+			status(i, "unpacking", 0)
+			err := applyLayer(gctx, u, spools[i].reader(gctx), diffIDs[i], what)
+			// A failed fetch (a digest mismatch) explains a failed unpack
+			// better than the unpack's own error.
+			if ferr := spools[i].wait(); ferr != nil {
+				return ferr
 			}
-			status(i, "unpacking", l.Size)
-			if err := applyLayer(gctx, u, blobPath(i), diffIDs[i], fmt.Sprintf("layer %d (%s)", i+1, l.Digest)); err != nil {
+			if err != nil {
 				return err
 			}
-			_ = os.Remove(blobPath(i))
+			spools[i].close()
 			status(i, "done", l.Size)
 		}
 		size = u.Size()
 		return nil
 	})
 	sem := make(chan struct{}, o.Jobs)
-dispatch:
 	for i, l := range layers {
 		select {
 		case sem <- struct{}{}:
 		case <-gctx.Done():
-			break dispatch
+			for _, sp := range spools[i:] {
+				sp.finish(gctx.Err())
+			}
+			return 0, g.Wait()
 		}
 		g.Go(func() error {
 			defer func() { <-sem }()
-			err := fetchBlob(gctx, src, l, blobPath(i), func(n int64) { status(i, "fetching", n) })
+			err := fetchBlob(gctx, src, l, spools[i], func(n int64) { status(i, "fetching", n) })
 			if err != nil {
-				return fmt.Errorf("fetch layer %d (%s): %w", i+1, l.Digest, err)
+				err = fmt.Errorf("fetch layer %d (%s): %w", i+1, l.Digest, err)
+			} else {
+				status(i, "fetched", l.Size)
 			}
-			status(i, "fetched", l.Size)
-			close(ready[i])
-			return nil
+			spools[i].finish(err)
+			return err
 		})
 	}
 	if err := g.Wait(); err != nil {
@@ -417,21 +428,16 @@ dispatch:
 	return size, nil
 }
 
-// fetchBlob copies blob d to path, checking its size and digest.
-func fetchBlob(ctx context.Context, src source, d v1.Descriptor, path string, progress func(int64)) error {
+// fetchBlob copies blob d into w, checking its size and digest.
+func fetchBlob(ctx context.Context, src source, d v1.Descriptor, w io.Writer, progress func(int64)) error {
 	rc, err := src.blob(ctx, d.Digest)
 	if err != nil {
 		return err
 	}
 	defer rc.Close()
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
 	h := sha256.New()
-	w := &progressWriter{w: io.MultiWriter(f, h), report: progress}
-	n, err := io.Copy(w, io.LimitReader(&ctxReader{ctx: ctx, r: rc}, d.Size+1))
+	pw := &progressWriter{w: io.MultiWriter(w, h), report: progress}
+	n, err := io.Copy(pw, io.LimitReader(&ctxReader{ctx: ctx, r: rc}, d.Size+1))
 	if n == d.Size {
 		if got := hashOf(h); got != d.Digest.String() {
 			return &DigestMismatchError{What: "blob", Kind: "digest", Expected: d.Digest.String(), Actual: got}
@@ -443,7 +449,7 @@ func fetchBlob(ctx context.Context, src source, d v1.Descriptor, path string, pr
 	if n != d.Size {
 		return fmt.Errorf("size mismatch: the manifest says %d bytes, the blob has %s: %w", d.Size, sizeSeen(n, d.Size), errdefs.ErrFailedPrecondition)
 	}
-	return f.Close()
+	return nil
 }
 
 func sizeSeen(n, want int64) string {
@@ -453,15 +459,10 @@ func sizeSeen(n, want int64) string {
 	return fmt.Sprint(n)
 }
 
-// applyLayer decompresses and unpacks one fetched layer, checking its
+// applyLayer decompresses and unpacks one layer read from r, checking its
 // diff_id. Decompression and hashing run ahead in their own goroutine.
-func applyLayer(ctx context.Context, u *Unpacker, path string, diffID v1.Hash, what string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	dr, err := decompress(f)
+func applyLayer(ctx context.Context, u *Unpacker, r io.Reader, diffID v1.Hash, what string) error {
+	dr, err := decompress(r)
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
