@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 
@@ -44,8 +45,17 @@ import (
 // An Unpacker is not safe for concurrent use. The tree must not be modified by
 // anyone else while it is being unpacked.
 type Unpacker struct {
-	root      int // O_PATH descriptor of the tree
-	opts      UnpackOptions
+	root     int // O_PATH descriptor of the tree
+	opts     UnpackOptions
+	uid, gid int    // owner of the entries the process creates
+	umask    uint32 // the process's umask (0o777 if unknown)
+
+	// The cached descriptor of the last parent directory (see parent).
+	dirFd     int
+	dirPath   string
+	dirSetgid bool
+	dirty     bool // something was removed since dirFd was opened
+
 	remaining int64 // bytes left in the MaxBytes budget
 	entries   int64
 	size      int64
@@ -59,11 +69,13 @@ func NewUnpacker(dir string, opts *UnpackOptions) (*Unpacker, error) {
 		return nil, fmt.Errorf("open unpack directory %s: %w", dir, err)
 	}
 	o := opts.withDefaults()
-	return &Unpacker{root: fd, opts: o, remaining: o.MaxBytes, buf: make([]byte, 1<<20)}, nil
+	return &Unpacker{root: fd, opts: o, remaining: o.MaxBytes, buf: make([]byte, 1<<20),
+		uid: os.Geteuid(), gid: os.Getegid(), umask: processUmask(), dirFd: -1}, nil
 }
 
 // Close releases the tree's descriptor.
 func (u *Unpacker) Close() error {
+	u.dropDir()
 	if u.root < 0 {
 		return nil
 	}
@@ -130,6 +142,7 @@ func (u *Unpacker) Apply(ctx context.Context, r io.Reader) error {
 	if _, err := io.CopyBuffer(io.Discard, lr, u.buf); err != nil {
 		return fmt.Errorf("read layer: %w", err)
 	}
+	u.dropDir()
 	for _, p := range ls.dirOrder {
 		if err := u.setDirMeta(p, ls.dirs[p]); err != nil {
 			return fmt.Errorf("set metadata of directory %q: %w", p, err)
@@ -178,48 +191,100 @@ func (u *Unpacker) applyEntry(tr *tar.Reader, hdr *tar.Header, ls *layerState) e
 		}
 	}
 
-	pfd, err := u.mkdirAll(dir, ls)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(pfd)
-
-	var st unix.Stat_t
-	exists := unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW) == nil
-	isDir := exists && st.Mode&unix.S_IFMT == unix.S_IFDIR
-	if exists && !(hdr.Typeflag == tar.TypeDir && isDir) {
-		if err := removeAllAt(pfd, base); err != nil {
-			return fmt.Errorf("replace existing entry: %w", err)
-		}
-	}
-	ls.add(p)
-
 	switch hdr.Typeflag {
-	case tar.TypeDir:
-		if !isDir {
-			if err := unix.Mkdirat(pfd, base, 0o700); err != nil {
-				return fmt.Errorf("mkdir: %w", err)
-			}
-		}
-		ls.setDir(p, hdr)
-		return nil
-	case tar.TypeReg, tar.TypeRegA, tar.TypeGNUSparse, tar.TypeCont:
-		return u.writeFile(pfd, base, tr, hdr)
+	case tar.TypeDir, tar.TypeReg, tar.TypeRegA, tar.TypeGNUSparse, tar.TypeCont, tar.TypeLink:
 	case tar.TypeSymlink:
 		if hdr.Linkname == "" || len(hdr.Linkname) >= maxPathLen {
 			return errUnsafe("symlink target of %d bytes", len(hdr.Linkname))
 		}
-		if err := unix.Symlinkat(hdr.Linkname, pfd, base); err != nil {
-			return fmt.Errorf("symlink: %w", err)
+	default:
+		return errUnsafe("unsupported tar entry %s", typeName(hdr.Typeflag))
+	}
+
+	pfd, err := u.parent(dir, ls)
+	if err != nil {
+		return err
+	}
+	ls.add(p)
+
+	// Create first and look at what is there only when something is: the
+	// common case costs one system call.
+	create := func() error {
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			return unix.Mkdirat(pfd, base, 0o700)
+		case tar.TypeSymlink:
+			return unix.Symlinkat(hdr.Linkname, pfd, base)
+		case tar.TypeLink:
+			return u.hardlink(pfd, base, linkTarget)
 		}
-		if err := u.chownAt(pfd, base, hdr); err != nil {
-			return err
+		return u.writeFile(pfd, base, tr, hdr)
+	}
+	err = create()
+	if errors.Is(err, unix.EEXIST) {
+		var st unix.Stat_t
+		if hdr.Typeflag == tar.TypeDir && unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			err = nil // directory over directory: merge
+		} else {
+			u.dirty = true
+			if err := removeAllAt(pfd, base); err != nil {
+				return fmt.Errorf("replace existing entry: %w", err)
+			}
+			err = create()
+		}
+	}
+	if err != nil {
+		return err
+	}
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		ls.setDir(p, hdr)
+	case tar.TypeSymlink:
+		if u.needChown(hdr) {
+			if err := unix.Fchownat(pfd, base, hdr.Uid, hdr.Gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				return fmt.Errorf("chown: %w", err)
+			}
 		}
 		return setTimesAt(pfd, base, hdr)
-	case tar.TypeLink:
-		return u.hardlink(pfd, base, linkTarget)
 	}
-	return errUnsafe("unsupported tar entry %s", typeName(hdr.Typeflag))
+	return nil
+}
+
+// parent returns a descriptor of directory dir of the tree, creating it if
+// needed. The descriptor is cached for the next entries in the same
+// directory, and owned by the Unpacker. The cache holds a descriptor, never a
+// resolved path, and is dropped after anything was removed from the tree
+// (the only way a directory's path can come to lead elsewhere).
+func (u *Unpacker) parent(dir string, ls *layerState) (int, error) {
+	if u.dirFd >= 0 && !u.dirty && u.dirPath == dir {
+		return u.dirFd, nil
+	}
+	u.dropDir()
+	fd, err := u.mkdirAll(dir, ls)
+	if err != nil {
+		return -1, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	u.dirFd, u.dirPath, u.dirSetgid = fd, dir, st.Mode&unix.S_ISGID != 0
+	return fd, nil
+}
+
+func (u *Unpacker) dropDir() {
+	if u.dirFd >= 0 {
+		unix.Close(u.dirFd)
+	}
+	u.dirFd, u.dirPath, u.dirty = -1, "", false
+}
+
+// needChown reports whether an entry created in the cached parent directory
+// needs a chown to get hdr's owner: new entries belong to the process's
+// user and to its group, or to the directory's group if it is setgid.
+func (u *Unpacker) needChown(hdr *tar.Header) bool {
+	return !u.opts.IgnoreOwner && (hdr.Uid != u.uid || hdr.Gid != u.gid || u.dirSetgid)
 }
 
 func (ls *layerState) setDir(p string, hdr *tar.Header) {
@@ -235,7 +300,8 @@ func (u *Unpacker) writeFile(pfd int, base string, tr io.Reader, hdr *tar.Header
 	if hdr.Size > u.opts.MaxBytes-u.size {
 		return &LimitError{What: "uncompressed bytes", Limit: u.opts.MaxBytes}
 	}
-	fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	mode := uint32(hdr.Mode & 0o7777)
+	fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode&0o777)
 	if err != nil {
 		return fmt.Errorf("create file: %w", err)
 	}
@@ -249,14 +315,18 @@ func (u *Unpacker) writeFile(pfd int, base string, tr io.Reader, hdr *tar.Header
 	if n != hdr.Size {
 		return fmt.Errorf("write file: %w", io.ErrUnexpectedEOF)
 	}
-	if !u.opts.IgnoreOwner {
+	chown := u.needChown(hdr)
+	if chown {
 		if err := unix.Fchown(fd, hdr.Uid, hdr.Gid); err != nil {
 			return fmt.Errorf("chown: %w", err)
 		}
 	}
-	// After chown, which clears setuid and setgid.
-	if err := unix.Fchmod(fd, uint32(hdr.Mode&0o7777)); err != nil {
-		return fmt.Errorf("chmod: %w", err)
+	// After chown, which clears setuid and setgid; and when the umask took
+	// bits away at creation.
+	if chown || mode&0o7000 != 0 || mode&u.umask != 0 {
+		if err := unix.Fchmod(fd, mode); err != nil {
+			return fmt.Errorf("chmod: %w", err)
+		}
 	}
 	if err := setTimesAt(pfd, base, hdr); err != nil {
 		return err
@@ -316,8 +386,10 @@ func (u *Unpacker) whiteout(name, dir, base string, ls *layerState) error {
 		if err != nil {
 			return nil // this layer's own non-directory: kept
 		}
+		u.dirty = true
 		return clearLower(fd, p, ls)
 	}
+	u.dirty = true
 	if err := removeAllAt(pfd, target); err != nil {
 		return fmt.Errorf("whiteout %q: %w", p, err)
 	}
@@ -334,6 +406,7 @@ func (u *Unpacker) opaque(dir string, ls *layerState) error {
 		return fmt.Errorf("resolve %q: %w", dir, err)
 	}
 	ls.add(dir)
+	u.dirty = true
 	return clearLower(fd, dir, ls)
 }
 
@@ -392,16 +465,6 @@ func (u *Unpacker) setDirMeta(p string, hdr *tar.Header) error {
 		return fmt.Errorf("chmod: %w", err)
 	}
 	return setTimesAt(pfd, base, hdr)
-}
-
-func (u *Unpacker) chownAt(pfd int, base string, hdr *tar.Header) error {
-	if u.opts.IgnoreOwner {
-		return nil
-	}
-	if err := unix.Fchownat(pfd, base, hdr.Uid, hdr.Gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return fmt.Errorf("chown: %w", err)
-	}
-	return nil
 }
 
 // setTimesAt sets the access and modification times of base in pfd without
@@ -514,4 +577,22 @@ func splitPath(p string) (dir, base string) {
 		return "", p
 	}
 	return p[:i], p[i+1:]
+}
+
+// processUmask reads the umask from /proc/self/status (reading it with
+// umask(2) would change it for a moment for every thread). If it cannot be
+// read, every bit counts as masked, so that modes are always set explicitly.
+func processUmask() uint32 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0o777
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Umask:"); ok {
+			if m, err := strconv.ParseUint(strings.TrimSpace(v), 8, 32); err == nil {
+				return uint32(m)
+			}
+		}
+	}
+	return 0o777
 }

@@ -48,20 +48,6 @@ var sentinelTime = time.Unix(1_000_000_000, 0)
 // an entry without a directory header: 0755 minus the umask.
 var implicitDirMode = 0o755 &^ processUmask()
 
-func processUmask() uint32 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "Umask:"); ok {
-				if m, err := strconv.ParseUint(strings.TrimSpace(v), 8, 32); err == nil {
-					return uint32(m)
-				}
-			}
-		}
-	}
-	return 0o022
-}
-
 // tarEntry is one entry of a layer built by a test.
 type tarEntry struct {
 	hdr    tar.Header
