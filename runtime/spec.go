@@ -1,0 +1,204 @@
+package runtime
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// SpecOpt edits a sandbox's OCI runtime spec. Specs are built by applying
+// small SpecOpts in order to a default spec (GenerateSpec), as containerd's
+// pkg/oci does.
+type SpecOpt func(*specs.Spec) error
+
+// Network is a sandbox's network mode.
+type Network string
+
+// Network modes.
+const (
+	// NetworkNone gives the sandbox only a loopback interface.
+	NetworkNone Network = "none"
+	// NetworkHost lets the sandbox use the host's network through gVisor's
+	// network stack pass-through.
+	NetworkHost Network = "host"
+)
+
+// ParseNetwork validates a --network value.
+func ParseNetwork(s string) (Network, error) {
+	switch n := Network(s); n {
+	case NetworkNone, NetworkHost:
+		return n, nil
+	}
+	return "", fmt.Errorf("network %q: want none or host: %w", s, errdefs.ErrInvalidArgument)
+}
+
+// GenerateSpec returns the default sandbox spec with opts applied: no
+// capabilities, no new privileges, user 65534:65534, working directory /tmp,
+// the standard /proc, /dev, /dev/pts, /dev/shm and /sys mounts, and new PID,
+// IPC, UTS and mount namespaces (and network, unless WithNetwork(host)).
+func GenerateSpec(opts ...SpecOpt) (*specs.Spec, error) {
+	s := &specs.Spec{
+		Version:  specs.Version,
+		Hostname: "sandbox",
+		Root:     &specs.Root{Path: "rootfs", Readonly: true},
+		Process: &specs.Process{
+			User:            specs.User{UID: 65534, GID: 65534},
+			Cwd:             "/tmp",
+			NoNewPrivileges: true,
+			Capabilities:    &specs.LinuxCapabilities{},
+			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1024, Soft: 1024}},
+		},
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		},
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
+				{Type: specs.MountNamespace}, {Type: specs.NetworkNamespace},
+			},
+			Resources: &specs.LinuxResources{},
+		},
+	}
+	for _, o := range opts {
+		if err := o(s); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// WithRootfs sets the root file system, read-only.
+func WithRootfs(path string) SpecOpt {
+	return func(s *specs.Spec) error {
+		s.Root = &specs.Root{Path: path, Readonly: true}
+		return nil
+	}
+}
+
+// WithTmp mounts a writable tmpfs of size bytes on /tmp.
+func WithTmp(size int64) SpecOpt {
+	return func(s *specs.Spec) error {
+		if size <= 0 {
+			return fmt.Errorf("tmp size %d: want a positive size: %w", size, errdefs.ErrInvalidArgument)
+		}
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
+			Options: []string{"nosuid", "nodev", "mode=1777", fmt.Sprintf("size=%d", size)}})
+		return nil
+	}
+}
+
+// WithBind bind-mounts host path src at dst inside the sandbox.
+func WithBind(src, dst string, readonly bool) SpecOpt {
+	return func(s *specs.Spec) error {
+		opts := []string{"rbind", "nosuid", "nodev"}
+		if readonly {
+			opts = append(opts, "ro")
+		}
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: dst, Type: "bind", Source: src, Options: opts})
+		return nil
+	}
+}
+
+// WithUser sets the user the sandbox's processes run as.
+func WithUser(uid, gid uint32) SpecOpt {
+	return func(s *specs.Spec) error {
+		s.Process.User = specs.User{UID: uid, GID: gid}
+		return nil
+	}
+}
+
+// WithArgs sets the sandbox's first process.
+func WithArgs(args ...string) SpecOpt {
+	return func(s *specs.Spec) error {
+		if len(args) == 0 {
+			return fmt.Errorf("a sandbox needs a first process: %w", errdefs.ErrInvalidArgument)
+		}
+		s.Process.Args = args
+		return nil
+	}
+}
+
+// WithEnv sets the environment, in order; later entries override earlier
+// ones with the same name. The host's environment is never inherited.
+func WithEnv(env []string) SpecOpt {
+	return func(s *specs.Spec) error {
+		var out []string
+		index := map[string]int{}
+		for _, kv := range env {
+			k, _, ok := strings.Cut(kv, "=")
+			if !ok || k == "" {
+				return fmt.Errorf("environment entry %q: want KEY=VALUE: %w", kv, errdefs.ErrInvalidArgument)
+			}
+			if i, seen := index[k]; seen {
+				out[i] = kv
+				continue
+			}
+			index[k] = len(out)
+			out = append(out, kv)
+		}
+		s.Process.Env = out
+		return nil
+	}
+}
+
+// WithNetwork selects the network mode. With NetworkHost the sandbox keeps
+// the host's network namespace.
+func WithNetwork(n Network) SpecOpt {
+	return func(s *specs.Spec) error {
+		if _, err := ParseNetwork(string(n)); err != nil {
+			return err
+		}
+		if n == NetworkHost {
+			var ns []specs.LinuxNamespace
+			for _, x := range s.Linux.Namespaces {
+				if x.Type != specs.NetworkNamespace {
+					ns = append(ns, x)
+				}
+			}
+			s.Linux.Namespaces = ns
+		}
+		return nil
+	}
+}
+
+// Limits bound a whole sandbox through its cgroup. They are the sandbox's
+// backstop: snippets are bounded more tightly from inside, by rlimits on
+// their own processes, so that one snippet cannot kill the sandbox.
+type Limits struct {
+	// MemoryBytes is the memory limit (0: none).
+	MemoryBytes int64
+	// CPUs is the CPU quota in CPUs (0: none).
+	CPUs float64
+	// Pids is the limit on processes (0: none).
+	Pids int64
+}
+
+// WithLimits sets the sandbox's cgroup limits.
+func WithLimits(l Limits) SpecOpt {
+	return func(s *specs.Spec) error {
+		if l.MemoryBytes < 0 || l.CPUs < 0 || l.Pids < 0 {
+			return fmt.Errorf("limits must not be negative: %w", errdefs.ErrInvalidArgument)
+		}
+		r := s.Linux.Resources
+		if l.MemoryBytes > 0 {
+			m := l.MemoryBytes
+			r.Memory = &specs.LinuxMemory{Limit: &m}
+		}
+		if l.CPUs > 0 {
+			period := uint64(100_000)
+			quota := int64(l.CPUs * float64(period))
+			r.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota}
+		}
+		if l.Pids > 0 {
+			n := l.Pids
+			r.Pids = &specs.LinuxPids{Limit: &n}
+		}
+		return nil
+	}
+}
