@@ -126,8 +126,10 @@ func startRegistry(t testing.TB) *testRegistry {
 	return r
 }
 
-func (r *testRegistry) tagRef() string    { return r.host + "/" + repo + ":3.12-slim" }
-func (r *testRegistry) digestRef() string { return r.host + "/" + repo + "@" + img.IndexDigest.String() }
+func (r *testRegistry) tagRef() string { return r.host + "/" + repo + ":3.12-slim" }
+func (r *testRegistry) digestRef() string {
+	return r.host + "/" + repo + "@" + img.IndexDigest.String()
+}
 
 // result is a finished flmbox process.
 type result struct {
