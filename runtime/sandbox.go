@@ -1,0 +1,277 @@
+package runtime
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	runc "github.com/containerd/go-runc"
+	"golang.org/x/sys/unix"
+)
+
+// State is a sandbox's state as flmbox sees it.
+//
+// A sandbox is created (runsc create + start) in one step by Runtime.Create
+// and is then Running until its gVisor processes die (Dead) or it is removed
+// by Runtime.Remove, which works from either state. There are no other
+// transitions: a Dead sandbox is never restarted, only removed.
+type State string
+
+// Sandbox states.
+const (
+	StateRunning State = "running"
+	StateDead    State = "dead"
+)
+
+// Config describes a new sandbox.
+type Config struct {
+	// Name is the sandbox's name: 1 to 64 of [A-Za-z0-9_.-], starting with a
+	// letter or digit. Empty: a generated name.
+	Name string
+	// Image is the image the sandbox was made from, for listings.
+	Image string
+	// Spec options: the rootfs, mounts, environment, limits and the first
+	// process. WithNetwork is added from Network.
+	Spec []SpecOpt
+	// Network is the network mode (default none).
+	Network Network
+	// Platform is gVisor's platform (systrap, ptrace, kvm); empty: runsc's
+	// default.
+	Platform string
+}
+
+// Runtime creates and finds sandboxes whose state lives under one
+// directory, so that they outlive the process that created them.
+type Runtime struct {
+	runsc string
+	dir   string // state directory: DIR/sandboxes/NAME, DIR/runsc (runsc's --root)
+}
+
+// NewRuntime returns a Runtime using the runsc binary at runsc and keeping
+// its state under dir.
+func NewRuntime(runsc, dir string) (*Runtime, error) {
+	for _, d := range []string{filepath.Join(dir, "sandboxes"), filepath.Join(dir, "runsc")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("create sandbox state directory: %w", err)
+		}
+	}
+	return &Runtime{runsc: runsc, dir: dir}, nil
+}
+
+// Sandbox is a sandbox's record, as stored in DIR/sandboxes/NAME/sandbox.json.
+type Sandbox struct {
+	Name     string    `json:"name"`
+	ID       string    `json:"id"` // runsc's container ID
+	Image    string    `json:"image"`
+	Network  Network   `json:"network"`
+	Platform string    `json:"platform,omitempty"`
+	Created  time.Time `json:"created"`
+	// Dir is the sandbox's directory on the host (not stored).
+	Dir string `json:"-"`
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+
+// ValidateName checks a sandbox name: no path tricks, a bounded length.
+func ValidateName(name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("sandbox name %q: use 1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit: %w", name, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// newID returns a runsc container ID. runsc matches IDs by prefix, so every
+// ID has the same length: none can be a prefix of another.
+func newID() string {
+	b := make([]byte, 12)
+	rand.Read(b)
+	return "flmbox-" + hex.EncodeToString(b)
+}
+
+func (r *Runtime) sandboxDir(name string) string { return filepath.Join(r.dir, "sandboxes", name) }
+
+// runc returns the go-runc driver for sb, with the same runsc global flags
+// on every call of the sandbox (runsc needs them repeated).
+func (r *Runtime) runc(sb *Sandbox) *runc.Runc {
+	args := []string{"--network=" + string(sb.Network), "--host-uds=create"}
+	if sb.Platform != "" {
+		args = append(args, "--platform="+sb.Platform)
+	}
+	return &runc.Runc{Command: r.runsc, Root: filepath.Join(r.dir, "runsc"), ExtraArgs: args}
+}
+
+// Create creates and starts a sandbox. On any failure nothing of it is left.
+func (r *Runtime) Create(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
+	if cfg.Name == "" {
+		cfg.Name = "sb-" + newID()[7:19]
+	}
+	if err := ValidateName(cfg.Name); err != nil {
+		return nil, err
+	}
+	if cfg.Network == "" {
+		cfg.Network = NetworkNone
+	}
+	if _, err := ParseNetwork(string(cfg.Network)); err != nil {
+		return nil, err
+	}
+	switch cfg.Platform {
+	case "", "systrap", "ptrace", "kvm":
+	default:
+		return nil, fmt.Errorf("gVisor platform %q: want systrap, ptrace or kvm: %w", cfg.Platform, errdefs.ErrInvalidArgument)
+	}
+	dir := r.sandboxDir(cfg.Name)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("sandbox %q already exists; choose another name or remove it (flmbox sandbox rm %s): %w", cfg.Name, cfg.Name, errdefs.ErrAlreadyExists)
+		}
+		return nil, fmt.Errorf("create sandbox %q: %w", cfg.Name, err)
+	}
+	sb := &Sandbox{Name: cfg.Name, ID: newID(), Image: cfg.Image, Network: cfg.Network, Platform: cfg.Platform,
+		Created: time.Now().UTC(), Dir: dir}
+	defer func() {
+		if err != nil {
+			r.destroy(context.WithoutCancel(ctx), sb)
+		}
+	}()
+	spec, err := GenerateSpec(append(cfg.Spec, WithNetwork(cfg.Network))...)
+	if err != nil {
+		return nil, err
+	}
+	b, err := json.MarshalIndent(spec, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600); err != nil {
+		return nil, err
+	}
+	if err := writeJSON(filepath.Join(dir, "sandbox.json"), sb); err != nil {
+		return nil, err
+	}
+	// runsc create hands its stdio to the sandbox's first process: give it a
+	// log file of its own, so that no caller's pipe is held open.
+	logf, err := os.OpenFile(filepath.Join(dir, "console.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	rc := r.runc(sb)
+	if err := rc.Create(ctx, sb.ID, dir, &runc.CreateOpts{IO: &fileIO{f: logf}}); err != nil {
+		return nil, fmt.Errorf("create sandbox %q with runsc: %w (see %s)", sb.Name, err, filepath.Join(dir, "console.log"))
+	}
+	if err := rc.Start(ctx, sb.ID); err != nil {
+		return nil, fmt.Errorf("start sandbox %q with runsc: %w", sb.Name, err)
+	}
+	return sb, nil
+}
+
+// Get returns the record of sandbox name.
+func (r *Runtime) Get(name string) (*Sandbox, error) {
+	if err := ValidateName(name); err != nil {
+		return nil, err
+	}
+	dir := r.sandboxDir(name)
+	var sb Sandbox
+	b, err := os.ReadFile(filepath.Join(dir, "sandbox.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("no sandbox %q (flmbox sandbox ls lists them): %w", name, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(b, &sb); err != nil {
+		return nil, fmt.Errorf("read sandbox %q: %w", name, err)
+	}
+	sb.Dir = dir
+	return &sb, nil
+}
+
+// State asks runsc whether the sandbox's processes are alive.
+func (r *Runtime) State(ctx context.Context, sb *Sandbox) State {
+	c, err := r.runc(sb).State(ctx, sb.ID)
+	if err != nil || c.Status != "running" || c.Pid <= 0 || unix.Kill(c.Pid, 0) != nil {
+		return StateDead
+	}
+	return StateRunning
+}
+
+// List returns every sandbox's record, oldest first.
+func (r *Runtime) List() ([]*Sandbox, error) {
+	ents, err := os.ReadDir(filepath.Join(r.dir, "sandboxes"))
+	if err != nil {
+		return nil, err
+	}
+	var out []*Sandbox
+	for _, e := range ents {
+		if sb, err := r.Get(e.Name()); err == nil {
+			out = append(out, sb)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out, nil
+}
+
+// Remove stops and deletes sandbox name and everything it left on the host.
+// Removing a sandbox that does not exist is not an error.
+func (r *Runtime) Remove(ctx context.Context, name string) error {
+	sb, err := r.Get(name)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return r.destroy(ctx, sb)
+}
+
+// destroy kills the sandbox, deletes runsc's state and removes its
+// directory.
+func (r *Runtime) destroy(ctx context.Context, sb *Sandbox) error {
+	rc := r.runc(sb)
+	_ = rc.Kill(ctx, sb.ID, int(unix.SIGKILL), &runc.KillOpts{All: true})
+	err := rc.Delete(ctx, sb.ID, &runc.DeleteOpts{Force: true})
+	if err != nil && !strings.Contains(err.Error(), "does not exist") && !strings.Contains(err.Error(), "not found") {
+		if _, serr := rc.State(ctx, sb.ID); serr == nil {
+			return fmt.Errorf("delete sandbox %q with runsc: %w", sb.Name, err)
+		}
+	}
+	if err := os.RemoveAll(sb.Dir); err != nil {
+		return fmt.Errorf("remove sandbox %q's files: %w", sb.Name, err)
+	}
+	return nil
+}
+
+func writeJSON(p string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, p)
+}
+
+// fileIO gives runsc create a file for the first process's stdout and
+// stderr and /dev/null for its stdin.
+type fileIO struct{ f *os.File }
+
+func (f *fileIO) Close() error          { return nil }
+func (f *fileIO) Stdin() io.WriteCloser { return nil }
+func (f *fileIO) Stdout() io.ReadCloser { return nil }
+func (f *fileIO) Stderr() io.ReadCloser { return nil }
+func (f *fileIO) Set(cmd *exec.Cmd)     { cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, f.f, f.f }
+
+var _ runc.IO = (*fileIO)(nil)
