@@ -57,8 +57,9 @@ vet:
 	$(GO) vet -tags integration ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 
+# The race detector needs cgo (gcc is on the machine).
 unit:
-	$(GO) test -count=1 ./...
+	CGO_ENABLED=1 $(GO) test -race -count=1 ./...
 
 fuzz:
 	$(GO) test -run=NONE -fuzz=FuzzUnpack -fuzztime=$(FUZZTIME) ./rootfs/

@@ -288,12 +288,18 @@ func TestPrewarmCorruptLayerLeavesNothing(t *testing.T) {
 // an alias.
 func assertNoEntries(t *testing.T, root string) {
 	t.Helper()
-	for _, d := range []string{"rootfs", "tmp", "aliases", "trash"} {
+	for _, d := range []string{"rootfs", "tmp", "trash"} {
 		ents, _ := os.ReadDir(filepath.Join(root, "images", d))
 		if len(ents) != 0 {
 			t.Errorf("images/%s is not empty: %v", d, ents)
 		}
 	}
+	filepath.WalkDir(filepath.Join(root, "images", "aliases"), func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			t.Errorf("alias %s is left", p)
+		}
+		return nil
+	})
 }
 
 func TestEightConcurrentPrewarmsDownloadOnce(t *testing.T) {
@@ -391,7 +397,7 @@ func TestImagesLsRmGCWithLease(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(res.Rootfs, "usr/bin/python3")); err != nil {
 		t.Fatal(err)
 	}
-	store.Release(res.ManifestDigest, "sandbox-1")
+	store.Release(context.Background(), res.ManifestDigest, "sandbox-1")
 	if out := mustFlmbox(t, root, "images", "rm", reg.tagRef(), img.IndexDigest.String()); !strings.Contains(out, "Deleted: "+res.ManifestDigest) {
 		t.Fatalf("rm:\n%s", out)
 	}

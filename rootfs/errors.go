@@ -38,7 +38,11 @@ type LimitError struct {
 }
 
 func (e *LimitError) Error() string {
-	return fmt.Sprintf("image exceeds the limit of %d %s; if the image is trusted, raise the limit (--max-unpacked-size)", e.Limit, e.What)
+	advice := "if the image is trusted, raise the limit (--max-unpacked-size)"
+	if e.What == "entries" {
+		advice = "the image has more files than flmbox unpacks (UnpackOptions.MaxEntries)"
+	}
+	return fmt.Sprintf("image exceeds the limit of %d %s; %s", e.Limit, e.What, advice)
 }
 
 // Is makes a LimitError match errdefs.ErrResourceExhausted.

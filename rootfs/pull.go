@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash"
 	"io"
@@ -48,6 +49,8 @@ func (o *PullOptions) withDefaults() *PullOptions {
 	if out.Platform == (Platform{}) {
 		out.Platform = HostPlatform()
 	}
+	out.Platform = out.Platform.normalize()
+	out.Unpack = out.Unpack.withDefaults()
 	if out.Jobs <= 0 {
 		out.Jobs = DefaultJobs
 	}
@@ -176,13 +179,9 @@ func (s *Store) Prewarm(ctx context.Context, image string, opts *PullOptions) (*
 	if err != nil {
 		return nil, fmt.Errorf("parse manifest %s: %w: %w", manifestDigest, err, errdefs.ErrInvalidArgument)
 	}
-	img, cached, err := s.build(ctx, src, manifestDigest, m, o)
+	img, cached, err := s.build(ctx, src, topDigest, manifestDigest, m, o)
 	if err != nil {
 		return nil, err
-	}
-	a := alias{ManifestDigest: img.ManifestDigest, Platform: o.Platform.String(), Name: topDigest.String()}
-	if err := writeJSONAtomic(s.aliasPath(topDigest.Hex, o.Platform), a); err != nil {
-		return nil, fmt.Errorf("record alias: %w", err)
 	}
 	return &Result{IndexDigest: topDigest.String(), Platform: o.Platform.String(), ManifestDigest: img.ManifestDigest,
 		Rootfs: img.Rootfs, SizeBytes: img.SizeBytes, Cached: cached}, nil
@@ -234,9 +233,14 @@ func checkDescriptor(d *v1.Descriptor) error {
 	return err
 }
 
+// maxLayers bounds the layers of an image (each is fetched into a file of
+// its own while the image is pulled).
+const maxLayers = 512
+
 // build unpacks the image with manifest m into the cache unless it is there,
-// under the entry's lock. It reports whether the entry was already cached.
-func (s *Store) build(ctx context.Context, src source, md v1.Hash, m *v1.Manifest, o *PullOptions) (_ *Image, cached bool, err error) {
+// and records the alias (named, platform) -> m, all under the entry's lock.
+// It reports whether the entry was already cached.
+func (s *Store) build(ctx context.Context, src source, named, md v1.Hash, m *v1.Manifest, o *PullOptions) (_ *Image, cached bool, err error) {
 	unlock, err := s.lock(ctx, md.Hex)
 	if err != nil {
 		return nil, false, err
@@ -247,9 +251,25 @@ func (s *Store) build(ctx context.Context, src source, md v1.Hash, m *v1.Manifes
 			return nil, false, fmt.Errorf("image %s is for %s, not %s; choose its platform with --platform: %w", md, img.Platform, o.Platform, errdefs.ErrNotFound)
 		}
 		s.touch(md.Hex)
-		return img, true, nil
+		return img, true, s.writeAlias(named, o.Platform, img)
+	}
+	if exists(s.entryDir(md.Hex)) {
+		// Published but unreadable (damaged by a power loss): rebuild it.
+		if _, err := s.discard(md.Hex); err != nil {
+			return nil, false, err
+		}
 	}
 	s.removeStaging(md.Hex) // what a killed pull of this entry left
+	if len(m.Layers) > maxLayers {
+		return nil, false, fmt.Errorf("image %s has %d layers, more than %d: %w", md, len(m.Layers), maxLayers, errdefs.ErrInvalidArgument)
+	}
+	declared := m.Config.Size
+	for _, l := range m.Layers {
+		declared += max(l.Size, 0)
+	}
+	if declared > o.Unpack.MaxBytes {
+		return nil, false, &LimitError{What: "compressed bytes", Limit: o.Unpack.MaxBytes}
+	}
 
 	cfgRaw, cfg, err := fetchConfig(ctx, src, m)
 	if err != nil {
@@ -301,7 +321,7 @@ func (s *Store) build(ctx context.Context, src source, md v1.Hash, m *v1.Manifes
 		return nil, false, fmt.Errorf("publish image %s: %w", md, err)
 	}
 	img.Rootfs = filepath.Join(s.entryDir(md.Hex), "rootfs")
-	return img, false, nil
+	return img, false, s.writeAlias(named, o.Platform, img)
 }
 
 func fetchConfig(ctx context.Context, src source, m *v1.Manifest) ([]byte, *v1.ConfigFile, error) {
@@ -386,8 +406,16 @@ func fetchAndUnpack(ctx context.Context, src source, layers []v1.Descriptor, dif
 			what := fmt.Sprintf("layer %d (%s)", i+1, l.Digest)
 			status(i, "unpacking", 0)
 			err := applyLayer(gctx, u, spools[i].reader(gctx), diffIDs[i], what)
-			// A failed fetch (a digest mismatch) explains a failed unpack
-			// better than the unpack's own error.
+			// Refused content fails at once: the rest of the layer is not
+			// worth fetching. Other failures (corrupt compression, a cut
+			// stream) wait for the fetch, whose digest mismatch explains them
+			// better.
+			if refused(err) {
+				if done, ferr := spools[i].result(); done && ferr != nil {
+					return ferr
+				}
+				return err
+			}
 			if ferr := spools[i].wait(); ferr != nil {
 				return ferr
 			}
@@ -426,6 +454,12 @@ func fetchAndUnpack(ctx context.Context, src source, layers []v1.Descriptor, dif
 		return 0, err
 	}
 	return size, nil
+}
+
+// refused reports whether an unpack error is a refusal of the layer's
+// content (unsafe entries, limits) rather than a failure to read it.
+func refused(err error) bool {
+	return errors.Is(err, errdefs.ErrInvalidArgument) || errors.Is(err, errdefs.ErrResourceExhausted)
 }
 
 // fetchBlob copies blob d into w, checking its size and digest.

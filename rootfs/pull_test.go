@@ -156,12 +156,19 @@ var amd64 = Platform{OS: "linux", Architecture: "amd64"}
 // assertClean fails if the store holds any entry, staging or trash.
 func assertClean(t *testing.T, s *Store) {
 	t.Helper()
-	for _, d := range []string{"rootfs", "tmp", "trash", "aliases"} {
+	for _, d := range []string{"rootfs", "tmp", "trash"} {
 		ents, _ := os.ReadDir(filepath.Join(s.dir, d))
 		if len(ents) != 0 {
-			t.Errorf("%s/ is not empty after a failed pull: %v", d, ents)
+			t.Errorf("%s/ is not empty: %v", d, ents)
 		}
 	}
+	// Empty alias directories may stay; alias files may not.
+	filepath.WalkDir(filepath.Join(s.dir, "aliases"), func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			t.Errorf("alias %s is left", p)
+		}
+		return nil
+	})
 }
 
 func TestPrewarmByIndexDigestThenOffline(t *testing.T) {
@@ -438,7 +445,7 @@ func TestRemoveLeaseAndGC(t *testing.T) {
 	if _, err := os.Stat(res.Rootfs); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Release(res.ManifestDigest, "sb1"); err != nil {
+	if err := s.Release(ctx, res.ManifestDigest, "sb1"); err != nil {
 		t.Fatal(err)
 	}
 	removed, err := s.Remove(ctx, res.IndexDigest)
@@ -583,5 +590,54 @@ func TestPrewarmFollowsWrapperIndex(t *testing.T) {
 	md, _ := amd.Digest()
 	if err != nil || res.ManifestDigest != md.String() || res.IndexDigest != wd.String() {
 		t.Fatalf("wrapped index: %+v %v", res, err)
+	}
+}
+
+func TestDamagedEntryIsRebuiltAndRemovable(t *testing.T) {
+	r := newTestRegistry(t)
+	ref, _ := pushIndex(t, r, "py")
+	s := newTestStore(t)
+	ctx := context.Background()
+	res, err := s.Prewarm(ctx, ref, &PullOptions{Platform: amd64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What a power loss without fsync can leave: an empty image.json.
+	meta := filepath.Join(filepath.Dir(res.Rootfs), "image.json")
+	os.WriteFile(meta, nil, 0o600)
+	again, err := s.Prewarm(ctx, strings.Split(ref, "@")[0]+":latest", &PullOptions{Platform: amd64})
+	if err != nil || again.Cached || again.ManifestDigest != res.ManifestDigest {
+		t.Fatalf("prewarm over a damaged entry: %+v %v", again, err)
+	}
+	os.WriteFile(meta, nil, 0o600)
+	removed, err := s.Remove(ctx, res.ManifestDigest)
+	if err != nil || len(removed) != 1 {
+		t.Fatalf("remove a damaged entry: %v %v", removed, err)
+	}
+	assertClean(t, s)
+}
+
+func TestDeclaredSizeOverTheLimitFetchesNothing(t *testing.T) {
+	r := newTestRegistry(t)
+	ref, _ := pushIndex(t, r, "py")
+	s := newTestStore(t)
+	before := r.blobGets.Load()
+	_, err := s.Prewarm(context.Background(), ref, &PullOptions{Platform: amd64, Unpack: UnpackOptions{MaxBytes: 100}})
+	var le *LimitError
+	if !errors.As(err, &le) || le.What != "compressed bytes" {
+		t.Fatalf("want a compressed-size LimitError, got %v", err)
+	}
+	if n := r.blobGets.Load() - before; n != 0 {
+		t.Fatalf("%d blobs fetched for an image over the limit", n)
+	}
+	assertClean(t, s)
+}
+
+func TestPlatformOptionIsNormalized(t *testing.T) {
+	r := newTestRegistry(t)
+	ref, _ := pushIndex(t, r, "py")
+	res, err := newTestStore(t).Prewarm(context.Background(), ref, &PullOptions{Platform: Platform{OS: "linux", Architecture: "x86_64"}})
+	if err != nil || res.Platform != "linux/amd64" {
+		t.Fatalf("%+v %v", res, err)
 	}
 }

@@ -84,7 +84,7 @@ func (s *registrySource) manifest(ctx context.Context, h v1.Hash) ([]byte, types
 }
 
 func (s *registrySource) get(ctx context.Context, ref name.Reference) ([]byte, types.MediaType, error) {
-	d, err := remote.Get(ref, append(s.opts, remote.WithContext(ctx))...)
+	d, err := remote.Get(ref, append(slices.Clip(s.opts), remote.WithContext(ctx))...)
 	if err != nil {
 		return nil, "", fmt.Errorf("fetch %s: %w", ref, err)
 	}
@@ -95,7 +95,7 @@ func (s *registrySource) get(ctx context.Context, ref name.Reference) ([]byte, t
 }
 
 func (s *registrySource) blob(ctx context.Context, h v1.Hash) (io.ReadCloser, error) {
-	l, err := remote.Layer(s.ref.Context().Digest(h.String()), append(s.opts, remote.WithContext(ctx))...)
+	l, err := remote.Layer(s.ref.Context().Digest(h.String()), append(slices.Clip(s.opts), remote.WithContext(ctx))...)
 	if err != nil {
 		return nil, err
 	}

@@ -61,6 +61,14 @@ func (s *spool) wait() error {
 	return s.err
 }
 
+// result reports, without waiting, whether the fetch has finished and with
+// what error.
+func (s *spool) result() (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.done, s.err
+}
+
 // close closes and removes the file.
 func (s *spool) close() {
 	s.f.Close()

@@ -119,6 +119,15 @@ func (s *Store) touch(hex string) {
 	_ = os.Chtimes(filepath.Join(s.entryDir(hex), "last-used"), now, now)
 }
 
+// writeAlias records that (named, p) leads to img. Callers hold img's lock.
+func (s *Store) writeAlias(named v1.Hash, p Platform, img *Image) error {
+	a := alias{ManifestDigest: img.ManifestDigest, Platform: p.String(), Name: named.String()}
+	if err := writeJSONAtomic(s.aliasPath(named.Hex, p), a); err != nil {
+		return fmt.Errorf("record alias %s (%s): %w", named, p, err)
+	}
+	return nil
+}
+
 // resolveAlias returns the entry that (named digest, platform) leads to.
 func (s *Store) resolveAlias(named v1.Hash, p Platform) (*Image, error) {
 	var a alias
@@ -255,7 +264,7 @@ func (s *Store) Lease(ctx context.Context, manifestDigest, holder string) error 
 
 // Release ends holder's lease on the image; releasing a lease that does not
 // exist is not an error.
-func (s *Store) Release(manifestDigest, holder string) error {
+func (s *Store) Release(ctx context.Context, manifestDigest, holder string) error {
 	m, err := parseDigest(manifestDigest)
 	if err != nil {
 		return err
@@ -263,6 +272,11 @@ func (s *Store) Release(manifestDigest, holder string) error {
 	if !holderRE.MatchString(holder) {
 		return fmt.Errorf("lease holder %q is not a valid name: %w", holder, errdefs.ErrInvalidArgument)
 	}
+	unlock, err := s.lock(ctx, m.Hex)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	err = os.Remove(filepath.Join(s.dir, "leases", m.Hex, holder))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("release lease: %w", err)
@@ -335,48 +349,55 @@ func (s *Store) Remove(ctx context.Context, image string) ([]Removed, error) {
 			removed = append(removed, *r)
 		}
 	}
-	if len(errs) == 0 {
-		_ = os.RemoveAll(filepath.Join(s.dir, "aliases", named.Hex))
-		if tagPath != "" {
-			_ = os.Remove(tagPath)
-		}
+	if len(errs) == 0 && tagPath != "" {
+		_ = os.Remove(tagPath)
 	}
 	return removed, errors.Join(errs...)
 }
 
 // removeEntry deletes entry hex and every alias that leads to it, unless it
-// is leased.
+// is leased. A damaged entry (unreadable image.json) is removed too.
 func (s *Store) removeEntry(ctx context.Context, hex string) (*Removed, error) {
 	unlock, err := s.lock(ctx, hex)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	img, err := s.get(hex)
-	if err != nil {
+	return s.discard(hex)
+}
+
+// discard moves entry hex to trash, removes the aliases that led to it and
+// deletes it, unless it is leased. The caller holds the entry's lock.
+func (s *Store) discard(hex string) (*Removed, error) {
+	if !exists(s.entryDir(hex)) {
 		return nil, nil // already gone
+	}
+	r := &Removed{ManifestDigest: "sha256:" + hex}
+	if img, err := s.get(hex); err == nil {
+		r.SizeBytes = img.SizeBytes
 	}
 	if h, _ := s.holders(hex); len(h) > 0 {
 		return nil, fmt.Errorf("image %s is used by %s; remove those sandboxes first (flmbox sandbox rm): %w",
-			img.ManifestDigest, strings.Join(h, ", "), errdefs.ErrFailedPrecondition)
+			r.ManifestDigest, strings.Join(h, ", "), errdefs.ErrFailedPrecondition)
 	}
-	s.walkAliases(func(path string, a alias) {
-		if a.ManifestDigest == img.ManifestDigest {
-			_ = os.Remove(path)
-			_ = os.Remove(filepath.Dir(path)) // only if empty
-		}
-	})
 	trash, err := os.MkdirTemp(filepath.Join(s.dir, "trash"), hex+"-")
 	if err != nil {
-		return nil, fmt.Errorf("remove image %s: %w", img.ManifestDigest, err)
+		return nil, fmt.Errorf("remove image %s: %w", r.ManifestDigest, err)
 	}
 	if err := os.Rename(s.entryDir(hex), filepath.Join(trash, "entry")); err != nil {
-		return nil, fmt.Errorf("remove image %s: %w", img.ManifestDigest, err)
+		return nil, fmt.Errorf("remove image %s: %w", r.ManifestDigest, err)
 	}
+	// Aliases go once the entry is gone; one left behind by a crash here
+	// leads nowhere and is swept by GC.
+	s.walkAliases(func(path string, a alias) {
+		if a.ManifestDigest == r.ManifestDigest {
+			_ = os.Remove(path)
+		}
+	})
 	if err := os.RemoveAll(trash); err != nil {
-		return nil, fmt.Errorf("remove image %s: delete its files: %w", img.ManifestDigest, err)
+		return nil, fmt.Errorf("remove image %s: delete its files: %w", r.ManifestDigest, err)
 	}
-	return &Removed{ManifestDigest: img.ManifestDigest, SizeBytes: img.SizeBytes}, nil
+	return r, nil
 }
 
 // GCOptions select what GC removes besides leftovers of interrupted pulls.
@@ -392,10 +413,36 @@ type GCOptions struct {
 // nowhere, and the unleased entries that the options select.
 func (s *Store) GC(ctx context.Context, o GCOptions) ([]Removed, error) {
 	s.cleanLeftovers()
+	var removed []Removed
+	// Damaged entries (unreadable image.json).
+	ents, _ := os.ReadDir(filepath.Join(s.dir, "rootfs"))
+	for _, e := range ents {
+		if _, err := s.get(e.Name()); err == nil {
+			continue
+		}
+		if _, err := parseDigest("sha256:" + e.Name()); err != nil {
+			continue
+		}
+		if r, err := s.removeEntry(ctx, e.Name()); err == nil && r != nil {
+			removed = append(removed, *r)
+		}
+	}
+	// Aliases that lead nowhere, checked again under the target's lock.
 	s.walkAliases(func(path string, a alias) {
-		if m, err := parseDigest(a.ManifestDigest); err != nil || !exists(s.entryDir(m.Hex)) {
+		m, err := parseDigest(a.ManifestDigest)
+		if err != nil {
 			_ = os.Remove(path)
-			_ = os.Remove(filepath.Dir(path))
+			return
+		}
+		if exists(s.entryDir(m.Hex)) {
+			return
+		}
+		if unlock, err := s.lock(ctx, m.Hex); err == nil {
+			var again alias
+			if readJSON(path, &again) == nil && again.ManifestDigest == a.ManifestDigest && !exists(s.entryDir(m.Hex)) {
+				_ = os.Remove(path)
+			}
+			unlock()
 		}
 	})
 	imgs, err := s.List(ctx)
@@ -408,7 +455,6 @@ func (s *Store) GC(ctx context.Context, o GCOptions) ([]Removed, error) {
 	for _, img := range imgs {
 		total += img.SizeBytes
 	}
-	var removed []Removed
 	for _, img := range imgs {
 		old := o.UnusedFor > 0 && time.Since(img.LastUsed) > o.UnusedFor
 		over := o.MaxBytes != nil && total > *o.MaxBytes
@@ -448,7 +494,15 @@ func (s *Store) cleanLeftovers() {
 	}
 	trash, _ := os.ReadDir(filepath.Join(s.dir, "trash"))
 	for _, t := range trash {
-		_ = os.RemoveAll(filepath.Join(s.dir, "trash", t.Name()))
+		hex, _, _ := strings.Cut(t.Name(), "-")
+		if _, err := parseDigest("sha256:" + hex); err != nil {
+			_ = os.RemoveAll(filepath.Join(s.dir, "trash", t.Name()))
+			continue
+		}
+		if unlock, ok := s.tryLock(hex); ok {
+			_ = os.RemoveAll(filepath.Join(s.dir, "trash", t.Name()))
+			unlock()
+		}
 	}
 }
 

@@ -22,6 +22,7 @@ const (
 const (
 	maxNameLen = 255
 	maxPathLen = 4096
+	maxDepth   = 256 // path components
 )
 
 // UnpackOptions tune an Unpacker. The zero value is valid.
@@ -75,7 +76,11 @@ func cleanName(name string) (string, error) {
 		return "", errUnsafe("entry name %q contains a NUL byte", name)
 	}
 	p := strings.TrimPrefix(path.Clean("/"+name), "/")
-	for _, c := range strings.Split(p, "/") {
+	parts := strings.Split(p, "/")
+	if len(parts) > maxDepth {
+		return "", errUnsafe("entry name is %d directories deep, more than %d", len(parts), maxDepth)
+	}
+	for _, c := range parts {
 		if len(c) > maxNameLen {
 			return "", errUnsafe("entry name %q has a component longer than %d bytes", name, maxNameLen)
 		}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 )
 
@@ -95,7 +96,7 @@ type layerState struct {
 	added map[string]bool
 	// dirs holds the last directory header seen for each path, applied at the
 	// end of the layer in first-seen order.
-	dirs     map[string]*tar.Header
+	dirs     map[string]meta
 	dirOrder []string
 }
 
@@ -115,7 +116,7 @@ func (ls *layerState) add(p string) {
 func (u *Unpacker) Apply(ctx context.Context, r io.Reader) error {
 	lr := &limitReader{r: r, remaining: &u.remaining, limit: u.opts.MaxBytes}
 	tr := tar.NewReader(lr)
-	ls := &layerState{added: map[string]bool{}, dirs: map[string]*tar.Header{}}
+	ls := &layerState{added: map[string]bool{}, dirs: map[string]meta{}}
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -126,7 +127,7 @@ func (u *Unpacker) Apply(ctx context.Context, r io.Reader) error {
 		}
 		if err != nil {
 			if errors.Is(err, tar.ErrHeader) {
-				return errUnsafe("read layer: not a tar stream (%v)", err)
+				return fmt.Errorf("read layer: not a tar stream (%w): %w", err, errdefs.ErrInvalidArgument)
 			}
 			return fmt.Errorf("read layer: %w", err)
 		}
@@ -245,7 +246,7 @@ func (u *Unpacker) applyEntry(tr *tar.Reader, hdr *tar.Header, ls *layerState) e
 				return fmt.Errorf("chown: %w", err)
 			}
 		}
-		return setTimesAt(pfd, base, hdr)
+		return setTimesAt(pfd, base, metaOf(hdr))
 	}
 	return nil
 }
@@ -287,11 +288,13 @@ func (u *Unpacker) needChown(hdr *tar.Header) bool {
 	return !u.opts.IgnoreOwner && (hdr.Uid != u.uid || hdr.Gid != u.gid || u.dirSetgid)
 }
 
+// setDir remembers a directory's metadata (not its header: PAX records of
+// up to 1 MiB each would pile up) for the end of the layer.
 func (ls *layerState) setDir(p string, hdr *tar.Header) {
 	if _, ok := ls.dirs[p]; !ok {
 		ls.dirOrder = append(ls.dirOrder, p)
 	}
-	ls.dirs[p] = hdr
+	ls.dirs[p] = metaOf(hdr)
 }
 
 func (u *Unpacker) writeFile(pfd int, base string, tr io.Reader, hdr *tar.Header) error {
@@ -328,7 +331,7 @@ func (u *Unpacker) writeFile(pfd int, base string, tr io.Reader, hdr *tar.Header
 			return fmt.Errorf("chmod: %w", err)
 		}
 	}
-	if err := setTimesAt(pfd, base, hdr); err != nil {
+	if err := setTimesAt(pfd, base, metaOf(hdr)); err != nil {
 		return err
 	}
 	return f.Close()
@@ -441,7 +444,7 @@ func clearLower(fd int, dir string, ls *layerState) error {
 
 // setDirMeta applies a directory entry's owner, mode and times, unless the
 // path is no longer a directory (a later entry of the layer replaced it).
-func (u *Unpacker) setDirMeta(p string, hdr *tar.Header) error {
+func (u *Unpacker) setDirMeta(p string, m meta) error {
 	dir, base := splitPath(p)
 	if p == "" {
 		dir, base = "", "."
@@ -457,29 +460,40 @@ func (u *Unpacker) setDirMeta(p string, hdr *tar.Header) error {
 	}
 	defer unix.Close(fd)
 	if !u.opts.IgnoreOwner {
-		if err := unix.Fchown(fd, hdr.Uid, hdr.Gid); err != nil {
+		if err := unix.Fchown(fd, m.uid, m.gid); err != nil {
 			return fmt.Errorf("chown: %w", err)
 		}
 	}
-	if err := unix.Fchmod(fd, uint32(hdr.Mode&0o7777)); err != nil {
+	if err := unix.Fchmod(fd, uint32(m.mode&0o7777)); err != nil {
 		return fmt.Errorf("chmod: %w", err)
 	}
-	return setTimesAt(pfd, base, hdr)
+	return setTimesAt(pfd, base, m)
 }
 
 // setTimesAt sets the access and modification times of base in pfd without
 // following a symlink.
-func setTimesAt(pfd int, base string, hdr *tar.Header) error {
-	mtime := clampTime(hdr.ModTime)
-	atime := mtime
-	if !hdr.AccessTime.IsZero() {
-		atime = clampTime(hdr.AccessTime)
-	}
-	ts := []unix.Timespec{timespec(atime), timespec(mtime)}
+func setTimesAt(pfd int, base string, m meta) error {
+	ts := []unix.Timespec{timespec(m.atime), timespec(m.mtime)}
 	if err := unix.UtimesNanoAt(pfd, base, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return fmt.Errorf("set times: %w", err)
 	}
 	return nil
+}
+
+// meta is the metadata of an entry that is applied to the tree.
+type meta struct {
+	mode         int64
+	uid, gid     int
+	atime, mtime time.Time
+}
+
+func metaOf(hdr *tar.Header) meta {
+	m := meta{mode: hdr.Mode, uid: hdr.Uid, gid: hdr.Gid, mtime: clampTime(hdr.ModTime)}
+	m.atime = m.mtime
+	if !hdr.AccessTime.IsZero() {
+		m.atime = clampTime(hdr.AccessTime)
+	}
+	return m
 }
 
 // timespec converts t without going through UnixNano, which overflows after
@@ -527,6 +541,12 @@ func (u *Unpacker) mkdirAll(p string, ls *layerState) (int, error) {
 		return -1, err
 	}
 	defer unix.Close(pfd)
+	// Implicit directories count as entries: a few deep names must not
+	// create unbounded numbers of inodes.
+	u.entries++
+	if u.entries > u.opts.MaxEntries {
+		return -1, &LimitError{What: "entries", Limit: u.opts.MaxEntries}
+	}
 	if err := unix.Mkdirat(pfd, base, 0o755); err != nil && err != unix.EEXIST {
 		return -1, fmt.Errorf("mkdir parent %q: %w", p, err)
 	}

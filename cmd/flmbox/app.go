@@ -23,7 +23,8 @@ const DefaultRoot = "/var/lib/flmbox"
 
 // run runs the flmbox CLI and returns the process's exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	err := newApp(stdout, stderr).RunContext(ctx, args)
+	app := newApp(stdout, stderr)
+	err := app.RunContext(ctx, hoistFlags(app, args))
 	if err == nil {
 		return 0
 	}

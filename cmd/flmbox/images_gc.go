@@ -18,6 +18,9 @@ func imagesGCCommand() *cli.Command {
 			&cli.DurationFlag{Name: "unused-for", Usage: "remove images not used for this `DURATION` (e.g. 168h)"},
 		},
 		Action: func(c *cli.Context) error {
+			if c.NArg() != 0 {
+				return fmt.Errorf("%s takes no arguments, got %q", c.Command.FullName(), c.Args().Slice())
+			}
 			o := rootfs.GCOptions{UnusedFor: c.Duration("unused-for")}
 			if s := c.String("max-bytes"); s != "" {
 				n, err := units.RAMInBytes(s)

@@ -20,6 +20,9 @@ func imagesLsCommand() *cli.Command {
 		Usage:   "list cached images",
 		Flags:   []cli.Flag{jsonFlag},
 		Action: func(c *cli.Context) error {
+			if c.NArg() != 0 {
+				return fmt.Errorf("%s takes no arguments, got %q", c.Command.FullName(), c.Args().Slice())
+			}
 			store, err := openStore(c)
 			if err != nil {
 				return err
