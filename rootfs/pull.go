@@ -405,7 +405,7 @@ func fetchAndUnpack(ctx context.Context, src source, layers []v1.Descriptor, dif
 		for i, l := range layers {
 			what := fmt.Sprintf("layer %d (%s)", i+1, l.Digest)
 			status(i, "unpacking", 0)
-			err := applyLayer(gctx, u, spools[i].reader(gctx), diffIDs[i], what)
+			err := applyLayer(gctx, u, spools[i], diffIDs[i], what)
 			// Refused content fails at once: the rest of the layer is not
 			// worth fetching. Other failures (corrupt compression, a cut
 			// stream) wait for the fetch, whose digest mismatch explains them
@@ -493,10 +493,14 @@ func sizeSeen(n, want int64) string {
 	return fmt.Sprint(n)
 }
 
-// applyLayer decompresses and unpacks one layer read from r, checking its
-// diff_id. Decompression and hashing run ahead in their own goroutine.
-func applyLayer(ctx context.Context, u *Unpacker, r io.Reader, diffID v1.Hash, what string) error {
-	dr, err := decompress(r)
+// applyLayer decompresses and unpacks one layer as its spool fills, checking
+// its diff_id. Decompression and hashing run ahead in their own goroutine,
+// which is stopped (through its own context) before applyLayer returns, even
+// when the fetch is still waiting for bytes.
+func applyLayer(ctx context.Context, u *Unpacker, sp *spool, diffID v1.Hash, what string) error {
+	lctx, stop := context.WithCancel(ctx)
+	defer stop()
+	dr, err := decompress(sp.reader(lctx))
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
@@ -507,6 +511,7 @@ func applyLayer(ctx context.Context, u *Unpacker, r io.Reader, diffID v1.Hash, w
 		return err
 	}
 	defer ra.Close()
+	defer stop() // before ra.Close, which waits for the read ahead to end
 	if err := u.Apply(ctx, ra); err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}

@@ -76,8 +76,14 @@ func (s *spool) close() {
 }
 
 // reader reads the blob from the start, waiting for bytes still to come;
-// it ends with the fetch's error, or io.EOF after a successful fetch.
+// it ends with the fetch's error, or io.EOF after a successful fetch, or
+// ctx's error as soon as ctx is done.
 func (s *spool) reader(ctx context.Context) io.Reader {
+	context.AfterFunc(ctx, func() {
+		s.mu.Lock() // so that no reader is between its check and its Wait
+		s.mu.Unlock()
+		s.cond.Broadcast()
+	})
 	return &spoolReader{s: s, ctx: ctx}
 }
 
@@ -90,7 +96,7 @@ type spoolReader struct {
 func (r *spoolReader) Read(p []byte) (int, error) {
 	s := r.s
 	s.mu.Lock()
-	for r.off >= s.n && !s.done {
+	for r.off >= s.n && !s.done && r.ctx.Err() == nil {
 		s.cond.Wait()
 	}
 	n, done, ferr := s.n, s.done, s.err
