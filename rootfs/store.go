@@ -1,6 +1,7 @@
 package rootfs
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -556,4 +557,22 @@ func writeJSONAtomic(p string, v any) error {
 		return err
 	}
 	return os.Rename(f.Name(), p)
+}
+
+// Config returns the image config of the cached image with this manifest
+// digest (its Env, User, WorkingDir…).
+func (s *Store) Config(manifestDigest string) (*v1.ConfigFile, error) {
+	m, err := parseDigest(manifestDigest)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := readFileLimit(filepath.Join(s.entryDir(m.Hex), "config.json"), maxManifestBytes)
+	if err != nil {
+		return nil, fmt.Errorf("read the config of image %s: %w", manifestDigest, err)
+	}
+	cfg, err := v1.ParseConfigFile(bytes.NewReader(raw))
+	if err != nil {
+		return nil, fmt.Errorf("parse the config of image %s: %w", manifestDigest, err)
+	}
+	return cfg, nil
 }

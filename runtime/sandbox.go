@@ -18,6 +18,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	runc "github.com/containerd/go-runc"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
 
@@ -50,6 +51,11 @@ type Config struct {
 	// Platform is gVisor's platform (systrap, ptrace, kvm); empty: runsc's
 	// default.
 	Platform string
+	// RunDir, if set, is a path inside the sandbox where the host directory
+	// DIR/run is mounted read-write, owned by the sandbox's user: processes
+	// inside can create Unix sockets there that the host connects to
+	// (runsc --host-uds=create).
+	RunDir string
 }
 
 // Runtime creates and finds sandboxes whose state lives under one
@@ -145,7 +151,15 @@ func (r *Runtime) Create(ctx context.Context, cfg Config) (_ *Sandbox, err error
 			r.destroy(context.WithoutCancel(ctx), sb)
 		}
 	}()
-	spec, err := GenerateSpec(append(cfg.Spec, WithNetwork(cfg.Network))...)
+	opts := append(cfg.Spec, WithNetwork(cfg.Network))
+	if cfg.RunDir != "" {
+		opt, err := sb.runDir(cfg.RunDir)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, opt)
+	}
+	spec, err := GenerateSpec(opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -166,6 +180,13 @@ func (r *Runtime) Create(ctx context.Context, cfg Config) (_ *Sandbox, err error
 		return nil, err
 	}
 	defer logf.Close()
+	if sb.Network == NetworkNone {
+		unlock, err := r.lockNullNetns()
+		if err != nil {
+			return nil, err
+		}
+		defer unlock()
+	}
 	rc := r.runc(sb)
 	if err := rc.Create(ctx, sb.ID, dir, &runc.CreateOpts{IO: &fileIO{f: logf}}); err != nil {
 		return nil, fmt.Errorf("create sandbox %q with runsc: %w (see %s)", sb.Name, err, filepath.Join(dir, "console.log"))
@@ -174,6 +195,48 @@ func (r *Runtime) Create(ctx context.Context, cfg Config) (_ *Sandbox, err error
 		return nil, fmt.Errorf("start sandbox %q with runsc: %w", sb.Name, err)
 	}
 	return sb, nil
+}
+
+// RunPath is the host path of DIR/run (see Config.RunDir).
+func (sb *Sandbox) RunPath() string { return filepath.Join(sb.Dir, "run") }
+
+// runDir creates DIR/run and returns the option that mounts it at dst, owned
+// by the user the spec's processes run as.
+func (sb *Sandbox) runDir(dst string) (SpecOpt, error) {
+	if err := os.Mkdir(sb.RunPath(), 0o700); err != nil {
+		return nil, fmt.Errorf("create sandbox run directory: %w", err)
+	}
+	return func(s *specs.Spec) error {
+		if err := os.Chown(sb.RunPath(), int(s.Process.User.UID), int(s.Process.User.GID)); err != nil {
+			return fmt.Errorf("chown sandbox run directory: %w", err)
+		}
+		return WithBind(sb.RunPath(), dst, false)(s)
+	}, nil
+}
+
+// lockNullNetns serializes sandbox creation until runsc has made its shared
+// network namespace for --network=none (a "null-netns" mount in its root):
+// runsc creates it on first use, and two first uses at once stack two
+// mounts, one of which leaks. Once it exists, creation runs in parallel.
+func (r *Runtime) lockNullNetns() (func(), error) {
+	if isNsfs(filepath.Join(r.dir, "runsc", "null-netns")) {
+		return func() {}, nil
+	}
+	fd, err := unix.Open(filepath.Join(r.dir, "runsc", ".null-netns.lock"), unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock runsc's network namespace: %w", err)
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("lock runsc's network namespace: %w", err)
+	}
+	return func() { unix.Close(fd) }, nil
+}
+
+// isNsfs reports whether p is a mounted namespace file.
+func isNsfs(p string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(p, &st) == nil && st.Type == unix.NSFS_MAGIC
 }
 
 // Get returns the record of sandbox name.
@@ -200,10 +263,25 @@ func (r *Runtime) Get(name string) (*Sandbox, error) {
 // State asks runsc whether the sandbox's processes are alive.
 func (r *Runtime) State(ctx context.Context, sb *Sandbox) State {
 	c, err := r.runc(sb).State(ctx, sb.ID)
-	if err != nil || c.Status != "running" || c.Pid <= 0 || unix.Kill(c.Pid, 0) != nil {
+	if err != nil || c.Status != "running" || !alive(c.Pid) {
 		return StateDead
 	}
 	return StateRunning
+}
+
+// alive reports whether process pid exists and is not a zombie (a killed
+// sandbox process may wait a while to be reaped).
+func alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name, which ends with the last ')'.
+	i := strings.LastIndexByte(string(b), ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
 }
 
 // List returns every sandbox's record, oldest first.

@@ -57,6 +57,9 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Commands: []*cli.Command{
 			prewarmCommand(),
 			imagesCommand(),
+			runCommand(),
+			sandboxCommand(),
+			agentCommand(),
 			doctorCommand(),
 		},
 	}

@@ -2,11 +2,13 @@ package main
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/docker/go-units"
 	"github.com/urfave/cli/v2"
 
 	"github.com/flmbox/flmbox/rootfs"
+	"github.com/flmbox/flmbox/runtime"
 )
 
 // pullFlags select and bound what an image pull fetches.
@@ -33,9 +35,9 @@ func pullOptions(c *cli.Context) (*rootfs.PullOptions, error) {
 		}
 		o.Platform = pl
 	}
-	n, err := units.RAMInBytes(c.String("max-unpacked-size"))
-	if err != nil || n <= 0 {
-		return nil, fmt.Errorf("--max-unpacked-size %q: want a size such as 16GiB or 512m", c.String("max-unpacked-size"))
+	n, err := parseSize("--max-unpacked-size", c.String("max-unpacked-size"))
+	if err != nil {
+		return nil, err
 	}
 	o.Unpack.MaxBytes = n
 	return o, nil
@@ -43,3 +45,60 @@ func pullOptions(c *cli.Context) (*rootfs.PullOptions, error) {
 
 // jsonFlag makes a command print JSON.
 var jsonFlag = &cli.BoolFlag{Name: "json", Usage: "print JSON"}
+
+// Sandbox defaults (issue 3): the whole sandbox's cgroup backstop.
+const (
+	defaultMemory  = "512MiB"
+	defaultCPUs    = 1.0
+	defaultPids    = 256
+	defaultTmpSize = "256MiB"
+)
+
+// sandboxFlags configure a new sandbox.
+func sandboxFlags() []cli.Flag {
+	return append(pullFlags(),
+		&cli.StringFlag{Name: "network", Value: "none", Usage: "network: none or host"},
+		&cli.StringFlag{Name: "memory", Value: defaultMemory, Usage: "memory limit of the sandbox"},
+		&cli.Float64Flag{Name: "cpus", Value: defaultCPUs, Usage: "CPU limit of the sandbox"},
+		&cli.Int64Flag{Name: "pids", Value: defaultPids, Usage: "process limit of the sandbox"},
+		&cli.StringFlag{Name: "tmp-size", Value: defaultTmpSize, Usage: "size of the sandbox's writable /tmp"},
+		&cli.StringSliceFlag{Name: "env", Aliases: []string{"e"}, Usage: "set `K=V` in the sandbox's environment"},
+		&cli.StringFlag{Name: "gvisor-platform", Usage: "gVisor platform: systrap, ptrace or kvm (default: runsc's)"},
+	)
+}
+
+// sandboxOptionsFrom reads sandboxFlags.
+func sandboxOptionsFrom(c *cli.Context) (sandboxOptions, error) {
+	o := sandboxOptions{image: c.String("image"), platform: c.String("gvisor-platform"), env: c.StringSlice("env")}
+	var err error
+	if o.pull, err = pullOptions(c); err != nil {
+		return o, err
+	}
+	if o.network, err = runtime.ParseNetwork(c.String("network")); err != nil {
+		return o, err
+	}
+	if o.limits.MemoryBytes, err = parseSize("--memory", c.String("memory")); err != nil {
+		return o, err
+	}
+	if o.tmpBytes, err = parseSize("--tmp-size", c.String("tmp-size")); err != nil {
+		return o, err
+	}
+	o.limits.CPUs, o.limits.Pids = c.Float64("cpus"), c.Int64("pids")
+	if o.limits.CPUs <= 0 || o.limits.Pids <= 0 {
+		return o, fmt.Errorf("--cpus and --pids must be positive")
+	}
+	for _, kv := range o.env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return o, fmt.Errorf("--env %q: want K=V", kv)
+		}
+	}
+	return o, nil
+}
+
+func parseSize(flag, s string) (int64, error) {
+	n, err := units.RAMInBytes(s)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%s %q: want a size such as 512MiB or 1g", flag, s)
+	}
+	return n, nil
+}

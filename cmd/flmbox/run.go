@@ -1,0 +1,223 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/flmbox/flmbox/runtime"
+	"github.com/flmbox/flmbox/snippet"
+)
+
+// Exit codes of flmbox run besides the snippet's own.
+const exitTimeout = 124
+
+func runCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "run",
+		Usage:     "run a Python or shell snippet in a sandbox",
+		ArgsUsage: "(-c CODE | FILE | -)",
+		Flags: append(sandboxFlags(),
+			&cli.StringFlag{Name: "sandbox", Usage: "run in this persistent sandbox"},
+			&cli.StringFlag{Name: "image", Usage: "run in a fresh sandbox from IMAGE, removed afterwards"},
+			&cli.StringFlag{Name: "language", Aliases: []string{"l"}, Value: snippet.LanguagePython, Usage: "python or shell"},
+			&cli.DurationFlag{Name: "timeout", Value: 30 * time.Second, Usage: "kill the snippet after this long (exit status 124)"},
+			&cli.StringFlag{Name: "code", Aliases: []string{"c"}, Usage: "the code to run"},
+			&cli.StringFlag{Name: "max-output", Value: "1MiB", Usage: "bytes of stdout and of stderr kept (head and tail)"},
+			&cli.StringFlag{Name: "batch", Usage: "run a batch of 1 to 64 snippets from `FILE` (- for stdin) and print a JSON array of results in input order"},
+			&cli.IntFlag{Name: "parallel", Usage: "run at most N batch snippets at once (default: the number of CPUs)"},
+			jsonFlag,
+		),
+		Action: func(c *cli.Context) error {
+			if path := c.String("batch"); path != "" {
+				if c.NArg() != 0 || c.IsSet("code") {
+					return fmt.Errorf("--batch takes its codes from FILE, not from -c or arguments")
+				}
+				reqs, err := readBatch(c, path)
+				if err != nil {
+					return err
+				}
+				return printBatch(c, runBatch(c, reqs, c.Int("parallel")))
+			}
+			req, err := snippetRequest(c)
+			if err != nil {
+				return err
+			}
+			res, err := runSnippet(c, req)
+			if err != nil {
+				return err
+			}
+			return printResult(c, res)
+		},
+	}
+}
+
+// snippetRequest reads the code and the run flags into a request.
+func snippetRequest(c *cli.Context) (*snippet.Request, error) {
+	code, err := readCode(c)
+	if err != nil {
+		return nil, err
+	}
+	maxOut, err := parseSize("--max-output", c.String("max-output"))
+	if err != nil {
+		return nil, err
+	}
+	req := &snippet.Request{Version: snippet.ProtocolVersion, Language: c.String("language"), Code: code,
+		TimeoutMS: c.Duration("timeout").Milliseconds(), MaxOutput: maxOut}
+	return req, req.Validate()
+}
+
+func readCode(c *cli.Context) (string, error) {
+	switch {
+	case c.IsSet("code") && c.NArg() == 0:
+		return c.String("code"), nil
+	case !c.IsSet("code") && c.NArg() == 1 && c.Args().First() == "-":
+		b, err := io.ReadAll(io.LimitReader(os.Stdin, 4<<20))
+		return string(b), err
+	case !c.IsSet("code") && c.NArg() == 1:
+		b, err := os.ReadFile(c.Args().First())
+		if err != nil {
+			return "", fmt.Errorf("read code: %w", err)
+		}
+		return string(b), nil
+	}
+	return "", fmt.Errorf("give the code once: -c CODE, a FILE, or - for stdin")
+}
+
+// runSnippet runs req in the named sandbox, or in a fresh one from --image.
+func runSnippet(c *cli.Context, req *snippet.Request) (*snippet.Result, error) {
+	name, image := c.String("sandbox"), c.String("image")
+	if (name == "") == (image == "") {
+		return nil, fmt.Errorf("give exactly one of --sandbox NAME and --image IMAGE")
+	}
+	if name != "" {
+		return callSandbox(c.Context, c, name, req)
+	}
+	o, err := sandboxOptionsFrom(c)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := createSandbox(c.Context, c, o)
+	if err != nil {
+		return nil, err
+	}
+	defer removeSandbox(context.WithoutCancel(c.Context), c, sb.Name)
+	return callSandbox(c.Context, c, sb.Name, req)
+}
+
+// callSandbox sends req to a sandbox's agent. A sandbox whose agent does not
+// answer is reported at once, with its state.
+func callSandbox(ctx context.Context, c *cli.Context, name string, req *snippet.Request) (*snippet.Result, error) {
+	rt, err := openRuntime(c)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := rt.Get(name)
+	if err != nil {
+		return nil, err
+	}
+	req.Limits = snippetLimits(sb)
+	touch(filepath.Join(sb.Dir, "last-used"))
+	res, err := snippet.Call(ctx, agentSocketPath(sb), req)
+	if err != nil {
+		if sandboxState(ctx, rt, sb) == runtime.StateDead {
+			return nil, fmt.Errorf("sandbox %s is dead (its gVisor processes are gone); remove it with flmbox sandbox rm %s and create another: %w", name, name, err)
+		}
+		return nil, err
+	}
+	return res, nil
+}
+
+// snippetLimits bounds a snippet's own process well inside the sandbox's
+// cgroup limits, so that a runaway snippet fails alone and the sandbox lives.
+func snippetLimits(sb *runtime.Sandbox) snippet.Limits {
+	var spec struct {
+		Linux struct {
+			Resources struct {
+				Memory struct{ Limit int64 }
+				Pids   struct{ Limit int64 }
+			}
+		}
+	}
+	b, _ := os.ReadFile(filepath.Join(sb.Dir, "config.json"))
+	json.Unmarshal(b, &spec)
+	r := spec.Linux.Resources
+	return snippet.Limits{MemoryBytes: r.Memory.Limit / 2, Procs: r.Pids.Limit / 4}
+}
+
+func touch(p string) {
+	now := time.Now()
+	if err := os.Chtimes(p, now, now); errors.Is(err, os.ErrNotExist) {
+		os.WriteFile(p, nil, 0o600)
+	}
+}
+
+// runJSON is `flmbox run --json`'s object. Output that is not valid UTF-8
+// is carried twice: in stdout/stderr with invalid bytes replaced by U+FFFD,
+// and exactly in stdout_base64/stderr_base64.
+type runJSON struct {
+	ExitCode        int     `json:"exit_code"`
+	Stdout          string  `json:"stdout"`
+	Stderr          string  `json:"stderr"`
+	StdoutBase64    string  `json:"stdout_base64,omitempty"`
+	StderrBase64    string  `json:"stderr_base64,omitempty"`
+	StdoutBytes     int64   `json:"stdout_bytes"`
+	StderrBytes     int64   `json:"stderr_bytes"`
+	StdoutTruncated bool    `json:"stdout_truncated"`
+	StderrTruncated bool    `json:"stderr_truncated"`
+	TimedOut        bool    `json:"timed_out"`
+	Signal          string  `json:"signal,omitempty"`
+	DurationMS      float64 `json:"duration_ms"`
+}
+
+func toJSON(res *snippet.Result) runJSON {
+	out := runJSON{ExitCode: res.ExitCode, Stdout: strings.ToValidUTF8(string(res.Stdout.Data), "\uFFFD"),
+		Stderr: strings.ToValidUTF8(string(res.Stderr.Data), "\uFFFD"), StdoutBytes: res.Stdout.Total,
+		StderrBytes: res.Stderr.Total, StdoutTruncated: res.Stdout.Truncated, StderrTruncated: res.Stderr.Truncated,
+		TimedOut: res.TimedOut, Signal: res.Signal, DurationMS: res.DurationMS}
+	if !utf8.Valid(res.Stdout.Data) {
+		out.StdoutBase64 = base64.StdEncoding.EncodeToString(res.Stdout.Data)
+	}
+	if !utf8.Valid(res.Stderr.Data) {
+		out.StderrBase64 = base64.StdEncoding.EncodeToString(res.Stderr.Data)
+	}
+	if res.Error != "" {
+		out.Stderr += res.Error
+	}
+	return out
+}
+
+// printResult prints a result and returns the exit status: the snippet's,
+// 124 on timeout, 125 if flmbox failed to run it.
+func printResult(c *cli.Context, res *snippet.Result) error {
+	if c.Bool("json") {
+		if err := json.NewEncoder(c.App.Writer).Encode(toJSON(res)); err != nil {
+			return err
+		}
+	} else {
+		c.App.Writer.Write(res.Stdout.Data)
+		c.App.ErrWriter.Write(res.Stderr.Data)
+	}
+	switch {
+	case res.Error != "":
+		return cli.Exit("run snippet: "+res.Error, exitFlmboxFailed)
+	case res.TimedOut:
+		if !c.Bool("json") {
+			fmt.Fprintf(c.App.ErrWriter, "flmbox: the snippet timed out after %s and was killed\n", c.Duration("timeout"))
+		}
+		return cli.Exit("", exitTimeout)
+	case res.ExitCode != 0:
+		return cli.Exit("", res.ExitCode)
+	}
+	return nil
+}

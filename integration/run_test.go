@@ -1,0 +1,200 @@
+//go:build integration
+
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// sandboxRoot returns a state root with the test image prewarmed from reg,
+// and removes every sandbox in it (and runsc's mounts) when the test ends.
+func sandboxRoot(t *testing.T, reg *testRegistry) string {
+	t.Helper()
+	root := t.TempDir()
+	prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef())
+	t.Cleanup(func() {
+		out := flmbox(t, root, "sandbox", "ls", "--json")
+		var sbs []struct{ Name string }
+		json.Unmarshal([]byte(out.stdout), &sbs)
+		for _, sb := range sbs {
+			flmbox(t, root, "sandbox", "rm", sb.Name)
+		}
+		// Exactly one mount: two would mean flmbox leaked one.
+		if err := unix.Unmount(filepath.Join(root, "runsc", "null-netns"), unix.MNT_DETACH); err == nil {
+			if unix.Unmount(filepath.Join(root, "runsc", "null-netns"), unix.MNT_DETACH) == nil {
+				t.Error("runsc's null-netns was mounted twice")
+			}
+		}
+	})
+	return root
+}
+
+func TestDemo1PersistentSandbox(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	if name := strings.TrimSpace(mustFlmbox(t, root, "sandbox", "create", "--name", "demo", "--image", reg.digestRef())); name != "demo" {
+		t.Fatalf("sandbox create printed %q", name)
+	}
+	mustFlmbox(t, root, "run", "--sandbox", "demo", "--language", "shell", "-c",
+		`mkdir -p /tmp/demo && printf 'region,revenue,cost\neast,120,75\nwest,80,55\neast,150,90\nwest,100,70\n' > /tmp/demo/sales.csv`)
+	out := mustFlmbox(t, root, "run", "--sandbox", "demo", "-c", `
+import csv, json, platform
+rows = list(csv.DictReader(open("/tmp/demo/sales.csv")))
+revenue = sum(int(r["revenue"]) for r in rows)
+profit = revenue - sum(int(r["cost"]) for r in rows)
+summary = {"rows": len(rows), "revenue": revenue, "profit": profit}
+json.dump(summary, open("/tmp/demo/summary.json", "w"))
+print(json.dumps(summary))
+print(platform.system())
+`)
+	if out != "{\"rows\": 4, \"revenue\": 450, \"profit\": 160}\nLinux\n" {
+		t.Fatalf("python call printed %q", out)
+	}
+	if out := mustFlmbox(t, root, "run", "--sandbox", "demo", "-l", "shell", "-c", "cat /tmp/demo/summary.json"); out != `{"rows": 4, "revenue": 450, "profit": 160}` {
+		t.Fatalf("shell cat printed %q", out)
+	}
+	// Python variables do not persist between calls; files do.
+	res := flmbox(t, root, "run", "--sandbox", "demo", "-c", "print(summary)")
+	if res.code != 1 || !strings.Contains(res.stderr, "NameError") {
+		t.Fatalf("a variable survived the call: exit %d %q", res.code, res.stderr)
+	}
+}
+
+func TestDemo2Batch(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	var codes []string
+	for _, d := range []string{"0.0", "0.1", "0.2", "1.2"} {
+		codes = append(codes, fmt.Sprintf(`
+discount = %s
+if not 0 <= discount <= 1:
+    raise ValueError("discount must be between 0 and 1")
+revenue = round(450 * (1 - discount), 2)
+print(revenue, round(revenue - 290, 2))
+`, d))
+	}
+	in, _ := json.Marshal(map[string]any{"language": "python", "timeout": 30, "codes": codes})
+	batch := filepath.Join(t.TempDir(), "batch.json")
+	os.WriteFile(batch, in, 0o600)
+	out := mustFlmbox(t, root, "run", "--batch", batch, "--image", reg.digestRef())
+	var results []struct {
+		ExitCode int    `json:"exit_code"`
+		Stdout   string `json:"stdout"`
+		Stderr   string `json:"stderr"`
+	}
+	if err := json.Unmarshal([]byte(out), &results); err != nil || len(results) != 4 {
+		t.Fatalf("batch printed %q: %v", out, err)
+	}
+	want := []string{"450.0 160.0\n", "405.0 115.0\n", "360.0 70.0\n", ""}
+	for i, r := range results {
+		if r.Stdout != want[i] || (r.ExitCode == 0) != (i < 3) {
+			t.Errorf("result %d: %+v", i, r)
+		}
+	}
+	if results[3].ExitCode != 1 || !strings.Contains(results[3].Stderr, "ValueError: discount must be between 0 and 1") {
+		t.Errorf("fourth result: %+v", results[3])
+	}
+	// Fresh sandboxes were removed, and released the image.
+	if ls := mustFlmbox(t, root, "sandbox", "ls", "--json"); strings.TrimSpace(ls) != "[]" {
+		t.Errorf("sandboxes left after the batch: %s", ls)
+	}
+}
+
+func TestRunBadBatchesAreRefusedBeforeRunning(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	dir := t.TempDir()
+	for name, body := range map[string]string{
+		"empty":     `{"codes": []}`,
+		"too many":  `{"codes": [` + strings.Repeat(`"print(1)",`, 64) + `"print(1)"]}`,
+		"language":  `{"language": "ruby", "codes": ["puts 1"]}`,
+		"timeout":   `{"timeout": -1, "codes": ["print(1)"]}`,
+		"absurd":    `{"timeout": 1e12, "codes": ["print(1)"]}`,
+		"malformed": `{"codes": ["print(1)"`,
+	} {
+		p := filepath.Join(dir, strings.ReplaceAll(name, " ", "_"))
+		os.WriteFile(p, []byte(body), 0o600)
+		res := flmbox(t, root, "run", "--batch", p, "--image", reg.digestRef())
+		if res.code != 125 || res.stdout != "" || !strings.Contains(res.stderr, "flmbox: ") {
+			t.Errorf("%s: exit %d stdout %q stderr %q", name, res.code, res.stdout, res.stderr)
+		}
+	}
+}
+
+func TestRunFreshSandboxTimeoutAndEnvironment(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	os.Setenv("FLMBOX_TEST_SECRET", "hunter2")
+	defer os.Unsetenv("FLMBOX_TEST_SECRET")
+	out := mustFlmbox(t, root, "run", "--image", reg.digestRef(), "--env", "GREETING=hi", "-c",
+		"import os, sys; print(os.environ.get('GREETING'), os.environ.get('PYTHONPATH'), os.environ.get('HOME'), 'FLMBOX_TEST_SECRET' in os.environ, os.getuid())")
+	if out != "hi /tmp/site-packages /tmp False 65534\n" {
+		t.Fatalf("environment: %q", out)
+	}
+	res := flmbox(t, root, "run", "--image", reg.digestRef(), "--timeout", "1s", "-c", "while True: pass")
+	if res.code != 124 || !strings.Contains(res.stderr, "timed out") {
+		t.Fatalf("timeout: exit %d %q", res.code, res.stderr)
+	}
+	res = flmbox(t, root, "run", "--image", reg.digestRef(), "--json", "-c", "import sys; sys.stdout.buffer.write(b'\\xff\\xfeok'); sys.exit(3)")
+	var j map[string]any
+	if err := json.Unmarshal([]byte(res.stdout), &j); err != nil || res.code != 3 || j["exit_code"] != 3.0 || j["stdout_base64"] != "//5vaw==" {
+		t.Fatalf("--json with non-UTF-8 output: exit %d %s %v", res.code, res.stdout, err)
+	}
+	if ls := mustFlmbox(t, root, "sandbox", "ls", "--json"); strings.TrimSpace(ls) != "[]" {
+		t.Errorf("sandboxes left: %s", ls)
+	}
+}
+
+func TestRunOnADeadSandboxFailsAtOnce(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	mustFlmbox(t, root, "sandbox", "create", "--name", "doomed", "--image", reg.digestRef())
+	var sb struct{ ID string }
+	b, _ := os.ReadFile(filepath.Join(root, "sandboxes", "doomed", "sandbox.json"))
+	json.Unmarshal(b, &sb)
+	exec.Command("pkill", "-9", "-f", sb.ID).Run()
+	res := flmbox(t, root, "run", "--sandbox", "doomed", "-c", "print(1)")
+	if res.code != 125 || !strings.Contains(res.stderr, "dead") {
+		t.Fatalf("run on a dead sandbox: exit %d %q", res.code, res.stderr)
+	}
+	if ls := mustFlmbox(t, root, "sandbox", "ls"); !strings.Contains(ls, "dead") {
+		t.Fatalf("sandbox ls:\n%s", ls)
+	}
+	mustFlmbox(t, root, "sandbox", "rm", "doomed")
+	mustFlmbox(t, root, "sandbox", "rm", "doomed") // idempotent
+}
+
+func TestNetworkNoneCannotReachTheHost(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "host-ok") })}
+	go srv.Serve(ln)
+	defer srv.Close()
+	code := fmt.Sprintf(`
+import urllib.request
+try:
+    print(urllib.request.urlopen("http://%s/", timeout=3).read().decode())
+except Exception as e:
+    print("unreachable", type(e).__name__)
+`, ln.Addr())
+	if out := mustFlmbox(t, root, "run", "--image", reg.digestRef(), "-c", code); !strings.HasPrefix(out, "unreachable") {
+		t.Fatalf("--network none reached the host: %q", out)
+	}
+	if out := mustFlmbox(t, root, "run", "--image", reg.digestRef(), "--network", "host", "-c", code); out != "host-ok\n" {
+		t.Fatalf("--network host: %q", out)
+	}
+}

@@ -1,0 +1,219 @@
+package snippet
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Bounds of the conversation on one connection.
+const (
+	// maxRequestSize bounds what the agent reads of a request: the largest
+	// code JSON-escaped (a control character takes 6 bytes) plus the rest.
+	maxRequestSize = 6*MaxCodeSize + 64<<10
+	// requestTimeout bounds the time a client takes to send its request.
+	requestTimeout = 30 * time.Second
+	// responseTimeout bounds the time a client takes to read the result.
+	responseTimeout = 30 * time.Second
+)
+
+// Agent runs snippets for clients connecting on a Unix socket. flmbox starts
+// it (flmbox agent) as the first process of every sandbox; it is usable on
+// any Linux host too, as the tests do.
+//
+// Each snippet is a new process: python3 or /bin/sh in its own process
+// group, with stdin at EOF (/dev/null), the working directory Dir and the
+// environment Env. Its stdout and stderr are captured separately with the
+// request's caps, its rlimits are set before its code runs, and when it ends
+// (or times out, or the call is cancelled) whatever is left of its process
+// group is killed, so that a `sleep 1000 &` cannot outlive the call. Processes
+// that leave the group (setsid, daemons) are not tracked: the sandbox's pids
+// limit bounds them and they die with the sandbox.
+//
+// The zero Agent is ready to use; its fields are read at the first Serve or
+// Run and must not change after. An Agent must not be copied after first use.
+type Agent struct {
+	// Python is the Python interpreter: a path, or a name looked up in the
+	// PATH of Env (default "python3"). A missing Python fails only Python
+	// snippets.
+	Python string
+	// Shell is the shell that runs shell snippets with -c (default
+	// "/bin/sh").
+	Shell string
+	// Dir is the snippets' working directory (default "/tmp").
+	Dir string
+	// Env is the snippets' environment (default: the agent's own,
+	// os.Environ(); in a sandbox that is the sandbox's environment).
+	Env []string
+
+	once      sync.Once
+	python    string // resolved Python, or "" with pythonErr
+	pythonErr error
+	shell     string
+	dir       string
+	env       []string
+}
+
+// init fills in the defaults and resolves the interpreters, once.
+func (a *Agent) init() {
+	a.once.Do(func() {
+		a.env = a.Env
+		if a.env == nil {
+			a.env = os.Environ()
+		}
+		a.dir = cmpOr(a.Dir, "/tmp")
+		a.shell = cmpOr(a.Shell, "/bin/sh")
+		a.python, a.pythonErr = lookPath(cmpOr(a.Python, "python3"), a.env)
+	})
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// lookPath finds an executable by name in the PATH of env, as the snippet's
+// own shell would, or returns a path as is.
+func lookPath(name string, env []string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	path := os.Getenv("PATH")
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, dir := range filepath.SplitList(path) {
+		if dir == "" {
+			continue
+		}
+		p := filepath.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("find %s in PATH %q: %w; the sandbox's image has no Python? run shell snippets (--language shell) or use an image with python3",
+		name, path, exec.ErrNotFound)
+}
+
+// Serve accepts connections on ln until ctx is cancelled, and answers each
+// one concurrently: it reads one Request, runs it with Run, writes one Result
+// and closes the connection. A client that hangs up before the answer
+// cancels its snippet, which is killed.
+//
+// When the agent is PID 1 (as in a sandbox) or a child subreaper, Serve also
+// reaps the orphaned processes that the kernel hands to it, so that killed
+// background processes do not pile up as zombies. The program running Serve
+// must then not wait for other child processes of its own.
+//
+// Serve closes ln. After ctx is cancelled it kills the snippets still
+// running, answers their clients, and returns nil; otherwise it returns the
+// listener's error.
+func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
+	a.init()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if reapsOrphans() {
+		wg.Go(func() { reapLoop(ctx) })
+	}
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	defer ln.Close()
+	var backoff time.Duration
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if isTemporary(err) { // out of descriptors: wait for calls to end
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				select {
+				case <-time.After(backoff):
+				case <-ctx.Done():
+				}
+				continue
+			}
+			return fmt.Errorf("accept a client: %w", err)
+		}
+		backoff = 0
+		wg.Go(func() { a.serveConn(ctx, conn) })
+	}
+}
+
+func isTemporary(err error) bool {
+	var t interface{ Temporary() bool }
+	return errors.As(err, &t) && t.Temporary()
+}
+
+// serveConn answers one connection.
+func (a *Agent) serveConn(ctx context.Context, conn net.Conn) {
+	defer conn.Close()
+	res := a.answer(ctx, conn)
+	conn.SetWriteDeadline(time.Now().Add(responseTimeout))
+	w := bufio.NewWriterSize(conn, 64<<10)
+	if json.NewEncoder(w).Encode(res) == nil {
+		w.Flush() // a client that left does not read it: nothing to do
+	}
+}
+
+// answer reads the request on conn and runs it.
+func (a *Agent) answer(ctx context.Context, conn net.Conn) *Result {
+	conn.SetReadDeadline(time.Now().Add(requestTimeout))
+	req, err := readRequest(conn)
+	if err != nil {
+		return errorResult(err)
+	}
+	conn.SetReadDeadline(time.Time{})
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	if uc, ok := conn.(*net.UnixConn); ok {
+		stop := watchHangup(uc, func() { cancel(errClientGone) })
+		defer stop()
+	}
+	return a.Run(ctx, req)
+}
+
+var errClientGone = errors.New("the client hung up")
+
+// readRequest decodes one request, of any protocol version, from r.
+func readRequest(r io.Reader) (*Request, error) {
+	lr := &io.LimitedReader{R: r, N: maxRequestSize + 1}
+	var raw json.RawMessage
+	if err := json.NewDecoder(lr).Decode(&raw); err != nil {
+		if lr.N <= 0 {
+			return nil, fmt.Errorf("read request: over %d bytes", maxRequestSize)
+		}
+		return nil, fmt.Errorf("read request: %w", err)
+	}
+	var v struct {
+		Version int `json:"version"`
+	}
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return nil, fmt.Errorf("read request: %w", err)
+	}
+	if v.Version != ProtocolVersion {
+		// Validate names both versions; the rest may not even parse.
+		return &Request{Version: v.Version}, nil
+	}
+	var req Request
+	if err := json.Unmarshal(raw, &req); err != nil {
+		return nil, fmt.Errorf("read request: %w", err)
+	}
+	return &req, nil
+}

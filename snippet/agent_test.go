@@ -1,0 +1,458 @@
+package snippet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+// Environment of the test binary run as a helper agent (serveHelper).
+const (
+	helperSocketEnv    = "FLMBOX_SNIPPET_HELPER_SOCKET"
+	helperDirEnv       = "FLMBOX_SNIPPET_HELPER_DIR"
+	helperSubreaperEnv = "FLMBOX_SNIPPET_HELPER_SUBREAPER"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(helperSocketEnv) != "" {
+		if err := serveHelper(); err != nil {
+			fmt.Fprintln(os.Stderr, "helper agent:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// serveHelper is the test binary as an agent in its own process, as flmbox
+// agent runs one: optionally a child subreaper (as PID 1 of a sandbox is),
+// optionally as another user. SIGTERM stops it.
+func serveHelper() error {
+	if os.Getenv(helperSubreaperEnv) != "" {
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			return err
+		}
+	}
+	ln, err := net.Listen("unix", os.Getenv(helperSocketEnv))
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	a := &Agent{Python: "/usr/bin/python3", Dir: os.Getenv(helperDirEnv)}
+	return a.Serve(ctx, ln)
+}
+
+// helper is an agent running in another process.
+type helper struct {
+	cmd    *exec.Cmd
+	socket string
+	dir    string
+}
+
+// startHelper runs the test binary as an agent; uid, when not 0, is the
+// user it runs as (the test must then be root).
+func startHelper(t *testing.T, subreaper bool, uid int) *helper {
+	t.Helper()
+	// A directory every user can use, for the binary, the socket and the
+	// snippets.
+	base, err := os.MkdirTemp("", "flmbox-snippet-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	os.Chmod(base, 0o777)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(base, "snippet.test")
+	data, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h := &helper{socket: filepath.Join(base, "agent.sock"), dir: filepath.Join(base, "tmp")}
+	if err := os.Mkdir(h.dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(h.dir, 0o777)
+	h.cmd = exec.Command(bin, "-test.run=^$")
+	h.cmd.Env = append(os.Environ(), helperSocketEnv+"="+h.socket, helperDirEnv+"="+h.dir)
+	if subreaper {
+		h.cmd.Env = append(h.cmd.Env, helperSubreaperEnv+"=1")
+	}
+	if uid != 0 {
+		h.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
+	}
+	h.cmd.Stderr = os.Stderr
+	if err := h.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		h.cmd.Process.Signal(syscall.SIGTERM)
+		h.cmd.Wait()
+	})
+	for deadline := time.Now().Add(guard); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(h.socket); err == nil {
+			return h
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the helper agent did not listen")
+		}
+	}
+}
+
+// serve runs a's Serve on a socket in a temporary directory until the test
+// ends, and returns the socket's path.
+func serve(t testing.TB, a *Agent) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return path
+}
+
+func call(t *testing.T, socket string, req *Request) *Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), guard+5*time.Second)
+	defer cancel()
+	res, err := Call(ctx, socket, req)
+	if err != nil {
+		t.Fatalf("Call: %v", err)
+	}
+	return res
+}
+
+func TestServeCall(t *testing.T) {
+	socket := serve(t, testAgent(t))
+	for _, tc := range []struct {
+		name   string
+		req    *Request
+		stdout string
+		exit   int
+	}{
+		{"python", request(LanguagePython, "print('hello')\nraise SystemExit(4)"), "hello\n", 4},
+		{"shell", request(LanguageShell, "echo hello"), "hello\n", 0},
+		{"non-UTF-8 bytes", request(LanguageShell, `printf '\377\000\200ok'`), "\xff\x00\x80ok", 0},
+		{"capped", request(LanguageShell, "printf 0123456789abcdefghij", func(r *Request) { r.MaxOutput = 10 }), "01234\n[flmbox: 10 bytes omitted]\nfghij", 0},
+		{"timeout", request(LanguageShell, "echo started; sleep 100", func(r *Request) { r.TimeoutMS = 200 }), "started\n", 137},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := call(t, socket, tc.req)
+			if string(res.Stdout.Data) != tc.stdout || res.ExitCode != tc.exit || res.Version != ProtocolVersion {
+				t.Fatalf("want stdout %q exit %d, got %s", tc.stdout, tc.exit, dump(res))
+			}
+		})
+	}
+}
+
+// TestServeConcurrent shows that the agent runs calls at once: each snippet
+// waits until all of them have started.
+func TestServeConcurrent(t *testing.T) {
+	a := testAgent(t)
+	socket := serve(t, a)
+	const n = 6
+	code := `touch started.%d
+i=0
+while [ "$(ls started.* | wc -l)" -lt %d ]; do
+  i=$((i+1)); [ $i -gt 800 ] && { echo alone; exit 1; }
+  sleep 0.01
+done
+echo %d`
+	var wg sync.WaitGroup
+	results := make([]*Result, n)
+	for i := range n {
+		wg.Go(func() {
+			results[i], _ = Call(context.Background(), socket, request(LanguageShell, fmt.Sprintf(code, i, n, i)))
+		})
+	}
+	wg.Wait()
+	for i, res := range results {
+		if res == nil || string(res.Stdout.Data) != fmt.Sprintf("%d\n", i) {
+			t.Errorf("call %d: %+v", i, res)
+		}
+	}
+}
+
+// fakeAgent answers every connection with answer after reading the request.
+func fakeAgent(t *testing.T, answer string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, conn)
+			io.WriteString(conn, answer)
+			conn.Close()
+		}
+	}()
+	return path
+}
+
+func TestCallVersionMismatch(t *testing.T) {
+	// A newer agent: its result may not even parse as ours.
+	socket := fakeAgent(t, `{"version": 2, "exit_code": "something else", "error": "request speaks protocol 1, this side speaks 2"}`)
+	_, err := Call(context.Background(), socket, request(LanguageShell, "true"))
+	if err == nil || !strings.Contains(err.Error(), "agent speaks protocol 2, flmbox speaks 1: recreate the sandbox") || !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("Call = %v", err)
+	}
+
+	// A request of another version to this agent.
+	socket = serve(t, testAgent(t))
+	conn, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	io.WriteString(conn, `{"version": 2, "language": "cobol", "code": {"new": "shape"}}`)
+	conn.(*net.UnixConn).CloseWrite()
+	var res Result
+	if err := json.NewDecoder(conn).Decode(&res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Version != ProtocolVersion || res.ExitCode != -1 || !strings.Contains(res.Error, "request speaks protocol 2, this side speaks 1") {
+		t.Fatalf("got %s", dump(&res))
+	}
+}
+
+func TestCallAgentNotAnswering(t *testing.T) {
+	dir := t.TempDir()
+	// A socket nobody listens on any more.
+	stale := filepath.Join(dir, "stale.sock")
+	ln, err := net.Listen("unix", stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	ln.Close()
+	for _, tc := range []struct{ name, socket, want string }{
+		{"no socket", filepath.Join(dir, "missing.sock"), "no such file or directory"},
+		{"stale socket", stale, "connection refused"},
+		{"agent hangs up", fakeAgent(t, ""), "the sandbox's agent hung up without an answer: the sandbox died? (flmbox sandbox ls)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Call(context.Background(), tc.socket, request(LanguageShell, "true"))
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, errdefs.ErrUnavailable) {
+				t.Fatalf("Call = %v, want an error containing %q", err, tc.want)
+			}
+			if tc.name != "agent hangs up" && !strings.Contains(err.Error(), "the sandbox's agent is not answering: the sandbox is dead? (flmbox sandbox ls)") {
+				t.Fatalf("Call = %v", err)
+			}
+		})
+	}
+}
+
+func TestCallBadAnswers(t *testing.T) {
+	for _, tc := range []struct{ name, answer, want string }{
+		{"not JSON", "hello", "read the answer: invalid character"},
+		{"too long", `{"version": 1, "error": "` + strings.Repeat("x", 4<<20) + `"}`, "read the agent's answer: over"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Call(context.Background(), fakeAgent(t, tc.answer), request(LanguageShell, "true"))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Call = %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestCallValidates(t *testing.T) {
+	_, err := Call(context.Background(), "/no/such/socket", request("ruby", "puts 1"))
+	if !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("Call = %v", err)
+	}
+}
+
+// TestCallCancelKillsSnippet: a client that gives up closes the connection,
+// and the agent kills the snippet instead of letting it run to its timeout.
+func TestCallCancelKillsSnippet(t *testing.T) {
+	a := testAgent(t)
+	socket := serve(t, a)
+	ctx, cancel := context.WithCancel(context.Background())
+	pidFile := filepath.Join(a.Dir, "pid")
+	go func() {
+		for ctx.Err() == nil {
+			if _, err := os.Stat(pidFile); err == nil {
+				cancel()
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	_, err := Call(ctx, socket, request(LanguageShell, "echo $$ > pid.tmp; mv pid.tmp pid; sleep 1000", func(r *Request) { r.TimeoutMS = 60000 }))
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Call = %v, want context.Canceled", err)
+	}
+	b, _ := os.ReadFile(pidFile)
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, pid)
+}
+
+// TestServeStops: cancelling Serve's context kills the running snippets,
+// answers their clients and returns.
+func TestServeStops(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- testAgent(t).Serve(ctx, ln) }()
+	called := make(chan *Result, 1)
+	go func() {
+		res, err := Call(context.Background(), path, request(LanguageShell, "echo started; sleep 1000"))
+		if err != nil {
+			t.Errorf("Call: %v", err)
+		}
+		called <- res
+	}()
+	time.Sleep(200 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Fatalf("Serve = %v", err)
+		}
+	case <-time.After(guard):
+		t.Fatal("Serve did not return")
+	}
+	if res := <-called; res == nil || res.ExitCode != -1 || !strings.Contains(res.Error, "snippet cancelled and killed") {
+		t.Fatalf("the running call got %+v", res)
+	}
+	if _, err := Call(context.Background(), path, request(LanguageShell, "true")); err == nil {
+		t.Fatal("a stopped agent answered")
+	}
+}
+
+// childrenOf returns the state letters of the children of process ppid.
+func childrenOf(t *testing.T, ppid int) map[int]string {
+	t.Helper()
+	out := map[int]string{}
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", d.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:]) // state, ppid, ...
+		if len(f) > 1 && f[1] == strconv.Itoa(ppid) {
+			out[pid] = f[0]
+		}
+	}
+	return out
+}
+
+// TestServeReapsOrphans runs an agent that is a child subreaper, as PID 1 of
+// a sandbox is: the background processes that the kernel reparents to it and
+// that it kills must not stay as zombies.
+func TestServeReapsOrphans(t *testing.T) {
+	h := startHelper(t, true, 0)
+	for i := 0; i < 5; i++ {
+		call(t, h.socket, request(LanguageShell, "sleep 1000 & sleep 1000 & sh -c 'sleep 1000 &' ; echo $!"))
+		call(t, h.socket, request(LanguagePython, "import os, time\nif os.fork() == 0:\n    time.sleep(1000)\n"))
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		kids := childrenOf(t, h.cmd.Process.Pid)
+		if len(kids) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent's children after the calls (pid: state): %v", kids)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestRunForkBomb runs a fork bomb as an unprivileged user (root ignores
+// RLIMIT_NPROC): fork fails past the limit and the next call works.
+func TestRunForkBomb(t *testing.T) {
+	uid := 0
+	if os.Geteuid() == 0 {
+		uid = 65534 // the sandbox's user
+	}
+	h := startHelper(t, true, uid)
+	bomb := "i=0; while [ $i -lt 200 ]; do sleep 30 & i=$((i+1)); done; echo spawned $i"
+	res := call(t, h.socket, request(LanguageShell, bomb, func(r *Request) {
+		r.Limits.Procs = int64(len(tasksOf(t, os.Geteuid(), uid)) + 30)
+	}))
+	if !strings.Contains(strings.ToLower(string(res.Stderr.Data)), "fork") || strings.Contains(string(res.Stdout.Data), "spawned 200") {
+		t.Fatalf("the fork bomb was not stopped: %s", dump(res))
+	}
+	t.Logf("fork bomb: %s", dump(res))
+	if res := call(t, h.socket, request(LanguageShell, "echo alive")); string(res.Stdout.Data) != "alive\n" {
+		t.Fatalf("the next call: %s", dump(res))
+	}
+}
+
+// tasksOf returns the tasks (threads included, as RLIMIT_NPROC counts them)
+// of the user that runs the helper.
+func tasksOf(t *testing.T, euid, uid int) []string {
+	t.Helper()
+	if uid == 0 {
+		uid = euid
+	}
+	var tasks []string
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		if _, err := strconv.Atoi(d.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", d.Name(), "status"))
+		if err != nil || !strings.Contains(string(b), fmt.Sprintf("\nUid:\t%d\t", uid)) {
+			continue
+		}
+		ts, _ := os.ReadDir(filepath.Join("/proc", d.Name(), "task"))
+		for _, task := range ts {
+			tasks = append(tasks, task.Name())
+		}
+	}
+	return tasks
+}

@@ -1,0 +1,85 @@
+package snippet
+
+import (
+	"fmt"
+	"sync"
+)
+
+// capture keeps the head and the tail of a stream in at most max bytes:
+// the first max/2 bytes as they come, the last max-max/2 bytes in a ring
+// buffer, and the count of everything written. Memory grows with the output
+// up to max and never beyond, whatever is written.
+type capture struct {
+	mu    sync.Mutex
+	max   int64
+	head  []byte // up to max/2 bytes
+	ring  []byte // grows up to max-max/2 bytes, then wraps
+	next  int    // where the ring's next byte goes once it is full
+	total int64
+}
+
+func newCapture(max int64) *capture {
+	return &capture{max: max}
+}
+
+// Write keeps what fits and counts the rest; it never fails.
+func (c *capture) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := len(p)
+	c.total += int64(n)
+	if room := int(c.max/2) - len(c.head); room > 0 {
+		k := min(room, len(p))
+		c.head = append(c.head, p[:k]...)
+		p = p[k:]
+	}
+	size := int(c.max - c.max/2)
+	if size == 0 || len(p) == 0 {
+		return n, nil
+	}
+	if len(p) >= size { // p alone fills the ring
+		c.ring = append(c.ring[:0], p[len(p)-size:]...)
+		c.next = 0
+		return n, nil
+	}
+	if room := size - len(c.ring); room > 0 { // still filling
+		k := min(room, len(p))
+		c.ring = append(c.ring, p[:k]...)
+		p = p[k:]
+	}
+	for len(p) > 0 { // full: overwrite the oldest bytes
+		k := copy(c.ring[c.next:], p)
+		p = p[k:]
+		c.next = (c.next + k) % size
+	}
+	return n, nil
+}
+
+// Output returns what was kept, with the truncation marker between head and
+// tail when bytes were dropped.
+func (c *capture) Output() Output {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	kept := int64(len(c.head) + len(c.ring))
+	out := Output{Total: c.total, Truncated: c.total > kept}
+	var marker string
+	if out.Truncated {
+		marker = truncationMarker(c.total - kept)
+	}
+	data := make([]byte, 0, int(kept)+len(marker))
+	data = append(data, c.head...)
+	data = append(data, marker...)
+	data = append(data, c.ring[c.next:]...)
+	data = append(data, c.ring[:c.next]...)
+	out.Data = data
+	return out
+}
+
+// truncationMarker is the line put between the head and the tail of an
+// output that was too long.
+func truncationMarker(omitted int64) string {
+	return fmt.Sprintf("\n[flmbox: %d bytes omitted]\n", omitted)
+}
+
+// maxMarkerLen bounds len(truncationMarker(n)) for any n.
+var maxMarkerLen = len(truncationMarker(1<<63 - 1))

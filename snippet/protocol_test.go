@@ -1,0 +1,65 @@
+package snippet
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+)
+
+func TestValidate(t *testing.T) {
+	ok := func(edit func(r *Request)) *Request {
+		r := &Request{Version: ProtocolVersion, Language: LanguagePython, Code: "print(1)", TimeoutMS: 1000}
+		edit(r)
+		return r
+	}
+	for _, tc := range []struct {
+		name string
+		req  *Request
+		want string // "" for valid
+	}{
+		{"python", ok(func(r *Request) {}), ""},
+		{"shell", ok(func(r *Request) { r.Language = LanguageShell }), ""},
+		{"empty code", ok(func(r *Request) { r.Code = "" }), ""},
+		{"largest code", ok(func(r *Request) { r.Code = strings.Repeat("#", MaxCodeSize) }), ""},
+		{"largest shell code", ok(func(r *Request) { r.Language, r.Code = LanguageShell, strings.Repeat("#", MaxShellCodeSize) }), ""},
+		{"max timeout", ok(func(r *Request) { r.TimeoutMS = MaxTimeout.Milliseconds() }), ""},
+		{"max output and limits", ok(func(r *Request) {
+			r.MaxOutput, r.Limits = MaxMaxOutput, Limits{MemoryBytes: 1 << 30, Procs: 10, FileBytes: 1}
+		}), ""},
+		{"nil", nil, "no request"},
+		{"version 0", ok(func(r *Request) { r.Version = 0 }), "request speaks protocol 0, this side speaks 1"},
+		{"version 2", ok(func(r *Request) { r.Version = 2 }), "request speaks protocol 2, this side speaks 1"},
+		{"unknown language", ok(func(r *Request) { r.Language = "ruby" }), `language "ruby": want python or shell`},
+		{"no language", ok(func(r *Request) { r.Language = "" }), `language "": want python or shell`},
+		{"code over 1 MiB", ok(func(r *Request) { r.Code = strings.Repeat("#", MaxCodeSize+1) }), "python code is 1048577 bytes, over the limit of 1048576"},
+		{"shell code over 127 KiB", ok(func(r *Request) { r.Language, r.Code = LanguageShell, strings.Repeat("#", MaxShellCodeSize+1) }), "shell code is 130049 bytes"},
+		{"NUL byte", ok(func(r *Request) { r.Code = "print(1)\x00" }), "NUL byte at offset 8"},
+		{"invalid UTF-8", ok(func(r *Request) { r.Code = "print('\xff')" }), "not valid UTF-8"},
+		{"zero timeout", ok(func(r *Request) { r.TimeoutMS = 0 }), "timeout 0ms: want more than 0 and at most 24h0m0s"},
+		{"negative timeout", ok(func(r *Request) { r.TimeoutMS = -5 }), "timeout -5ms"},
+		{"absurd timeout", ok(func(r *Request) { r.TimeoutMS = MaxTimeout.Milliseconds() + 1 }), "timeout 86400001ms"},
+		{"negative max output", ok(func(r *Request) { r.MaxOutput = -1 }), "max output -1 bytes"},
+		{"huge max output", ok(func(r *Request) { r.MaxOutput = MaxMaxOutput + 1 }), "max output 67108865 bytes"},
+		{"negative memory", ok(func(r *Request) { r.Limits.MemoryBytes = -1 }), "limits must not be negative"},
+		{"negative procs", ok(func(r *Request) { r.Limits.Procs = -1 }), "limits must not be negative"},
+		{"negative file size", ok(func(r *Request) { r.Limits.FileBytes = -1 }), "limits must not be negative"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.req.Validate()
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate = %v, want an error containing %q", err, tc.want)
+			}
+			if !errors.Is(err, errdefs.ErrInvalidArgument) {
+				t.Fatalf("Validate = %v, want errdefs.ErrInvalidArgument", err)
+			}
+		})
+	}
+}

@@ -1,0 +1,553 @@
+package snippet
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// guard bounds every call in these tests: a call that takes longer hangs.
+const guard = 10 * time.Second
+
+// hostPython returns the host's python3, preferring the system one (a
+// version manager's shim on PATH is a shell script, slower to start).
+func hostPython(t testing.TB) string {
+	t.Helper()
+	if _, err := os.Stat("/usr/bin/python3"); err == nil {
+		return "/usr/bin/python3"
+	}
+	p, err := exec.LookPath("python3")
+	if err != nil {
+		t.Fatalf("these tests need python3 on the host: %v", err)
+	}
+	return p
+}
+
+// testAgent returns an agent that runs snippets in a fresh directory.
+func testAgent(t testing.TB) *Agent {
+	t.Helper()
+	return &Agent{Python: hostPython(t), Dir: t.TempDir()}
+}
+
+func request(lang, code string, edits ...func(*Request)) *Request {
+	r := &Request{Version: ProtocolVersion, Language: lang, Code: code, TimeoutMS: guard.Milliseconds()}
+	for _, e := range edits {
+		e(r)
+	}
+	return r
+}
+
+// run runs a request and fails the test if it does not return within guard.
+func run(t *testing.T, a *Agent, req *Request) *Result {
+	t.Helper()
+	done := make(chan *Result, 1)
+	go func() { done <- a.Run(context.Background(), req) }()
+	select {
+	case res := <-done:
+		return res
+	case <-time.After(guard + 5*time.Second):
+		t.Fatalf("Run of %q did not return within %s", req.Code, guard+5*time.Second)
+		return nil
+	}
+}
+
+func dump(res *Result) string {
+	return fmt.Sprintf("exit %d signal %q timed out %v error %q\nstdout: %q\nstderr: %q",
+		res.ExitCode, res.Signal, res.TimedOut, res.Error, res.Stdout.Data, res.Stderr.Data)
+}
+
+func TestRunPrints(t *testing.T) {
+	a := testAgent(t)
+	for _, tc := range []struct {
+		name, lang, code, stdout, stderr string
+	}{
+		{"python", LanguagePython, "import sys\nprint('hello')\nprint('oops', file=sys.stderr)", "hello\n", "oops\n"},
+		{"shell", LanguageShell, "echo hello; echo oops >&2", "hello\n", "oops\n"},
+		{"python empty", LanguagePython, "", "", ""},
+		{"shell empty", LanguageShell, "", "", ""},
+		{"python unicode", LanguagePython, "print('héllo ✓')", "héllo ✓\n", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := run(t, a, request(tc.lang, tc.code))
+			if res.ExitCode != 0 || string(res.Stdout.Data) != tc.stdout || string(res.Stderr.Data) != tc.stderr ||
+				res.Stdout.Total != int64(len(tc.stdout)) || res.Stdout.Truncated || res.TimedOut || res.Error != "" {
+				t.Fatalf("got %s", dump(res))
+			}
+			if res.Version != ProtocolVersion || res.DurationMS <= 0 {
+				t.Fatalf("version %d duration %v", res.Version, res.DurationMS)
+			}
+		})
+	}
+}
+
+func TestRunExitCodes(t *testing.T) {
+	a := testAgent(t)
+	for _, tc := range []struct {
+		name, lang, code string
+		exit             int
+		signal           string
+	}{
+		{"python sys.exit(3)", LanguagePython, "import sys\nsys.exit(3)", 3, ""},
+		{"python exception", LanguagePython, "raise ValueError('x')", 1, ""},
+		{"python sys.exit(message)", LanguagePython, "import sys; sys.exit('bye')", 1, ""},
+		{"python KeyboardInterrupt", LanguagePython, "raise KeyboardInterrupt", 130, "SIGINT"},
+		{"python killed by a signal", LanguagePython, "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)", 143, "SIGTERM"},
+		{"shell exit 7", LanguageShell, "exit 7", 7, ""},
+		{"shell false", LanguageShell, "false", 1, ""},
+		{"shell command not found", LanguageShell, "nosuchcommand-flmbox", 127, ""},
+		{"shell kills itself", LanguageShell, "kill -KILL $$", 137, "SIGKILL"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := run(t, a, request(tc.lang, tc.code))
+			if res.ExitCode != tc.exit || res.Signal != tc.signal || res.TimedOut || res.Error != "" {
+				t.Fatalf("want exit %d signal %q, got %s", tc.exit, tc.signal, dump(res))
+			}
+		})
+	}
+}
+
+func TestRunPythonTraceback(t *testing.T) {
+	a := testAgent(t)
+	for _, tc := range []struct {
+		name, code string
+		want       []string
+	}{
+		{"uncaught", "x = 1\ny = 0\nprint(x / y)\n", []string{
+			"Traceback (most recent call last):\n  File \"<snippet>\", line 3, in <module>\n    print(x / y)\n",
+			"ZeroDivisionError: division by zero\n"}},
+		{"in a function", "def f(n):\n    return {}[n]\n\nf('key')\n", []string{
+			"  File \"<snippet>\", line 4, in <module>\n    f('key')\n",
+			"  File \"<snippet>\", line 2, in f\n    return {}[n]\n",
+			"KeyError: 'key'\n"}},
+		{"printed by the snippet", "import traceback\ntry:\n    int('x')\nexcept ValueError:\n    traceback.print_exc()\n", []string{
+			"  File \"<snippet>\", line 3, in <module>\n    int('x')\n", "ValueError: invalid literal"}},
+		{"warning", "import warnings\nwarnings.warn('careful')\n", []string{
+			"<snippet>:2: UserWarning: careful\n  warnings.warn('careful')\n"}},
+		{"syntax error", "print(1)\nx = (\n", []string{"  File \"<snippet>\", line 2\n    x = (\n", "SyntaxError:"}},
+		{"custom excepthook", "import sys\nsys.excepthook = lambda t, v, tb: print('hook', t.__name__, tb.tb_frame.f_code.co_filename, file=sys.stderr)\n1/0\n", []string{
+			"hook ZeroDivisionError <snippet>\n"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := run(t, a, request(LanguagePython, tc.code))
+			stderr := string(res.Stderr.Data)
+			for _, w := range tc.want {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("stderr lacks %q:\n%s", w, stderr)
+				}
+			}
+			for _, bad := range []string{"<string>", "_flmbox", "bootstrap"} {
+				if strings.Contains(stderr, bad) {
+					t.Errorf("stderr shows the bootstrap (%q):\n%s", bad, stderr)
+				}
+			}
+		})
+	}
+}
+
+// TestRunPythonLikeDashC checks that a snippet runs as python3 -c would run
+// it: in __main__, with the working directory on sys.path, nothing of the
+// bootstrap left, and the gate closed.
+func TestRunPythonLikeDashC(t *testing.T) {
+	a := testAgent(t)
+	if err := os.WriteFile(filepath.Join(a.Dir, "helper.py"), []byte("VALUE = 42\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code := `import os, sys, pickle
+import helper
+class Point:
+    pass
+names = sorted(n for n in globals() if not n.startswith('__'))
+try:
+    os.fstat(3)
+    gate = 'open'
+except OSError:
+    gate = 'closed'
+print(__name__, repr(sys.path[0]), sys.argv, helper.VALUE, gate, os.getcwd())
+print(names)
+print(type(pickle.loads(pickle.dumps(Point()))).__name__)
+`
+	res := run(t, a, request(LanguagePython, code))
+	want := fmt.Sprintf("__main__ '' ['-c'] 42 closed %s\n['Point', 'helper', 'os', 'pickle', 'sys']\nPoint\n", a.Dir)
+	if res.ExitCode != 0 || string(res.Stdout.Data) != want {
+		t.Fatalf("want stdout %q, got %s", want, dump(res))
+	}
+}
+
+func TestRunShellDetails(t *testing.T) {
+	a := testAgent(t)
+	// $0, the working directory, the gate closed, line numbers unchanged.
+	res := run(t, a, request(LanguageShell, "echo \"$0 $(pwd)\"\nif [ -e /proc/$$/fd/3 ]; then echo gate open; else echo gate closed; fi\nnosuchcommand-flmbox"))
+	if want := "sh " + a.Dir + "\ngate closed\n"; string(res.Stdout.Data) != want {
+		t.Fatalf("want stdout %q, got %s", want, dump(res))
+	}
+	if stderr := string(res.Stderr.Data); !strings.Contains(stderr, "3: nosuchcommand-flmbox") {
+		t.Fatalf("the error names line 3? %s", dump(res))
+	}
+}
+
+func TestRunStdinAtEOF(t *testing.T) {
+	a := testAgent(t)
+	for _, tc := range []struct{ name, lang, code, want string }{
+		{"shell cat", LanguageShell, "cat; echo done", "done\n"},
+		{"python read", LanguagePython, "import sys, subprocess\nprint(repr(sys.stdin.read()))\nsubprocess.run(['cat'])\nprint('done')", "''\ndone\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if res := run(t, a, request(tc.lang, tc.code)); string(res.Stdout.Data) != tc.want || res.ExitCode != 0 {
+				t.Fatalf("want stdout %q, got %s", tc.want, dump(res))
+			}
+		})
+	}
+}
+
+func TestRunEnvAndDir(t *testing.T) {
+	dir := t.TempDir()
+	a := &Agent{Python: hostPython(t), Dir: dir, Env: []string{"PATH=/usr/bin:/bin", "FLMBOX_TEST=yes"}}
+	res := run(t, a, request(LanguageShell, "echo \"$FLMBOX_TEST $(pwd)\""))
+	if want := "yes " + dir + "\n"; string(res.Stdout.Data) != want {
+		t.Fatalf("want stdout %q, got %s", want, dump(res))
+	}
+}
+
+func TestRunTimeout(t *testing.T) {
+	a := testAgent(t)
+	for _, tc := range []struct{ name, lang, code string }{
+		{"sleep", LanguageShell, "sleep 100"},
+		{"shell loop", LanguageShell, "while true; do :; done"},
+		{"python loop", LanguagePython, "while True:\n    pass"},
+		{"child ignores SIGTERM", LanguageShell, "trap '' TERM; sh -c 'trap \"\" TERM; sleep 100' & wait"},
+		{"python ignores SIGTERM", LanguagePython, "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(100)"},
+		{"code never read", LanguageShell, "sleep 100 & sleep 100"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := run(t, a, request(tc.lang, tc.code, func(r *Request) { r.TimeoutMS = 300 }))
+			if !res.TimedOut || res.ExitCode != 137 || res.Signal != "SIGKILL" || res.Error != "" {
+				t.Fatalf("want a timeout, got %s", dump(res))
+			}
+		})
+	}
+}
+
+// alive says whether process pid exists and is not a zombie.
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+// waitGone fails the test unless process pid is gone (or a zombie) soon.
+func waitGone(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for alive(pid) {
+		if time.Now().After(deadline) {
+			unix.Kill(pid, unix.SIGKILL)
+			t.Fatalf("process %d survived the call", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// pids returns the numbers a snippet printed, one per line.
+func pids(t *testing.T, res *Result) []int {
+	t.Helper()
+	var out []int
+	for _, f := range strings.Fields(string(res.Stdout.Data)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			t.Fatalf("want pids, got %s", dump(res))
+		}
+		out = append(out, pid)
+	}
+	return out
+}
+
+func TestRunKillsLeftovers(t *testing.T) {
+	a := testAgent(t)
+	for _, tc := range []struct{ name, lang, code string }{
+		{"shell background", LanguageShell, "sleep 1000 & echo $!"},
+		{"shell background, pipes closed", LanguageShell, "sleep 1000 >/dev/null 2>&1 & echo $!"},
+		{"shell nested", LanguageShell, "sh -c 'sleep 1000 & echo $!; sleep 1000 & echo $!' &\nsleep 0.2"},
+		{"python subprocess", LanguagePython, "import subprocess\nprint(subprocess.Popen(['sleep', '1000']).pid)"},
+		{"python double fork", LanguagePython, "import os, sys, time\nif os.fork() == 0:\n    print(os.getpid(), flush=True)\n    time.sleep(1000)\n    sys.exit()\ntime.sleep(0.2)"},
+		{"on timeout", LanguageShell, "sleep 1000 & echo $!; sleep 1000"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := run(t, a, request(tc.lang, tc.code, func(r *Request) { r.TimeoutMS = 2000 }))
+			ps := pids(t, res)
+			if len(ps) == 0 {
+				t.Fatalf("no pid printed: %s", dump(res))
+			}
+			for _, pid := range ps {
+				waitGone(t, pid)
+			}
+		})
+	}
+}
+
+// TestRunEscapedProcess: a process that leaves the snippet's process group
+// survives the call (documented), but holding the output pipes does not make
+// the call hang.
+func TestRunEscapedProcess(t *testing.T) {
+	a := testAgent(t)
+	res := run(t, a, request(LanguagePython, "import subprocess\nprint(subprocess.Popen(['sleep', '1000'], start_new_session=True).pid)\nprint('bye')"))
+	ps := pids(t, &Result{Stdout: Output{Data: bytes.TrimSuffix(res.Stdout.Data, []byte("bye\n"))}})
+	for _, pid := range ps {
+		unix.Kill(pid, unix.SIGKILL)
+	}
+	if res.ExitCode != 0 || !strings.HasSuffix(string(res.Stdout.Data), "bye\n") {
+		t.Fatalf("got %s", dump(res))
+	}
+}
+
+func TestRunOutputCaps(t *testing.T) {
+	a := testAgent(t)
+	res := run(t, a, request(LanguageShell, "printf 0123456789abcdefghij; printf ABCDEFGHIJ >&2", func(r *Request) { r.MaxOutput = 10 }))
+	if got, want := res.Stdout, (Output{Data: []byte("01234\n[flmbox: 10 bytes omitted]\nfghij"), Total: 20, Truncated: true}); !bytes.Equal(got.Data, want.Data) || got.Total != want.Total || !got.Truncated {
+		t.Fatalf("stdout %+v, want %+v", got, want)
+	}
+	if got := res.Stderr; string(got.Data) != "ABCDEFGHIJ" || got.Total != 10 || got.Truncated {
+		t.Fatalf("stderr %+v, want all 10 bytes", got)
+	}
+
+	// Python's output, long and in many writes.
+	res = run(t, a, request(LanguagePython, "for i in range(100000):\n    print(i)", func(r *Request) { r.MaxOutput = 1000 }))
+	out := string(res.Stdout.Data)
+	if !res.Stdout.Truncated || res.Stdout.Total != 588890 || !strings.HasPrefix(out, "0\n1\n2\n") || !strings.HasSuffix(out, "99998\n99999\n") ||
+		!strings.Contains(out, "\n[flmbox: 587890 bytes omitted]\n") || len(out) != 1000+len("\n[flmbox: 587890 bytes omitted]\n") {
+		t.Fatalf("got total %d, truncated %v, %q", res.Stdout.Total, res.Stdout.Truncated, out)
+	}
+}
+
+// TestRunHugeOutput prints 1 GiB on each stream: the agent keeps the caps
+// and its memory stays flat.
+func TestRunHugeOutput(t *testing.T) {
+	if testing.Short() {
+		t.Skip("prints 2 GiB")
+	}
+	a := testAgent(t)
+	const gib = 1 << 30
+	var peak uint64
+	stop := make(chan struct{})
+	var sampler sync.WaitGroup
+	sampler.Go(func() {
+		var ms runtime.MemStats
+		for {
+			runtime.ReadMemStats(&ms)
+			peak = max(peak, ms.HeapInuse)
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	})
+	res := run(t, a, request(LanguageShell, "head -c 1073741824 /dev/zero & yes | head -c 1073741824 >&2; wait", func(r *Request) { r.TimeoutMS = 60000 }))
+	close(stop)
+	sampler.Wait()
+	if res.ExitCode != 0 || res.Stdout.Total != gib || res.Stderr.Total != gib || !res.Stdout.Truncated || !res.Stderr.Truncated {
+		t.Fatalf("exit %d, totals %d and %d, error %q", res.ExitCode, res.Stdout.Total, res.Stderr.Total, res.Error)
+	}
+	marker := truncationMarker(gib - DefaultMaxOutput)
+	if len(res.Stdout.Data) != DefaultMaxOutput+len(marker) || !bytes.Contains(res.Stderr.Data, []byte("y\ny\n"+marker+"y\ny\n")) {
+		t.Fatalf("stdout %d bytes, stderr %d bytes", len(res.Stdout.Data), len(res.Stderr.Data))
+	}
+	t.Logf("peak HeapInuse %d MiB", peak>>20)
+	if peak > 64<<20 {
+		t.Fatalf("peak HeapInuse %d MiB while the snippet printed 2 GiB", peak>>20)
+	}
+}
+
+func TestRunNonUTF8(t *testing.T) {
+	a := testAgent(t)
+	res := run(t, a, request(LanguageShell, `printf '\377\376\000abc\200'; printf '\351t\351' >&2`))
+	if !bytes.Equal(res.Stdout.Data, []byte("\xff\xfe\x00abc\x80")) || !bytes.Equal(res.Stderr.Data, []byte("\xe9t\xe9")) {
+		t.Fatalf("got %s", dump(res))
+	}
+	res = run(t, a, request(LanguagePython, `import sys; sys.stdout.buffer.write(b'\xff\x00\xc3')`))
+	if !bytes.Equal(res.Stdout.Data, []byte("\xff\x00\xc3")) {
+		t.Fatalf("got %s", dump(res))
+	}
+}
+
+func TestRunLargeCode(t *testing.T) {
+	a := testAgent(t)
+	// Python code of nearly 1 MiB goes through the gate.
+	code := strings.Repeat("x = 1  # padding padding padding padding\n", (MaxCodeSize-100)/41) + "print('end', x)\n"
+	if res := run(t, a, request(LanguagePython, code)); string(res.Stdout.Data) != "end 1\n" {
+		t.Fatalf("got %s", dump(res))
+	}
+	// Shell code up to MaxShellCodeSize fits in one argument.
+	code = "echo end\n" + strings.Repeat("#", MaxShellCodeSize-len("echo end\n"))
+	if res := run(t, a, request(LanguageShell, code)); string(res.Stdout.Data) != "end\n" || res.Error != "" {
+		t.Fatalf("got %s", dump(res))
+	}
+}
+
+// limitsOf parses /proc/PID/limits as printed by the snippet.
+func limitsOf(t *testing.T, text string) map[string]string {
+	t.Helper()
+	m := map[string]string{}
+	re := regexp.MustCompile(`(?m)^(Max [a-z ]+?)\s{2,}(\S+)\s+(\S+)`)
+	for _, f := range re.FindAllStringSubmatch(text, -1) {
+		m[f[1]] = f[2] + " " + f[3]
+	}
+	return m
+}
+
+func TestRunLimitsApplied(t *testing.T) {
+	a := testAgent(t)
+	limits := Limits{MemoryBytes: 512 << 20, Procs: 123, FileBytes: 5 << 20}
+	want := map[string]string{
+		"Max address space": "536870912 536870912",
+		"Max processes":     "123 123",
+		"Max file size":     "5242880 5242880",
+	}
+	for _, tc := range []struct{ name, lang, code string }{
+		// The shell's own limits as its first command runs, and a child's.
+		{"shell itself", LanguageShell, "cat /proc/$$/limits"},
+		{"shell child", LanguageShell, "cat /proc/self/limits"},
+		{"python itself", LanguagePython, "print(open('/proc/self/limits').read())"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := run(t, a, request(tc.lang, tc.code, func(r *Request) { r.Limits = limits }))
+			got := limitsOf(t, string(res.Stdout.Data))
+			for k, v := range want {
+				if got[k] != v {
+					t.Errorf("%s = %q, want %q; got %s", k, got[k], v, dump(res))
+				}
+			}
+		})
+	}
+	// Zero limits set nothing: the snippet has the agent's.
+	var own unix.Rlimit
+	unix.Getrlimit(unix.RLIMIT_AS, &own)
+	res := run(t, a, request(LanguagePython, "import resource; print(resource.getrlimit(resource.RLIMIT_AS)[1])"))
+	if got := strings.TrimSpace(string(res.Stdout.Data)); got != strconv.FormatInt(int64(own.Max), 10) && !(own.Max == unix.RLIM_INFINITY && got == "-1") {
+		t.Fatalf("RLIMIT_AS without a limit: %s, the agent's %d", got, own.Max)
+	}
+}
+
+func TestRunMemoryLimit(t *testing.T) {
+	a := testAgent(t)
+	res := run(t, a, request(LanguagePython, "x = bytearray(1 << 30)\nprint('allocated')", func(r *Request) { r.Limits.MemoryBytes = 256 << 20 }))
+	if res.ExitCode != 1 || !strings.Contains(string(res.Stderr.Data), "MemoryError") || !strings.Contains(string(res.Stderr.Data), "line 1") {
+		t.Fatalf("want a MemoryError, got %s", dump(res))
+	}
+	if res := run(t, a, request(LanguagePython, "print('next')")); string(res.Stdout.Data) != "next\n" {
+		t.Fatalf("the next call: %s", dump(res))
+	}
+}
+
+func TestRunFileSizeLimit(t *testing.T) {
+	a := testAgent(t)
+	limit := func(r *Request) { r.Limits.FileBytes = 1 << 20 }
+	res := run(t, a, request(LanguageShell, "head -c 2000000 /dev/zero > big; echo $?; wc -c < big", limit))
+	if got := string(res.Stdout.Data); got != "153\n1048576\n" { // 128 + SIGXFSZ
+		t.Fatalf("got %s", dump(res))
+	}
+	res = run(t, a, request(LanguagePython, "open('big2', 'wb').write(bytes(2000000))", limit))
+	if !strings.Contains(string(res.Stderr.Data), "File too large") {
+		t.Fatalf("got %s", dump(res))
+	}
+}
+
+func TestRunBadRequests(t *testing.T) {
+	a := testAgent(t)
+	for _, tc := range []struct {
+		name string
+		a    *Agent
+		req  *Request
+		want string
+	}{
+		{"nil", a, nil, "no request"},
+		{"unknown language", a, request("ruby", "puts 1"), `language "ruby"`},
+		{"no timeout", a, request(LanguageShell, "true", func(r *Request) { r.TimeoutMS = 0 }), "timeout 0ms"},
+		{"other version", a, request(LanguageShell, "true", func(r *Request) { r.Version = 7 }), "request speaks protocol 7, this side speaks 1"},
+		{"no python", &Agent{Python: "no-such-python-flmbox", Dir: t.TempDir()}, request(LanguagePython, "print(1)"), "find no-such-python-flmbox in PATH"},
+		{"bad python path", &Agent{Python: "/no/such/python3", Dir: t.TempDir()}, request(LanguagePython, "print(1)"), "start /no/such/python3"},
+		{"bad shell", &Agent{Shell: "/no/such/sh", Dir: t.TempDir()}, request(LanguageShell, "true"), "start /no/such/sh"},
+		{"no directory", &Agent{Dir: "/no/such/dir"}, request(LanguageShell, "true"), "start /bin/sh in /no/such/dir"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := tc.a.Run(context.Background(), tc.req)
+			if res.ExitCode != -1 || !strings.Contains(res.Error, tc.want) || res.Version != ProtocolVersion {
+				t.Fatalf("want an error containing %q, got %s", tc.want, dump(res))
+			}
+		})
+	}
+	// A shell-only agent still runs shell.
+	if res := (&Agent{Python: "no-such-python-flmbox", Dir: t.TempDir()}).Run(context.Background(), request(LanguageShell, "echo ok")); string(res.Stdout.Data) != "ok\n" {
+		t.Fatalf("shell without python: %s", dump(res))
+	}
+}
+
+func TestRunCancelled(t *testing.T) {
+	a := testAgent(t)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	pidFile := filepath.Join(a.Dir, "pid")
+	go func() {
+		for {
+			if _, err := os.Stat(pidFile); err == nil {
+				cancel(errors.New("the test gave up"))
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	res := a.Run(ctx, request(LanguageShell, "echo $$ > pid.tmp; mv pid.tmp pid; echo started; sleep 1000"))
+	if res.ExitCode != -1 || !strings.Contains(res.Error, "snippet cancelled and killed: the test gave up") || string(res.Stdout.Data) != "started\n" {
+		t.Fatalf("got %s", dump(res))
+	}
+	b, _ := os.ReadFile(pidFile)
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	waitGone(t, pid)
+
+	// Already cancelled: nothing runs.
+	if res := a.Run(ctx, request(LanguageShell, "touch ran")); res.ExitCode != -1 || !strings.Contains(res.Error, "the test gave up") {
+		t.Fatalf("got %s", dump(res))
+	}
+	if _, err := os.Stat(filepath.Join(a.Dir, "ran")); err == nil {
+		t.Fatal("a cancelled context ran the snippet")
+	}
+}
+
+// TestRunConcurrent runs snippets at once on one agent; each gets its own
+// output.
+func TestRunConcurrent(t *testing.T) {
+	a := testAgent(t)
+	const n = 8
+	results := make([]*Result, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			lang, code := LanguageShell, fmt.Sprintf("echo %d; echo err%d >&2", i, i)
+			if i%2 == 1 {
+				lang, code = LanguagePython, fmt.Sprintf("import sys; print(%d); print('err%d', file=sys.stderr)", i, i)
+			}
+			results[i] = a.Run(context.Background(), request(lang, code))
+		})
+	}
+	wg.Wait()
+	for i, res := range results {
+		if string(res.Stdout.Data) != fmt.Sprintf("%d\n", i) || string(res.Stderr.Data) != fmt.Sprintf("err%d\n", i) {
+			t.Errorf("snippet %d: %s", i, dump(res))
+		}
+	}
+}
