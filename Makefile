@@ -46,11 +46,23 @@ testimage: deps
 demo: deps runsc build testimage
 	@layout=$$(sed -n 's/.*"layout": *"\([^"]*\)".*/\1/p' bin/testimage.json); \
 	index=$$(sed -n 's/.*"index_digest": *"\([^"]*\)".*/\1/p' bin/testimage.json); \
-	set -x; \
-	$(FLMBOX) doctor; \
-	$(FLMBOX) --root $(FLMBOX_ROOT) prewarm oci-layout:$$layout@$$index; \
-	$(FLMBOX) --root $(FLMBOX_ROOT) prewarm --json oci-layout:$$layout@$$index; \
-	$(FLMBOX) --root $(FLMBOX_ROOT) images ls
+	image=oci-layout:$$layout@$$index; \
+	f="$(FLMBOX) --root $(FLMBOX_ROOT)"; \
+	set -ex; \
+	$$f doctor; \
+	$$f prewarm $$image; \
+	$$f prewarm --json $$image; \
+	$$f images ls; \
+	: "Demo 1: three calls in one persistent sandbox; files in /tmp persist"; \
+	$$f sandbox rm demo; \
+	$$f sandbox create --name demo --image $$image; \
+	$$f run --sandbox demo --language shell -c 'mkdir -p /tmp/demo && printf "region,revenue,cost\neast,120,75\nwest,80,55\neast,150,90\nwest,100,70\n" > /tmp/demo/sales.csv'; \
+	$$f run --sandbox demo demo/demo1.py; \
+	$$f run --sandbox demo --language shell -c 'cat /tmp/demo/summary.json; echo'; \
+	$$f sandbox ls; \
+	$$f sandbox rm demo; \
+	: "Demo 2: a batch of four snippets, each in a fresh sandbox; results in input order"; \
+	$$f run --batch demo/demo2.json --image $$image
 
 vet:
 	$(GO) vet ./...

@@ -201,7 +201,9 @@ func toJSON(res *snippet.Result) runJSON {
 // 124 on timeout, 125 if flmbox failed to run it.
 func printResult(c *cli.Context, res *snippet.Result) error {
 	if c.Bool("json") {
-		if err := json.NewEncoder(c.App.Writer).Encode(toJSON(res)); err != nil {
+		enc := json.NewEncoder(c.App.Writer)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(toJSON(res)); err != nil {
 			return err
 		}
 	} else {

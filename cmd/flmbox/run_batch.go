@@ -150,5 +150,7 @@ func runOne(c *cli.Context, req *snippet.Request) batchResult {
 
 // printBatch writes the results as one JSON array, nothing else.
 func printBatch(c *cli.Context, results []batchResult) error {
-	return json.NewEncoder(c.App.Writer).Encode(results)
+	enc := json.NewEncoder(c.App.Writer)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(results)
 }
