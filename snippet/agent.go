@@ -2,6 +2,7 @@ package snippet
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -71,17 +72,10 @@ func (a *Agent) init() {
 		if a.env == nil {
 			a.env = os.Environ()
 		}
-		a.dir = cmpOr(a.Dir, "/tmp")
-		a.shell = cmpOr(a.Shell, "/bin/sh")
-		a.python, a.pythonErr = lookPath(cmpOr(a.Python, "python3"), a.env)
+		a.dir = cmp.Or(a.Dir, "/tmp")
+		a.shell = cmp.Or(a.Shell, "/bin/sh")
+		a.python, a.pythonErr = lookPath(cmp.Or(a.Python, "python3"), a.env)
 	})
-}
-
-func cmpOr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 // lookPath finds an executable by name in the PATH of env, as the snippet's
@@ -124,16 +118,20 @@ func lookPath(name string, env []string) (string, error) {
 // listener's error.
 func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 	a.init()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	defer wg.Wait() // after cancel: the calls and the reaper end with ctx
+	parent := ctx
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
+	defer cancel(errAgentStopping)
+	stop := context.AfterFunc(parent, func() {
+		cancel(errAgentStopping)
+		ln.Close()
+	})
+	defer stop()
+	defer ln.Close()
 	if reapsOrphans() {
 		wg.Go(func() { reapLoop(ctx) })
 	}
-	stop := context.AfterFunc(ctx, func() { ln.Close() })
-	defer stop()
-	defer ln.Close()
 	var backoff time.Duration
 	for {
 		conn, err := ln.Accept()
@@ -189,7 +187,11 @@ func (a *Agent) answer(ctx context.Context, conn net.Conn) *Result {
 	return a.Run(ctx, req)
 }
 
-var errClientGone = errors.New("the client hung up")
+// Causes of a cancelled call.
+var (
+	errClientGone    = errors.New("the client hung up")
+	errAgentStopping = errors.New("the agent is stopping")
+)
 
 // readRequest decodes one request, of any protocol version, from r.
 func readRequest(r io.Reader) (*Request, error) {

@@ -339,16 +339,24 @@ func TestServeStops(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- testAgent(t).Serve(ctx, ln) }()
+	a := testAgent(t)
+	go func() { served <- a.Serve(ctx, ln) }()
 	called := make(chan *Result, 1)
 	go func() {
-		res, err := Call(context.Background(), path, request(LanguageShell, "echo started; sleep 1000"))
+		res, err := Call(context.Background(), path, request(LanguageShell, "touch started; sleep 1000"))
 		if err != nil {
 			t.Errorf("Call: %v", err)
 		}
 		called <- res
 	}()
-	time.Sleep(200 * time.Millisecond)
+	for deadline := time.Now().Add(guard); ; time.Sleep(5 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(a.Dir, "started")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the snippet did not start")
+		}
+	}
 	cancel()
 	select {
 	case err := <-served:
@@ -358,7 +366,7 @@ func TestServeStops(t *testing.T) {
 	case <-time.After(guard):
 		t.Fatal("Serve did not return")
 	}
-	if res := <-called; res == nil || res.ExitCode != -1 || !strings.Contains(res.Error, "snippet cancelled and killed") {
+	if res := <-called; res == nil || res.ExitCode != -1 || !strings.Contains(res.Error, "snippet cancelled and killed: the agent is stopping") {
 		t.Fatalf("the running call got %+v", res)
 	}
 	if _, err := Call(context.Background(), path, request(LanguageShell, "true")); err == nil {
@@ -455,4 +463,46 @@ func tasksOf(t *testing.T, euid, uid int) []string {
 		}
 	}
 	return tasks
+}
+
+// failingListener hands out its first connection, then fails.
+type failingListener struct {
+	net.Listener
+	accepted bool
+}
+
+func (l *failingListener) Accept() (net.Conn, error) {
+	if l.accepted {
+		return nil, errors.New("the listener broke")
+	}
+	l.accepted = true
+	return l.Listener.Accept()
+}
+
+// TestServeListenerFails: Serve returns the listener's error after the
+// calls in flight were killed and answered.
+func TestServeListenerFails(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	called := make(chan *Result, 1)
+	go func() {
+		res, _ := Call(context.Background(), path, request(LanguageShell, "sleep 1000"))
+		called <- res
+	}()
+	go func() { served <- testAgent(t).Serve(context.Background(), &failingListener{Listener: ln}) }()
+	select {
+	case err := <-served:
+		if err == nil || !strings.Contains(err.Error(), "accept a client: the listener broke") {
+			t.Fatalf("Serve = %v", err)
+		}
+	case <-time.After(guard):
+		t.Fatal("Serve did not return")
+	}
+	if res := <-called; res == nil || !strings.Contains(res.Error, "the agent is stopping") {
+		t.Fatalf("the call in flight got %+v", res)
+	}
 }

@@ -25,9 +25,9 @@
 // of the snippet's code runs: the interpreter waits on a pipe (the gate, file
 // descriptor 3) that the agent writes only once the limits are set, because
 // Go cannot set rlimits between fork and exec. Python reads its code from
-// that pipe and runs it as "<snippet>", so tracebacks show the file name, the
-// line number and the source line (see interpreter.go); shell code runs with
-// sh -c. stdout and stderr are captured separately, each keeping its first
+// that pipe and runs it, as python3 -c would, under the file name
+// "<snippet>"; tracebacks show that name, the line number and the source line.
+// Shell code runs with sh -c. stdout and stderr are captured separately, each keeping its first
 // and last MaxOutput/2 bytes with a marker line between them, so the agent
 // never holds more than the caps whatever a snippet prints. On timeout the
 // whole process group is killed; when the snippet's process exits, whatever

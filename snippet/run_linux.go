@@ -177,18 +177,7 @@ func (a *Agent) run(ctx context.Context, req *Request, path string, c command) *
 	waitErr := cmd.Wait()
 	forgetChild(pid)
 
-	drained := make(chan struct{})
-	go func() {
-		readers.Wait()
-		close(drained)
-	}()
-	select {
-	case <-drained:
-	case <-time.After(drainGrace):
-		p.outR.SetReadDeadline(time.Unix(1, 0))
-		p.errR.SetReadDeadline(time.Unix(1, 0))
-		<-drained
-	}
+	p.drain(&readers)
 	p.gateW.SetWriteDeadline(time.Unix(1, 0))
 	gate.Wait()
 
@@ -202,17 +191,38 @@ func (a *Agent) run(ctx context.Context, req *Request, path string, c command) *
 	if waitErr != nil && !errors.As(waitErr, &exitErr) {
 		return finish(fmt.Errorf("wait for the snippet: %w", waitErr))
 	}
-	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
+	res.ExitCode, res.Signal, err = exitStatus(cmd.ProcessState)
+	return finish(err)
+}
+
+// drain waits for the readers of the output pipes to reach EOF, or stops
+// them after drainGrace.
+func (p *pipes) drain(readers *sync.WaitGroup) {
+	drained := make(chan struct{})
+	go func() {
+		readers.Wait()
+		close(drained)
+	}()
+	select {
+	case <-drained:
+	case <-time.After(drainGrace):
+		p.outR.SetReadDeadline(time.Unix(1, 0))
+		p.errR.SetReadDeadline(time.Unix(1, 0))
+		<-drained
+	}
+}
+
+// exitStatus returns a process's exit status, or 128+N and the signal's name
+// if signal N killed it.
+func exitStatus(ps *os.ProcessState) (int, string, error) {
+	ws, ok := ps.Sys().(syscall.WaitStatus)
 	switch {
 	case !ok:
-		return finish(fmt.Errorf("wait for the snippet: no exit status"))
+		return -1, "", fmt.Errorf("wait for the snippet: no exit status")
 	case ws.Signaled():
-		res.ExitCode = 128 + int(ws.Signal())
-		res.Signal = unix.SignalName(ws.Signal())
-	default:
-		res.ExitCode = ws.ExitStatus()
+		return 128 + int(ws.Signal()), unix.SignalName(ws.Signal()), nil
 	}
-	return finish(nil)
+	return ws.ExitStatus(), "", nil
 }
 
 // capturePipe reads r into c until EOF or until r's read deadline passes.

@@ -229,7 +229,7 @@ func TestRunTimeout(t *testing.T) {
 		{"python loop", LanguagePython, "while True:\n    pass"},
 		{"child ignores SIGTERM", LanguageShell, "trap '' TERM; sh -c 'trap \"\" TERM; sleep 100' & wait"},
 		{"python ignores SIGTERM", LanguagePython, "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(100)"},
-		{"code never read", LanguageShell, "sleep 100 & sleep 100"},
+		{"background and foreground", LanguageShell, "sleep 100 & sleep 100"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := run(t, a, request(tc.lang, tc.code, func(r *Request) { r.TimeoutMS = 300 }))
@@ -289,7 +289,7 @@ func TestRunKillsLeftovers(t *testing.T) {
 		{"on timeout", LanguageShell, "sleep 1000 & echo $!; sleep 1000"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res := run(t, a, request(tc.lang, tc.code, func(r *Request) { r.TimeoutMS = 2000 }))
+			res := run(t, a, request(tc.lang, tc.code, func(r *Request) { r.TimeoutMS = 1000 }))
 			ps := pids(t, res)
 			if len(ps) == 0 {
 				t.Fatalf("no pid printed: %s", dump(res))
