@@ -240,14 +240,7 @@ var holderRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 // this manifest digest, so that Remove and GC keep it. Leases outlive the
 // process; Release ends one.
 func (s *Store) Lease(ctx context.Context, manifestDigest, holder string) error {
-	m, err := parseDigest(manifestDigest)
-	if err != nil {
-		return err
-	}
-	if !holderRE.MatchString(holder) {
-		return fmt.Errorf("lease holder %q is not a valid name: %w", holder, errdefs.ErrInvalidArgument)
-	}
-	unlock, err := s.lock(ctx, m.Hex)
+	m, unlock, err := s.lockLease(ctx, manifestDigest, holder)
 	if err != nil {
 		return err
 	}
@@ -263,17 +256,27 @@ func (s *Store) Lease(ctx context.Context, manifestDigest, holder string) error 
 	return os.WriteFile(filepath.Join(dir, holder), nil, 0o600)
 }
 
+// lockLease validates a lease's digest and holder and takes the entry's
+// lock, which every change of its leases holds.
+func (s *Store) lockLease(ctx context.Context, manifestDigest, holder string) (v1.Hash, func(), error) {
+	m, err := parseDigest(manifestDigest)
+	if err != nil {
+		return v1.Hash{}, nil, err
+	}
+	if !holderRE.MatchString(holder) {
+		return v1.Hash{}, nil, fmt.Errorf("lease holder %q is not a valid name: %w", holder, errdefs.ErrInvalidArgument)
+	}
+	unlock, err := s.lock(ctx, m.Hex)
+	if err != nil {
+		return v1.Hash{}, nil, err
+	}
+	return m, unlock, nil
+}
+
 // Release ends holder's lease on the image; releasing a lease that does not
 // exist is not an error.
 func (s *Store) Release(ctx context.Context, manifestDigest, holder string) error {
-	m, err := parseDigest(manifestDigest)
-	if err != nil {
-		return err
-	}
-	if !holderRE.MatchString(holder) {
-		return fmt.Errorf("lease holder %q is not a valid name: %w", holder, errdefs.ErrInvalidArgument)
-	}
-	unlock, err := s.lock(ctx, m.Hex)
+	m, unlock, err := s.lockLease(ctx, manifestDigest, holder)
 	if err != nil {
 		return err
 	}
