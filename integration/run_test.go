@@ -39,9 +39,32 @@ func sandboxRoot(t *testing.T, reg *testRegistry) string {
 	return root
 }
 
+// rootfsListing lists the top of the cached rootfs of the test image and
+// the root directory's mtime: sandboxes must never change the shared tree.
+func rootfsListing(t *testing.T, root string) string {
+	t.Helper()
+	dir := filepath.Join(root, "images", "rootfs", strings.TrimPrefix(img.AMD64Digest.String(), "sha256:"), "rootfs")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := os.Stat(dir)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return fmt.Sprint(names, fi.ModTime())
+}
+
 func TestDemo1PersistentSandbox(t *testing.T) {
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
+	before := rootfsListing(t, root)
+	defer func() {
+		if after := rootfsListing(t, root); after != before {
+			t.Errorf("the shared rootfs changed while sandboxes ran on it:\nbefore %s\nafter  %s", before, after)
+		}
+	}()
 	if name := strings.TrimSpace(mustFlmbox(t, root, "sandbox", "create", "--name", "demo", "--image", reg.digestRef())); name != "demo" {
 		t.Fatalf("sandbox create printed %q", name)
 	}

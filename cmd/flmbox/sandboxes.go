@@ -21,8 +21,8 @@ import (
 
 // Paths inside every sandbox.
 const (
-	agentBinary = "/.flmbox/bin/flmbox"
-	agentRunDir = "/.flmbox/run"
+	agentBinary = "/dev/.flmbox/bin/flmbox"
+	agentRunDir = "/dev/.flmbox/run"
 	agentSocket = agentRunDir + "/agent.sock"
 )
 
