@@ -641,3 +641,23 @@ func TestPlatformOptionIsNormalized(t *testing.T) {
 		t.Fatalf("%+v %v", res, err)
 	}
 }
+
+func TestSecondLeaseByTheSameHolderFailsAndKeepsTheFirst(t *testing.T) {
+	r := newTestRegistry(t)
+	ref, _ := pushIndex(t, r, "py")
+	s := newTestStore(t)
+	ctx := context.Background()
+	res, err := s.Prewarm(ctx, ref, &PullOptions{Platform: amd64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Lease(ctx, res.ManifestDigest, "sb"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Lease(ctx, res.ManifestDigest, "sb"); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Fatalf("second lease: %v", err)
+	}
+	if _, err := s.Remove(ctx, res.ManifestDigest); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("the first lease is gone: %v", err)
+	}
+}

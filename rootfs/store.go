@@ -238,7 +238,8 @@ var holderRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 
 // Lease records that holder (a sandbox's name) uses the cached image with
 // this manifest digest, so that Remove and GC keep it. Leases outlive the
-// process; Release ends one.
+// process; Release ends one. A holder has at most one lease on an image: a
+// second Lease fails with errdefs.ErrAlreadyExists and leaves the first.
 func (s *Store) Lease(ctx context.Context, manifestDigest, holder string) error {
 	m, unlock, err := s.lockLease(ctx, manifestDigest, holder)
 	if err != nil {
@@ -252,8 +253,15 @@ func (s *Store) Lease(ctx context.Context, manifestDigest, holder string) error 
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
+	f, err := os.OpenFile(filepath.Join(dir, holder), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("image %s is already leased by %s: %w", manifestDigest, holder, errdefs.ErrAlreadyExists)
+	}
+	if err != nil {
+		return fmt.Errorf("lease image %s: %w", manifestDigest, err)
+	}
 	s.touch(m.Hex)
-	return os.WriteFile(filepath.Join(dir, holder), nil, 0o600)
+	return f.Close()
 }
 
 // lockLease validates a lease's digest and holder and takes the entry's

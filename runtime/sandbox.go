@@ -200,11 +200,18 @@ func (r *Runtime) Create(ctx context.Context, cfg Config) (_ *Sandbox, err error
 // RunPath is the host path of DIR/run (see Config.RunDir).
 func (sb *Sandbox) RunPath() string { return filepath.Join(sb.Dir, "run") }
 
-// runDir creates DIR/run and returns the option that mounts it at dst, owned
-// by the user the spec's processes run as.
+// runDirSize bounds DIR/run: it is writable from inside the sandbox, by
+// every process of the sandbox's user, and is on the host's disk otherwise.
+const runDirSize = "size=64k,nr_inodes=64"
+
+// runDir creates DIR/run, a small tmpfs of its own, and returns the option
+// that mounts it at dst, owned by the user the spec's processes run as.
 func (sb *Sandbox) runDir(dst string) (SpecOpt, error) {
 	if err := os.Mkdir(sb.RunPath(), 0o700); err != nil {
 		return nil, fmt.Errorf("create sandbox run directory: %w", err)
+	}
+	if err := unix.Mount("tmpfs", sb.RunPath(), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, runDirSize+",mode=0700"); err != nil {
+		return nil, fmt.Errorf("mount the sandbox run directory: %w", err)
 	}
 	return func(s *specs.Spec) error {
 		if err := os.Chown(sb.RunPath(), int(s.Process.User.UID), int(s.Process.User.GID)); err != nil {
@@ -323,6 +330,9 @@ func (r *Runtime) destroy(ctx context.Context, sb *Sandbox) error {
 		if _, serr := rc.State(ctx, sb.ID); serr == nil {
 			return fmt.Errorf("delete sandbox %q with runsc: %w", sb.Name, err)
 		}
+	}
+	if err := unix.Unmount(sb.RunPath(), unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
+		return fmt.Errorf("unmount sandbox %q's run directory: %w", sb.Name, err)
 	}
 	if err := os.RemoveAll(sb.Dir); err != nil {
 		return fmt.Errorf("remove sandbox %q's files: %w", sb.Name, err)

@@ -9,16 +9,41 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 )
 
 // answerGrace is how long after a request's timeout Call waits for the
 // agent's answer before giving up on a wedged sandbox. The agent answers
 // within the timeout plus drainGrace; this is far above that.
 const answerGrace = time.Minute
+
+// DialAgent connects to the agent's socket at path. The socket's directory
+// is writable from inside the sandbox, so the final component is never
+// followed: a symlink planted there (to a host service's socket) or anything
+// but a socket is refused with errdefs.ErrPermissionDenied. The socket is
+// opened with O_PATH|O_NOFOLLOW and connected to through /proc/self/fd, so
+// what is checked is what is connected to.
+func DialAgent(ctx context.Context, path string) (net.Conn, error) {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: "unix", Err: &os.PathError{Op: "open", Path: path, Err: err}}
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return nil, fmt.Errorf("the agent's socket %s is not a socket (a snippet replaced it?); remove the sandbox: %w", path, errdefs.ErrPermissionDenied)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d", fd))
+}
 
 // Call runs req through the agent listening on the Unix socket socketPath
 // and returns its result.
@@ -37,9 +62,11 @@ func Call(ctx context.Context, socketPath string, req *Request) (*Result, error)
 	if err := req.Validate(); err != nil {
 		return nil, err
 	}
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", socketPath)
+	conn, err := DialAgent(ctx, socketPath)
 	if err != nil {
+		if errors.Is(err, errdefs.ErrPermissionDenied) {
+			return nil, err
+		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("call the sandbox's agent: %w", context.Cause(ctx))
 		}

@@ -13,6 +13,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/containerd/errdefs"
 	"github.com/urfave/cli/v2"
 
 	"github.com/flmbox/flmbox/runtime"
@@ -130,6 +131,9 @@ func callSandbox(ctx context.Context, c *cli.Context, name string, req *snippet.
 	touch(filepath.Join(sb.Dir, "last-used"))
 	res, err := snippet.Call(ctx, agentSocketPath(sb), req)
 	if err != nil {
+		if errors.Is(err, errdefs.ErrPermissionDenied) {
+			return nil, err // the socket was replaced: say so, not "dead"
+		}
 		if sandboxState(ctx, rt, sb) == runtime.StateDead {
 			return nil, fmt.Errorf("sandbox %s is dead (its gVisor processes are gone); remove it with flmbox sandbox rm %s and create another: %w", name, name, err)
 		}

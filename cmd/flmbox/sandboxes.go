@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/flmbox/flmbox/rootfs"
 	"github.com/flmbox/flmbox/runtime"
+	"github.com/flmbox/flmbox/snippet"
 )
 
 // Paths inside every sandbox.
@@ -87,6 +87,11 @@ func createSandbox(ctx context.Context, c *cli.Context, o sandboxOptions) (_ *ru
 	if err := runtime.ValidateName(o.name); err != nil {
 		return nil, err
 	}
+	if _, err := rt.Get(o.name); err == nil {
+		return nil, fmt.Errorf("sandbox %q already exists; choose another name or remove it (flmbox sandbox rm %s): %w", o.name, o.name, errdefs.ErrAlreadyExists)
+	}
+	// The lease is this call's only if Lease succeeds (a concurrent create of
+	// the same name fails here), so only then is it released on failure.
 	if err := store.Lease(ctx, img.ManifestDigest, o.name); err != nil {
 		return nil, err
 	}
@@ -177,7 +182,7 @@ func agentSocketPath(sb *runtime.Sandbox) string { return filepath.Join(sb.RunPa
 func waitForAgent(ctx context.Context, sb *runtime.Sandbox) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for wait := time.Millisecond; ; wait = min(wait*2, 20*time.Millisecond) {
-		conn, err := net.Dial("unix", agentSocketPath(sb))
+		conn, err := snippet.DialAgent(ctx, agentSocketPath(sb))
 		if err == nil {
 			conn.Close()
 			return nil
@@ -213,7 +218,9 @@ func sandboxState(ctx context.Context, rt *runtime.Runtime, sb *runtime.Sandbox)
 	if rt.State(ctx, sb) != runtime.StateRunning {
 		return runtime.StateDead
 	}
-	conn, err := net.DialTimeout("unix", agentSocketPath(sb), time.Second)
+	dctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	conn, err := snippet.DialAgent(dctx, agentSocketPath(sb))
 	if err != nil {
 		return runtime.StateDead
 	}

@@ -1,0 +1,718 @@
+//go:build integration
+
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"golang.org/x/sys/unix"
+	"io/fs"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/flmbox/flmbox/snippet"
+)
+
+// Faults and bad input (issue 3): runaway code, isolation, one process per
+// call, leaks over many calls, and sandbox names, all against the real runsc
+// through the flmbox CLI.
+
+// faultSandbox creates a persistent sandbox called name in root from the test
+// image, with extra create flags.
+func faultSandbox(t *testing.T, root string, reg *testRegistry, name string, flags ...string) {
+	t.Helper()
+	args := append([]string{"sandbox", "create", "--name", name, "--image", reg.digestRef()}, flags...)
+	if got := strings.TrimSpace(mustFlmbox(t, root, args...)); got != name {
+		t.Fatalf("sandbox create printed %q, want %q", got, name)
+	}
+}
+
+// faultRun runs code in sandbox name: flmbox run --sandbox name ARGS... -c code.
+func faultRun(t *testing.T, root, name, code string, args ...string) result {
+	t.Helper()
+	return flmbox(t, root, append(append([]string{"run", "--sandbox", name}, args...), "-c", code)...)
+}
+
+// faultAlive fails the test unless the sandbox still answers a Python call.
+func faultAlive(t *testing.T, root, name string) {
+	t.Helper()
+	if res := faultRun(t, root, name, "print('alive')"); res.code != 0 || res.stdout != "alive\n" {
+		t.Fatalf("the sandbox no longer answers: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
+	}
+}
+
+// faultListProcs prints the processes of the sandbox other than the agent
+// (PID 1) and the listing itself, one "PID cmdline" a line.
+const faultListProcs = `
+import os
+me = os.getpid()
+for p in sorted(os.listdir('/proc')):
+    if p.isdigit() and int(p) not in (1, me):
+        try:
+            print(p, open('/proc/%s/cmdline' % p, 'rb').read().replace(b'\0', b' ').decode(errors='replace').strip())
+        except OSError:
+            pass
+`
+
+// faultNoSnippetProcesses waits (5 s at most) until the sandbox runs nothing
+// but its agent, and fails the test with what is left otherwise.
+func faultNoSnippetProcesses(t *testing.T, root, name string) {
+	t.Helper()
+	var left string
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		res := faultRun(t, root, name, faultListProcs)
+		if res.code != 0 {
+			t.Fatalf("list the sandbox's processes: exit %d %q", res.code, res.stderr)
+		}
+		if left = res.stdout; left == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+	}
+	t.Fatalf("processes left in the sandbox after the call:\n%s", left)
+}
+
+// faultSandboxID is the runsc container ID of sandbox name.
+func faultSandboxID(t *testing.T, root, name string) string {
+	t.Helper()
+	var sb struct{ ID string }
+	b, err := os.ReadFile(filepath.Join(root, "sandboxes", name, "sandbox.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &sb); err != nil || sb.ID == "" {
+		t.Fatalf("sandbox.json of %s: %q: %v", name, b, err)
+	}
+	return sb.ID
+}
+
+// faultAgentPaths returns, from sandbox name's OCI spec, the agent binary
+// and its socket directory as the sandbox sees them, and the host directory
+// mounted there.
+func faultAgentPaths(t *testing.T, root, name string) (bin, runDir, hostRunDir string) {
+	t.Helper()
+	var spec struct {
+		Root    struct{ Path string }
+		Process struct{ Args []string }
+		Mounts  []struct{ Destination, Source string }
+	}
+	b, err := os.ReadFile(filepath.Join(root, "sandboxes", name, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &spec); err != nil || len(spec.Process.Args) != 4 || spec.Process.Args[2] != "--socket" {
+		t.Fatalf("config.json of %s: process %q: %v", name, spec.Process.Args, err)
+	}
+	runDir = filepath.Dir(spec.Process.Args[3])
+	for _, m := range spec.Mounts {
+		if m.Destination == runDir {
+			hostRunDir = m.Source
+		}
+	}
+	if hostRunDir == "" {
+		t.Fatalf("config.json of %s mounts nothing on %s", name, runDir)
+	}
+	return spec.Process.Args[0], runDir, hostRunDir
+}
+
+// faultMaxRSS runs cmd and returns its peak resident memory. It uses
+// /usr/bin/time when there is one: Go starts children with a vfork-like
+// clone, and Linux charges the parent's peak to the child's ru_maxrss at
+// exec, so ProcessState.SysUsage would report the test's own memory. Without
+// /usr/bin/time it samples the child's VmHWM until it exits.
+func faultMaxRSS(t *testing.T, cmd *exec.Cmd) (int64, error) {
+	t.Helper()
+	if _, err := os.Stat("/usr/bin/time"); err == nil {
+		out := filepath.Join(t.TempDir(), "maxrss")
+		cmd.Args = append([]string{"/usr/bin/time", "-f", "%M", "-o", out}, cmd.Args...)
+		cmd.Path = "/usr/bin/time"
+		err := cmd.Run()
+		b, _ := os.ReadFile(out)
+		kb, perr := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if err == nil && perr != nil {
+			err = fmt.Errorf("/usr/bin/time wrote %q: %w", b, perr)
+		}
+		return kb << 10, err
+	}
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var hwm int64
+	for {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid)); err == nil {
+			for _, line := range strings.Split(string(b), "\n") {
+				if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+					if f := strings.Fields(v); len(f) == 2 {
+						kb, _ := strconv.ParseInt(f[0], 10, 64)
+						hwm = max(hwm, kb<<10)
+					}
+				}
+			}
+		}
+		select {
+		case err := <-done:
+			return hwm, err
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// faultDirBytes is the disk usage of the regular files under dir.
+func faultDirBytes(t *testing.T, dir string) int64 {
+	t.Helper()
+	var n int64
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Sys().(*syscall.Stat_t).Blocks * 512
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+func TestFaultsRunawayCodeIsStopped(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	const name = "runaway"
+	faultSandbox(t, root, reg, name, "--tmp-size", "64MiB")
+	faultAlive(t, root, name)
+
+	t.Run("infinite loop", func(t *testing.T) {
+		start := time.Now()
+		res := faultRun(t, root, name, "while True: pass", "--timeout", "2s")
+		took := time.Since(start)
+		if res.code != 124 || !strings.Contains(res.stderr, "timed out") {
+			t.Fatalf("exit %d stderr %q, want 124 and a timeout message", res.code, res.stderr)
+		}
+		if took < 2*time.Second || took > 10*time.Second {
+			t.Errorf("a 2s timeout took %s", took)
+		}
+		t.Logf("stopped after %s", took.Round(time.Millisecond))
+		faultAlive(t, root, name)
+		faultNoSnippetProcesses(t, root, name)
+	})
+
+	t.Run("sleep left behind", func(t *testing.T) {
+		start := time.Now()
+		res := faultRun(t, root, name, "sleep 1000 & echo started", "-l", "shell")
+		took := time.Since(start)
+		if res.code != 0 || res.stdout != "started\n" {
+			t.Fatalf("exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
+		}
+		if took > 5*time.Second {
+			t.Errorf("the call waited for its background process: %s", took)
+		}
+		faultAlive(t, root, name)
+		faultNoSnippetProcesses(t, root, name) // no "sleep 1000"
+	})
+
+	t.Run("fork bomb", func(t *testing.T) {
+		// Children that stay alive: fork fails once the snippet's process
+		// limit is reached, and the call ends.
+		res := faultRun(t, root, name, `
+import os, time
+n = 0
+try:
+    while True:
+        if os.fork() == 0:
+            time.sleep(1000)
+            os._exit(0)
+        n += 1
+except OSError as e:
+    print("fork failed after", n, type(e).__name__, e.errno)
+`, "--timeout", "30s")
+		if res.code != 0 || !strings.HasPrefix(res.stdout, "fork failed after ") || !strings.HasSuffix(res.stdout, fmt.Sprintf(" BlockingIOError %d\n", int(syscall.EAGAIN))) {
+			t.Fatalf("python fork loop: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
+		}
+		t.Logf("python: %s", strings.TrimSpace(res.stdout))
+		faultAlive(t, root, name)
+		faultNoSnippetProcesses(t, root, name)
+
+		// The classic shell bomb (dash spells it without ':'), kept running.
+		start := time.Now()
+		res = faultRun(t, root, name, "b(){ b|b& };b; sleep 30", "-l", "shell", "--timeout", "3s")
+		if res.code == 0 || time.Since(start) > 30*time.Second {
+			t.Fatalf("shell fork bomb: exit %d after %s", res.code, time.Since(start))
+		}
+		t.Logf("shell: exit %d after %s", res.code, time.Since(start).Round(time.Millisecond))
+		faultAlive(t, root, name)
+		faultNoSnippetProcesses(t, root, name)
+	})
+
+	t.Run("memory hog", func(t *testing.T) {
+		res := faultRun(t, root, name, `
+chunks = []
+while True:
+    chunks.append(bytearray(16 << 20))
+`)
+		if res.code != 1 || !strings.Contains(res.stderr, "MemoryError") {
+			t.Fatalf("exit %d stderr %q, want 1 and a MemoryError", res.code, res.stderr)
+		}
+		faultAlive(t, root, name)
+
+		// Several processes, each under its own limit, together over the
+		// sandbox's memory: gVisor kills some of them, never the sandbox.
+		res = faultRun(t, root, name, `
+import os, time
+pids = []
+for i in range(4):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            b = bytearray(200 << 20)
+            for j in range(0, len(b), 4096):
+                b[j] = 1
+            time.sleep(1)
+        except MemoryError:
+            pass
+        os._exit(0)
+    pids.append(pid)
+print([os.waitpid(p, 0)[1] for p in pids])
+`, "--timeout", "60s")
+		t.Logf("4 x 200 MiB in a 512 MiB sandbox: exit %d, wait statuses %s", res.code, strings.TrimSpace(res.stdout))
+		faultAlive(t, root, name)
+		faultNoSnippetProcesses(t, root, name)
+	})
+
+	t.Run("filling tmp", func(t *testing.T) {
+		host := filepath.Join(t.TempDir(), "host-file")
+		if err := os.WriteFile(host, []byte("host data"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		sbDir := filepath.Join(root, "sandboxes", name)
+		before := faultDirBytes(t, sbDir)
+		res := faultRun(t, root, name, "dd if=/dev/zero of=/tmp/fill bs=1M 2>&1; stat -c %s /tmp/fill", "-l", "shell")
+		if !strings.Contains(res.stdout, "No space left on device") {
+			t.Fatalf("dd: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
+		}
+		lines := strings.Split(strings.TrimSpace(res.stdout), "\n")
+		size, _ := strconv.ParseInt(lines[len(lines)-1], 10, 64)
+		if size <= 0 || size > 64<<20 {
+			t.Fatalf("/tmp/fill is %d bytes with --tmp-size 64MiB", size)
+		}
+		res = faultRun(t, root, name, `
+import errno
+try:
+    with open('/tmp/fill2', 'wb') as f:
+        while True:
+            f.write(b'x' * (1 << 20))
+except OSError as e:
+    print(errno.errorcode[e.errno])
+`)
+		if res.code != 0 || res.stdout != "ENOSPC\n" {
+			t.Fatalf("python: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
+		}
+		faultAlive(t, root, name) // even with /tmp full
+		if b, err := os.ReadFile(host); err != nil || string(b) != "host data" {
+			t.Errorf("host file: %q %v", b, err)
+		}
+		if after := faultDirBytes(t, sbDir); after-before > 8<<20 {
+			t.Errorf("the sandbox's host directory grew by %d bytes while /tmp filled", after-before)
+		}
+		res = faultRun(t, root, name, "rm /tmp/fill /tmp/fill2 && echo ok > /tmp/ok && cat /tmp/ok", "-l", "shell")
+		if res.code != 0 || res.stdout != "ok\n" {
+			t.Fatalf("after rm: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
+		}
+		faultAlive(t, root, name)
+	})
+
+	t.Run("flood of output", func(t *testing.T) {
+		const total = 1 << 30
+		agentRSS := func() int64 {
+			res := faultRun(t, root, name, "grep VmRSS /proc/1/status", "-l", "shell")
+			f := strings.Fields(res.stdout)
+			if len(f) != 3 {
+				t.Fatalf("agent's VmRSS: %q %q", res.stdout, res.stderr)
+			}
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+		rssBefore := agentRSS()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, flmboxBin, "--root", root, "--runsc", runscPath, "run", "--sandbox", name,
+			"-l", "shell", "--json", "--timeout", "4m", "-c", fmt.Sprintf("yes | head -c %d", total))
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		start := time.Now()
+		maxRSS, err := faultMaxRSS(t, cmd)
+		if err != nil {
+			t.Fatalf("flmbox run: %v\n%s", err, stderr.String())
+		}
+		took := time.Since(start)
+		var j struct {
+			ExitCode        int    `json:"exit_code"`
+			Stdout          string `json:"stdout"`
+			StdoutBytes     int64  `json:"stdout_bytes"`
+			StdoutTruncated bool   `json:"stdout_truncated"`
+			TimedOut        bool   `json:"timed_out"`
+		}
+		if err := json.Unmarshal(stdout.Bytes(), &j); err != nil {
+			t.Fatalf("--json printed %d bytes: %v", stdout.Len(), err)
+		}
+		marker := fmt.Sprintf("\n[flmbox: %d bytes omitted]\n", total-snippet.DefaultMaxOutput)
+		if j.ExitCode != 0 || j.TimedOut || !j.StdoutTruncated || j.StdoutBytes != total {
+			t.Errorf("exit %d timed_out %v stdout_truncated %v stdout_bytes %d", j.ExitCode, j.TimedOut, j.StdoutTruncated, j.StdoutBytes)
+		}
+		if len(j.Stdout) > snippet.DefaultMaxOutput+len(marker) || !strings.Contains(j.Stdout, marker) || !strings.HasPrefix(j.Stdout, "y\ny\n") {
+			t.Errorf("stdout is %d bytes (cap %d + marker %d), marker present: %v", len(j.Stdout), snippet.DefaultMaxOutput, len(marker), strings.Contains(j.Stdout, marker))
+		}
+		if maxRSS > 200<<20 {
+			t.Errorf("flmbox's max RSS was %d MiB while 1 GiB of output went by", maxRSS>>20)
+		}
+		rssAfter := agentRSS()
+		if rssAfter-rssBefore > 64<<20 {
+			t.Errorf("the agent's RSS grew from %d to %d MiB", rssBefore>>20, rssAfter>>20)
+		}
+		t.Logf("1 GiB in %s; flmbox max RSS %d MiB; JSON %d bytes; agent RSS %d -> %d MiB",
+			took.Round(time.Millisecond), maxRSS>>20, stdout.Len(), rssBefore>>20, rssAfter>>20)
+		faultAlive(t, root, name)
+	})
+}
+
+func TestFaultsIsolation(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	const secret = "flmbox-secret-7f3a9c"
+	t.Setenv("FLMBOX_SECRET_TEST", secret) // flmbox's own environment, from create on
+	const name = "iso"
+	faultSandbox(t, root, reg, name)
+
+	t.Run("root filesystem is read-only", func(t *testing.T) {
+		var spec struct{ Root struct{ Path string } }
+		b, _ := os.ReadFile(filepath.Join(root, "sandboxes", name, "config.json"))
+		if err := json.Unmarshal(b, &spec); err != nil || spec.Root.Path == "" {
+			t.Fatalf("config.json: %v", err)
+		}
+		agentBin, _, _ := faultAgentPaths(t, root, name)
+		binBefore, err := os.ReadFile(flmboxBin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := faultRun(t, root, name, `
+import errno
+for p in ['/usr/x', '/var/tmp/x', '/x', '/etc/x', '/usr/bin/python3']:
+    try:
+        open(p, 'ab').write(b'x')
+        print(p, 'WRITTEN')
+    except OSError as e:
+        print(p, errno.errorcode[e.errno])
+`)
+		if res.code != 0 {
+			t.Fatalf("exit %d stderr %q", res.code, res.stderr)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(res.stdout), "\n") {
+			if f := strings.Fields(line); len(f) != 2 || (f[1] != "EROFS" && f[1] != "EACCES") {
+				t.Errorf("write %s", line)
+			}
+		}
+		for _, p := range []string{"usr/x", "var/tmp/x", "x", "etc/x"} {
+			if _, err := os.Lstat(filepath.Join(spec.Root.Path, p)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the host rootfs has %s: %v", p, err)
+			}
+		}
+		// The agent's own binary, bind-mounted from the host: not writable
+		// (gVisor may say ENOENT for a read-only file mount), and unchanged.
+		res = faultRun(t, root, name, fmt.Sprintf("open(%q, 'ab').write(b'x')", agentBin))
+		if res.code == 0 {
+			t.Errorf("a snippet appended to the agent's binary %s", agentBin)
+		}
+		if binAfter, _ := os.ReadFile(flmboxBin); !bytes.Equal(binAfter, binBefore) {
+			t.Errorf("the host's flmbox binary changed")
+		}
+		res = faultRun(t, root, name, "touch /usr/y", "-l", "shell")
+		if res.code == 0 || !(strings.Contains(res.stderr, "Read-only file system") || strings.Contains(res.stderr, "Permission denied")) {
+			t.Errorf("touch /usr/y: exit %d %q", res.code, res.stderr)
+		}
+	})
+
+	t.Run("host files are out of reach", func(t *testing.T) {
+		hostFile := filepath.Join(t.TempDir(), "secret.txt")
+		os.WriteFile(hostFile, []byte(secret+"\n"), 0o644)
+		res := faultRun(t, root, name, "cat "+hostFile, "-l", "shell")
+		if res.code == 0 || strings.Contains(res.stdout+res.stderr, secret) {
+			t.Errorf("cat %s: exit %d stdout %q stderr %q", hostFile, res.code, res.stdout, res.stderr)
+		}
+		res = faultRun(t, root, name, fmt.Sprintf("print(open(%q).read())", hostFile))
+		if res.code == 0 || strings.Contains(res.stdout+res.stderr, secret) {
+			t.Errorf("python open: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
+		}
+	})
+
+	t.Run("flmbox's environment is invisible", func(t *testing.T) {
+		res := faultRun(t, root, name, "env; cat /proc/1/environ | tr '\\0' '\\n'", "-l", "shell")
+		if res.code != 0 || !strings.Contains(res.stdout, "HOME=/tmp") {
+			t.Fatalf("exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
+		}
+		if strings.Contains(res.stdout, "FLMBOX_SECRET_TEST") || strings.Contains(res.stdout, secret) {
+			t.Errorf("the snippet sees flmbox's environment:\n%s", res.stdout)
+		}
+	})
+
+	t.Run("unprivileged user without capabilities", func(t *testing.T) {
+		res := faultRun(t, root, name, "grep -E '^(Uid|Gid|CapInh|CapPrm|CapEff|CapAmb|NoNewPrivs):' /proc/self/status", "-l", "shell")
+		st := map[string]string{}
+		for _, line := range strings.Split(strings.TrimSpace(res.stdout), "\n") {
+			k, v, _ := strings.Cut(line, ":")
+			st[k] = strings.Join(strings.Fields(v), " ")
+		}
+		want := map[string]string{"Uid": "65534 65534 65534 65534", "Gid": "65534 65534 65534 65534",
+			"CapInh": "0000000000000000", "CapPrm": "0000000000000000", "CapEff": "0000000000000000",
+			"CapAmb": "0000000000000000", "NoNewPrivs": "1"}
+		for k, v := range want {
+			if st[k] != v {
+				t.Errorf("%s: %q, want %q (stdout %q stderr %q)", k, st[k], v, res.stdout, res.stderr)
+			}
+		}
+	})
+
+	// The agent's socket directory is a host directory mounted writable into
+	// the sandbox. A snippet must not write the host's disk through it (it is
+	// a 64 KiB tmpfs of its own on the host) nor make flmbox, as root on the
+	// host, connect to another socket. Breaking its own sandbox's agent is a
+	// snippet's own business: the next call must then fail clearly, not hang
+	// and not reach the host. This one breaks the sandbox: last.
+	t.Run("agent socket directory", func(t *testing.T) {
+		_, runDir, hostRunDir := faultAgentPaths(t, root, name)
+		res := faultRun(t, root, name, fmt.Sprintf("head -c 1048576 /dev/zero > %s/planted; echo $?", runDir), "-l", "shell")
+		var fs unix.Statfs_t
+		if err := unix.Statfs(hostRunDir, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
+			t.Errorf("the host side of the agent's directory %s is not a tmpfs of its own (%v)", hostRunDir, err)
+		}
+		if fi, err := os.Lstat(filepath.Join(hostRunDir, "planted")); err == nil && fi.Size() > 64<<10 {
+			t.Errorf("a snippet wrote %d bytes into the host's %s (shell said %q): more than its 64 KiB bound",
+				fi.Size(), hostRunDir, strings.TrimSpace(res.stdout))
+		}
+		faultRun(t, root, name, fmt.Sprintf("rm -f %s/planted", runDir), "-l", "shell")
+
+		dir, err := os.MkdirTemp("", "flmbox-faults-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer os.RemoveAll(dir)
+		hostSock := filepath.Join(dir, "host.sock")
+		ln, err := net.Listen("unix", hostSock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		var reached atomic.Int64
+		go func() {
+			for {
+				conn, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				reached.Add(1)
+				conn.Close()
+			}
+		}()
+		res = faultRun(t, root, name, fmt.Sprintf("rm -f %[1]s/agent.sock && ln -s %[2]s %[1]s/agent.sock; echo $?", runDir, hostSock), "-l", "shell")
+		t.Logf("replace the socket with a symlink: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
+		res = faultRun(t, root, name, "print('alive')")
+		if n := reached.Load(); n != 0 {
+			t.Errorf("a snippet redirected flmbox's next call to the host socket %s (%d connections; the call: exit %d %q)", hostSock, n, res.code, res.stderr)
+		}
+		if res.code != 125 || !strings.Contains(res.stderr, "not a socket") {
+			t.Errorf("after a snippet replaced the agent's socket, the next call: exit %d %q; want 125 naming the replaced socket", res.code, res.stderr)
+		}
+	})
+}
+
+func TestFaultsEachCallIsANewProcess(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	const name = "calls"
+	faultSandbox(t, root, reg, name)
+	for _, step := range []struct {
+		what, lang, code, stdout string
+		code2                    int
+	}{
+		{"python variable set", "python", "x = 41; print(x + 1)", "42\n", 0},
+		{"python variable gone", "python", "print(x)", "", 1},
+		{"shell export", "shell", "export FLMBOX_FAULTS=set; cd /usr; echo $FLMBOX_FAULTS", "set\n", 0},
+		{"shell export gone, cwd back", "shell", "echo ${FLMBOX_FAULTS-unset} $(pwd)", "unset /tmp\n", 0},
+		{"tmp file written", "shell", "echo kept > /tmp/kept.txt", "", 0},
+		{"tmp file kept", "python", "print(open('/tmp/kept.txt').read(), end='')", "kept\n", 0},
+	} {
+		res := faultRun(t, root, name, step.code, "-l", step.lang)
+		if res.code != step.code2 || res.stdout != step.stdout {
+			t.Errorf("%s: exit %d stdout %q stderr %q, want exit %d stdout %q", step.what, res.code, res.stdout, res.stderr, step.code2, step.stdout)
+		}
+		if step.what == "python variable gone" && !strings.Contains(res.stderr, "NameError") {
+			t.Errorf("%s: stderr %q", step.what, res.stderr)
+		}
+	}
+	pid := func() string { return faultRun(t, root, name, "import os; print(os.getpid())").stdout }
+	if a, b := pid(), pid(); a == b {
+		t.Errorf("two calls ran in the same process %s", a)
+	}
+}
+
+// faultCounts are what TestFaultsNoLeaks compares before and after.
+type faultCounts struct {
+	hostProcs, hostFDs     int
+	sandboxProcs, agentFDs int
+	agentRSS               int64
+}
+
+func TestFaultsNoLeaks(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	const name = "leaks"
+	faultSandbox(t, root, reg, name)
+	id := faultSandboxID(t, root, name)
+	_, _, hostRunDir := faultAgentPaths(t, root, name)
+	socket := filepath.Join(hostRunDir, "agent.sock")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	call := func(lang, code string) *snippet.Result {
+		t.Helper()
+		res, err := snippet.Call(ctx, socket, &snippet.Request{Version: snippet.ProtocolVersion, Language: lang, Code: code, TimeoutMS: 10000})
+		if err != nil {
+			t.Fatalf("call: %v", err)
+		}
+		return res
+	}
+	calls := func(n int) {
+		t.Helper()
+		for i := range n {
+			if res := call("shell", "echo ok"); res.ExitCode != 0 || string(res.Stdout.Data) != "ok\n" {
+				t.Fatalf("call %d: exit %d stdout %q stderr %q error %q", i, res.ExitCode, res.Stdout.Data, res.Stderr.Data, res.Error)
+			}
+		}
+	}
+	count := func() faultCounts {
+		t.Helper()
+		var c faultCounts
+		out, _ := exec.Command("pgrep", "-f", id).Output()
+		for _, pid := range strings.Fields(string(out)) {
+			fds, err := os.ReadDir(filepath.Join("/proc", pid, "fd"))
+			if err != nil {
+				t.Fatalf("fds of runsc process %s: %v", pid, err)
+			}
+			c.hostProcs++
+			c.hostFDs += len(fds)
+		}
+		res := call("python", `
+import os
+procs = sum(1 for p in os.listdir('/proc') if p.isdigit())
+rss = [l.split()[1] for l in open('/proc/1/status') if l.startswith('VmRSS:')][0]
+print(procs, len(os.listdir('/proc/1/fd')), rss)
+`)
+		f := strings.Fields(string(res.Stdout.Data))
+		if res.ExitCode != 0 || len(f) != 3 {
+			t.Fatalf("count inside: exit %d stdout %q stderr %q", res.ExitCode, res.Stdout.Data, res.Stderr.Data)
+		}
+		c.sandboxProcs, _ = strconv.Atoi(f[0])
+		c.agentFDs, _ = strconv.Atoi(f[1])
+		kb, _ := strconv.ParseInt(f[2], 10, 64)
+		c.agentRSS = kb << 10
+		return c
+	}
+
+	// Warm up, the counting call included: gVisor keeps host files that a
+	// first Python run opened (its modules) open for its dentry cache.
+	calls(50)
+	count()
+	before := count()
+	start := time.Now()
+	calls(1000)
+	took := time.Since(start)
+	after := count()
+	t.Logf("1000 calls in %s (%.1f ms each); before %+v; after %+v", took.Round(time.Millisecond),
+		float64(took.Microseconds())/1000/1000, before, after)
+	if before.hostProcs == 0 || after.hostProcs != before.hostProcs {
+		t.Errorf("host runsc processes: %d before, %d after", before.hostProcs, after.hostProcs)
+	}
+	if after.hostFDs > before.hostFDs+5 {
+		t.Errorf("host runsc fds: %d before, %d after", before.hostFDs, after.hostFDs)
+	}
+	if after.sandboxProcs != before.sandboxProcs {
+		t.Errorf("processes in the sandbox: %d before, %d after", before.sandboxProcs, after.sandboxProcs)
+	}
+	if after.agentFDs > before.agentFDs+5 {
+		t.Errorf("agent fds: %d before, %d after", before.agentFDs, after.agentFDs)
+	}
+	if after.agentRSS > before.agentRSS+20<<20 {
+		t.Errorf("agent RSS: %d MiB before, %d MiB after", before.agentRSS>>20, after.agentRSS>>20)
+	}
+}
+
+func TestFaultsSandboxNames(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	faultSandbox(t, root, reg, "taken")
+	ls := func() string { // names and states: last_used moves with every call
+		var sbs []struct{ Name, Image, State string }
+		out := mustFlmbox(t, root, "sandbox", "ls", "--json")
+		if err := json.Unmarshal([]byte(out), &sbs); err != nil {
+			t.Fatalf("sandbox ls --json printed %q: %v", out, err)
+		}
+		return fmt.Sprint(sbs)
+	}
+	entries := func() []string {
+		var names []string
+		for _, d := range []string{root, filepath.Join(root, "sandboxes")} {
+			ents, _ := os.ReadDir(d)
+			for _, e := range ents {
+				names = append(names, filepath.Join(d, e.Name()))
+			}
+		}
+		return names
+	}
+	lsBefore, entriesBefore := ls(), entries()
+
+	for _, tc := range []struct{ name, message string }{
+		{"../x", `sandbox name "../x": use 1 to 64 letters`},
+		{"a/b", `sandbox name "a/b": use 1 to 64 letters`},
+		{"taken", `sandbox "taken" already exists; choose another name or remove it`},
+	} {
+		res := flmbox(t, root, "sandbox", "create", "--name", tc.name, "--image", reg.digestRef())
+		if res.code != 125 || res.stdout != "" || !strings.Contains(res.stderr, "flmbox: "+tc.message) {
+			t.Errorf("create --name %s: exit %d stdout %q stderr %q", tc.name, res.code, res.stdout, res.stderr)
+		}
+	}
+	if after := ls(); after != lsBefore {
+		t.Errorf("sandbox ls changed:\nbefore %s\nafter  %s", lsBefore, after)
+	}
+	if after := entries(); strings.Join(after, "\n") != strings.Join(entriesBefore, "\n") {
+		t.Errorf("the state root changed:\nbefore %v\nafter  %v", entriesBefore, after)
+	}
+	faultAlive(t, root, "taken")
+
+	// The refused duplicate must leave the first sandbox's lease on its image:
+	// the image is still in use and cannot be removed from under it.
+	res := flmbox(t, root, "images", "rm", reg.digestRef())
+	if res.code != 125 || !strings.Contains(res.stderr, "taken") {
+		t.Errorf("images rm of the image of running sandbox taken, after a refused duplicate create: exit %d stdout %q stderr %q",
+			res.code, res.stdout, res.stderr)
+	}
+
+	for _, missing := range []string{"never-was", "taken-not"} {
+		if res := flmbox(t, root, "sandbox", "rm", missing); res.code != 0 {
+			t.Errorf("sandbox rm %s: exit %d %q", missing, res.code, res.stderr)
+		}
+	}
+	if after := ls(); after != lsBefore {
+		t.Errorf("sandbox ls changed after rm of missing names:\nbefore %s\nafter  %s", lsBefore, after)
+	}
+}
