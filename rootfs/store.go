@@ -489,31 +489,23 @@ func (s *Store) GC(ctx context.Context, o GCOptions) ([]Removed, error) {
 	return removed, nil
 }
 
-// cleanLeftovers removes staging entries whose builder is gone (its lock is
-// free) and everything in trash.
+// cleanLeftovers removes staging entries whose builder is gone and entries
+// left in trash by an interrupted removal: both are named HEX-RANDOM and
+// removed only while entry HEX's lock is free.
 func (s *Store) cleanLeftovers() {
-	tmps, _ := os.ReadDir(filepath.Join(s.dir, "tmp"))
-	for _, t := range tmps {
-		hex, _, _ := strings.Cut(t.Name(), "-")
-		if _, err := parseDigest("sha256:" + hex); err != nil {
-			_ = os.RemoveAll(filepath.Join(s.dir, "tmp", t.Name()))
-			continue
-		}
-		if unlock, ok := s.tryLock(hex); ok {
-			_ = os.RemoveAll(filepath.Join(s.dir, "tmp", t.Name()))
-			unlock()
-		}
-	}
-	trash, _ := os.ReadDir(filepath.Join(s.dir, "trash"))
-	for _, t := range trash {
-		hex, _, _ := strings.Cut(t.Name(), "-")
-		if _, err := parseDigest("sha256:" + hex); err != nil {
-			_ = os.RemoveAll(filepath.Join(s.dir, "trash", t.Name()))
-			continue
-		}
-		if unlock, ok := s.tryLock(hex); ok {
-			_ = os.RemoveAll(filepath.Join(s.dir, "trash", t.Name()))
-			unlock()
+	for _, sub := range []string{"tmp", "trash"} {
+		ents, _ := os.ReadDir(filepath.Join(s.dir, sub))
+		for _, e := range ents {
+			p := filepath.Join(s.dir, sub, e.Name())
+			hex, _, _ := strings.Cut(e.Name(), "-")
+			if _, err := parseDigest("sha256:" + hex); err != nil {
+				_ = os.RemoveAll(p) // not ours to keep
+				continue
+			}
+			if unlock, ok := s.tryLock(hex); ok {
+				_ = os.RemoveAll(p)
+				unlock()
+			}
 		}
 	}
 }

@@ -48,6 +48,9 @@ type Config struct {
 	Spec []SpecOpt
 	// Network is the network mode (default none).
 	Network Network
+	// Limits are the sandbox's cgroup limits (added to Spec with WithLimits
+	// and recorded with the sandbox).
+	Limits Limits
 	// Platform is gVisor's platform (systrap, ptrace, kvm); empty: runsc's
 	// default.
 	Platform string
@@ -83,6 +86,7 @@ type Sandbox struct {
 	Image    string    `json:"image"`
 	Network  Network   `json:"network"`
 	Platform string    `json:"platform,omitempty"`
+	Limits   Limits    `json:"limits"`
 	Created  time.Time `json:"created"`
 	// Dir is the sandbox's directory on the host (not stored).
 	Dir string `json:"-"`
@@ -145,13 +149,13 @@ func (r *Runtime) Create(ctx context.Context, cfg Config) (_ *Sandbox, err error
 		return nil, fmt.Errorf("create sandbox %q: %w", cfg.Name, err)
 	}
 	sb := &Sandbox{Name: cfg.Name, ID: newID(), Image: cfg.Image, Network: cfg.Network, Platform: cfg.Platform,
-		Created: time.Now().UTC(), Dir: dir}
+		Limits: cfg.Limits, Created: time.Now().UTC(), Dir: dir}
 	defer func() {
 		if err != nil {
 			r.destroy(context.WithoutCancel(ctx), sb)
 		}
 	}()
-	opts := append(cfg.Spec, WithNetwork(cfg.Network))
+	opts := append(cfg.Spec, WithNetwork(cfg.Network), WithLimits(cfg.Limits))
 	if cfg.RunDir != "" {
 		opt, err := sb.runDir(cfg.RunDir)
 		if err != nil {

@@ -172,11 +172,11 @@ func WithNetwork(n Network) SpecOpt {
 // their own processes, so that one snippet cannot kill the sandbox.
 type Limits struct {
 	// MemoryBytes is the memory limit (0: none).
-	MemoryBytes int64
+	MemoryBytes int64 `json:"memory_bytes"`
 	// CPUs is the CPU quota in CPUs (0: none).
-	CPUs float64
+	CPUs float64 `json:"cpus"`
 	// Pids is the limit on processes (0: none).
-	Pids int64
+	Pids int64 `json:"pids"`
 }
 
 // WithLimits sets the sandbox's cgroup limits.

@@ -145,18 +145,7 @@ func callSandbox(ctx context.Context, c *cli.Context, name string, req *snippet.
 // snippetLimits bounds a snippet's own process well inside the sandbox's
 // cgroup limits, so that a runaway snippet fails alone and the sandbox lives.
 func snippetLimits(sb *runtime.Sandbox) snippet.Limits {
-	var spec struct {
-		Linux struct {
-			Resources struct {
-				Memory struct{ Limit int64 }
-				Pids   struct{ Limit int64 }
-			}
-		}
-	}
-	b, _ := os.ReadFile(filepath.Join(sb.Dir, "config.json"))
-	json.Unmarshal(b, &spec)
-	r := spec.Linux.Resources
-	return snippet.Limits{MemoryBytes: r.Memory.Limit / 2, Procs: r.Pids.Limit / 4}
+	return snippet.Limits{MemoryBytes: sb.Limits.MemoryBytes / 2, Procs: sb.Limits.Pids / 4}
 }
 
 func touch(p string) {

@@ -101,12 +101,11 @@ func createSandbox(ctx context.Context, c *cli.Context, o sandboxOptions) (_ *ru
 		}
 	}()
 	sb, err := rt.Create(ctx, runtime.Config{
-		Name: o.name, Image: o.image, Network: o.network, Platform: o.platform, RunDir: agentRunDir,
+		Name: o.name, Image: o.image, Network: o.network, Platform: o.platform, RunDir: agentRunDir, Limits: o.limits,
 		Spec: []runtime.SpecOpt{
 			runtime.WithRootfs(img.Rootfs),
 			runtime.WithTmp(o.tmpBytes),
 			runtime.WithUser(sandboxUID, sandboxGID),
-			runtime.WithLimits(o.limits),
 			runtime.WithEnv(sandboxEnv(cfg.Config.Env, o.env)),
 			runtime.WithBind(self, agentBinary, true),
 			runtime.WithArgs(agentBinary, "agent", "--socket", agentSocket),
