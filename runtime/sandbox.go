@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -92,11 +91,24 @@ type Sandbox struct {
 	Dir string `json:"-"`
 }
 
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+// validName says whether name is 1 to max of [A-Za-z0-9_.-], starting with
+// a letter or digit. (A regexp with {0,63} costs 0.2 ms at every start.)
+func validName(name string, max int) bool {
+	if name == "" || len(name) > max {
+		return false
+	}
+	for i, c := range []byte(name) {
+		alnum := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
+		if !alnum && (i == 0 || c != '_' && c != '.' && c != '-') {
+			return false
+		}
+	}
+	return true
+}
 
 // ValidateName checks a sandbox name: no path tricks, a bounded length.
 func ValidateName(name string) error {
-	if !nameRE.MatchString(name) {
+	if !validName(name, 64) {
 		return fmt.Errorf("sandbox name %q: use 1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit: %w", name, errdefs.ErrInvalidArgument)
 	}
 	return nil
@@ -252,10 +264,17 @@ func isNsfs(p string) bool {
 
 // Get returns the record of sandbox name.
 func (r *Runtime) Get(name string) (*Sandbox, error) {
+	return GetSandbox(r.dir, name)
+}
+
+// GetSandbox returns the record of sandbox name of the Runtime whose state
+// directory is stateDir, without finding runsc: all that a call to a running
+// sandbox needs.
+func GetSandbox(stateDir, name string) (*Sandbox, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, err
 	}
-	dir := r.sandboxDir(name)
+	dir := filepath.Join(stateDir, "sandboxes", name)
 	var sb Sandbox
 	b, err := os.ReadFile(filepath.Join(dir, "sandbox.json"))
 	if errors.Is(err, os.ErrNotExist) {

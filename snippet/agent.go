@@ -56,6 +56,14 @@ type Agent struct {
 	// Env is the snippets' environment (default: the agent's own,
 	// os.Environ(); in a sandbox that is the sandbox's environment).
 	Env []string
+	// Spares makes the agent start the process of the next snippet of each
+	// language ahead of time, and fork Python processes from a zygote (see
+	// spares_linux.go). Close kills them.
+	Spares bool
+	// SpareLimits are the limits of the Python spare that Serve starts at
+	// once; later spares take the limits of the last call of their language.
+	// A request with other limits starts a process of its own.
+	SpareLimits Limits
 
 	once      sync.Once
 	python    string // resolved Python, or "" with pythonErr
@@ -63,6 +71,14 @@ type Agent struct {
 	shell     string
 	dir       string
 	env       []string
+
+	mu             sync.Mutex
+	spares         map[string]*proc // by language
+	refilling      map[string]*refilling
+	pythonUsed     bool // a Python snippet ran: spares come from the zygote
+	zyg            *zygote
+	zygoteFailures int
+	closed         bool
 }
 
 // init fills in the defaults and resolves the interpreters, once.
@@ -118,8 +134,10 @@ func lookPath(name string, env []string) (string, error) {
 // listener's error.
 func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 	a.init()
+	defer a.Close()
 	var wg sync.WaitGroup
 	defer wg.Wait() // after cancel: the calls and the reaper end with ctx
+	a.refill(LanguagePython, a.SpareLimits)
 	parent := ctx
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
 	defer cancel(errAgentStopping)

@@ -108,19 +108,140 @@ _flmbox_bootstrap()
 // snippet's code.
 const shellPrologue = "read -r _ <&3;exec 3<&-;"
 
-// command is how one request is run: the interpreter's arguments and what
-// goes through the gate.
+// maxShellScript is the largest shell code run as sh -s, the code read from
+// stdin: a write of at most PIPE_BUF bytes reaches the pipe at once, so the
+// shell's first read takes the whole code and its commands find stdin at
+// EOF, as with /dev/null. Larger code runs as sh -c.
+const maxShellScript = 4096
+
+// pythonZygote is the program of the Python zygote: an interpreter started
+// once, which forks a snippet's process on each request of the agent, much
+// faster than starting python3 (see zygote_linux.go). It reads requests on
+// the socket at fd 3: "F ID MEMORY PROCS FILEBYTES" with three descriptors
+// (stdout, stderr, gate), answers "P ID PID" or "E ID ERROR", and reports
+// "X PID STATUS" once a child has exited, the rest of its process group has
+// been killed and it has been reaped. It exits when the agent closes the
+// socket. A child returns from _flmbox_zygote with its stdio and gate in
+// place, in its own process group, with its limits set, and goes on with the
+// bootstrap, as python3 -c pythonBootstrap would.
+const pythonZygote = `def _flmbox_zygote():
+    import gc, os, sys, select, resource, _signal, _socket
+    del sys.modules['__main__']._flmbox_zygote
+    ctl = _socket.socket(fileno=3)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    _signal.signal(_signal.SIGCHLD, lambda signum, frame: None)
+    _signal.set_wakeup_fd(wake_w)
+    poll = select.poll()
+    poll.register(3, select.POLLIN)
+    poll.register(wake_r, select.POLLIN)
+    limits = (resource.RLIMIT_AS, resource.RLIMIT_NPROC, resource.RLIMIT_FSIZE)
+    gc.freeze()
+    while True:
+        for fd, _ in poll.poll():
+            if fd == wake_r:
+                try:
+                    while os.read(wake_r, 64):
+                        pass
+                except BlockingIOError:
+                    pass
+                while True:
+                    try:
+                        info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                    except ChildProcessError:
+                        break
+                    if info is None:
+                        break
+                    try:
+                        os.killpg(info.si_pid, 9)
+                    except OSError:
+                        pass
+                    pid, status = os.waitpid(info.si_pid, 0)
+                    ctl.send(b'X %d %d' % (pid, status))
+                continue
+            msg, anc, _, _ = ctl.recvmsg(256, _socket.CMSG_SPACE(12))
+            if not msg:
+                os._exit(0)
+            fds = []
+            for level, kind, data in anc:
+                if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                    fds += [int.from_bytes(data[i:i + 4], sys.byteorder) for i in range(0, len(data) - 3, 4)]
+            word = msg.split()
+            try:
+                if len(fds) != 3 or len(word) != 5:
+                    raise ValueError('bad request %r with %d descriptors' % (msg, len(fds)))
+                values = [int(w) for w in word[2:]]
+                pid = os.fork()
+            except Exception as e:
+                for f in fds:
+                    os.close(f)
+                ctl.send(b'E %s %s' % (word[1] if len(word) > 1 else b'0', str(e).encode()))
+                continue
+            if pid == 0:
+                _signal.set_wakeup_fd(-1)
+                _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+                ctl.detach()
+                os.setpgid(0, 0)
+                for src, dst in zip(fds, (1, 2, 3)):
+                    os.dup2(src, dst)
+                for f in fds + [wake_r, wake_w]:
+                    os.close(f)
+                try:
+                    for kind, value in zip(limits, values):
+                        if value > 0:
+                            hard = resource.getrlimit(kind)[1]
+                            if hard != resource.RLIM_INFINITY:
+                                value = min(value, hard)
+                            resource.setrlimit(kind, (value, value))
+                except Exception as e:
+                    os.write(2, b'flmbox: set the snippet limits: %s\n' % str(e).encode())
+                    os._exit(125)
+                return
+            for f in fds:
+                os.close(f)
+            try:
+                os.setpgid(pid, pid)
+            except OSError:
+                pass
+            ctl.send(b'P %s %d' % (word[1], pid))
+_flmbox_zygote()
+` + pythonBootstrap
+
+// command is how an interpreter is started; its code goes through the gate
+// once its limits are set.
 type command struct {
 	args []string // argv, argv[0] included
-	gate []byte   // written to the gate once limits are set
+	// codeInGate: the gate carries the code (python3, sh -s); otherwise the
+	// code is in args and the gate carries a newline (sh -c).
+	codeInGate bool
+	// stdinGate: the gate is stdin (sh -s), not fd 3.
+	stdinGate bool
+}
+
+// gateData is what goes through c's gate for code.
+func (c command) gateData(code string) []byte {
+	if c.codeInGate {
+		return []byte(code)
+	}
+	return []byte("\n")
 }
 
 // pythonCommand runs code with the bootstrap; the code goes through the gate.
-func pythonCommand(code string) command {
-	return command{args: []string{"python3", "-c", pythonBootstrap}, gate: []byte(code)}
+func pythonCommand() command {
+	return command{args: []string{"python3", "-c", pythonBootstrap}, codeInGate: true}
+}
+
+// zygoteCommand starts the Python zygote.
+func zygoteCommand() command {
+	return command{args: []string{"python3", "-c", pythonZygote}}
 }
 
 // shellCommand runs code with sh -c; the gate carries a newline.
 func shellCommand(code string) command {
-	return command{args: []string{"sh", "-c", shellPrologue + code}, gate: []byte("\n")}
+	return command{args: []string{"sh", "-c", shellPrologue + code}}
+}
+
+// shellScriptCommand starts sh -s, which reads its code from stdin, the gate.
+// Only code of at most maxShellScript bytes may go through its gate.
+func shellScriptCommand() command {
+	return command{args: []string{"sh", "-s"}, codeInGate: true, stdinGate: true}
 }

@@ -38,20 +38,86 @@ func (a *Agent) Run(ctx context.Context, req *Request) *Result {
 	if err := context.Cause(ctx); err != nil {
 		return errorResult(fmt.Errorf("run snippet: %w", err))
 	}
-	var path string
-	var c command
-	switch req.Language {
-	case LanguagePython:
-		if a.pythonErr != nil {
-			return errorResult(a.pythonErr)
-		}
-		path, c = a.python, pythonCommand(req.Code)
-		c.args[0] = path // Python finds its prefix from argv[0]
-	case LanguageShell:
-		path, c = a.shell, shellCommand(req.Code)
-		c.args[0] = filepath.Base(path) // $0, and bash's POSIX mode only as sh
+	if req.Language == LanguagePython && a.pythonErr != nil {
+		return errorResult(a.pythonErr)
 	}
-	return a.run(ctx, req, path, c)
+	p := a.takeSpare(ctx, req)
+	if p == nil {
+		var err error
+		if p, err = a.start(req.Language, req.Code, req.Limits, false); err != nil {
+			return errorResult(err)
+		}
+	}
+	res := a.runProc(ctx, req, p)
+	a.refill(req.Language, req.Limits)
+	return res
+}
+
+// proc is a snippet's process, started with its limits set and blocked on
+// its gate: none of the snippet's code has run yet.
+type proc struct {
+	pid               int
+	cmd               command
+	limits            Limits
+	outR, errR, gateW *os.File
+	// done is closed once the process has exited, the rest of its process
+	// group has been killed and it has been reaped; then status, or err,
+	// says how it ended.
+	done   chan struct{}
+	status unix.WaitStatus
+	err    error
+}
+
+// fits says whether p can run code: sh -s takes small code only.
+func (p *proc) fits(code string) bool {
+	return !p.cmd.stdinGate || len(code) <= maxShellScript
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// discard kills an unused process and releases it.
+func (p *proc) discard() {
+	killGroup(p.pid)
+	go func() {
+		<-p.done
+		p.close()
+	}()
+}
+
+func (p *proc) close() {
+	for _, f := range []*os.File{p.outR, p.errR, p.gateW} {
+		f.Close()
+	}
+}
+
+// start starts the interpreter of lang for code (empty for a spare, which
+// takes code later), with limits set. A Python process is forked by the
+// zygote when the agent has one running, or when wait is set after starting
+// one; otherwise it is a new python3.
+func (a *Agent) start(lang, code string, limits Limits, wait bool) (*proc, error) {
+	if lang == LanguageShell {
+		c := shellScriptCommand()
+		if len(code) > maxShellScript {
+			c = shellCommand(code)
+		}
+		c.args[0] = filepath.Base(a.shell) // $0, and bash's POSIX mode only as sh
+		return a.startExec(a.shell, c, limits)
+	}
+	if z := a.zygote(wait); z != nil {
+		if p, err := z.fork(limits); err == nil {
+			return p, nil
+		}
+	}
+	c := pythonCommand()
+	c.args[0] = a.python // Python finds its prefix from argv[0]
+	return a.startExec(a.python, c, limits)
 }
 
 // pipes are the snippet's ends and the agent's ends of its three pipes.
@@ -90,114 +156,126 @@ func (p *pipes) close() {
 	}
 }
 
-func (a *Agent) run(ctx context.Context, req *Request, path string, c command) *Result {
-	stdout, stderr := newCapture(req.maxOutput()), newCapture(req.maxOutput())
-	res := &Result{Version: ProtocolVersion, ExitCode: -1}
-	finish := func(err error) *Result {
-		res.Stdout, res.Stderr = stdout.Output(), stderr.Output()
-		if err != nil {
-			res.ExitCode, res.Signal, res.Error = -1, "", err.Error()
-		}
-		return res
-	}
-	p, err := newPipes()
+// proc returns the agent's ends of p as a process's.
+func (p *pipes) proc(c command, limits Limits) *proc {
+	return &proc{cmd: c, limits: limits, outR: p.outR, errR: p.errR, gateW: p.gateW, done: make(chan struct{})}
+}
+
+// startExec starts c as a child of the agent, in its own process group,
+// and sets its limits.
+func (a *Agent) startExec(path string, c command, limits Limits) (*proc, error) {
+	pp, err := newPipes()
 	if err != nil {
-		return finish(err)
+		return nil, err
 	}
-	defer p.close()
 	cmd := &exec.Cmd{
 		Path:        path,
 		Args:        c.args,
 		Dir:         a.dir,
 		Env:         a.env,
-		Stdout:      p.outW, // *os.File: the child gets the pipe itself, no copying goroutine
-		Stderr:      p.errW,
-		ExtraFiles:  []*os.File{p.gateR}, // fd 3 (gateFD)
+		Stdout:      pp.outW, // *os.File: the child gets the pipe itself, no copying goroutine
+		Stderr:      pp.errW,
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
 	}
+	if c.stdinGate {
+		cmd.Stdin = pp.gateR
+	} else {
+		cmd.ExtraFiles = []*os.File{pp.gateR} // fd 3 (gateFD)
+	}
 	var startErr error
-	start := time.Now()
 	pid := startChild(func() int {
 		if startErr = cmd.Start(); startErr != nil {
 			return 0
 		}
 		return cmd.Process.Pid
 	})
-	p.closeChildEnds()
+	pp.closeChildEnds()
 	if startErr != nil {
-		return finish(fmt.Errorf("start %s in %s: %w", path, a.dir, startErr))
+		pp.close()
+		return nil, fmt.Errorf("start %s in %s: %w", path, a.dir, startErr)
 	}
+	p := pp.proc(c, limits)
+	p.pid = pid
+	go func() {
+		// The exited process is a zombie until cmd.Wait reaps it, so its pid
+		// still names its process group: kill what is left of the group now,
+		// before the pid can be reused.
+		waitExited(pid)
+		killGroup(pid)
+		err := cmd.Wait()
+		forgetChild(pid)
+		var exitErr *exec.ExitError
+		if err != nil && !errors.As(err, &exitErr) {
+			p.err = fmt.Errorf("wait for the snippet: %w", err)
+		} else if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok {
+			p.status = unix.WaitStatus(ws)
+		} else {
+			p.err = errors.New("wait for the snippet: no exit status")
+		}
+		close(p.done)
+	}()
+	// The interpreter blocks reading the gate: no snippet code runs before
+	// the limits are set.
+	if err := setLimits(pid, limits); err != nil {
+		killGroup(pid)
+		<-p.done
+		p.close()
+		return nil, err
+	}
+	return p, nil
+}
 
+// runProc gives req's code to p through its gate and collects the result.
+func (a *Agent) runProc(ctx context.Context, req *Request, p *proc) *Result {
+	defer p.close()
+	stdout, stderr := newCapture(req.maxOutput()), newCapture(req.maxOutput())
+	res := &Result{Version: ProtocolVersion, ExitCode: -1}
 	var readers sync.WaitGroup
 	readers.Go(func() { capturePipe(stdout, p.outR) })
 	readers.Go(func() { capturePipe(stderr, p.errR) })
-	exited := make(chan struct{})
-	go func() {
-		waitExited(pid)
-		close(exited)
-	}()
 
-	// The interpreter blocks reading the gate: no snippet code runs before
-	// the limits are set.
+	start := time.Now()
 	var gate sync.WaitGroup
-	limitErr := setLimits(pid, req.Limits)
-	if limitErr == nil {
-		gate.Go(func() {
-			p.gateW.Write(c.gate) // fails only if the snippet died: its status says why
-			p.gateW.Close()
-		})
-	}
-
+	gate.Go(func() {
+		p.gateW.Write(p.cmd.gateData(req.Code)) // fails only if the snippet died: its status says why
+		p.gateW.Close()
+	})
 	var cancelErr error
 	timer := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
 	defer timer.Stop()
-	switch {
-	case limitErr != nil:
-		killGroup(pid)
-		<-exited
-	default:
-		select {
-		case <-exited:
-		case <-timer.C:
-			res.TimedOut = true
-			killGroup(pid)
-			<-exited
-		case <-ctx.Done():
-			cancelErr = fmt.Errorf("snippet cancelled and killed: %w", context.Cause(ctx))
-			killGroup(pid)
-			<-exited
-		}
+	select {
+	case <-p.done:
+	case <-timer.C:
+		res.TimedOut = true
+		killGroup(p.pid)
+		<-p.done
+	case <-ctx.Done():
+		cancelErr = fmt.Errorf("snippet cancelled and killed: %w", context.Cause(ctx))
+		killGroup(p.pid)
+		<-p.done
 	}
 	res.DurationMS = float64(time.Since(start).Microseconds()) / 1000
 
-	// The exited process is a zombie until cmd.Wait reaps it, so its pid
-	// still names its process group: kill what is left of the group now,
-	// before the pid can be reused.
-	killGroup(pid)
-	waitErr := cmd.Wait()
-	forgetChild(pid)
-
-	p.drain(&readers)
+	drain(&readers, p.outR, p.errR)
 	p.gateW.SetWriteDeadline(time.Unix(1, 0))
 	gate.Wait()
 
-	switch {
-	case limitErr != nil:
-		return finish(limitErr)
-	case cancelErr != nil:
-		return finish(cancelErr)
+	res.Stdout, res.Stderr = stdout.Output(), stderr.Output()
+	err := cancelErr
+	if err == nil {
+		err = p.err
 	}
-	var exitErr *exec.ExitError
-	if waitErr != nil && !errors.As(waitErr, &exitErr) {
-		return finish(fmt.Errorf("wait for the snippet: %w", waitErr))
+	if err == nil {
+		res.ExitCode, res.Signal = exitStatus(p.status)
+		return res
 	}
-	res.ExitCode, res.Signal, err = exitStatus(cmd.ProcessState)
-	return finish(err)
+	res.ExitCode, res.Signal, res.Error = -1, "", err.Error()
+	return res
 }
 
 // drain waits for the readers of the output pipes to reach EOF, or stops
 // them after drainGrace.
-func (p *pipes) drain(readers *sync.WaitGroup) {
+func drain(readers *sync.WaitGroup, pipes ...*os.File) {
 	drained := make(chan struct{})
 	go func() {
 		readers.Wait()
@@ -206,23 +284,20 @@ func (p *pipes) drain(readers *sync.WaitGroup) {
 	select {
 	case <-drained:
 	case <-time.After(drainGrace):
-		p.outR.SetReadDeadline(time.Unix(1, 0))
-		p.errR.SetReadDeadline(time.Unix(1, 0))
+		for _, f := range pipes {
+			f.SetReadDeadline(time.Unix(1, 0))
+		}
 		<-drained
 	}
 }
 
 // exitStatus returns a process's exit status, or 128+N and the signal's name
 // if signal N killed it.
-func exitStatus(ps *os.ProcessState) (int, string, error) {
-	ws, ok := ps.Sys().(syscall.WaitStatus)
-	switch {
-	case !ok:
-		return -1, "", fmt.Errorf("wait for the snippet: no exit status")
-	case ws.Signaled():
-		return 128 + int(ws.Signal()), unix.SignalName(ws.Signal()), nil
+func exitStatus(ws unix.WaitStatus) (int, string) {
+	if ws.Signaled() {
+		return 128 + int(ws.Signal()), unix.SignalName(ws.Signal())
 	}
-	return ws.ExitStatus(), "", nil
+	return ws.ExitStatus(), ""
 }
 
 // capturePipe reads r into c until EOF or until r's read deadline passes.
@@ -250,7 +325,9 @@ func waitExited(pid int) {
 
 // killGroup kills every process of the process group pgid.
 func killGroup(pgid int) {
-	unix.Kill(-pgid, unix.SIGKILL)
+	if pgid > 0 {
+		unix.Kill(-pgid, unix.SIGKILL)
+	}
 }
 
 // setLimits sets the request's limits on process pid, both soft and hard so

@@ -36,10 +36,18 @@ func hostPython(t testing.TB) string {
 	return p
 }
 
+// testSpares makes testAgent return agents with spares and a running
+// zygote (TestSpares sets it).
+var testSpares bool
+
 // testAgent returns an agent that runs snippets in a fresh directory.
 func testAgent(t testing.TB) *Agent {
 	t.Helper()
-	return &Agent{Python: hostPython(t), Dir: t.TempDir()}
+	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), Spares: testSpares}
+	if testSpares {
+		warmUp(t, a)
+	}
+	return a
 }
 
 func request(lang, code string, edits ...func(*Request)) *Request {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -17,15 +18,25 @@ func agentCommand() *cli.Command {
 		Name:   "agent",
 		Hidden: true,
 		Usage:  "serve snippets on a Unix socket (inside a sandbox)",
-		Flags:  []cli.Flag{&cli.StringFlag{Name: "socket", Required: true, Usage: "Unix socket to listen on"}},
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "socket", Required: true, Usage: "Unix socket to listen on"},
+			&cli.BoolFlag{Name: "spares", Value: true, Usage: "start each language's next snippet process ahead of time"},
+			&cli.StringFlag{Name: "limits", Usage: "the limits of the first spare, as JSON (snippet.Limits)"},
+		},
 		Action: func(c *cli.Context) error {
+			a := &snippet.Agent{Spares: c.Bool("spares")}
+			if l := c.String("limits"); l != "" {
+				if err := json.Unmarshal([]byte(l), &a.SpareLimits); err != nil {
+					return fmt.Errorf("--limits: %w", err)
+				}
+			}
 			path := c.String("socket")
 			_ = os.Remove(path) // a socket left by an earlier agent
 			ln, err := net.Listen("unix", path)
 			if err != nil {
 				return fmt.Errorf("listen on %s: %w", path, err)
 			}
-			return (&snippet.Agent{}).Serve(c.Context, ln)
+			return a.Serve(c.Context, ln)
 		},
 	}
 }

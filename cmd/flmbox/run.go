@@ -119,20 +119,20 @@ func runSnippet(c *cli.Context, req *snippet.Request) (*snippet.Result, error) {
 // callSandbox sends req to a sandbox's agent. A sandbox whose agent does not
 // answer is reported at once, with its state.
 func callSandbox(ctx context.Context, c *cli.Context, name string, req *snippet.Request) (*snippet.Result, error) {
-	rt, err := openRuntime(c)
+	sb, err := runtime.GetSandbox(c.String("root"), name)
 	if err != nil {
 		return nil, err
 	}
-	sb, err := rt.Get(name)
-	if err != nil {
-		return nil, err
-	}
-	req.Limits = snippetLimits(sb)
+	req.Limits = snippetLimits(sb.Limits)
 	touch(filepath.Join(sb.Dir, "last-used"))
 	res, err := snippet.Call(ctx, agentSocketPath(sb), req)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrPermissionDenied) {
 			return nil, err // the socket was replaced: say so, not "dead"
+		}
+		rt, rerr := openRuntime(c)
+		if rerr != nil {
+			return nil, fmt.Errorf("%w (and finding its state: %w)", err, rerr)
 		}
 		if sandboxState(ctx, rt, sb) == runtime.StateDead {
 			return nil, fmt.Errorf("sandbox %s is dead (its gVisor processes are gone); remove it with flmbox sandbox rm %s and create another: %w", name, name, err)
@@ -144,8 +144,8 @@ func callSandbox(ctx context.Context, c *cli.Context, name string, req *snippet.
 
 // snippetLimits bounds a snippet's own process well inside the sandbox's
 // cgroup limits, so that a runaway snippet fails alone and the sandbox lives.
-func snippetLimits(sb *runtime.Sandbox) snippet.Limits {
-	return snippet.Limits{MemoryBytes: sb.Limits.MemoryBytes / 2, Procs: sb.Limits.Pids / 4}
+func snippetLimits(l runtime.Limits) snippet.Limits {
+	return snippet.Limits{MemoryBytes: l.MemoryBytes / 2, Procs: l.Pids / 4}
 }
 
 func touch(p string) {

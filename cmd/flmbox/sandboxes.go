@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -100,6 +101,10 @@ func createSandbox(ctx context.Context, c *cli.Context, o sandboxOptions) (_ *ru
 			store.Release(context.WithoutCancel(ctx), img.ManifestDigest, o.name)
 		}
 	}()
+	spareLimits, err := json.Marshal(snippetLimits(o.limits))
+	if err != nil {
+		return nil, err
+	}
 	sb, err := rt.Create(ctx, runtime.Config{
 		Name: o.name, Image: o.image, Network: o.network, Platform: o.platform, RunDir: agentRunDir, Limits: o.limits,
 		Spec: []runtime.SpecOpt{
@@ -108,7 +113,7 @@ func createSandbox(ctx context.Context, c *cli.Context, o sandboxOptions) (_ *ru
 			runtime.WithUser(sandboxUID, sandboxGID),
 			runtime.WithEnv(sandboxEnv(cfg.Config.Env, o.env)),
 			runtime.WithBind(self, agentBinary, true),
-			runtime.WithArgs(agentBinary, "agent", "--socket", agentSocket),
+			runtime.WithArgs(agentBinary, "agent", "--socket", agentSocket, "--limits", string(spareLimits)),
 		},
 	})
 	if err != nil {

@@ -1,0 +1,191 @@
+package snippet
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// warmUp starts a's zygote, so that its Python calls are forked by it, and
+// kills it when the test ends.
+func warmUp(t testing.TB, a *Agent) {
+	t.Helper()
+	a.init()
+	a.mu.Lock()
+	a.pythonUsed = true
+	a.mu.Unlock()
+	if a.zygote(true) == nil {
+		t.Fatal("the zygote did not start")
+	}
+	t.Cleanup(func() { a.Close() })
+}
+
+// TestSpares runs the tests of Run again with spares, Python processes
+// forked by the zygote and shell code read from stdin.
+func TestSpares(t *testing.T) {
+	testSpares = true
+	t.Cleanup(func() { testSpares = false })
+	for _, tc := range []struct {
+		name string
+		f    func(*testing.T)
+	}{
+		{"Prints", TestRunPrints},
+		{"ExitCodes", TestRunExitCodes},
+		{"PythonTraceback", TestRunPythonTraceback},
+		{"PythonLikeDashC", TestRunPythonLikeDashC},
+		{"ShellDetails", TestRunShellDetails},
+		{"StdinAtEOF", TestRunStdinAtEOF},
+		{"Timeout", TestRunTimeout},
+		{"KillsLeftovers", TestRunKillsLeftovers},
+		{"OutputCaps", TestRunOutputCaps},
+		{"NonUTF8", TestRunNonUTF8},
+		{"LargeCode", TestRunLargeCode},
+		{"LimitsApplied", TestRunLimitsApplied},
+		{"MemoryLimit", TestRunMemoryLimit},
+		{"FileSizeLimit", TestRunFileSizeLimit},
+		{"Cancelled", TestRunCancelled},
+		{"Concurrent", TestRunConcurrent},
+	} {
+		t.Run(tc.name, tc.f)
+	}
+}
+
+// pidOf runs a snippet that prints its pid and its parent's.
+func pidOf(t *testing.T, a *Agent, lang string) (pid, ppid int) {
+	t.Helper()
+	code := map[string]string{
+		LanguagePython: "import os; print(os.getpid(), os.getppid(), os.getpgrp())",
+		LanguageShell:  "echo $$ $PPID $(ps -o pgid= $$)",
+	}[lang]
+	res := run(t, a, request(lang, code))
+	f := strings.Fields(string(res.Stdout.Data))
+	if res.ExitCode != 0 || len(f) != 3 {
+		t.Fatalf("want pid, ppid and pgid, got %s", dump(res))
+	}
+	pid, _ = strconv.Atoi(f[0])
+	ppid, _ = strconv.Atoi(f[1])
+	if f[2] != f[0] {
+		t.Fatalf("the snippet is not the leader of its process group: %s", dump(res))
+	}
+	return pid, ppid
+}
+
+// TestSparesNewProcessEachCall checks that every call, spare or not, runs
+// in a process of its own, and that Python processes come from the zygote
+// once it runs.
+func TestSparesNewProcessEachCall(t *testing.T) {
+	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), Spares: true}
+	defer a.Close()
+	seen := map[int]bool{}
+	parents := map[int]bool{}
+	for i := 0; i < 6; i++ {
+		for _, lang := range []string{LanguagePython, LanguageShell} {
+			pid, ppid := pidOf(t, a, lang)
+			if seen[pid] {
+				t.Fatalf("call %d (%s) ran in process %d again", i, lang, pid)
+			}
+			seen[pid] = true
+			if lang == LanguagePython {
+				parents[ppid] = true
+			}
+		}
+		time.Sleep(20 * time.Millisecond) // let the spares start
+	}
+	z := a.zygote(false)
+	if z == nil {
+		t.Fatal("no zygote after six Python calls")
+	}
+	if !parents[os.Getpid()] || len(parents) != 2 {
+		t.Fatalf("want Python processes started by the agent (%d) and by one zygote, got parents %v", os.Getpid(), parents)
+	}
+}
+
+// TestSparesState checks that nothing of one call reaches the next through
+// a spare: variables, imports, the working directory, environment changes.
+func TestSparesState(t *testing.T) {
+	a := testAgent(t)
+	a.Spares, testSpares = true, false
+	warmUp(t, a)
+	run(t, a, request(LanguagePython, "import os, json\nos.environ['LEAK'] = '1'\nos.chdir('/')\nLEAKED = 1"))
+	time.Sleep(50 * time.Millisecond)
+	res := run(t, a, request(LanguagePython, "import os, sys\nprint('LEAKED' in globals(), 'json' in sys.modules, os.environ.get('LEAK'), os.getcwd())"))
+	if want := fmt.Sprintf("False False None %s\n", a.Dir); string(res.Stdout.Data) != want {
+		t.Fatalf("want %q, got %s", want, dump(res))
+	}
+	// A module written by one call imports in the next one, even though its
+	// process was forked before the module existed.
+	run(t, a, request(LanguagePython, "import os\nos.makedirs('pkgdir', exist_ok=True)\nopen('fresh_mod.py', 'w').write('V = 7\\n')"))
+	res = run(t, a, request(LanguagePython, "import fresh_mod; print(fresh_mod.V)"))
+	if string(res.Stdout.Data) != "7\n" {
+		t.Fatalf("a module of the previous call does not import: %s", dump(res))
+	}
+}
+
+// TestSparesOtherLimits checks that a request whose limits differ from the
+// spare's gets its own process with its own limits.
+func TestSparesOtherLimits(t *testing.T) {
+	a := testAgent(t)
+	a.Spares = true
+	warmUp(t, a)
+	for _, mem := range []int64{300 << 20, 400 << 20, 400 << 20} {
+		time.Sleep(30 * time.Millisecond)
+		res := run(t, a, request(LanguagePython, "import resource; print(resource.getrlimit(resource.RLIMIT_AS)[0])",
+			func(r *Request) { r.Limits.MemoryBytes = mem }))
+		if want := fmt.Sprintf("%d\n", mem); string(res.Stdout.Data) != want {
+			t.Fatalf("want RLIMIT_AS %q, got %s", want, dump(res))
+		}
+	}
+}
+
+// TestZygoteDies checks that a zygote killed between calls is replaced, and
+// that a call whose process the zygote was running fails clearly.
+func TestZygoteDies(t *testing.T) {
+	a := testAgent(t)
+	a.Spares = true
+	warmUp(t, a)
+	zygotePID := func() int {
+		res := run(t, a, request(LanguagePython, "import os; print(os.getppid())"))
+		pid, err := strconv.Atoi(strings.TrimSpace(string(res.Stdout.Data)))
+		if err != nil || pid == os.Getpid() {
+			t.Fatalf("not forked by a zygote: %s", dump(res))
+		}
+		return pid
+	}
+	zp := zygotePID()
+	if err := (&os.Process{Pid: zp}).Signal(os.Kill); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 { // the spare dies with its zygote; calls still run
+		res := run(t, a, request(LanguagePython, "print('ok')"))
+		if string(res.Stdout.Data) != "ok\n" && !strings.Contains(res.Error, "zygote") {
+			t.Fatalf("after the zygote died: %s", dump(res))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// A call running when its zygote dies fails and says why.
+	done := make(chan *Result, 1)
+	go func() { done <- a.Run(context.Background(), request(LanguagePython, "import time; time.sleep(30)")) }()
+	time.Sleep(300 * time.Millisecond)
+	a.mu.Lock()
+	z := a.zyg
+	a.mu.Unlock()
+	if z == nil {
+		t.Fatal("no new zygote")
+	}
+	z.conn.Close() // the zygote exits when its socket closes
+	select {
+	case res := <-done:
+		if res.ExitCode != -1 || !strings.Contains(res.Error, "zygote") {
+			t.Fatalf("want a failure naming the zygote, got %s", dump(res))
+		}
+	case <-time.After(guard):
+		t.Fatal("the call hangs after its zygote died")
+	}
+	if res := run(t, a, request(LanguagePython, "print('still')")); string(res.Stdout.Data) != "still\n" {
+		t.Fatalf("after the zygote died: %s", dump(res))
+	}
+}

@@ -1,0 +1,199 @@
+package snippet
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// zygote is a running Python zygote (see pythonZygote): the agent sends it
+// a request per Python process, with the process's pipes, on a
+// SOCK_SEQPACKET socket pair; the zygote forks, answers with the child's
+// pid, and reports the child's wait status once it has reaped it.
+type zygote struct {
+	conn *net.UnixConn
+
+	mu    sync.Mutex
+	next  int
+	forks map[int]*zygoteFork // requests waiting for their answer, by ID
+	procs map[int]*proc       // children running, by pid
+	err   error               // why the zygote is gone; nil while it runs
+}
+
+type zygoteFork struct {
+	p    *proc
+	done chan error
+}
+
+// errZygoteClosed is why a closed zygote's children failed.
+var errZygoteClosed = errors.New("the agent is stopping")
+
+// startZygote starts a zygote. It takes requests at once; they wait in its
+// socket while the interpreter starts.
+func (a *Agent) startZygote() (*zygote, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("start the Python zygote: %w", err)
+	}
+	ours, theirs := os.NewFile(uintptr(fds[0]), "zygote"), os.NewFile(uintptr(fds[1]), "zygote")
+	defer theirs.Close()
+	conn, err := net.FileConn(ours)
+	ours.Close()
+	if err != nil {
+		return nil, fmt.Errorf("start the Python zygote: %w", err)
+	}
+	c := zygoteCommand()
+	c.args[0] = a.python
+	cmd := &exec.Cmd{Path: a.python, Args: c.args, Dir: a.dir, Env: a.env, Stderr: os.Stderr,
+		ExtraFiles: []*os.File{theirs}} // fd 3
+	var startErr error
+	pid := startChild(func() int {
+		if startErr = cmd.Start(); startErr != nil {
+			return 0
+		}
+		return cmd.Process.Pid
+	})
+	if startErr != nil {
+		conn.Close()
+		return nil, fmt.Errorf("start the Python zygote %s: %w", a.python, startErr)
+	}
+	z := &zygote{conn: conn.(*net.UnixConn), forks: map[int]*zygoteFork{}, procs: map[int]*proc{}}
+	go z.read()
+	go func() {
+		err := cmd.Wait()
+		forgetChild(pid)
+		z.fail(fmt.Errorf("the Python zygote exited (%v)", err))
+	}()
+	return z, nil
+}
+
+// fork asks the zygote for a Python process with limits.
+func (z *zygote) fork(limits Limits) (*proc, error) {
+	pp, err := newPipes()
+	if err != nil {
+		return nil, err
+	}
+	f := &zygoteFork{p: pp.proc(pythonCommand(), limits), done: make(chan error, 1)}
+	z.mu.Lock()
+	if z.err != nil {
+		z.mu.Unlock()
+		pp.close()
+		return nil, z.err
+	}
+	id := z.next
+	z.next++
+	z.forks[id] = f
+	z.mu.Unlock()
+	msg := fmt.Appendf(nil, "F %d %d %d %d", id, limits.MemoryBytes, limits.Procs, limits.FileBytes)
+	oob := unix.UnixRights(int(pp.outW.Fd()), int(pp.errW.Fd()), int(pp.gateR.Fd()))
+	_, _, err = z.conn.WriteMsgUnix(msg, oob, nil)
+	pp.closeChildEnds() // the zygote has its own copies now
+	if err != nil {
+		z.fail(fmt.Errorf("send a request to the Python zygote: %w", err))
+	}
+	if err := <-f.done; err != nil {
+		f.p.close()
+		return nil, err
+	}
+	return f.p, nil
+}
+
+// read handles the zygote's messages until it is gone.
+func (z *zygote) read() {
+	buf := make([]byte, 512)
+	for {
+		n, err := z.conn.Read(buf)
+		if err != nil || n == 0 {
+			z.fail(fmt.Errorf("the Python zygote is gone (%v)", err))
+			return
+		}
+		if err := z.handle(strings.Fields(string(buf[:n]))); err != nil {
+			z.fail(err)
+			z.conn.Close()
+			return
+		}
+	}
+}
+
+func (z *zygote) handle(msg []string) error {
+	if len(msg) < 3 {
+		return fmt.Errorf("the Python zygote said %q", msg)
+	}
+	n, err := strconv.Atoi(msg[1])
+	if err != nil {
+		return fmt.Errorf("the Python zygote said %q", msg)
+	}
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	switch msg[0] {
+	case "P": // forked: ID PID
+		pid, err := strconv.Atoi(msg[2])
+		f := z.forks[n]
+		if err != nil || f == nil || pid <= 0 {
+			return fmt.Errorf("the Python zygote said %q", msg)
+		}
+		delete(z.forks, n)
+		f.p.pid = pid
+		z.procs[pid] = f.p
+		f.done <- nil
+	case "E": // failed: ID ERROR
+		f := z.forks[n]
+		if f == nil {
+			return fmt.Errorf("the Python zygote said %q", msg)
+		}
+		delete(z.forks, n)
+		f.done <- fmt.Errorf("start a Python process in the zygote: %s", strings.Join(msg[2:], " "))
+	case "X": // exited: PID STATUS
+		status, err := strconv.ParseUint(msg[2], 10, 32)
+		p := z.procs[n]
+		if err != nil || p == nil {
+			return fmt.Errorf("the Python zygote said %q", msg)
+		}
+		delete(z.procs, n)
+		p.status = unix.WaitStatus(status)
+		close(p.done)
+	default:
+		return fmt.Errorf("the Python zygote said %q", msg)
+	}
+	return nil
+}
+
+// fail records that the zygote is gone: the requests waiting fail, and the
+// children still running are killed and fail.
+func (z *zygote) fail(err error) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if z.err != nil {
+		return
+	}
+	z.err = err
+	for id, f := range z.forks {
+		delete(z.forks, id)
+		f.done <- err
+	}
+	for pid, p := range z.procs {
+		delete(z.procs, pid)
+		killGroup(pid)
+		p.err = fmt.Errorf("run the snippet: %w", err)
+		close(p.done)
+	}
+}
+
+func (z *zygote) alive() bool {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	return z.err == nil
+}
+
+// close stops the zygote: it exits when its socket closes.
+func (z *zygote) close() {
+	z.fail(errZygoteClosed)
+	z.conn.Close()
+}
