@@ -113,7 +113,7 @@ func faultAgentPaths(t *testing.T, root, name string) (bin, runDir, hostRunDir s
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := json.Unmarshal(b, &spec); err != nil || len(spec.Process.Args) != 4 || spec.Process.Args[2] != "--socket" {
+	if err := json.Unmarshal(b, &spec); err != nil || len(spec.Process.Args) < 4 || spec.Process.Args[2] != "--socket" {
 		t.Fatalf("config.json of %s: process %q: %v", name, spec.Process.Args, err)
 	}
 	runDir = filepath.Dir(spec.Process.Args[3])

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -71,20 +72,29 @@ image cache of --root must hold exactly one image whose source it knows (a tag o
 			if err != nil {
 				return err
 			}
-			b, err := newBench(c, o)
-			if err != nil {
-				return err
-			}
-			rep, err := b.run(c.Context)
-			if cerr := b.close(context.WithoutCancel(c.Context)); err == nil {
-				err = cerr
-			}
+			rep, err := runBench(c, o)
 			if err != nil {
 				return err
 			}
 			return printBench(c.App.Writer, rep, o.json)
 		},
 	}
+}
+
+// runBench measures in a private state root and removes it afterwards, also
+// when the bench is interrupted.
+func runBench(c *cli.Context, o benchOptions) (_ *benchReport, err error) {
+	b, err := newBench(c, o)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if c.Context.Err() != nil {
+			err = fmt.Errorf("bench interrupted: %w", context.Cause(c.Context))
+		}
+		err = errors.Join(err, b.close(context.WithoutCancel(c.Context)))
+	}()
+	return b.run(c.Context)
 }
 
 // benchOptionsFrom reads bench's flags: --quick picks the quick preset, and

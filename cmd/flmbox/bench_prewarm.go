@@ -146,9 +146,9 @@ func craneTar(ctx context.Context, crane, ref, dir string) (time.Duration, error
 	d := time.Since(start)
 	switch {
 	case errE != nil:
-		return d, fmt.Errorf("crane export %s: %w: %s", ref, errE, lastLines(exportErr.String(), 5))
+		return d, commandFailed("crane export "+ref, errE, exportErr.String())
 	case errT != nil:
-		return d, fmt.Errorf("tar -x -C %s: %w: %s", dir, errT, lastLines(untarErr.String(), 5))
+		return d, commandFailed("tar -x -C "+dir, errT, untarErr.String())
 	}
 	if ents, err := os.ReadDir(dir); err != nil || len(ents) == 0 {
 		return d, fmt.Errorf("check crane export | tar: %s is empty", dir)

@@ -167,7 +167,7 @@ func timeCommand(cmd *exec.Cmd) (time.Duration, []byte, error) {
 	err := cmd.Run()
 	d := time.Since(start)
 	if err != nil {
-		return d, nil, fmt.Errorf("%s: %w: %s", commandLine(cmd), err, lastLines(stderr.String(), 5))
+		return d, nil, commandFailed(commandLine(cmd), err, stderr.String())
 	}
 	return d, []byte(stdout.String()), nil
 }
@@ -212,9 +212,21 @@ func timeToOutput(cmd *exec.Cmd, want string) (time.Duration, error) {
 	rest, _ := io.ReadAll(r)
 	got = append(got, rest...)
 	if err := cmd.Wait(); err != nil {
-		return 0, fmt.Errorf("%s: %w: %s", commandLine(cmd), err, lastLines(stderr.String(), 5))
+		return 0, commandFailed(commandLine(cmd), err, stderr.String())
 	}
 	return d, checkOutput(commandLine(cmd), string(got), want)
+}
+
+// commandFailed describes a command that failed, with the end of its
+// stderr. An *exec.ExitError is described, not wrapped: its ExitCode method
+// would make the CLI exit with the failed command's status as flmbox's own
+// (it satisfies cli.ExitCoder).
+func commandFailed(what string, err error, stderr string) error {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return fmt.Errorf("%s: %s: %s", what, ee.String(), lastLines(stderr, 5))
+	}
+	return fmt.Errorf("%s: %w: %s", what, err, lastLines(stderr, 5))
 }
 
 // checkOutput fails unless a measured call printed exactly want.

@@ -76,10 +76,10 @@ func (b *bench) startRaw(ctx context.Context, id string) error {
 	create := b.rawRunsc(ctx, "create", "--bundle", b.rawBundle(), id)
 	create.Stdout, create.Stderr = logf, logf
 	if err := create.Run(); err != nil {
-		return fmt.Errorf("runsc create %s: %w (see %s)", id, err, logf.Name())
+		return commandFailed("runsc create "+id, err, "see "+logf.Name())
 	}
 	if out, err := b.rawRunsc(ctx, "start", id).CombinedOutput(); err != nil {
-		return fmt.Errorf("runsc start %s: %w: %s", id, err, lastLines(string(out), 5))
+		return commandFailed("runsc start "+id, err, string(out))
 	}
 	return nil
 }
@@ -89,7 +89,7 @@ func (b *bench) startRaw(ctx context.Context, id string) error {
 func (b *bench) deleteRaw(ctx context.Context, id string) error {
 	out, err := b.rawRunsc(ctx, "delete", "--force", id).CombinedOutput()
 	if err != nil && !strings.Contains(string(out), "does not exist") && !strings.Contains(string(out), "not found") {
-		return fmt.Errorf("runsc delete %s: %w: %s", id, err, lastLines(string(out), 5))
+		return commandFailed("runsc delete "+id, err, string(out))
 	}
 	return nil
 }
