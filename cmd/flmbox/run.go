@@ -54,10 +54,11 @@ func runCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			res, err := runSnippet(c, req)
+			res, cleanup, err := runSnippet(c, req)
 			if err != nil {
 				return err
 			}
+			defer cleanup() // after the result is out: a fresh sandbox is removed
 			return printResult(c, res)
 		},
 	}
@@ -96,24 +97,36 @@ func readCode(c *cli.Context) (string, error) {
 }
 
 // runSnippet runs req in the named sandbox, or in a fresh one from --image.
-func runSnippet(c *cli.Context, req *snippet.Request) (*snippet.Result, error) {
+// cleanup removes the fresh sandbox; the caller runs it once the result is
+// printed, so that the result does not wait for the removal.
+func runSnippet(c *cli.Context, req *snippet.Request) (res *snippet.Result, cleanup func(), err error) {
 	name, image := c.String("sandbox"), c.String("image")
 	if (name == "") == (image == "") {
-		return nil, fmt.Errorf("give exactly one of --sandbox NAME and --image IMAGE")
+		return nil, nil, fmt.Errorf("give exactly one of --sandbox NAME and --image IMAGE")
 	}
 	if name != "" {
-		return callSandbox(c.Context, c, name, req)
+		res, err := callSandbox(c.Context, c, name, req)
+		return res, func() {}, err
 	}
 	o, err := sandboxOptionsFrom(c)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	sb, err := createSandbox(c.Context, c, o)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	defer removeSandbox(context.WithoutCancel(c.Context), c, sb.Name)
-	return callSandbox(c.Context, c, sb.Name, req)
+	cleanup = func() {
+		if err := removeSandbox(context.WithoutCancel(c.Context), c, sb.Name); err != nil {
+			warnf(c, "remove sandbox %s: %v", sb.Name, err)
+		}
+	}
+	res, err = callSandbox(c.Context, c, sb.Name, req)
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	return res, cleanup, nil
 }
 
 // callSandbox sends req to a sandbox's agent. A sandbox whose agent does not

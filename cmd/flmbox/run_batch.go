@@ -136,7 +136,10 @@ func runBatch(c *cli.Context, reqs []*snippet.Request, parallel int) []batchResu
 
 func runOne(c *cli.Context, req *snippet.Request) batchResult {
 	start := time.Now()
-	res, err := runSnippet(c, req)
+	res, cleanup, err := runSnippet(c, req)
+	if err == nil {
+		cleanup()
+	}
 	if err != nil {
 		return batchResult{ExitCode: -1, Stderr: fmt.Sprintf("flmbox: %v (after %s)", err, time.Since(start).Round(time.Millisecond))}
 	}
