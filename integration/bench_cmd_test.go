@@ -1,0 +1,220 @@
+//go:build integration
+
+package integration
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// benchImageRef is the test image as flmbox bench takes it.
+func benchImageRef() string { return "oci-layout:" + img.LayoutPath + "@" + img.IndexDigest.String() }
+
+// TestBenchQuickJSON runs `flmbox bench --quick --json` and checks that it
+// prints exactly one object with issue 4's schema, every figure filled from
+// a real measurement, and that it leaves nothing behind. Speed is logged,
+// never asserted.
+func TestBenchQuickJSON(t *testing.T) {
+	root := t.TempDir()
+	start := time.Now()
+	res := flmbox(t, root, "bench", "--quick", "--json", "--image", benchImageRef())
+	if res.code != 0 {
+		t.Fatalf("exit %d\nstderr: %s", res.code, res.stderr)
+	}
+	t.Logf("flmbox bench --quick took %s", time.Since(start).Round(time.Second))
+	if res.stderr != "" {
+		t.Errorf("stderr with --json: %q", res.stderr)
+	}
+	dec := json.NewDecoder(strings.NewReader(res.stdout))
+	dec.UseNumber()
+	var rep map[string]any
+	if err := dec.Decode(&rep); err != nil {
+		t.Fatalf("decode %q: %v", res.stdout, err)
+	}
+	if err := dec.Decode(new(any)); !errors.Is(err, io.EOF) {
+		t.Fatalf("more than one JSON value on stdout: %q", res.stdout)
+	}
+	checkBenchReport(t, rep)
+	assertBenchCleaned(t, root)
+}
+
+// checkBenchReport checks the schema and that every figure is a real one.
+func checkBenchReport(t *testing.T, rep map[string]any) {
+	t.Helper()
+	j := jsonWalker{t: t}
+	for _, k := range []string{"fresh_ms", "raw_runsc_ms", "fresh_inprocess_ms"} {
+		j.stats(rep, "allocation."+k, 3)
+	}
+	if v, ok := j.get(rep, "allocation").(map[string]any)["retained_ms"]; !ok || v != nil {
+		t.Errorf("allocation.retained_ms = %v (present %t), want null: flmbox has no retained path", v, ok)
+	}
+
+	warm, _ := rep["warm"].([]any)
+	seen := map[string]bool{}
+	for _, w := range warm {
+		api, lang := j.str(w, "api"), j.str(w, "language")
+		if (api != "sandbox" && api != "batch") || (lang != "python" && lang != "shell") {
+			t.Errorf("warm entry api %q language %q", api, lang)
+		}
+		seen[api+"/"+lang] = true
+		for _, k := range []string{"median_ms", "p95_ms", "inprocess_median_ms", "runsc_exec_median_ms", "native_median_ms"} {
+			j.positive(w, k)
+		}
+		if j.num(w, "p95_ms") < j.num(w, "median_ms") {
+			t.Errorf("warm %s/%s: p95 below the median", api, lang)
+		}
+		if n := j.num(w, "calls"); n != 2*10 {
+			t.Errorf("warm %s/%s: %v calls, want --quick's 2 rounds of 10", api, lang, n)
+		}
+	}
+	if len(warm) != 4 || len(seen) != 4 {
+		t.Errorf("warm: %d entries (%v), want sandbox and batch × python and shell", len(warm), seen)
+	}
+
+	for _, k := range []string{"batch.snippets", "batch.parallel", "batch.serial_s", "batch.parallel_s", "batch.snippet_native_s",
+		"prewarm.cold_ms", "prewarm.hit_ms", "memory.sandbox_kib", "memory.bare_runsc_kib", "memory.sandbox_rss_kib", "memory.bare_runsc_rss_kib"} {
+		j.positive(rep, k)
+	}
+	for _, k := range []string{"memory.sandbox_processes", "memory.bare_runsc_processes"} {
+		if n := j.num(rep, k); n < 2 {
+			t.Errorf("%s = %v: runsc's sandbox and gofer at least", k, n)
+		}
+	}
+	j.stats(rep, "prewarm.cold_stats", 2)
+	crane := j.get(rep, "prewarm").(map[string]any)["crane_tar_ms"]
+	if _, err := exec.LookPath("crane"); err == nil {
+		j.positive(rep, "prewarm.crane_tar_ms")
+	} else if crane != nil {
+		t.Errorf("prewarm.crane_tar_ms = %v without crane on PATH, want null", crane)
+	}
+
+	if got := j.str(rep, "runsc.path"); got != runscPath {
+		t.Errorf("runsc.path %q, want %q", got, runscPath)
+	}
+	j.str(rep, "runsc.version")
+	j.str(rep, "runsc.platform")
+	if got := j.str(rep, "image.manifest_digest"); got != img.AMD64Digest.String() {
+		t.Errorf("image.manifest_digest %q, want %s", got, img.AMD64Digest)
+	}
+	if got := j.str(rep, "image.index_digest"); got != img.IndexDigest.String() {
+		t.Errorf("image.index_digest %q, want %s", got, img.IndexDigest)
+	}
+}
+
+// jsonWalker reads dotted paths of a decoded JSON value, failing the test
+// where a value is missing or of the wrong type.
+type jsonWalker struct{ t *testing.T }
+
+func (j jsonWalker) get(v any, path string) any {
+	j.t.Helper()
+	for _, k := range strings.Split(path, ".") {
+		m, ok := v.(map[string]any)
+		if !ok {
+			j.t.Errorf("%s: %v is not an object", path, v)
+			return nil
+		}
+		if v, ok = m[k]; !ok {
+			j.t.Errorf("%s: no key %q", path, k)
+			return nil
+		}
+	}
+	return v
+}
+
+func (j jsonWalker) num(v any, path string) float64 {
+	j.t.Helper()
+	n, ok := j.get(v, path).(json.Number)
+	if !ok {
+		j.t.Errorf("%s: not a number", path)
+		return 0
+	}
+	f, _ := n.Float64()
+	return f
+}
+
+func (j jsonWalker) positive(v any, path string) {
+	j.t.Helper()
+	if n := j.num(v, path); n <= 0 {
+		j.t.Errorf("%s = %v, want a measurement", path, n)
+	}
+}
+
+func (j jsonWalker) str(v any, path string) string {
+	j.t.Helper()
+	s, ok := j.get(v, path).(string)
+	if !ok || s == "" {
+		j.t.Errorf("%s: not a non-empty string", path)
+	}
+	return s
+}
+
+// stats checks an S object: {"median","min","max","n"}, n measurements.
+func (j jsonWalker) stats(v any, path string, n float64) {
+	j.t.Helper()
+	lo, med, hi := j.num(v, path+".min"), j.num(v, path+".median"), j.num(v, path+".max")
+	if lo <= 0 || lo > med || med > hi {
+		j.t.Errorf("%s: min %v, median %v, max %v", path, lo, med, hi)
+	}
+	if got := j.num(v, path+".n"); got != n {
+		j.t.Errorf("%s.n = %v, want %v", path, got, n)
+	}
+}
+
+// TestBenchInterrupted interrupts the bench while it allocates sandboxes
+// (the persistent one runs, fresh ones and raw runsc containers come and
+// go): it must say so, exit 125 and leave nothing behind.
+func TestBenchInterrupted(t *testing.T) {
+	root := t.TempDir()
+	cmd := exec.Command(flmboxBin, "--root", root, "--runsc", runscPath, "bench", "--quick", "--image", benchImageRef())
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	timer := time.AfterFunc(5*time.Minute, func() { cmd.Process.Kill() })
+	defer timer.Stop()
+	var log strings.Builder
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() {
+		log.WriteString(sc.Text() + "\n")
+		if strings.Contains(sc.Text(), "allocation: pair 2") {
+			time.Sleep(100 * time.Millisecond)
+			cmd.Process.Signal(syscall.SIGINT)
+		}
+	}
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 125 || !strings.Contains(log.String(), "bench interrupted") {
+		t.Fatalf("%v; want exit 125 and a message\nstderr: %s", err, log.String())
+	}
+	assertBenchCleaned(t, root)
+}
+
+// assertBenchCleaned fails if the bench left anything under root: its
+// directory, a mount, a process.
+func assertBenchCleaned(t *testing.T, root string) {
+	t.Helper()
+	if m, _ := filepath.Glob(filepath.Join(root, "bench-*")); len(m) > 0 {
+		t.Errorf("left behind: %v", m)
+	}
+	if info, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(info), root) {
+		t.Errorf("mounts left under %s", root)
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), root) {
+			t.Errorf("process left: %s", strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+}
