@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -70,18 +71,25 @@ func (b *bench) measureBatch(ctx context.Context) (batchReport, error) {
 		return rep, err
 	}
 	for _, run := range []struct {
-		parallel []string
+		parallel string // "": the default
 		dst      *float64
-	}{{[]string{"--parallel", "1"}, &rep.SerialS}, {nil, &rep.ParallelS}} {
-		b.logf("batch throughput: %d snippets %s", rep.Snippets, strings.Join(run.parallel, " "))
-		cmd := b.flmbox(ctx, append([]string{"run", "--batch", file, "--image", b.ref}, run.parallel...)...)
+	}{{"1", &rep.SerialS}, {"", &rep.ParallelS}} {
+		args := []string{"run", "--batch", file, "--image", b.ref}
+		if run.parallel != "" {
+			args = append(args, "--parallel", run.parallel)
+		}
+		b.logf("batch throughput: %d snippets of %d iterations, --parallel %s", rep.Snippets, n, cmp.Or(run.parallel, "default"))
+		cmd := b.flmbox(ctx, args...)
 		d, out, err := timeCommand(cmd)
 		if err != nil {
 			return rep, err
 		}
 		var res []batchResult
-		if err := json.Unmarshal(out, &res); err != nil || len(res) != rep.Snippets {
-			return rep, fmt.Errorf("check the output of %s: %d results, %v", commandLine(cmd), len(res), err)
+		if err := json.Unmarshal(out, &res); err != nil {
+			return rep, fmt.Errorf("check the output of %s: %w", commandLine(cmd), err)
+		}
+		if len(res) != rep.Snippets {
+			return rep, fmt.Errorf("check the output of %s: %d results, want %d", commandLine(cmd), len(res), rep.Snippets)
 		}
 		for i, r := range res {
 			if r.ExitCode != 0 || r.Stdout != throughputWant(n) {

@@ -49,6 +49,7 @@ func (b *bench) measurePrewarm(ctx context.Context) (prewarmReport, error) {
 		return rep, err
 	}
 	defer reg.close()
+	b.logf("prewarm: copy the image into a loopback registry")
 	if err := reg.push(ctx, b.image, b.img.IndexDigest, b.img.ManifestDigest); err != nil {
 		return rep, err
 	}
@@ -82,6 +83,7 @@ func (b *bench) measurePrewarm(ctx context.Context) (prewarmReport, error) {
 		}
 	}
 	reg.close()
+	b.logf("prewarm: cache hits, registry stopped")
 	var hit []float64
 	for range max(10, 5*b.opts.prewarmRounds) {
 		d, err := b.timePrewarm(ctx, b.root, true)

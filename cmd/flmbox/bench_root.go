@@ -42,6 +42,7 @@ type bench struct {
 	root     string       // dir/main
 	cli      *cli.Context // a CLI context whose --root is root
 	progress io.Writer    // stage lines; io.Discard with --json
+	start    time.Time
 
 	image    string         // IMAGE, as given or picked
 	ref      string         // the image by index digest, in the loopback registry
@@ -81,7 +82,7 @@ func newBench(c *cli.Context, o benchOptions) (*bench, error) {
 	if real, err := filepath.EvalSymlinks(dir); err == nil {
 		dir = real
 	}
-	b := &bench{opts: o, self: self, runsc: runsc, dir: dir, root: filepath.Join(dir, "main"), image: image, progress: c.App.ErrWriter}
+	b := &bench{opts: o, self: self, runsc: runsc, dir: dir, root: filepath.Join(dir, "main"), image: image, progress: c.App.ErrWriter, start: time.Now()}
 	if o.json {
 		b.progress = io.Discard
 	}
@@ -138,9 +139,9 @@ func benchContext(c *cli.Context, args ...string) (*cli.Context, error) {
 	return bc, nil
 }
 
-// logf prints a progress line.
+// logf prints a progress line, with the time since the bench started.
 func (b *bench) logf(format string, args ...any) {
-	fmt.Fprintf(b.progress, "bench: "+format+"\n", args...)
+	fmt.Fprintf(b.progress, "bench: %4.0fs  %s\n", time.Since(b.start).Seconds(), fmt.Sprintf(format, args...))
 }
 
 // flmbox returns a command running this flmbox binary on the private root.
@@ -249,6 +250,7 @@ func commandLine(cmd *exec.Cmd) string {
 // interrupted: every sandbox and raw runsc container, every mount under its
 // directory (sandboxes' run directories, runsc's null-netns), the directory.
 func (b *bench) close(ctx context.Context) error {
+	b.logf("remove %s", b.dir)
 	var errs []error
 	if rt, err := runtime.NewRuntime(b.runsc, b.root); err == nil {
 		sbs, _ := rt.List()
