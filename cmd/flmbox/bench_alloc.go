@@ -83,7 +83,8 @@ func (b *bench) measureAllocation(ctx context.Context) (allocationReport, error)
 }
 
 // freshCLI times a whole `flmbox run --image` process until the snippet's
-// output is back on its stdout (run prints it once the sandbox is removed).
+// output is back on its stdout; what the process does after printing
+// (removing its sandbox) is not timed.
 func (b *bench) freshCLI(ctx context.Context) (time.Duration, error) {
 	return timeToOutput(b.flmbox(ctx, "run", "--image", b.ref, "-c", pythonSnippet.code), benchWant)
 }

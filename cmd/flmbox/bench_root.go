@@ -198,10 +198,9 @@ func timeToOutput(cmd *exec.Cmd, want string) (time.Duration, error) {
 	}
 	var got []byte
 	var d time.Duration
-	r := bufio.NewReader(out)
+	chunk := make([]byte, 4096)
 	for d == 0 {
-		chunk := make([]byte, 4096)
-		n, rerr := r.Read(chunk)
+		n, rerr := out.Read(chunk)
 		got = append(got, chunk[:n]...)
 		if strings.Contains(string(got), want) {
 			d = time.Since(start)
@@ -210,7 +209,7 @@ func timeToOutput(cmd *exec.Cmd, want string) (time.Duration, error) {
 			break
 		}
 	}
-	rest, _ := io.ReadAll(r)
+	rest, _ := io.ReadAll(out)
 	got = append(got, rest...)
 	if err := cmd.Wait(); err != nil {
 		return 0, commandFailed(commandLine(cmd), err, stderr.String())
