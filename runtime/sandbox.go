@@ -237,6 +237,19 @@ func (sb *Sandbox) runDir(dst string) (SpecOpt, error) {
 	}, nil
 }
 
+// SealRunDir makes DIR/run read-only for the sandbox's processes once the
+// agent has made its socket there: root's, mode 0755, so that no snippet can
+// replace the socket with its own and receive the next calls' code.
+func (sb *Sandbox) SealRunDir() error {
+	if err := os.Chown(sb.RunPath(), 0, 0); err != nil {
+		return fmt.Errorf("seal sandbox %q's run directory: %w", sb.Name, err)
+	}
+	if err := os.Chmod(sb.RunPath(), 0o755); err != nil {
+		return fmt.Errorf("seal sandbox %q's run directory: %w", sb.Name, err)
+	}
+	return nil
+}
+
 // lockNullNetns serializes sandbox creation until runsc has made its shared
 // network namespace for --network=none (a "null-netns" mount in its root):
 // runsc creates it on first use, and two first uses at once stack two

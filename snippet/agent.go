@@ -56,6 +56,12 @@ type Agent struct {
 	// Env is the snippets' environment (default: the agent's own,
 	// os.Environ(); in a sandbox that is the sandbox's environment).
 	Env []string
+	// CleanDirs are the directories that a reset empties (Request.Reset):
+	// in a sandbox, /tmp and /dev/shm, the only places where the snippets'
+	// user can write. A reset does not undo what a snippet did outside them
+	// in a sandbox whose root is writable, nor what it did to the agent's
+	// socket directory (flmbox makes it read-only once the agent listens).
+	CleanDirs []string
 	// Spares makes the agent start the process of the next snippet of each
 	// language ahead of time, and fork Python processes from a zygote (see
 	// spares_linux.go). Close kills them.
@@ -72,6 +78,7 @@ type Agent struct {
 	dir       string
 	env       []string
 
+	calls          sync.RWMutex // held for reading by each Run, for writing by Reset
 	mu             sync.Mutex
 	spares         map[string]*proc // by language
 	refilling      map[string]*refilling

@@ -27,6 +27,7 @@ const (
 	helperSocketEnv    = "FLMBOX_SNIPPET_HELPER_SOCKET"
 	helperDirEnv       = "FLMBOX_SNIPPET_HELPER_DIR"
 	helperSubreaperEnv = "FLMBOX_SNIPPET_HELPER_SUBREAPER"
+	helperSparesEnv    = "FLMBOX_SNIPPET_HELPER_SPARES"
 )
 
 func TestMain(m *testing.M) {
@@ -55,7 +56,8 @@ func serveHelper() error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	a := &Agent{Python: "/usr/bin/python3", Dir: os.Getenv(helperDirEnv)}
+	a := &Agent{Python: "/usr/bin/python3", Dir: os.Getenv(helperDirEnv), CleanDirs: []string{os.Getenv(helperDirEnv)},
+		Spares: os.Getenv(helperSparesEnv) != ""}
 	return a.Serve(ctx, ln)
 }
 
@@ -228,10 +230,12 @@ func fakeAgent(t *testing.T, answer string) string {
 }
 
 func TestCallVersionMismatch(t *testing.T) {
+	other := ProtocolVersion + 1
 	// A newer agent: its result may not even parse as ours.
-	socket := fakeAgent(t, `{"version": 2, "exit_code": "something else", "error": "request speaks protocol 1, this side speaks 2"}`)
+	socket := fakeAgent(t, fmt.Sprintf(`{"version": %d, "exit_code": "something else", "error": "whatever"}`, other))
 	_, err := Call(context.Background(), socket, request(LanguageShell, "true"))
-	if err == nil || !strings.Contains(err.Error(), "agent speaks protocol 2, flmbox speaks 1: recreate the sandbox") || !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	want := fmt.Sprintf("agent speaks protocol %d, flmbox speaks %d: recreate the sandbox", other, ProtocolVersion)
+	if err == nil || !strings.Contains(err.Error(), want) || !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("Call = %v", err)
 	}
 
@@ -242,13 +246,14 @@ func TestCallVersionMismatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	io.WriteString(conn, `{"version": 2, "language": "cobol", "code": {"new": "shape"}}`)
+	fmt.Fprintf(conn, `{"version": %d, "language": "cobol", "code": {"new": "shape"}}`, other)
 	conn.(*net.UnixConn).CloseWrite()
 	var res Result
 	if err := json.NewDecoder(conn).Decode(&res); err != nil {
 		t.Fatal(err)
 	}
-	if res.Version != ProtocolVersion || res.ExitCode != -1 || !strings.Contains(res.Error, "request speaks protocol 2, this side speaks 1") {
+	want = fmt.Sprintf("request speaks protocol %d, this side speaks %d", other, ProtocolVersion)
+	if res.Version != ProtocolVersion || res.ExitCode != -1 || !strings.Contains(res.Error, want) {
 		t.Fatalf("got %s", dump(&res))
 	}
 }

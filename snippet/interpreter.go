@@ -135,6 +135,12 @@ const pythonZygote = `def _flmbox_zygote():
     poll.register(3, select.POLLIN)
     poll.register(wake_r, select.POLLIN)
     limits = (resource.RLIMIT_AS, resource.RLIMIT_NPROC, resource.RLIMIT_FSIZE)
+
+    def send(msg):
+        try:
+            ctl.send(msg)
+        except OSError:  # the agent is gone
+            os._exit(0)
     gc.freeze()
     while True:
         for fd, _ in poll.poll():
@@ -156,9 +162,12 @@ const pythonZygote = `def _flmbox_zygote():
                     except OSError:
                         pass
                     pid, status = os.waitpid(info.si_pid, 0)
-                    ctl.send(b'X %d %d' % (pid, status))
+                    send(b'X %d %d' % (pid, status))
                 continue
-            msg, anc, _, _ = ctl.recvmsg(256, _socket.CMSG_SPACE(12))
+            try:
+                msg, anc, _, _ = ctl.recvmsg(256, _socket.CMSG_SPACE(12))
+            except OSError:
+                msg = b''
             if not msg:
                 os._exit(0)
             fds = []
@@ -174,7 +183,7 @@ const pythonZygote = `def _flmbox_zygote():
             except Exception as e:
                 for f in fds:
                     os.close(f)
-                ctl.send(b'E %s %s' % (word[1] if len(word) > 1 else b'0', str(e).encode()))
+                send(b'E %s %s' % (word[1] if len(word) > 1 else b'0', str(e).encode()))
                 continue
             if pid == 0:
                 _signal.set_wakeup_fd(-1)
@@ -202,7 +211,7 @@ const pythonZygote = `def _flmbox_zygote():
                 os.setpgid(pid, pid)
             except OSError:
                 pass
-            ctl.send(b'P %s %d' % (word[1], pid))
+            send(b'P %s %d' % (word[1], pid))
 _flmbox_zygote()
 ` + pythonBootstrap
 

@@ -13,7 +13,7 @@ import (
 // speaks. A request and a result carry it; an agent answers a request of
 // another version with an error result, and Call turns a result of another
 // version into an error that tells the user to recreate the sandbox.
-const ProtocolVersion = 1
+const ProtocolVersion = 2
 
 // Languages of a Request.
 const (
@@ -62,6 +62,11 @@ type Request struct {
 	MaxOutput int64 `json:"max_output"`
 	// Limits bound the snippet's own process and its descendants.
 	Limits Limits `json:"limits"`
+	// Reset returns the sandbox to a clean state before the snippet runs, as
+	// if it were new: every other process is killed and the agent's
+	// CleanDirs (/tmp and /dev/shm in a sandbox) are emptied (see
+	// Agent.Reset). Calls running at the time finish first.
+	Reset bool `json:"reset,omitempty"`
 }
 
 // Limits are resource limits (rlimits) set on a snippet's process before

@@ -2,6 +2,7 @@ package snippet
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -29,8 +30,8 @@ func TestValidate(t *testing.T) {
 			r.MaxOutput, r.Limits = MaxMaxOutput, Limits{MemoryBytes: 1 << 30, Procs: 10, FileBytes: 1}
 		}), ""},
 		{"nil", nil, "no request"},
-		{"version 0", ok(func(r *Request) { r.Version = 0 }), "request speaks protocol 0, this side speaks 1"},
-		{"version 2", ok(func(r *Request) { r.Version = 2 }), "request speaks protocol 2, this side speaks 1"},
+		{"version 0", ok(func(r *Request) { r.Version = 0 }), fmt.Sprintf("request speaks protocol 0, this side speaks %d", ProtocolVersion)},
+		{"another version", ok(func(r *Request) { r.Version = ProtocolVersion + 1 }), fmt.Sprintf("request speaks protocol %d, this side speaks %d", ProtocolVersion+1, ProtocolVersion)},
 		{"unknown language", ok(func(r *Request) { r.Language = "ruby" }), `language "ruby": want python or shell`},
 		{"no language", ok(func(r *Request) { r.Language = "" }), `language "": want python or shell`},
 		{"code over 1 MiB", ok(func(r *Request) { r.Code = strings.Repeat("#", MaxCodeSize+1) }), "python code is 1048577 bytes, over the limit of 1048576"},

@@ -41,6 +41,13 @@ func (a *Agent) Run(ctx context.Context, req *Request) *Result {
 	if req.Language == LanguagePython && a.pythonErr != nil {
 		return errorResult(a.pythonErr)
 	}
+	if req.Reset {
+		if err := a.Reset(ctx); err != nil {
+			return errorResult(err)
+		}
+	}
+	a.calls.RLock()
+	defer a.calls.RUnlock()
 	p := a.takeSpare(ctx, req)
 	if p == nil {
 		var err error

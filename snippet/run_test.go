@@ -487,7 +487,7 @@ func TestRunBadRequests(t *testing.T) {
 		{"nil", a, nil, "no request"},
 		{"unknown language", a, request("ruby", "puts 1"), `language "ruby"`},
 		{"no timeout", a, request(LanguageShell, "true", func(r *Request) { r.TimeoutMS = 0 }), "timeout 0ms"},
-		{"other version", a, request(LanguageShell, "true", func(r *Request) { r.Version = 7 }), "request speaks protocol 7, this side speaks 1"},
+		{"other version", a, request(LanguageShell, "true", func(r *Request) { r.Version = 7 }), fmt.Sprintf("request speaks protocol 7, this side speaks %d", ProtocolVersion)},
 		{"no python", &Agent{Python: "no-such-python-flmbox", Dir: t.TempDir()}, request(LanguagePython, "print(1)"), "find no-such-python-flmbox in PATH"},
 		{"bad python path", &Agent{Python: "/no/such/python3", Dir: t.TempDir()}, request(LanguagePython, "print(1)"), "start /no/such/python3"},
 		{"bad shell", &Agent{Shell: "/no/such/sh", Dir: t.TempDir()}, request(LanguageShell, "true"), "start /no/such/sh"},
@@ -519,7 +519,7 @@ func TestRunCancelled(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}()
-	res := a.Run(ctx, request(LanguageShell, "echo $$ > pid.tmp; mv pid.tmp pid; echo started; sleep 1000"))
+	res := a.Run(ctx, request(LanguageShell, "echo started; echo $$ > pid.tmp; mv pid.tmp pid; sleep 1000"))
 	if res.ExitCode != -1 || !strings.Contains(res.Error, "snippet cancelled and killed: the test gave up") || string(res.Stdout.Data) != "started\n" {
 		t.Fatalf("got %s", dump(res))
 	}

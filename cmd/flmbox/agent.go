@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/flmbox/flmbox/snippet"
 )
@@ -22,9 +23,15 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "socket", Required: true, Usage: "Unix socket to listen on"},
 			&cli.BoolFlag{Name: "spares", Value: true, Usage: "start each language's next snippet process ahead of time"},
 			&cli.StringFlag{Name: "limits", Usage: "the limits of the first spare, as JSON (snippet.Limits)"},
+			&cli.StringSliceFlag{Name: "clean-dir", Value: cli.NewStringSlice("/tmp", "/dev/shm"), Usage: "a directory that a reset empties"},
 		},
 		Action: func(c *cli.Context) error {
-			a := &snippet.Agent{Spares: c.Bool("spares")}
+			// Snippets run as the agent's user: they must not be able to
+			// trace it or read its memory.
+			if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+				return fmt.Errorf("make the agent non-dumpable: %w", err)
+			}
+			a := &snippet.Agent{Spares: c.Bool("spares"), CleanDirs: c.StringSlice("clean-dir")}
 			if l := c.String("limits"); l != "" {
 				if err := json.Unmarshal([]byte(l), &a.SpareLimits); err != nil {
 					return fmt.Errorf("--limits: %w", err)

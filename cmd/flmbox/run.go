@@ -35,6 +35,7 @@ func runCommand() *cli.Command {
 			&cli.DurationFlag{Name: "timeout", Value: 30 * time.Second, Usage: "kill the snippet after this long (exit status 124)"},
 			&cli.StringFlag{Name: "code", Aliases: []string{"c"}, Usage: "the code to run"},
 			&cli.StringFlag{Name: "max-output", Value: "1MiB", Usage: "bytes of stdout and of stderr kept (head and tail)"},
+			&cli.BoolFlag{Name: "reset", Usage: "with --sandbox: first return the sandbox to a clean state (kill its processes, empty /tmp and /dev/shm)"},
 			&cli.StringFlag{Name: "batch", Usage: "run a batch of 1 to 64 snippets from `FILE` (- for stdin) and print a JSON array of results in input order"},
 			&cli.IntFlag{Name: "parallel", Usage: "run at most N batch snippets at once (default: the number of CPUs)"},
 			jsonFlag,
@@ -74,8 +75,11 @@ func snippetRequest(c *cli.Context) (*snippet.Request, error) {
 	if err != nil {
 		return nil, err
 	}
+	if c.Bool("reset") && c.String("sandbox") == "" {
+		return nil, fmt.Errorf("--reset takes --sandbox NAME (a fresh sandbox from --image is clean already)")
+	}
 	req := &snippet.Request{Version: snippet.ProtocolVersion, Language: c.String("language"), Code: code,
-		TimeoutMS: c.Duration("timeout").Milliseconds(), MaxOutput: maxOut}
+		TimeoutMS: c.Duration("timeout").Milliseconds(), MaxOutput: maxOut, Reset: c.Bool("reset")}
 	return req, req.Validate()
 }
 

@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -117,31 +119,88 @@ func firstNonZero(s ...string) string {
 // runBatch runs the requests, at most parallel at once, and returns their
 // results in input order. A snippet flmbox fails to run gets exit_code -1 and
 // the error in stderr; the others still run.
+//
+// With --image, each of the parallel workers makes a sandbox and runs its
+// snippets there one after another, resetting the sandbox before each one
+// but the first (snippet.Request.Reset: other processes killed, /tmp and
+// /dev/shm emptied), so that every snippet starts in a clean sandbox and
+// none sees another's /tmp, for the price of one sandbox creation per
+// worker. A worker whose sandbox failed makes a new one for its next
+// snippet. With --sandbox, the snippets run side by side in that sandbox and
+// share its /tmp, as its sequential calls do.
 func runBatch(c *cli.Context, reqs []*snippet.Request, parallel int) []batchResult {
 	if parallel <= 0 {
 		parallel = runtime.NumCPU()
 	}
+	parallel = min(parallel, len(reqs))
 	out := make([]batchResult, len(reqs))
+	next := make(chan int)
+	go func() {
+		defer close(next)
+		for i := range reqs {
+			select {
+			case next <- i:
+			case <-c.Context.Done():
+				return
+			}
+		}
+	}()
 	var g errgroup.Group
-	g.SetLimit(parallel)
-	for i, req := range reqs {
+	for range parallel {
 		g.Go(func() error {
-			out[i] = runOne(c, req)
+			w := &batchWorker{c: c}
+			defer w.close()
+			for i := range next {
+				out[i] = w.run(reqs[i])
+			}
 			return nil
 		})
 	}
 	g.Wait()
+	for i := range out {
+		if out[i] == (batchResult{}) { // never started: interrupted
+			out[i] = batchResult{ExitCode: -1, Stderr: fmt.Sprintf("flmbox: not run: %v", context.Cause(c.Context))}
+		}
+	}
 	return out
 }
 
-func runOne(c *cli.Context, req *snippet.Request) batchResult {
+// batchWorker runs batch snippets one at a time, in its own sandbox with
+// --image.
+type batchWorker struct {
+	c  *cli.Context
+	sb string // its sandbox (--image), once made
+}
+
+func (w *batchWorker) run(req *snippet.Request) batchResult {
 	start := time.Now()
-	res, cleanup, err := runSnippet(c, req)
-	if err == nil {
-		cleanup()
+	fail := func(err error) batchResult {
+		return batchResult{ExitCode: -1, Stderr: fmt.Sprintf("flmbox: %v (after %s)", err, time.Since(start).Round(time.Millisecond))}
+	}
+	name := w.c.String("sandbox")
+	if name == "" {
+		if w.sb == "" {
+			o, err := sandboxOptionsFrom(w.c)
+			if err != nil {
+				return fail(err)
+			}
+			sb, err := createSandbox(w.c.Context, w.c, o)
+			if err != nil {
+				return fail(err)
+			}
+			w.sb = sb.Name
+		} else {
+			req.Reset = true
+		}
+		name = w.sb
+	}
+	res, err := callSandbox(w.c.Context, w.c, name, req)
+	if err == nil && res.Error != "" && req.Reset {
+		err = errors.New(res.Error) // the reset failed: the sandbox is not clean
 	}
 	if err != nil {
-		return batchResult{ExitCode: -1, Stderr: fmt.Sprintf("flmbox: %v (after %s)", err, time.Since(start).Round(time.Millisecond))}
+		w.close() // a new sandbox for the next snippet
+		return fail(err)
 	}
 	j := toJSON(res)
 	code := res.ExitCode
@@ -149,6 +208,17 @@ func runOne(c *cli.Context, req *snippet.Request) batchResult {
 		code = -1
 	}
 	return batchResult{ExitCode: code, Stdout: j.Stdout, Stderr: j.Stderr}
+}
+
+// close removes the worker's sandbox, if it made one.
+func (w *batchWorker) close() {
+	if w.sb == "" {
+		return
+	}
+	if err := removeSandbox(context.WithoutCancel(w.c.Context), w.c, w.sb); err != nil {
+		warnf(w.c, "remove sandbox %s: %v", w.sb, err)
+	}
+	w.sb = ""
 }
 
 // printBatch writes the results as one JSON array, nothing else.

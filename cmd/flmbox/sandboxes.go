@@ -127,6 +127,10 @@ func createSandbox(ctx context.Context, c *cli.Context, o sandboxOptions) (_ *ru
 		rt.Remove(context.WithoutCancel(ctx), sb.Name)
 		return nil, err
 	}
+	if err := sb.SealRunDir(); err != nil {
+		rt.Remove(context.WithoutCancel(ctx), sb.Name)
+		return nil, err
+	}
 	return sb, nil
 }
 

@@ -1,0 +1,224 @@
+package snippet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// resetTimeout bounds how long Reset waits for killed processes to go.
+const resetTimeout = 5 * time.Second
+
+// Reset returns the sandbox to a clean state, as if it were new, so that a
+// running sandbox can serve an unrelated snippet (Request.Reset): it waits
+// for the calls running to end, then kills the spares, the zygote and every
+// other process descended from the agent (every process of the sandbox when
+// the agent is its PID 1: processes that left their group or their parent
+// too), empties CleanDirs, and, as PID 1, removes the System V IPC objects
+// (shared memory, semaphores, message queues) that the agent's user may
+// remove.
+//
+// What Reset does not undo is documented with Agent.CleanDirs.
+func (a *Agent) Reset(ctx context.Context) error {
+	a.init()
+	a.calls.Lock()
+	defer a.calls.Unlock()
+	a.dropSpares()
+	if err := killOthers(ctx); err != nil {
+		return err
+	}
+	for _, d := range a.CleanDirs {
+		if err := emptyDir(d); err != nil {
+			return err
+		}
+	}
+	if os.Getpid() == 1 {
+		// Only then is the IPC namespace the sandbox's own: elsewhere
+		// these objects are the host's.
+		removeSysvIPC()
+	}
+	return nil
+}
+
+// dropSpares kills the spares and the zygote; the next calls start new ones.
+func (a *Agent) dropSpares() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for lang, p := range a.spares {
+		p.discard()
+		delete(a.spares, lang)
+	}
+	if a.zyg != nil {
+		a.zyg.close()
+		a.zyg = nil
+	}
+	a.pythonUsed, a.zygoteFailures = false, 0
+}
+
+// killOthers kills, with SIGKILL, every process descended from this one (or
+// every other process, for PID 1) until none is left but zombies, which the
+// reaper and Run reap.
+func killOthers(ctx context.Context) error {
+	deadline := time.Now().Add(resetTimeout)
+	for {
+		pids, err := others()
+		if err != nil {
+			return fmt.Errorf("reset: list processes: %w", err)
+		}
+		if len(pids) == 0 {
+			return nil
+		}
+		for _, pid := range pids {
+			unix.Kill(pid, unix.SIGKILL)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("reset: %d processes are still alive %s after SIGKILL: %v", len(pids), resetTimeout, pids)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("reset: %w", context.Cause(ctx))
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// others returns the live (not zombie) processes descended from this one;
+// for PID 1, all other processes.
+func others() ([]int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	self := os.Getpid()
+	children := map[int][]int{}
+	alive := map[int]bool{}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue // gone
+		}
+		// pid (comm) state ppid ...; comm may hold spaces and parentheses.
+		i := strings.LastIndexByte(string(b), ')')
+		f := strings.Fields(string(b[i+1:]))
+		if i < 0 || len(f) < 2 {
+			continue
+		}
+		ppid, _ := strconv.Atoi(f[1])
+		children[ppid] = append(children[ppid], pid)
+		alive[pid] = f[0] != "Z" && f[0] != "X"
+	}
+	var out []int
+	if self == 1 {
+		for pid, ok := range alive {
+			if ok {
+				out = append(out, pid)
+			}
+		}
+		return out, nil
+	}
+	queue := []int{self}
+	for len(queue) > 0 {
+		pid := queue[0]
+		queue = queue[1:]
+		for _, c := range children[pid] {
+			if alive[c] {
+				out = append(out, c)
+			}
+			queue = append(queue, c)
+		}
+	}
+	return out, nil
+}
+
+// emptyDir removes everything in dir, including directories that a snippet
+// made unreadable or unwritable (their owner may change their mode).
+func emptyDir(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reset: empty %s: %w", dir, err)
+	}
+	for _, e := range ents {
+		p := filepath.Join(dir, e.Name())
+		if os.RemoveAll(p) == nil {
+			continue
+		}
+		makeWritable(p)
+		if err := os.RemoveAll(p); err != nil {
+			return fmt.Errorf("reset: empty %s: %w", dir, err)
+		}
+	}
+	return nil
+}
+
+// makeWritable gives the owner full access to p and to every directory
+// below it; it does not follow symlinks.
+func makeWritable(p string) {
+	var st unix.Stat_t
+	if unix.Lstat(p, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return
+	}
+	unix.Chmod(p, 0o700)
+	ents, _ := os.ReadDir(p)
+	for _, e := range ents {
+		makeWritable(filepath.Join(p, e.Name()))
+	}
+}
+
+// System V IPC control commands (linux/ipc.h, shm.h, sem.h, msg.h).
+const (
+	ipcRMID  = 0
+	shmStat  = 13
+	shmInfo  = 14
+	semStat  = 18
+	semInfo  = 19
+	msgStat  = 11
+	msgInfo  = 12
+	maxIPCID = 1 << 15 // IPCMNI: an index is below it
+)
+
+// removeSysvIPC removes every System V shared memory segment, semaphore set
+// and message queue it may remove. The *_INFO commands return the highest
+// index in use; the *_STAT commands turn an index into an identifier.
+// Failures are ignored: what cannot be listed cannot be removed either.
+func removeSysvIPC() {
+	var buf [512]byte // large enough for shmid_ds, semid_ds, msqid_ds and the *info structs
+	arg := uintptr(unsafe.Pointer(&buf[0]))
+	for _, k := range []struct{ ctl, info, stat uintptr }{
+		{unix.SYS_SHMCTL, shmInfo, shmStat},
+		{unix.SYS_SEMCTL, semInfo, semStat},
+		{unix.SYS_MSGCTL, msgInfo, msgStat},
+	} {
+		ctl := func(id, cmd uintptr) (uintptr, unix.Errno) {
+			if k.ctl == unix.SYS_SEMCTL { // semctl(id, semnum, cmd, arg)
+				r, _, e := unix.Syscall6(k.ctl, id, 0, cmd, arg, 0, 0)
+				return r, e
+			}
+			r, _, e := unix.Syscall(k.ctl, id, cmd, arg)
+			return r, e
+		}
+		highest, errno := ctl(0, k.info)
+		if errno != 0 {
+			continue
+		}
+		for i := uintptr(0); i <= highest && i < maxIPCID; i++ {
+			if id, errno := ctl(i, k.stat); errno == 0 {
+				ctl(id, ipcRMID)
+			}
+		}
+	}
+}

@@ -1,0 +1,86 @@
+package snippet
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestReset leaves files (some unreadable), a daemon that left its process
+// group and its parent, and spares behind; a call with Reset finds an empty
+// directory and none of those processes.
+func TestReset(t *testing.T) {
+	t.Setenv(helperSparesEnv, "1")
+	h := startHelper(t, true, 0)
+	mess := `import os, sys, time
+os.makedirs('locked/deep', exist_ok=True)
+open('locked/deep/f', 'w').write('x')
+open('top', 'w').write('y')
+os.symlink('/etc/passwd', 'link')
+os.chmod('locked/deep', 0)
+os.chmod('locked', 0o500)
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.write(w, b'%d\n' % os.getpid())
+        time.sleep(1000)
+    os._exit(0)
+print(os.read(r, 32).decode().strip())
+`
+	res := call(t, h.socket, request(LanguagePython, mess))
+	daemon, err := strconv.Atoi(strings.TrimSpace(string(res.Stdout.Data)))
+	if err != nil {
+		t.Fatalf("no daemon pid: %s", dump(res))
+	}
+	call(t, h.socket, request(LanguageShell, "echo warm")) // a shell spare
+	if res := call(t, h.socket, request(LanguageShell, "ls -A")); !strings.Contains(string(res.Stdout.Data), "top") {
+		t.Fatalf("without Reset the files stay: %s", dump(res))
+	}
+	if !alive(daemon) {
+		t.Fatalf("the daemon %d is not running before the reset", daemon)
+	}
+
+	res = call(t, h.socket, request(LanguageShell, "ls -A; echo done", func(r *Request) { r.Reset = true }))
+	if string(res.Stdout.Data) != "done\n" || res.ExitCode != 0 {
+		t.Fatalf("after Reset the directory is not empty: %s", dump(res))
+	}
+	waitGone(t, daemon)
+	if _, err := os.Stat("/etc/passwd"); err != nil {
+		t.Fatalf("the reset followed a symlink: %v", err)
+	}
+	if ents, _ := os.ReadDir(h.dir); len(ents) != 0 {
+		t.Fatalf("left in %s: %v", h.dir, ents)
+	}
+	// The agent goes on: Python through a new spare, shell, another reset.
+	for _, req := range []*Request{request(LanguagePython, "print('py')"), request(LanguageShell, "echo sh"),
+		request(LanguagePython, "print('py')", func(r *Request) { r.Reset = true })} {
+		if res := call(t, h.socket, req); res.ExitCode != 0 || len(res.Stdout.Data) == 0 {
+			t.Fatalf("after the reset: %s", dump(res))
+		}
+	}
+}
+
+// TestResetWaitsForCalls checks that a reset waits for a running call
+// instead of killing it.
+func TestResetWaitsForCalls(t *testing.T) {
+	h := startHelper(t, true, 0)
+	slow := make(chan *Result, 1)
+	go func() {
+		slow <- call(t, h.socket, request(LanguageShell, "sleep 0.5; echo slow > slow.txt; echo slow"))
+	}()
+	time.Sleep(150 * time.Millisecond)
+	res := call(t, h.socket, request(LanguageShell, "ls -A; echo reset", func(r *Request) { r.Reset = true }))
+	if s := <-slow; string(s.Stdout.Data) != "slow\n" || s.ExitCode != 0 {
+		t.Fatalf("the running call was disturbed: %s", dump(s))
+	}
+	if string(res.Stdout.Data) != "reset\n" {
+		t.Fatalf("the reset ran before the running call ended, or did not empty %s: %s", h.dir, dump(res))
+	}
+	if _, err := os.Stat(filepath.Join(h.dir, "slow.txt")); err == nil {
+		t.Fatal("slow.txt survived the reset")
+	}
+}
