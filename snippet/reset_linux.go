@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -43,7 +42,7 @@ func (a *Agent) Reset(ctx context.Context) error {
 	if os.Getpid() == 1 {
 		// Only then is the IPC namespace the sandbox's own: elsewhere
 		// these objects are the host's.
-		removeSysvIPC()
+		return removeSysvIPC()
 	}
 	return nil
 }
@@ -179,46 +178,46 @@ func makeWritable(p string) {
 	}
 }
 
-// System V IPC control commands (linux/ipc.h, shm.h, sem.h, msg.h).
-const (
-	ipcRMID  = 0
-	shmStat  = 13
-	shmInfo  = 14
-	semStat  = 18
-	semInfo  = 19
-	msgStat  = 11
-	msgInfo  = 12
-	maxIPCID = 1 << 15 // IPCMNI: an index is below it
-)
+// maxIPCScan bounds the identifiers removeSysvIPC goes through: a sandbox
+// whose snippets used more is not reset (and gets replaced).
+const maxIPCScan = 1 << 16
 
 // removeSysvIPC removes every System V shared memory segment, semaphore set
-// and message queue it may remove. The *_INFO commands return the highest
-// index in use; the *_STAT commands turn an index into an identifier.
-// Failures are ignored: what cannot be listed cannot be removed either.
-func removeSysvIPC() {
-	var buf [512]byte // large enough for shmid_ds, semid_ds, msqid_ds and the *info structs
-	arg := uintptr(unsafe.Pointer(&buf[0]))
-	for _, k := range []struct{ ctl, info, stat uintptr }{
-		{unix.SYS_SHMCTL, shmInfo, shmStat},
-		{unix.SYS_SEMCTL, semInfo, semStat},
-		{unix.SYS_MSGCTL, msgInfo, msgStat},
-	} {
-		ctl := func(id, cmd uintptr) (uintptr, unix.Errno) {
-			if k.ctl == unix.SYS_SEMCTL { // semctl(id, semnum, cmd, arg)
-				r, _, e := unix.Syscall6(k.ctl, id, 0, cmd, arg, 0, 0)
-				return r, e
-			}
-			r, _, e := unix.Syscall(k.ctl, id, cmd, arg)
+// and message queue of the sandbox. gVisor gives out identifiers in
+// increasing order and does not list them (its SHM_INFO and MSG_INFO do not
+// give the highest one), so it makes a new object of each kind, whose
+// identifier is the highest, and removes every identifier up to it.
+func removeSysvIPC() error {
+	const ipcRMID, ipcPrivate = 0, 0
+	for _, k := range []struct {
+		name string
+		get  func() (uintptr, unix.Errno)
+		rm   func(id uintptr)
+	}{
+		{"shared memory segment", func() (uintptr, unix.Errno) {
+			r, _, e := unix.Syscall(unix.SYS_SHMGET, ipcPrivate, 4096, 0o600)
 			return r, e
-		}
-		highest, errno := ctl(0, k.info)
+		}, func(id uintptr) { unix.Syscall(unix.SYS_SHMCTL, id, ipcRMID, 0) }},
+		{"semaphore set", func() (uintptr, unix.Errno) {
+			r, _, e := unix.Syscall(unix.SYS_SEMGET, ipcPrivate, 1, 0o600)
+			return r, e
+		}, func(id uintptr) { unix.Syscall6(unix.SYS_SEMCTL, id, 0, ipcRMID, 0, 0, 0) }},
+		{"message queue", func() (uintptr, unix.Errno) {
+			r, _, e := unix.Syscall(unix.SYS_MSGGET, ipcPrivate, 0o600, 0)
+			return r, e
+		}, func(id uintptr) { unix.Syscall(unix.SYS_MSGCTL, id, ipcRMID, 0) }},
+	} {
+		highest, errno := k.get()
 		if errno != 0 {
-			continue
+			return fmt.Errorf("reset: make a System V %s: %w", k.name, errno)
 		}
-		for i := uintptr(0); i <= highest && i < maxIPCID; i++ {
-			if id, errno := ctl(i, k.stat); errno == 0 {
-				ctl(id, ipcRMID)
-			}
+		if highest > maxIPCScan {
+			k.rm(highest)
+			return fmt.Errorf("reset: System V %s identifiers reach %d: the sandbox used too many to clear", k.name, highest)
+		}
+		for id := uintptr(0); id <= highest; id++ {
+			k.rm(id)
 		}
 	}
+	return nil
 }
