@@ -85,9 +85,13 @@ integration: deps runsc
 test: deps runsc vet unit fuzz integration
 
 # Side-by-side timings (never asserted): cold prewarm vs crane export | tar, cache-hit prewarm.
-bench: deps runsc
+# flmbox bench on the test image, with crane for the prewarm baseline.
+# BENCHFLAGS=--quick for a one-minute run; BENCHFLAGS=--json for the object.
+bench: deps runsc build testimage
 	@command -v crane >/dev/null || GOBIN=/usr/local/bin $(GO) install github.com/google/go-containerregistry/cmd/crane@v0.22.1
-	$(GO) test -count=1 -tags integration -run=NONE -bench=. -benchtime=1x -timeout 30m ./integration/
+	@layout=$$(sed -n 's/.*"layout": *"\([^"]*\)".*/\1/p' bin/testimage.json); \
+	index=$$(sed -n 's/.*"index_digest": *"\([^"]*\)".*/\1/p' bin/testimage.json); \
+	$(FLMBOX) --root $(FLMBOX_ROOT) bench --image oci-layout:$$layout@$$index $(BENCHFLAGS)
 
 clean:
 	rm -rf bin
