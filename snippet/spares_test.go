@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -187,5 +188,47 @@ func TestZygoteDies(t *testing.T) {
 	}
 	if res := run(t, a, request(LanguagePython, "print('still')")); string(res.Stdout.Data) != "still\n" {
 		t.Fatalf("after the zygote died: %s", dump(res))
+	}
+}
+
+// TestZygoteExit checks that a zygote's child, which leaves with os._exit,
+// still does at exit what a program can see of python3's exit.
+func TestZygoteExit(t *testing.T) {
+	a := testAgent(t)
+	a.Spares = true
+	warmUp(t, a)
+	if err := os.WriteFile(filepath.Join(a.Dir, "holder.py"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code := `import atexit, sys, threading, time, holder
+class Noisy:
+    def __del__(self):
+        print('del ran')
+noisy = Noisy()
+g = open('global.txt', 'w')
+g.write('global')
+holder.f = open('module.txt', 'w')
+holder.f.write('module')
+atexit.register(lambda: print('atexit ran'))
+def late():
+    time.sleep(0.2)
+    print('thread ran')
+threading.Thread(target=late).start()
+print('main done')
+sys.exit(4)
+`
+	res := run(t, a, request(LanguagePython, code))
+	if want := "main done\nthread ran\natexit ran\ndel ran\n"; string(res.Stdout.Data) != want || res.ExitCode != 4 {
+		t.Fatalf("want stdout %q and exit 4, got %s", want, dump(res))
+	}
+	for file, want := range map[string]string{"global.txt": "global", "module.txt": "module"} {
+		if b, err := os.ReadFile(filepath.Join(a.Dir, file)); err != nil || string(b) != want {
+			t.Errorf("%s holds %q (%v), want %q", file, b, err, want)
+		}
+	}
+	// It was a zygote's child.
+	res = run(t, a, request(LanguagePython, "import os; print(os.getppid())"))
+	if strings.TrimSpace(string(res.Stdout.Data)) == strconv.Itoa(os.Getpid()) {
+		t.Fatalf("not forked by the zygote: %s", dump(res))
 	}
 }
