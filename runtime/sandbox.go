@@ -127,11 +127,26 @@ func (r *Runtime) sandboxDir(name string) string { return filepath.Join(r.dir, "
 // runc returns the go-runc driver for sb, with the same runsc global flags
 // on every call of the sandbox (runsc needs them repeated).
 func (r *Runtime) runc(sb *Sandbox) *runc.Runc {
+	return &runc.Runc{Command: r.runsc, Root: r.runscRoot(), ExtraArgs: globalFlags(sb)}
+}
+
+func (r *Runtime) runscRoot() string { return filepath.Join(r.dir, "runsc") }
+
+// globalFlags are runsc's global flags for sb, but --root.
+func globalFlags(sb *Sandbox) []string {
 	args := []string{"--network=" + string(sb.Network), "--host-uds=create"}
 	if sb.Platform != "" {
 		args = append(args, "--platform="+sb.Platform)
 	}
-	return &runc.Runc{Command: r.runsc, Root: filepath.Join(r.dir, "runsc"), ExtraArgs: args}
+	return args
+}
+
+// RunscArgs returns the arguments of a runsc command on sandbox sb of the
+// Runtime whose state directory is stateDir: runsc's global flags as flmbox
+// passes them, then args. It is for tools and measurements that call runsc
+// directly (runsc exec).
+func RunscArgs(stateDir string, sb *Sandbox, args ...string) []string {
+	return append(append([]string{"--root", filepath.Join(stateDir, "runsc")}, globalFlags(sb)...), args...)
 }
 
 // Create creates and starts a sandbox. On any failure nothing of it is left.

@@ -130,11 +130,7 @@ func checkBatch(what string, res []batchResult) error {
 // runscExec returns runsc exec of argv in sb, with the sandbox's own runsc
 // root and global flags (runtime.Runtime keeps its runsc root in ROOT/runsc).
 func (b *bench) runscExec(ctx context.Context, sb *runtime.Sandbox, argv []string) *exec.Cmd {
-	args := []string{"--root", filepath.Join(b.root, "runsc"), "--network=" + string(sb.Network), "--host-uds=create"}
-	if sb.Platform != "" {
-		args = append(args, "--platform="+sb.Platform)
-	}
-	return exec.CommandContext(ctx, b.runsc, append(append(args, "exec", sb.ID), argv...)...)
+	return exec.CommandContext(ctx, b.runsc, runtime.RunscArgs(b.root, sb, append([]string{"exec", sb.ID}, argv...)...)...)
 }
 
 // native returns argv under chroot on the cached rootfs, as the sandbox's
