@@ -14,6 +14,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/flmbox/flmbox/internal/names"
 )
 
 // Store is the on-disk cache of unpacked images under one directory. Several
@@ -233,22 +235,6 @@ func (s *Store) walkAliases(fn func(path string, a alias)) {
 	}
 }
 
-// validHolder says whether holder is 1 to 128 of [A-Za-z0-9_.-], starting
-// with a letter or digit. (A regexp with {0,127} costs 0.3 ms at every
-// start of flmbox.)
-func validHolder(holder string) bool {
-	if holder == "" || len(holder) > 128 {
-		return false
-	}
-	for i, c := range []byte(holder) {
-		alnum := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
-		if !alnum && (i == 0 || c != '_' && c != '.' && c != '-') {
-			return false
-		}
-	}
-	return true
-}
-
 // Lease records that holder (a sandbox's name) uses the cached image with
 // this manifest digest, so that Remove and GC keep it. Leases outlive the
 // process; Release ends one. A holder has at most one lease on an image: a
@@ -284,7 +270,7 @@ func (s *Store) lockLease(ctx context.Context, manifestDigest, holder string) (v
 	if err != nil {
 		return v1.Hash{}, nil, err
 	}
-	if !validHolder(holder) {
+	if !names.Valid(holder, 128) {
 		return v1.Hash{}, nil, fmt.Errorf("lease holder %q is not a valid name: %w", holder, errdefs.ErrInvalidArgument)
 	}
 	unlock, err := s.lock(ctx, m.Hex)

@@ -19,6 +19,8 @@ import (
 	runc "github.com/containerd/go-runc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/flmbox/flmbox/internal/names"
 )
 
 // State is a sandbox's state as flmbox sees it.
@@ -91,24 +93,9 @@ type Sandbox struct {
 	Dir string `json:"-"`
 }
 
-// validName says whether name is 1 to max of [A-Za-z0-9_.-], starting with
-// a letter or digit. (A regexp with {0,63} costs 0.2 ms at every start.)
-func validName(name string, max int) bool {
-	if name == "" || len(name) > max {
-		return false
-	}
-	for i, c := range []byte(name) {
-		alnum := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
-		if !alnum && (i == 0 || c != '_' && c != '.' && c != '-') {
-			return false
-		}
-	}
-	return true
-}
-
 // ValidateName checks a sandbox name: no path tricks, a bounded length.
 func ValidateName(name string) error {
-	if !validName(name, 64) {
+	if !names.Valid(name, 64) {
 		return fmt.Errorf("sandbox name %q: use 1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit: %w", name, errdefs.ErrInvalidArgument)
 	}
 	return nil

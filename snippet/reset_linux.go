@@ -51,14 +51,7 @@ func (a *Agent) Reset(ctx context.Context) error {
 func (a *Agent) dropSpares() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for lang, p := range a.spares {
-		p.discard()
-		delete(a.spares, lang)
-	}
-	if a.zyg != nil {
-		a.zyg.close()
-		a.zyg = nil
-	}
+	a.dropSparesLocked()
 	a.pythonUsed, a.zygoteFailures = false, 0
 }
 

@@ -136,6 +136,12 @@ func (a *Agent) Close() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.closed = true
+	a.dropSparesLocked()
+	return nil
+}
+
+// dropSparesLocked kills the spares and the zygote; a.mu is held.
+func (a *Agent) dropSparesLocked() {
 	for lang, p := range a.spares {
 		p.discard()
 		delete(a.spares, lang)
@@ -144,5 +150,4 @@ func (a *Agent) Close() error {
 		a.zyg.close()
 		a.zyg = nil
 	}
-	return nil
 }
