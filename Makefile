@@ -63,7 +63,7 @@ demo: deps runsc build testimage
 	$$f run --sandbox demo --language shell -c 'cat /tmp/demo/summary.json; echo'; \
 	$$f sandbox ls; \
 	$$f sandbox rm demo; \
-	: "Demo 2: a batch of four snippets, each in a fresh sandbox; results in input order"; \
+	: "Demo 2: a batch of four snippets, each in a clean sandbox; results in input order"; \
 	$$f run --batch demo/demo2.json --image $$image
 
 vet:
