@@ -395,14 +395,6 @@ func TestBundleProcesses(t *testing.T) {
 	}
 }
 
-func TestUnescapeMountPoint(t *testing.T) {
-	for in, want := range map[string]string{`/a/b`: "/a/b", `/a\040b`: "/a b", `/t\011x\134y`: "/t\tx\\y", `/end\04`: `/end\04`} {
-		if got := unescapeMountPoint(in); got != want {
-			t.Errorf("%q: got %q, want %q", in, got, want)
-		}
-	}
-}
-
 // testImage is a random image for linux/arch.
 func testImage(t *testing.T, arch string) v1.Image {
 	t.Helper()

@@ -298,19 +298,6 @@ func TestLockFile(t *testing.T) {
 	unlock2()
 }
 
-func TestMountinfo(t *testing.T) {
-	if got := unescapeMountinfo(`/var/a\040b\134c`); got != `/var/a b\c` {
-		t.Errorf("unescape = %q", got)
-	}
-	mps, err := mountsUnder(t.TempDir())
-	if err != nil || len(mps) != 0 {
-		t.Errorf("mounts under a new temp dir: %q, %v", mps, err)
-	}
-	if mps, err := mountsUnder("/"); err != nil || !slices.Contains(mps, "/") {
-		t.Errorf("mounts under /: %q, %v; want / among them", mps, err)
-	}
-}
-
 func TestTailBuffer(t *testing.T) {
 	tb := &tailBuffer{max: 16}
 	io.WriteString(tb, "one\ntwo\nthree\nfour\nfive\n")
