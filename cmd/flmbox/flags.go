@@ -64,8 +64,16 @@ func sandboxFlags() []cli.Flag {
 		&cli.StringFlag{Name: "tmp-size", Value: defaultTmpSize, Usage: "size of the sandbox's writable /tmp"},
 		&cli.StringSliceFlag{Name: "env", Aliases: []string{"e"}, Usage: "set `K=V` in the sandbox's environment"},
 		&cli.StringFlag{Name: "gvisor-platform", Usage: "gVisor platform: systrap, ptrace or kvm (default: runsc's)"},
+		&cli.GenericFlag{Name: "pip", Value: &stringList{}, Usage: "preinstall `REQUIREMENT` from the wheel cache when the sandbox is created (repeatable)"},
 	)
 }
+
+// stringList is a repeatable flag whose values are kept whole: a
+// StringSliceFlag would split "pkg>=1,<2" at its comma.
+type stringList []string
+
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
+func (l *stringList) String() string     { return strings.Join(*l, " ") }
 
 // sandboxOptionsFrom reads sandboxFlags.
 func sandboxOptionsFrom(c *cli.Context) (sandboxOptions, error) {
@@ -86,6 +94,12 @@ func sandboxOptionsFrom(c *cli.Context) (sandboxOptions, error) {
 	o.limits.CPUs, o.limits.Pids = c.Float64("cpus"), c.Int64("pids")
 	if o.limits.CPUs <= 0 || o.limits.Pids <= 0 {
 		return o, fmt.Errorf("--cpus and --pids must be positive")
+	}
+	if l, ok := c.Generic("pip").(*stringList); ok {
+		o.pip = *l
+	}
+	if err := checkRequirements(o.pip); err != nil {
+		return o, err
 	}
 	for _, kv := range o.env {
 		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {

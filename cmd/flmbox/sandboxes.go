@@ -32,7 +32,8 @@ const sandboxUID, sandboxGID = 65534, 65534
 
 // flmboxEnv is what flmbox adds to the image's environment.
 var flmboxEnv = []string{
-	"PIP_TARGET=/tmp/site-packages",
+	"PIP_TARGET=/tmp/site-packages", // not a system install: PEP 668 does not apply
+	"PIP_CACHE_DIR=/tmp/.cache/pip",
 	"HOME=/tmp",
 	"PYTHONUNBUFFERED=1",
 	"LANG=C.UTF-8",
@@ -47,6 +48,8 @@ type sandboxOptions struct {
 	tmpBytes    int64
 	env         []string // --env K=V
 	pull        *rootfs.PullOptions
+	pip         []string          // --pip: requirements preinstalled from the wheel cache
+	spec        []runtime.SpecOpt // more mounts (pipcache fetch's inbox)
 }
 
 // openRuntime returns the sandboxes' runtime under the state root.
@@ -105,16 +108,21 @@ func createSandbox(ctx context.Context, c *cli.Context, o sandboxOptions) (_ *ru
 	if err != nil {
 		return nil, err
 	}
+	wheels, pipEnv, err := withPipcache(c, o.network)
+	if err != nil {
+		return nil, err
+	}
 	sb, err := rt.Create(ctx, runtime.Config{
 		Name: o.name, Image: o.image, Network: o.network, Platform: o.platform, RunDir: agentRunDir, Limits: o.limits,
-		Spec: []runtime.SpecOpt{
+		Spec: append([]runtime.SpecOpt{
 			runtime.WithRootfs(img.Rootfs),
 			runtime.WithTmp(o.tmpBytes),
 			runtime.WithUser(sandboxUID, sandboxGID),
-			runtime.WithEnv(sandboxEnv(cfg.Config.Env, o.env)),
+			runtime.WithEnv(sandboxEnv(cfg.Config.Env, append(pipEnv, o.env...))),
 			runtime.WithBind(self, agentBinary, true),
+			wheels,
 			runtime.WithArgs(agentBinary, "agent", "--socket", agentSocket, "--limits", string(spareLimits)),
-		},
+		}, o.spec...),
 	})
 	if err != nil {
 		return nil, err
@@ -128,6 +136,10 @@ func createSandbox(ctx context.Context, c *cli.Context, o sandboxOptions) (_ *ru
 		return nil, err
 	}
 	if err := sb.SealRunDir(); err != nil {
+		rt.Remove(context.WithoutCancel(ctx), sb.Name)
+		return nil, err
+	}
+	if err := preinstall(ctx, sb, o.pip, snippetLimits(o.limits)); err != nil {
 		rt.Remove(context.WithoutCancel(ctx), sb.Name)
 		return nil, err
 	}
