@@ -101,6 +101,10 @@ func sandboxOptionsFrom(c *cli.Context) (sandboxOptions, error) {
 	if err := checkRequirements(o.pip); err != nil {
 		return o, err
 	}
+	if len(o.pip) > 0 && c.IsSet("batch") {
+		// A batch resets its sandboxes between snippets, emptying /tmp.
+		return o, fmt.Errorf("--pip does not apply to --batch, whose snippets each start with an empty /tmp: install in the snippets (pip install NAME installs from the wheel cache)")
+	}
 	for _, kv := range o.env {
 		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
 			return o, fmt.Errorf("--env %q: want K=V", kv)

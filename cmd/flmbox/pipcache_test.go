@@ -64,7 +64,7 @@ func TestPipFlag(t *testing.T) {
 	parse := func(args ...string) (sandboxOptions, error) {
 		var o sandboxOptions
 		var err error
-		app := &cli.App{Flags: sandboxFlags(), Writer: &bytes.Buffer{}, ErrWriter: &bytes.Buffer{},
+		app := &cli.App{Flags: append(sandboxFlags(), &cli.StringFlag{Name: "batch"}), Writer: &bytes.Buffer{}, ErrWriter: &bytes.Buffer{},
 			Action: func(c *cli.Context) error { o, err = sandboxOptionsFrom(c); return nil }}
 		if rerr := app.Run(append([]string{"flmbox"}, args...)); rerr != nil {
 			t.Fatal(rerr)
@@ -74,6 +74,9 @@ func TestPipFlag(t *testing.T) {
 	o, err := parse("--pip", "pandas>=2,<3", "--pip", "numpy")
 	if err != nil || !slices.Equal(o.pip, []string{"pandas>=2,<3", "numpy"}) {
 		t.Fatalf("--pip: %q %v", o.pip, err)
+	}
+	if _, err := parse("--batch", "b.json", "--pip", "numpy"); err == nil || !strings.Contains(err.Error(), "--batch") {
+		t.Errorf("--pip with --batch: %v", err)
 	}
 	for _, bad := range []string{"--index-url=http://evil", "", "a\nb"} {
 		if _, err := parse("--pip", bad); err == nil || !strings.Contains(err.Error(), "want a pip requirement") {
