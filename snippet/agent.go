@@ -71,12 +71,13 @@ type Agent struct {
 	// A request with other limits starts a process of its own.
 	SpareLimits Limits
 
-	once      sync.Once
-	python    string // resolved Python, or "" with pythonErr
-	pythonErr error
-	shell     string
-	dir       string
-	env       []string
+	once        sync.Once
+	python      string // resolved Python, or "" with pythonErr
+	pythonErr   error
+	shell       string
+	shellIsDash bool // small shell code runs as sh -s, and shell spares exist
+	dir         string
+	env         []string
 
 	calls          sync.RWMutex // held for reading by each Run, for writing by Reset
 	mu             sync.Mutex
@@ -97,6 +98,10 @@ func (a *Agent) init() {
 		}
 		a.dir = cmp.Or(a.Dir, "/tmp")
 		a.shell = cmp.Or(a.Shell, "/bin/sh")
+		// dash reads a script on stdin in blocks; bash reads it a byte at a
+		// time, so that the script's own commands could read its rest.
+		real, err := filepath.EvalSymlinks(a.shell)
+		a.shellIsDash = err == nil && filepath.Base(real) == "dash"
 		a.python, a.pythonErr = lookPath(cmp.Or(a.Python, "python3"), a.env)
 	})
 }

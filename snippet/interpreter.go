@@ -63,6 +63,11 @@ const pythonBootstrapDef = `def _flmbox_bootstrap(fast_exit):
     del main._flmbox_bootstrap
     with open(3, 'rb') as gate:
         source = gate.read()
+    # A spare started before an earlier call made a directory of sys.path
+    # (pip's /tmp/site-packages) remembers it as missing: forget that.
+    for path, finder in list(sys.path_importer_cache.items()):
+        if finder is None:
+            del sys.path_importer_cache[path]
     name = '<snippet>'
 
     def seed(linecache):
@@ -151,7 +156,7 @@ const pythonBootstrapDef = `def _flmbox_bootstrap(fast_exit):
             pass
     for f in (sys.stdout, sys.stderr):
         try:
-            if f is not None:
+            if f is not None and not getattr(f, 'closed', False):
                 f.flush()
         except BaseException:
             status = 120
@@ -179,7 +184,14 @@ const maxShellScript = 4096
 // place, in its own process group, with its limits set, and goes on with the
 // bootstrap, as python3 -c pythonBootstrap would.
 const pythonZygote = `def _flmbox_zygote():
-    import gc, os, sys, select, resource, _signal, _socket
+    import sys
+    # Only the standard library: /tmp (sys.path[0] is '') and PYTHONPATH
+    # belong to the snippets, and what the zygote imports runs unlimited and
+    # lives on in every child.
+    path = sys.path[:]
+    sys.path[:] = [p for p in path if p and (p.startswith(sys.base_prefix) or p.startswith(sys.base_exec_prefix))]
+    import gc, os, select, resource, _signal, _socket
+    sys.path[:] = path
     del sys.modules['__main__']._flmbox_zygote
     ctl = _socket.socket(fileno=3)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

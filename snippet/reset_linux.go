@@ -30,6 +30,11 @@ func (a *Agent) Reset(ctx context.Context) error {
 	a.init()
 	a.calls.Lock()
 	defer a.calls.Unlock()
+	// Spares being started (by the last call) may have started with the
+	// old /tmp: let them finish, then drop them with the others.
+	if err := a.waitRefills(); err != nil {
+		return err
+	}
 	a.dropSpares()
 	if err := killOthers(ctx); err != nil {
 		return err
@@ -43,6 +48,25 @@ func (a *Agent) Reset(ctx context.Context) error {
 		// Only then is the IPC namespace the sandbox's own: elsewhere
 		// these objects are the host's.
 		return removeSysvIPC()
+	}
+	return nil
+}
+
+// waitRefills waits for the spares being started; starting one is bounded
+// by zygoteDeadline, and no new one starts while the calls are locked.
+func (a *Agent) waitRefills() error {
+	a.mu.Lock()
+	var pending []chan struct{}
+	for _, r := range a.refilling {
+		pending = append(pending, r.done)
+	}
+	a.mu.Unlock()
+	for _, done := range pending {
+		select {
+		case <-done:
+		case <-time.After(resetTimeout + zygoteDeadline):
+			return fmt.Errorf("reset: a spare process is still starting after %s", resetTimeout+zygoteDeadline)
+		}
 	}
 	return nil
 }
@@ -109,7 +133,13 @@ func others() ([]int, error) {
 		}
 		ppid, _ := strconv.Atoi(f[1])
 		children[ppid] = append(children[ppid], pid)
-		alive[pid] = f[0] != "Z" && f[0] != "X"
+		// A process whose main thread exited shows as a zombie while its
+		// other threads run on: count the threads (field 20).
+		threads := 0
+		if len(f) > 17 {
+			threads, _ = strconv.Atoi(f[17])
+		}
+		alive[pid] = f[0] != "Z" && f[0] != "X" || threads > 1
 	}
 	var out []int
 	if self == 1 {

@@ -84,3 +84,32 @@ func TestResetWaitsForCalls(t *testing.T) {
 		t.Fatal("slow.txt survived the reset")
 	}
 }
+
+// TestResetKillsAProcessWithoutItsMainThread: a process whose main thread
+// exited shows as a zombie while its other threads run; a reset kills it.
+func TestResetKillsAProcessWithoutItsMainThread(t *testing.T) {
+	h := startHelper(t, true, 0)
+	code := `import ctypes, os, threading, time
+if os.fork() == 0:
+    os.setsid()
+    def beat():
+        while True:
+            with open('alive.txt', 'a') as f:
+                f.write('x')
+            time.sleep(0.05)
+    threading.Thread(target=beat).start()
+    time.sleep(0.2)
+    ctypes.CDLL(None).syscall(60, 0)  # exit(2) of the main thread only
+print('left')
+`
+	call(t, h.socket, request(LanguagePython, code))
+	time.Sleep(500 * time.Millisecond)
+	if _, err := os.Stat(filepath.Join(h.dir, "alive.txt")); err != nil {
+		t.Fatalf("the thread did not start: %v", err)
+	}
+	call(t, h.socket, request(LanguageShell, "true", func(r *Request) { r.Reset = true }))
+	time.Sleep(300 * time.Millisecond)
+	if _, err := os.Stat(filepath.Join(h.dir, "alive.txt")); err == nil {
+		t.Fatal("a thread of a process whose main thread exited outlived the reset")
+	}
+}

@@ -73,6 +73,28 @@ type proc struct {
 	done   chan struct{}
 	status unix.WaitStatus
 	err    error
+	// abandon, if set, ends a process that was killed but whose end is
+	// not reported (its zygote is stuck): it closes done.
+	abandon func()
+}
+
+// kill kills p's process group and p itself, which may have left its group
+// (setpgid), and waits until p is done.
+func (p *proc) kill() {
+	killGroup(p.pid)
+	if p.pid > 0 {
+		unix.Kill(p.pid, unix.SIGKILL)
+	}
+	if p.abandon == nil {
+		<-p.done
+		return
+	}
+	select {
+	case <-p.done:
+	case <-time.After(zygoteDeadline):
+		p.abandon()
+		<-p.done
+	}
 }
 
 // fits says whether p can run code: sh -s takes small code only.
@@ -91,9 +113,8 @@ func (p *proc) exited() bool {
 
 // discard kills an unused process and releases it.
 func (p *proc) discard() {
-	killGroup(p.pid)
 	go func() {
-		<-p.done
+		p.kill()
 		p.close()
 	}()
 }
@@ -111,7 +132,7 @@ func (p *proc) close() {
 func (a *Agent) start(lang, code string, limits Limits, wait bool) (*proc, error) {
 	if lang == LanguageShell {
 		c := shellScriptCommand()
-		if len(code) > maxShellScript {
+		if len(code) > maxShellScript || !a.shellIsDash {
 			c = shellCommand(code)
 		}
 		c.args[0] = filepath.Base(a.shell) // $0, and bash's POSIX mode only as sh
@@ -254,12 +275,10 @@ func (a *Agent) runProc(ctx context.Context, req *Request, p *proc) *Result {
 	case <-p.done:
 	case <-timer.C:
 		res.TimedOut = true
-		killGroup(p.pid)
-		<-p.done
+		p.kill()
 	case <-ctx.Done():
 		cancelErr = fmt.Errorf("snippet cancelled and killed: %w", context.Cause(ctx))
-		killGroup(p.pid)
-		<-p.done
+		p.kill()
 	}
 	res.DurationMS = float64(time.Since(start).Microseconds()) / 1000
 

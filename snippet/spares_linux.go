@@ -19,9 +19,11 @@ import "context"
 // the differences from python3 -c are: the same str hash seed in every call
 // of a sandbox (hash randomization across calls is lost; set PYTHONHASHSEED
 // to choose it), and the zygote's few imported modules (os, sys, select,
-// resource, _socket, _signal) already in sys.modules. Shell spares run
-// sh -s and read their code from stdin, so $- contains "s"; code over
-// maxShellScript bytes runs as sh -c in a new process.
+// resource, _socket, _signal) already in sys.modules. When /bin/sh is dash,
+// shell code of at most maxShellScript bytes, spare or not, runs as sh -s and
+// reads its code from stdin, so $- contains "s"; larger code, and any code
+// with another shell (bash reads a script on stdin a byte at a time, so the
+// script's commands could read its rest), runs as sh -c and has no spare.
 
 // maxZygoteFailures is how many times a zygote may die before the agent
 // stops starting new ones and starts python3 for every call.
@@ -75,7 +77,7 @@ type refilling struct {
 // refill starts a spare for lang, with limits, in the background, unless the
 // agent has one or is starting one.
 func (a *Agent) refill(lang string, limits Limits) {
-	if !a.Spares || lang == LanguagePython && a.pythonErr != nil {
+	if !a.Spares || lang == LanguagePython && a.pythonErr != nil || lang == LanguageShell && !a.shellIsDash {
 		return
 	}
 	a.mu.Lock()

@@ -232,3 +232,78 @@ sys.exit(4)
 		t.Fatalf("not forked by the zygote: %s", dump(res))
 	}
 }
+
+// TestSparesSeeNewPathDirectories checks that a directory of sys.path made
+// after a spare started (pip's /tmp/site-packages) imports in the next call.
+func TestSparesSeeNewPathDirectories(t *testing.T) {
+	dir := t.TempDir()
+	site := filepath.Join(dir, "site-packages")
+	a := &Agent{Python: hostPython(t), Dir: dir, Spares: true, Env: append(os.Environ(), "PYTHONPATH="+site)}
+	warmUp(t, a)
+	for i := range 3 { // spares from python3, then from the zygote
+		run(t, a, request(LanguagePython, "print('warm')"))
+		time.Sleep(50 * time.Millisecond)
+		mod := fmt.Sprintf("m%d", i)
+		run(t, a, request(LanguageShell, fmt.Sprintf("mkdir -p %s && echo 'V = %d' > %s/%s.py", site, i, site, mod)))
+		res := run(t, a, request(LanguagePython, fmt.Sprintf("import %s; print(%s.V)", mod, mod)))
+		if want := fmt.Sprintf("%d\n", i); string(res.Stdout.Data) != want {
+			t.Fatalf("a module installed after the spare started does not import: %s", dump(res))
+		}
+		os.RemoveAll(site)
+	}
+}
+
+// TestZygoteIgnoresSnippetModules checks that modules left in the working
+// directory do not run in the zygote when it starts.
+func TestZygoteIgnoresSnippetModules(t *testing.T) {
+	dir := t.TempDir()
+	for _, m := range []string{"resource", "select", "gc"} {
+		if err := os.WriteFile(filepath.Join(dir, m+".py"), []byte("import time\ntime.sleep(60)\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := &Agent{Python: hostPython(t), Dir: dir, Spares: true}
+	warmUp(t, a)
+	for range 3 {
+		res := run(t, a, request(LanguagePython, "print('hi')", func(r *Request) { r.TimeoutMS = 5000 }))
+		if string(res.Stdout.Data) != "hi\n" {
+			t.Fatalf("with shadowing modules in the working directory: %s", dump(res))
+		}
+	}
+}
+
+// TestRunLeavesItsGroup checks that a snippet that joins another process
+// group is still killed on timeout.
+func TestRunLeavesItsGroup(t *testing.T) {
+	for _, spares := range []bool{false, true} {
+		a := &Agent{Python: hostPython(t), Dir: t.TempDir(), Spares: spares}
+		if spares {
+			warmUp(t, a)
+		}
+		start := time.Now()
+		res := run(t, a, request(LanguagePython, "import os, time\nos.setpgid(0, os.getpgid(os.getppid()))\ntime.sleep(5)\nprint('survived')",
+			func(r *Request) { r.TimeoutMS = 300 }))
+		if !res.TimedOut || strings.Contains(string(res.Stdout.Data), "survived") || time.Since(start) > 3*time.Second {
+			t.Fatalf("spares %v: after %s: %s", spares, time.Since(start), dump(res))
+		}
+	}
+}
+
+// TestZygoteStopped checks that a snippet that stops its zygote cannot
+// wedge the agent: its call ends, and the next calls run.
+func TestZygoteStopped(t *testing.T) {
+	a := testAgent(t)
+	a.Spares = true
+	warmUp(t, a)
+	start := time.Now()
+	res := a.Run(context.Background(), request(LanguagePython, "import os, signal, time\nos.kill(os.getppid(), signal.SIGSTOP)\ntime.sleep(30)",
+		func(r *Request) { r.TimeoutMS = 300 }))
+	if res.ExitCode != -1 && !res.TimedOut || time.Since(start) > zygoteDeadline+3*time.Second {
+		t.Fatalf("after %s: %s", time.Since(start), dump(res))
+	}
+	for range 2 {
+		if res := run(t, a, request(LanguagePython, "print('next')")); string(res.Stdout.Data) != "next\n" {
+			t.Fatalf("after the zygote was stopped: %s", dump(res))
+		}
+	}
+}

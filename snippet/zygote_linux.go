@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -18,7 +19,8 @@ import (
 // SOCK_SEQPACKET socket pair; the zygote forks, answers with the child's
 // pid, and reports the child's wait status once it has reaped it.
 type zygote struct {
-	conn *net.UnixConn
+	conn    *net.UnixConn
+	process *os.Process
 
 	mu    sync.Mutex
 	next  int
@@ -51,7 +53,10 @@ func (a *Agent) startZygote() (*zygote, error) {
 	}
 	c := zygoteCommand()
 	c.args[0] = a.python
-	cmd := &exec.Cmd{Path: a.python, Args: c.args, Dir: a.dir, Env: a.env, Stderr: os.Stderr,
+	// Its stderr is /dev/null: the zygote runs as the snippets' user, who
+	// could write to anything it holds open (the agent's own stderr is a
+	// file on the host's disk).
+	cmd := &exec.Cmd{Path: a.python, Args: c.args, Dir: a.dir, Env: a.env,
 		ExtraFiles: []*os.File{theirs}} // fd 3
 	var startErr error
 	pid := startChild(func() int {
@@ -64,7 +69,7 @@ func (a *Agent) startZygote() (*zygote, error) {
 		conn.Close()
 		return nil, fmt.Errorf("start the Python zygote %s: %w", a.python, startErr)
 	}
-	z := &zygote{conn: conn.(*net.UnixConn), forks: map[int]*zygoteFork{}, procs: map[int]*proc{}}
+	z := &zygote{conn: conn.(*net.UnixConn), process: cmd.Process, forks: map[int]*zygoteFork{}, procs: map[int]*proc{}}
 	go z.read()
 	go func() {
 		err := cmd.Wait()
@@ -98,11 +103,34 @@ func (z *zygote) fork(limits Limits) (*proc, error) {
 	if err != nil {
 		z.fail(fmt.Errorf("send a request to the Python zygote: %w", err))
 	}
-	if err := <-f.done; err != nil {
+	var err2 error
+	select {
+	case err2 = <-f.done:
+	case <-time.After(zygoteDeadline):
+		// A snippet can stop the zygote (SIGSTOP: same user): give up on it.
+		z.kill(fmt.Errorf("the Python zygote did not answer within %s", zygoteDeadline))
+		err2 = <-f.done
+	}
+	if err2 != nil {
 		f.p.close()
-		return nil, err
+		return nil, err2
+	}
+	f.p.abandon = func() {
+		z.kill(fmt.Errorf("the Python zygote did not report a killed snippet within %s", zygoteDeadline))
 	}
 	return f.p, nil
+}
+
+// zygoteDeadline bounds how long the agent waits for the zygote: to fork,
+// and to report a child the agent killed. A zygote that takes longer (a
+// snippet stopped it) is killed, with its children.
+const zygoteDeadline = 5 * time.Second
+
+// kill fails the zygote with err and kills its process.
+func (z *zygote) kill(err error) {
+	z.fail(err)
+	z.conn.Close()
+	z.process.Kill()
 }
 
 // read handles the zygote's messages until it is gone.
@@ -181,6 +209,7 @@ func (z *zygote) fail(err error) {
 	for pid, p := range z.procs {
 		delete(z.procs, pid)
 		killGroup(pid)
+		unix.Kill(pid, unix.SIGKILL)
 		p.err = fmt.Errorf("run the snippet: %w", err)
 		close(p.done)
 	}
@@ -192,8 +221,7 @@ func (z *zygote) alive() bool {
 	return z.err == nil
 }
 
-// close stops the zygote: it exits when its socket closes.
+// close stops the zygote and its children.
 func (z *zygote) close() {
-	z.fail(errZygoteClosed)
-	z.conn.Close()
+	z.kill(errZygoteClosed)
 }
