@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"os"
+	"os/exec"
 	"os/signal"
 	"sync"
 	"unsafe"
@@ -27,18 +28,18 @@ var children = struct {
 	sweep chan struct{} // a Run ended: look for zombies its child hid
 }{pids: map[int]struct{}{}, sweep: make(chan struct{}, 1)}
 
-// startChild runs start under the start lock and registers the child's
-// pid, which start returns (0 if it failed).
-func startChild(start func() int) int {
+// startChild starts cmd under the start lock and registers its pid.
+func startChild(cmd *exec.Cmd) (int, error) {
 	children.start.RLock()
 	defer children.start.RUnlock()
-	pid := start()
-	if pid > 0 {
-		children.mu.Lock()
-		children.pids[pid] = struct{}{}
-		children.mu.Unlock()
+	if err := cmd.Start(); err != nil {
+		return 0, err
 	}
-	return pid
+	pid := cmd.Process.Pid
+	children.mu.Lock()
+	children.pids[pid] = struct{}{}
+	children.mu.Unlock()
+	return pid, nil
 }
 
 // forgetChild unregisters a child that its Run has reaped.

@@ -210,13 +210,7 @@ func (a *Agent) startExec(path string, c command, limits Limits) (*proc, error) 
 	} else {
 		cmd.ExtraFiles = []*os.File{pp.gateR} // fd 3 (gateFD)
 	}
-	var startErr error
-	pid := startChild(func() int {
-		if startErr = cmd.Start(); startErr != nil {
-			return 0
-		}
-		return cmd.Process.Pid
-	})
+	pid, startErr := startChild(cmd)
 	pp.closeChildEnds()
 	if startErr != nil {
 		pp.close()
@@ -245,8 +239,7 @@ func (a *Agent) startExec(path string, c command, limits Limits) (*proc, error) 
 	// The interpreter blocks reading the gate: no snippet code runs before
 	// the limits are set.
 	if err := setLimits(pid, limits); err != nil {
-		killGroup(pid)
-		<-p.done
+		p.kill()
 		p.close()
 		return nil, err
 	}

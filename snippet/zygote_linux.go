@@ -58,13 +58,7 @@ func (a *Agent) startZygote() (*zygote, error) {
 	// file on the host's disk).
 	cmd := &exec.Cmd{Path: a.python, Args: c.args, Dir: a.dir, Env: a.env,
 		ExtraFiles: []*os.File{theirs}} // fd 3
-	var startErr error
-	pid := startChild(func() int {
-		if startErr = cmd.Start(); startErr != nil {
-			return 0
-		}
-		return cmd.Process.Pid
-	})
+	pid, startErr := startChild(cmd)
 	if startErr != nil {
 		conn.Close()
 		return nil, fmt.Errorf("start the Python zygote %s: %w", a.python, startErr)
@@ -103,17 +97,16 @@ func (z *zygote) fork(limits Limits) (*proc, error) {
 	if err != nil {
 		z.fail(fmt.Errorf("send a request to the Python zygote: %w", err))
 	}
-	var err2 error
 	select {
-	case err2 = <-f.done:
+	case err = <-f.done:
 	case <-time.After(zygoteDeadline):
 		// A snippet can stop the zygote (SIGSTOP: same user): give up on it.
 		z.kill(fmt.Errorf("the Python zygote did not answer within %s", zygoteDeadline))
-		err2 = <-f.done
+		err = <-f.done
 	}
-	if err2 != nil {
+	if err != nil {
 		f.p.close()
-		return nil, err2
+		return nil, err
 	}
 	f.p.abandon = func() {
 		z.kill(fmt.Errorf("the Python zygote did not report a killed snippet within %s", zygoteDeadline))

@@ -104,7 +104,8 @@ func createSandbox(ctx context.Context, c *cli.Context, o sandboxOptions) (_ *ru
 			store.Release(context.WithoutCancel(ctx), img.ManifestDigest, o.name)
 		}
 	}()
-	spareLimits, err := json.Marshal(snippetLimits(o.limits))
+	limits := snippetLimits(o.limits)
+	spareLimits, err := json.Marshal(limits)
 	if err != nil {
 		return nil, err
 	}
@@ -127,20 +128,21 @@ func createSandbox(ctx context.Context, c *cli.Context, o sandboxOptions) (_ *ru
 	if err != nil {
 		return nil, err
 	}
-	if err := recordManifest(sb, img.ManifestDigest); err != nil {
-		rt.Remove(context.WithoutCancel(ctx), sb.Name)
+	defer func() {
+		if err != nil {
+			rt.Remove(context.WithoutCancel(ctx), sb.Name)
+		}
+	}()
+	if err = recordManifest(sb, img.ManifestDigest); err != nil {
 		return nil, err
 	}
-	if err := waitForAgent(ctx, sb); err != nil {
-		rt.Remove(context.WithoutCancel(ctx), sb.Name)
+	if err = waitForAgent(ctx, sb); err != nil {
 		return nil, err
 	}
-	if err := sb.SealRunDir(); err != nil {
-		rt.Remove(context.WithoutCancel(ctx), sb.Name)
+	if err = sb.SealRunDir(); err != nil {
 		return nil, err
 	}
-	if err := preinstall(ctx, sb, o.pip, snippetLimits(o.limits)); err != nil {
-		rt.Remove(context.WithoutCancel(ctx), sb.Name)
+	if err = preinstall(ctx, sb, o.pip, limits); err != nil {
 		return nil, err
 	}
 	return sb, nil
@@ -203,7 +205,7 @@ func agentSocketPath(sb *runtime.Sandbox) string { return filepath.Join(sb.RunPa
 // agent is up some 15 ms after runsc start.
 func waitForAgent(ctx context.Context, sb *runtime.Sandbox) error {
 	deadline := time.Now().Add(10 * time.Second)
-	for wait := time.Millisecond; ; {
+	for {
 		conn, err := snippet.DialAgent(ctx, agentSocketPath(sb))
 		if err == nil {
 			conn.Close()
@@ -216,7 +218,7 @@ func waitForAgent(ctx context.Context, sb *runtime.Sandbox) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(wait):
+		case <-time.After(time.Millisecond):
 		}
 	}
 }
