@@ -222,6 +222,20 @@ func TestFaultsRunawayCodeIsStopped(t *testing.T) {
 		faultNoSnippetProcesses(t, root, name)
 	})
 
+	// A snippet that joins its parent's process group (the zygote's, the
+	// agent's) is not reached by the group kill: it is killed by its pid.
+	t.Run("infinite loop that left its process group", func(t *testing.T) {
+		for range 2 { // the first Python call is a python3 of its own, the next a zygote's child
+			start := time.Now()
+			res := faultRun(t, root, name, "import os\nos.setpgid(0, os.getpgid(os.getppid()))\nwhile True: pass", "--timeout", "1s")
+			if took := time.Since(start); res.code != 124 || took > 10*time.Second {
+				t.Fatalf("after %s: exit %d stderr %q, want 124", took, res.code, res.stderr)
+			}
+			faultAlive(t, root, name)
+			faultNoSnippetProcesses(t, root, name)
+		}
+	})
+
 	t.Run("sleep left behind", func(t *testing.T) {
 		start := time.Now()
 		res := faultRun(t, root, name, "sleep 1000 & echo started", "-l", "shell")
