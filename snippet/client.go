@@ -1,160 +1,25 @@
 package snippet
 
 import (
-	"bufio"
 	"context"
-	"encoding/base64"
-	"encoding/json"
-	"errors"
-	"fmt"
-	"io"
 	"net"
-	"os"
-	"syscall"
-	"time"
 
-	"github.com/containerd/errdefs"
-	"golang.org/x/sys/unix"
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
-// answerGrace is how long after a request's timeout Call waits for the
-// agent's answer before giving up on a wedged sandbox. The agent answers
-// within the timeout plus drainGrace; this is far above that.
-const answerGrace = time.Minute
-
-// DialAgent connects to the agent's socket at path. The socket's directory
-// is writable from inside the sandbox, so the final component is never
-// followed: a symlink planted there (to a host service's socket) or anything
-// but a socket is refused with errdefs.ErrPermissionDenied. The socket is
-// opened with O_PATH|O_NOFOLLOW and connected to through /proc/self/fd, so
-// what is checked is what is connected to.
+// DialAgent connects to the agent's socket at path, refusing anything but a
+// socket there as wire.Dial does (errdefs.ErrPermissionDenied).
 func DialAgent(ctx context.Context, path string) (net.Conn, error) {
-	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	f, err := wire.Dial(path)
 	if err != nil {
-		return nil, &net.OpError{Op: "dial", Net: "unix", Err: &os.PathError{Op: "open", Path: path, Err: err}}
-	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, err
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
-		return nil, fmt.Errorf("the agent's socket %s is not a socket (a snippet replaced it?); remove the sandbox: %w", path, errdefs.ErrPermissionDenied)
-	}
-	var d net.Dialer
-	return d.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d", fd))
+	defer f.Close()
+	return net.FileConn(f)
 }
 
 // Call runs req through the agent listening on the Unix socket socketPath
-// and returns its result.
-//
-// Call validates req first (errors match errdefs.ErrInvalidArgument). It
-// returns an error when it gets no result: the agent is not listening (the
-// sandbox is dead), hung up without answering, did not answer within the
-// request's timeout plus a minute, or speaks another protocol version (the
-// sandbox was created by another flmbox: errdefs.ErrFailedPrecondition). A
-// result is returned as the agent sent it, including one that reports an
-// infrastructure error (ExitCode -1 and Error).
-//
-// Cancelling ctx closes the connection at once; the agent then kills the
-// snippet.
+// and returns its result; see wire.Call.
 func Call(ctx context.Context, socketPath string, req *Request) (*Result, error) {
-	if err := req.Validate(); err != nil {
-		return nil, err
-	}
-	conn, err := DialAgent(ctx, socketPath)
-	if err != nil {
-		if errors.Is(err, errdefs.ErrPermissionDenied) {
-			return nil, err
-		}
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("call the sandbox's agent: %w", context.Cause(ctx))
-		}
-		return nil, notAnswering(err)
-	}
-	defer conn.Close()
-	uc := conn.(*net.UnixConn)
-	// The deadline also serves ctx: a cancelled call fails its I/O at once.
-	conn.SetDeadline(time.Now().Add(time.Duration(req.TimeoutMS)*time.Millisecond + answerGrace))
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-
-	res, err := exchange(uc, req)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("call the sandbox's agent: %w", context.Cause(ctx))
-		}
-		return nil, err
-	}
-	if res.Version != ProtocolVersion {
-		return nil, fmt.Errorf("the sandbox's agent speaks protocol %d, flmbox speaks %d: recreate the sandbox with this flmbox (flmbox sandbox rm, then flmbox sandbox create): %w",
-			res.Version, ProtocolVersion, errdefs.ErrFailedPrecondition)
-	}
-	return res, nil
-}
-
-// exchange writes req on conn, half-closes it and reads the result.
-func exchange(conn *net.UnixConn, req *Request) (*Result, error) {
-	w := bufio.NewWriterSize(conn, 64<<10)
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(req); err != nil {
-		return nil, agentGone("send the request", err)
-	}
-	if err := w.Flush(); err != nil {
-		return nil, agentGone("send the request", err)
-	}
-	if err := conn.CloseWrite(); err != nil {
-		return nil, agentGone("send the request", err)
-	}
-
-	limit := maxResultSize(req)
-	lr := &io.LimitedReader{R: conn, N: limit + 1}
-	var raw json.RawMessage
-	if err := json.NewDecoder(lr).Decode(&raw); err != nil {
-		if lr.N <= 0 {
-			return nil, fmt.Errorf("read the agent's answer: over %d bytes", limit)
-		}
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			return nil, fmt.Errorf("the sandbox's agent did not answer in time (the snippet's timeout plus %s); the sandbox is wedged? (flmbox sandbox ls): %w",
-				answerGrace, errdefs.ErrUnavailable)
-		}
-		return nil, agentGone("read the answer", err)
-	}
-	var v struct {
-		Version int `json:"version"`
-	}
-	if err := json.Unmarshal(raw, &v); err != nil {
-		return nil, fmt.Errorf("read the agent's answer: %w", err)
-	}
-	if v.Version != ProtocolVersion {
-		return &Result{Version: v.Version}, nil // its fields may not even parse
-	}
-	var res Result
-	if err := json.Unmarshal(raw, &res); err != nil {
-		return nil, fmt.Errorf("read the agent's answer: %w", err)
-	}
-	return &res, nil
-}
-
-// maxResultSize bounds the JSON of the result of req: both outputs as
-// base64 with their markers, and 64 KiB for the rest.
-func maxResultSize(req *Request) int64 {
-	data := int64(base64.StdEncoding.EncodedLen(int(req.maxOutput()) + maxMarkerLen))
-	return 2*data + 64<<10
-}
-
-// notAnswering wraps a failure to connect to the agent.
-func notAnswering(err error) error {
-	return fmt.Errorf("the sandbox's agent is not answering: the sandbox is dead? (flmbox sandbox ls): %w: %w", err, errdefs.ErrUnavailable)
-}
-
-// agentGone wraps a failure of the connection after it was made: the agent
-// died during the call, usually with its whole sandbox.
-func agentGone(doing string, err error) error {
-	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) {
-		return fmt.Errorf("%s: the sandbox's agent hung up without an answer: the sandbox died? (flmbox sandbox ls): %w: %w", doing, err, errdefs.ErrUnavailable)
-	}
-	return fmt.Errorf("%s: %w", doing, err)
+	return wire.Call(ctx, socketPath, req)
 }

@@ -1,8 +1,9 @@
 package snippet
 
 import (
-	"fmt"
 	"sync"
+
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // capture keeps the head and the tail of a stream in at most max bytes:
@@ -64,7 +65,7 @@ func (c *capture) Output() Output {
 	out := Output{Total: c.total, Truncated: c.total > kept}
 	var marker string
 	if out.Truncated {
-		marker = truncationMarker(c.total - kept)
+		marker = wire.TruncationMarker(c.total - kept)
 	}
 	data := make([]byte, 0, int(kept)+len(marker))
 	data = append(data, c.head...)
@@ -75,11 +76,3 @@ func (c *capture) Output() Output {
 	return out
 }
 
-// truncationMarker is the line put between the head and the tail of an
-// output that was too long.
-func truncationMarker(omitted int64) string {
-	return fmt.Sprintf("\n[flmbox: %d bytes omitted]\n", omitted)
-}
-
-// maxMarkerLen bounds len(truncationMarker(n)) for any n.
-var maxMarkerLen = len(truncationMarker(1<<63 - 1))

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 func TestCapture(t *testing.T) {
@@ -61,7 +63,7 @@ func TestCaptureRandom(t *testing.T) {
 		want := all
 		if int64(len(all)) > max {
 			head, tail := all[:max/2], all[int64(len(all))-(max-max/2):]
-			want = append(append(append([]byte{}, head...), truncationMarker(int64(len(all))-max)...), tail...)
+			want = append(append(append([]byte{}, head...), wire.TruncationMarker(int64(len(all))-max)...), tail...)
 		}
 		if out := c.Output(); !bytes.Equal(out.Data, want) || out.Total != int64(len(all)) {
 			t.Fatalf("max %d, %d bytes written: Output = %q, want %q", max, len(all), out.Data, want)

@@ -1,189 +1,39 @@
 package snippet
 
-import (
-	"fmt"
-	"strings"
-	"time"
-	"unicode/utf8"
+import "github.com/flmbox/flmbox/snippet/wire"
 
-	"github.com/containerd/errdefs"
-)
+// The protocol's messages and bounds are defined in package wire, which the
+// flmbox command uses without the rest of this package; these are the same
+// types and values under this package's names.
 
-// ProtocolVersion is the version of the agent protocol that this package
-// speaks. A request and a result carry it; an agent answers a request of
-// another version with an error result, and Call turns a result of another
-// version into an error that tells the user to recreate the sandbox.
-const ProtocolVersion = 2
+// ProtocolVersion is wire.ProtocolVersion.
+const ProtocolVersion = wire.ProtocolVersion
 
 // Languages of a Request.
 const (
-	// LanguagePython runs the code with the image's python3.
-	LanguagePython = "python"
-	// LanguageShell runs the code with /bin/sh -c.
-	LanguageShell = "shell"
+	LanguagePython = wire.LanguagePython
+	LanguageShell  = wire.LanguageShell
 )
 
-// Bounds of a Request.
+// Bounds of a Request (see package wire).
 const (
-	// MaxCodeSize is the largest code, in bytes, that a request may carry.
-	MaxCodeSize = 1 << 20
-	// MaxShellCodeSize is the largest shell code, in bytes. Shell code is
-	// passed as one argument of sh -c, and Linux refuses an argument of
-	// 128 KiB or more (MAX_ARG_STRLEN); Python code has no such limit
-	// because it is not passed on the command line.
-	MaxShellCodeSize = 127 << 10
-	// MaxTimeout is the longest timeout a request may ask for.
-	MaxTimeout = 24 * time.Hour
-	// DefaultMaxOutput is the number of bytes kept of each of stdout and
-	// stderr when a request's MaxOutput is 0.
-	DefaultMaxOutput = 1 << 20
-	// MaxMaxOutput is the largest MaxOutput a request may ask for. The agent
-	// and the client hold up to twice this much (both streams) per call.
-	MaxMaxOutput = 64 << 20
+	MaxCodeSize      = wire.MaxCodeSize
+	MaxShellCodeSize = wire.MaxShellCodeSize
+	MaxTimeout       = wire.MaxTimeout
+	DefaultMaxOutput = wire.DefaultMaxOutput
+	MaxMaxOutput     = wire.MaxMaxOutput
 )
 
-// Request asks an agent to run one snippet. The zero values of MaxOutput
-// and of each limit select a default; Validate checks the rest.
-type Request struct {
-	// Version is ProtocolVersion.
-	Version int `json:"version"`
-	// Language is LanguagePython or LanguageShell.
-	Language string `json:"language"`
-	// Code is the snippet's source: valid UTF-8 without NUL bytes, at most
-	// MaxCodeSize bytes (MaxShellCodeSize for shell).
-	Code string `json:"code"`
-	// TimeoutMS is how long the snippet may run, in milliseconds: more than
-	// 0 and at most MaxTimeout. When it expires the snippet's whole process
-	// group is killed.
-	TimeoutMS int64 `json:"timeout_ms"`
-	// MaxOutput is the number of bytes kept of each of stdout and stderr:
-	// the first and the last MaxOutput/2 bytes (DefaultMaxOutput when 0, at
-	// most MaxMaxOutput).
-	MaxOutput int64 `json:"max_output"`
-	// Limits bound the snippet's own process and its descendants.
-	Limits Limits `json:"limits"`
-	// Reset returns the sandbox to a clean state before the snippet runs, as
-	// if it were new: every other process is killed and the agent's
-	// CleanDirs (/tmp and /dev/shm in a sandbox) are emptied (see
-	// Agent.Reset). Calls running at the time finish first.
-	Reset bool `json:"reset,omitempty"`
-}
-
-// Limits are resource limits (rlimits) set on a snippet's process before
-// any of its code runs, and inherited by the processes it starts. A zero
-// field sets no limit. A limit above the agent's own hard limit is lowered to
-// it (an unprivileged agent cannot raise a hard limit).
-//
-// Under gVisor these keep a runaway snippet from killing its sandbox: the
-// sandbox's cgroup limits apply to the whole sandbox, which dies when it hits
-// them, while an rlimit only fails the snippet's own allocation or fork.
-type Limits struct {
-	// MemoryBytes is RLIMIT_AS: the virtual memory of each process. Python
-	// raises MemoryError past it. It counts address space, not resident
-	// memory, so runtimes that reserve much more than they use (a JVM, Go
-	// programs, OpenBLAS with many threads) need a generous value.
-	MemoryBytes int64 `json:"memory_bytes"`
-	// Procs is RLIMIT_NPROC: fork fails with EAGAIN once the snippet's user
-	// has this many processes (threads included) in the whole sandbox. In a
-	// sandbox the agent runs as the same user, so its own threads and the
-	// other snippets running at the same time count too. Root ignores it.
-	Procs int64 `json:"procs"`
-	// FileBytes is RLIMIT_FSIZE: the largest file a process may write.
-	// Writing past it fails with EFBIG in Python and kills a process that
-	// does not ignore SIGXFSZ (a shell's "File size limit exceeded").
-	FileBytes int64 `json:"file_bytes"`
-}
-
-// Output is what a snippet wrote to one stream.
-type Output struct {
-	// Data is the output, unchanged (it need not be UTF-8; JSON carries it
-	// as base64). When the output was longer than the request's MaxOutput,
-	// Data holds its first MaxOutput/2 bytes, a marker line
-	// "\n[flmbox: N bytes omitted]\n" and its last MaxOutput/2 bytes.
-	Data []byte `json:"data"`
-	// Total is the number of bytes the snippet wrote to the stream.
-	Total int64 `json:"total"`
-	// Truncated says that Data omits the middle of the output.
-	Truncated bool `json:"truncated"`
-}
-
-// Result is the outcome of one snippet.
-type Result struct {
-	// Version is the agent's ProtocolVersion.
-	Version int `json:"version"`
-	// ExitCode is the snippet's exit status, 128+N if signal N killed it
-	// (137 for a snippet killed on timeout), or -1 if the snippet could not
-	// be run (Error says why).
-	ExitCode int `json:"exit_code"`
-	// Stdout and Stderr are the snippet's output.
-	Stdout Output `json:"stdout"`
-	Stderr Output `json:"stderr"`
-	// TimedOut says that the snippet ran out of time and was killed; the
-	// CLI maps it to exit status 124.
-	TimedOut bool `json:"timed_out"`
-	// Signal names the signal that ended the snippet ("SIGKILL"), if any.
-	Signal string `json:"signal,omitempty"`
-	// DurationMS is the wall time of the snippet's process, from its start
-	// to its exit, in milliseconds.
-	DurationMS float64 `json:"duration_ms"`
-	// Error is set, with ExitCode -1, when the agent could not run the
-	// snippet: a bad request, a missing interpreter, a call cancelled.
-	Error string `json:"error,omitempty"`
-}
-
-// Validate checks a request before it is sent or run. Its errors match
-// errdefs.ErrInvalidArgument and say what to change.
-func (r *Request) Validate() error {
-	if err := r.validate(); err != nil {
-		return fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
-
-func (r *Request) validate() error {
-	if r == nil {
-		return fmt.Errorf("no request")
-	}
-	if r.Version != ProtocolVersion {
-		return fmt.Errorf("request speaks protocol %d, this side speaks %d", r.Version, ProtocolVersion)
-	}
-	maxCode := MaxCodeSize
-	switch r.Language {
-	case LanguagePython:
-	case LanguageShell:
-		maxCode = MaxShellCodeSize
-	default:
-		return fmt.Errorf("language %q: want %s or %s", r.Language, LanguagePython, LanguageShell)
-	}
-	if len(r.Code) > maxCode {
-		return fmt.Errorf("%s code is %d bytes, over the limit of %d; write it to a file under /tmp in one call and run that file in the next",
-			r.Language, len(r.Code), maxCode)
-	}
-	if i := strings.IndexByte(r.Code, 0); i >= 0 {
-		return fmt.Errorf("code holds a NUL byte at offset %d; interpreters cannot take one", i)
-	}
-	if !utf8.ValidString(r.Code) {
-		return fmt.Errorf("code is not valid UTF-8; the protocol carries code as a JSON string")
-	}
-	if r.TimeoutMS <= 0 || r.TimeoutMS > MaxTimeout.Milliseconds() {
-		return fmt.Errorf("timeout %dms: want more than 0 and at most %s", r.TimeoutMS, MaxTimeout)
-	}
-	if r.MaxOutput < 0 || r.MaxOutput > MaxMaxOutput {
-		return fmt.Errorf("max output %d bytes: want 0 (the default, %d) up to %d", r.MaxOutput, DefaultMaxOutput, MaxMaxOutput)
-	}
-	if l := r.Limits; l.MemoryBytes < 0 || l.Procs < 0 || l.FileBytes < 0 {
-		return fmt.Errorf("limits must not be negative (0 sets none): memory %d, procs %d, file size %d", l.MemoryBytes, l.Procs, l.FileBytes)
-	}
-	return nil
-}
-
-// maxOutput is the request's MaxOutput with the default filled in.
-func (r *Request) maxOutput() int64 {
-	if r.MaxOutput == 0 {
-		return DefaultMaxOutput
-	}
-	return r.MaxOutput
-}
+type (
+	// Request is wire.Request: one snippet to run.
+	Request = wire.Request
+	// Limits is wire.Limits: rlimits of a snippet's process.
+	Limits = wire.Limits
+	// Output is wire.Output: what a snippet wrote to one stream.
+	Output = wire.Output
+	// Result is wire.Result: the outcome of one snippet.
+	Result = wire.Result
+)
 
 // errorResult is the answer to a request that could not be run.
 func errorResult(err error) *Result {

@@ -249,7 +249,7 @@ func (a *Agent) startExec(path string, c command, limits Limits) (*proc, error) 
 // runProc gives req's code to p through its gate and collects the result.
 func (a *Agent) runProc(ctx context.Context, req *Request, p *proc) *Result {
 	defer p.close()
-	stdout, stderr := newCapture(req.maxOutput()), newCapture(req.maxOutput())
+	stdout, stderr := newCapture(req.OutputLimit()), newCapture(req.OutputLimit())
 	res := &Result{Version: ProtocolVersion, ExitCode: -1}
 	var readers sync.WaitGroup
 	readers.Go(func() { capturePipe(stdout, p.outR) })

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // guard bounds every call in these tests: a call that takes longer hangs.
@@ -372,7 +374,7 @@ func TestRunHugeOutput(t *testing.T) {
 	if res.ExitCode != 0 || res.Stdout.Total != gib || res.Stderr.Total != gib || !res.Stdout.Truncated || !res.Stderr.Truncated {
 		t.Fatalf("exit %d, totals %d and %d, error %q", res.ExitCode, res.Stdout.Total, res.Stderr.Total, res.Error)
 	}
-	marker := truncationMarker(gib - DefaultMaxOutput)
+	marker := wire.TruncationMarker(gib - DefaultMaxOutput)
 	if len(res.Stdout.Data) != DefaultMaxOutput+len(marker) || !bytes.Contains(res.Stderr.Data, []byte("y\ny\n"+marker+"y\ny\n")) {
 		t.Fatalf("stdout %d bytes, stderr %d bytes", len(res.Stdout.Data), len(res.Stderr.Data))
 	}
