@@ -75,4 +75,3 @@ func (c *capture) Output() Output {
 	out.Data = data
 	return out
 }
-
