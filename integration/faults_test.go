@@ -413,7 +413,7 @@ func TestFaultsIsolation(t *testing.T) {
 			t.Fatalf("config.json: %v", err)
 		}
 		agentBin, _, _ := faultAgentPaths(t, root, name)
-		binBefore, err := os.ReadFile(flmboxBin)
+		binBefore, err := os.ReadFile(flmboxCore)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -445,8 +445,8 @@ for p in ['/usr/x', '/var/tmp/x', '/x', '/etc/x', '/usr/bin/python3']:
 		if res.code == 0 {
 			t.Errorf("a snippet appended to the agent's binary %s", agentBin)
 		}
-		if binAfter, _ := os.ReadFile(flmboxBin); !bytes.Equal(binAfter, binBefore) {
-			t.Errorf("the host's flmbox binary changed")
+		if binAfter, _ := os.ReadFile(flmboxCore); !bytes.Equal(binAfter, binBefore) {
+			t.Errorf("the host's flmbox-core binary changed")
 		}
 		res = faultRun(t, root, name, "touch /usr/y", "-l", "shell")
 		if res.code == 0 || !(strings.Contains(res.stderr, "Read-only file system") || strings.Contains(res.stderr, "Permission denied")) {

@@ -29,8 +29,11 @@ import (
 )
 
 var (
-	// flmboxBin is the flmbox binary under test, built by TestMain.
+	// flmboxBin is the flmbox command under test, built by TestMain with
+	// flmbox-core next to it.
 	flmboxBin string
+	// flmboxCore is flmbox-core, which every sandbox mounts as its agent.
+	flmboxCore string
 	// img is the Python test image.
 	img *testimage.Image
 	// runscPath is the runsc binary the tests use.
@@ -63,8 +66,9 @@ func setup(m *testing.M) int {
 		return fail("%v", err)
 	}
 	defer os.RemoveAll(dir)
-	flmboxBin = filepath.Join(dir, "flmbox")
-	build := exec.CommandContext(ctx, "go", "build", "-o", flmboxBin, "../cmd/flmbox")
+	// flmbox and flmbox-core, side by side as installed.
+	flmboxBin, flmboxCore = filepath.Join(dir, "flmbox"), filepath.Join(dir, "flmbox-core")
+	build := exec.CommandContext(ctx, "go", "build", "-tags", "urfave_cli_no_docs", "-o", dir+"/", "../cmd/flmbox", "../cmd/flmbox-core")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		return fail("build flmbox: %v\n%s", err, out)

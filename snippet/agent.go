@@ -189,23 +189,28 @@ func isTemporary(err error) bool {
 	return errors.As(err, &t) && t.Temporary()
 }
 
-// serveConn answers one connection.
+// serveConn answers one connection. The next spare is started once the
+// answer is sent: under gVisor, starting a process takes CPU that the answer
+// would otherwise wait for.
 func (a *Agent) serveConn(ctx context.Context, conn net.Conn) {
 	defer conn.Close()
-	res := a.answer(ctx, conn)
+	req, res, ran := a.answer(ctx, conn)
 	conn.SetWriteDeadline(time.Now().Add(responseTimeout))
 	w := bufio.NewWriterSize(conn, 64<<10)
 	if json.NewEncoder(w).Encode(res) == nil {
 		w.Flush() // a client that left does not read it: nothing to do
 	}
+	if ran {
+		a.refill(req.Language, req.Limits)
+	}
 }
 
-// answer reads the request on conn and runs it.
-func (a *Agent) answer(ctx context.Context, conn net.Conn) *Result {
+// answer reads the request on conn and runs it; ran is run's.
+func (a *Agent) answer(ctx context.Context, conn net.Conn) (req *Request, res *Result, ran bool) {
 	conn.SetReadDeadline(time.Now().Add(requestTimeout))
 	req, err := readRequest(conn)
 	if err != nil {
-		return errorResult(err)
+		return nil, errorResult(err), false
 	}
 	conn.SetReadDeadline(time.Time{})
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -214,7 +219,8 @@ func (a *Agent) answer(ctx context.Context, conn net.Conn) *Result {
 		stop := watchHangup(uc, func() { cancel(errClientGone) })
 		defer stop()
 	}
-	return a.Run(ctx, req)
+	res, ran = a.run(ctx, req)
+	return req, res, ran
 }
 
 // Causes of a cancelled call.

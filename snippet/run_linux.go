@@ -31,19 +31,29 @@ const drainGrace = 500 * time.Millisecond
 // the snippet is killed and the Result has ExitCode -1, Error saying so, and
 // the output captured until then.
 func (a *Agent) Run(ctx context.Context, req *Request) *Result {
+	res, ran := a.run(ctx, req)
+	if ran {
+		a.refill(req.Language, req.Limits)
+	}
+	return res
+}
+
+// run is Run without starting the next spare; ran says that a process ran
+// req's code, so that one should be started.
+func (a *Agent) run(ctx context.Context, req *Request) (res *Result, ran bool) {
 	a.init()
 	if err := req.Validate(); err != nil {
-		return errorResult(err)
+		return errorResult(err), false
 	}
 	if err := context.Cause(ctx); err != nil {
-		return errorResult(fmt.Errorf("run snippet: %w", err))
+		return errorResult(fmt.Errorf("run snippet: %w", err)), false
 	}
 	if req.Language == LanguagePython && a.pythonErr != nil {
-		return errorResult(a.pythonErr)
+		return errorResult(a.pythonErr), false
 	}
 	if req.Reset {
 		if err := a.Reset(ctx); err != nil {
-			return errorResult(err)
+			return errorResult(err), false
 		}
 	}
 	a.calls.RLock()
@@ -52,12 +62,10 @@ func (a *Agent) Run(ctx context.Context, req *Request) *Result {
 	if p == nil {
 		var err error
 		if p, err = a.start(req.Language, req.Code, req.Limits, false); err != nil {
-			return errorResult(err)
+			return errorResult(err), false
 		}
 	}
-	res := a.runProc(ctx, req, p)
-	a.refill(req.Language, req.Limits)
-	return res
+	return a.runProc(ctx, req, p), true
 }
 
 // proc is a snippet's process, started with its limits set and blocked on
@@ -155,15 +163,40 @@ type pipes struct {
 
 func newPipes() (*pipes, error) {
 	var p pipes
-	for _, pair := range [][2]**os.File{{&p.outR, &p.outW}, {&p.errR, &p.errW}, {&p.gateR, &p.gateW}} {
-		r, w, err := os.Pipe()
+	for _, pair := range []struct {
+		own, child **os.File
+		ownReads   bool
+	}{{&p.outR, &p.outW, true}, {&p.errR, &p.errW, true}, {&p.gateW, &p.gateR, false}} {
+		own, child, err := pipe(pair.ownReads)
 		if err != nil {
 			p.close()
 			return nil, fmt.Errorf("create pipes for the snippet: %w", err)
 		}
-		*pair[0], *pair[1] = r, w
+		*pair.own, *pair.child = own, child
 	}
 	return &p, nil
+}
+
+// pipe returns a pipe's two ends: the agent's, non-blocking and in Go's
+// poller (its reads and writes take deadlines), and the snippet's, blocking
+// and outside it. os.Pipe would put both in the poller, and os/exec would
+// then make the snippet's end blocking again: a dozen system calls more per
+// snippet, each costly under gVisor.
+func pipe(ownReads bool) (own, child *os.File, err error) {
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
+		return nil, nil, err
+	}
+	ownFD, childFD := fds[0], fds[1]
+	if !ownReads {
+		ownFD, childFD = fds[1], fds[0]
+	}
+	if err := unix.SetNonblock(ownFD, true); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		return nil, nil, err
+	}
+	return os.NewFile(uintptr(ownFD), "|0"), os.NewFile(uintptr(childFD), "|1"), nil
 }
 
 // closeChildEnds closes the ends that only the snippet uses.
@@ -365,14 +398,30 @@ func setLimits(pid int, l Limits) error {
 		if lim.value == 0 {
 			continue
 		}
-		var own unix.Rlimit
-		if err := unix.Getrlimit(lim.resource, &own); err != nil {
+		own, err := ownLimit(lim.resource)
+		if err != nil {
 			return fmt.Errorf("read the agent's %s limit: %w", lim.name, err)
 		}
-		v := min(uint64(lim.value), own.Max)
+		v := min(uint64(lim.value), own)
 		if err := unix.Prlimit(pid, lim.resource, &unix.Rlimit{Cur: v, Max: v}, nil); err != nil {
 			return fmt.Errorf("set the snippet's %s limit to %d: %w", lim.name, v, err)
 		}
 	}
 	return nil
+}
+
+// ownLimits caches the agent's hard limits, which it never changes.
+var ownLimits sync.Map // resource → uint64
+
+// ownLimit returns the agent's hard limit of resource.
+func ownLimit(resource int) (uint64, error) {
+	if v, ok := ownLimits.Load(resource); ok {
+		return v.(uint64), nil
+	}
+	var own unix.Rlimit
+	if err := unix.Getrlimit(resource, &own); err != nil {
+		return 0, err
+	}
+	ownLimits.Store(resource, own.Max)
+	return own.Max, nil
 }

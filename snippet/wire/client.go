@@ -92,6 +92,12 @@ func Call(ctx context.Context, socketPath string, req *Request) (*Result, error)
 		return nil, fmt.Errorf("the sandbox's agent is not answering: the sandbox is dead? (flmbox sandbox ls): %w: %w", err, errdefs.ErrUnavailable)
 	}
 	defer conn.Close()
+	return CallConn(ctx, conn, req)
+}
+
+// CallConn is Call on conn, a connection from Dial, for a caller that handles
+// a failure to connect itself. req must be valid. It does not close conn.
+func CallConn(ctx context.Context, conn *os.File, req *Request) (*Result, error) {
 	// The deadline also serves ctx: a cancelled call fails its I/O at once.
 	conn.SetDeadline(time.Now().Add(time.Duration(req.TimeoutMS)*time.Millisecond + answerGrace))
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })

@@ -1,0 +1,173 @@
+package app
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// measureMemory measures the host memory of one idle sandbox, just created
+// (its agent answering) and left idle for a while, then of a bare runsc
+// container running sleep on the same rootfs, measured the same way. One at
+// a time, so that neither shares pages with the other.
+func (b *bench) measureMemory(ctx context.Context) (memoryReport, error) {
+	var rep memoryReport
+	b.logf("memory: one idle sandbox, one bare runsc container")
+	o, err := b.sandboxOptions("bench-memory")
+	if err != nil {
+		return rep, err
+	}
+	sb, err := createSandbox(ctx, b.cli, o)
+	if err != nil {
+		return rep, err
+	}
+	mem, err := idleMemory(ctx, sb.Dir, b.opts.idle)
+	if rerr := removeSandbox(context.WithoutCancel(ctx), b.cli, sb.Name); err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return rep, err
+	}
+	rep.SandboxKiB, rep.SandboxRSSKiB, rep.SandboxProcesses = mem.pss, mem.rss, mem.processes
+
+	id := newRawID()
+	defer b.deleteRaw(context.WithoutCancel(ctx), id)
+	if err := b.startRaw(ctx, id); err != nil {
+		return rep, err
+	}
+	if mem, err = idleMemory(ctx, b.rawBundle(), b.opts.idle); err != nil {
+		return rep, err
+	}
+	rep.BareRunscKiB, rep.BareRunscRSSKiB, rep.BareRunscProcesses = mem.pss, mem.rss, mem.processes
+	return rep, nil
+}
+
+// hostMemory is the memory of a set of host processes, in KiB.
+type hostMemory struct {
+	rss, pss  int64
+	processes int
+}
+
+// idleMemory waits for idle, then measures the runsc container of bundle.
+func idleMemory(ctx context.Context, bundle string, idle time.Duration) (hostMemory, error) {
+	select {
+	case <-ctx.Done():
+		return hostMemory{}, ctx.Err()
+	case <-time.After(idle):
+	}
+	pids, err := bundleProcesses(bundle)
+	if err != nil {
+		return hostMemory{}, err
+	}
+	return processMemory(pids)
+}
+
+// bundleProcesses returns every host process of the runsc container of
+// bundle: those whose command line names the bundle (runsc's sandbox and
+// gofer processes: --bundle=DIR or --bundle DIR) and all their descendants
+// (systrap's stub processes).
+func bundleProcesses(bundle string) ([]int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	children := map[int][]int{}
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ppid, err := parentPID(pid); err == nil {
+			children[ppid] = append(children[ppid], pid)
+		}
+		if cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); err == nil && namesBundle(cmd, bundle) {
+			pids = append(pids, pid)
+		}
+	}
+	if len(pids) == 0 {
+		return nil, fmt.Errorf("measure memory: no host process of the container of %s", bundle)
+	}
+	seen := map[int]bool{}
+	for i := 0; i < len(pids); i++ {
+		seen[pids[i]] = true
+		for _, c := range children[pids[i]] {
+			if !seen[c] {
+				pids = append(pids, c)
+				seen[c] = true
+			}
+		}
+	}
+	return pids, nil
+}
+
+// namesBundle reports whether a NUL-separated command line has
+// --bundle=DIR or --bundle DIR (or -bundle).
+func namesBundle(cmdline []byte, dir string) bool {
+	args := strings.Split(string(bytes.TrimRight(cmdline, "\x00")), "\x00")
+	for i, a := range args {
+		flag, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if flag != "bundle" || a == flag {
+			continue
+		}
+		if hasValue && value == dir || !hasValue && i+1 < len(args) && args[i+1] == dir {
+			return true
+		}
+	}
+	return false
+}
+
+// parentPID reads the parent of pid from /proc/PID/stat.
+func parentPID(pid int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The fields after the command name, which ends with the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	return strconv.Atoi(f[1])
+}
+
+// processMemory sums Rss and Pss of /proc/PID/smaps_rollup over pids.
+func processMemory(pids []int) (hostMemory, error) {
+	var m hostMemory
+	for _, pid := range pids {
+		f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+		if err != nil {
+			continue // exited meanwhile
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			f := strings.Fields(sc.Text())
+			if len(f) != 3 || f[2] != "kB" {
+				continue
+			}
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			switch f[0] {
+			case "Rss:":
+				m.rss += n
+			case "Pss:":
+				m.pss += n
+			}
+		}
+		f.Close()
+		m.processes++
+	}
+	if m.processes == 0 {
+		return m, fmt.Errorf("measure memory: the container's processes are gone")
+	}
+	return m, nil
+}

@@ -1,0 +1,159 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/flmbox/flmbox/rootfs"
+)
+
+// prepareImage prewarms IMAGE into the private root from where it comes
+// (not measured): the sandboxes run on it, and it tells the index and
+// platform manifest digests the loopback registry must serve.
+func (b *bench) prepareImage(ctx context.Context) error {
+	b.logf("prewarm %s into %s", b.image, b.root)
+	store, err := openStore(b.cli)
+	if err != nil {
+		return err
+	}
+	if b.img, err = store.Prewarm(ctx, b.image, nil); err != nil {
+		return err
+	}
+	cfg, err := store.Config(b.img.ManifestDigest)
+	if err != nil {
+		return err
+	}
+	b.imageEnv = cfg.Config.Env
+	return nil
+}
+
+// measurePrewarm copies the image into a loopback registry and measures,
+// alternating, cold `flmbox prewarm` processes (each into a new state root)
+// and crane export | tar -x of the same platform image, then, with the
+// registry stopped, cache-hit prewarms by index digest. Trees are removed
+// only at the end: ext4 is slow to allocate inodes for a while after a large
+// removal, which would slow the next round.
+func (b *bench) measurePrewarm(ctx context.Context) (prewarmReport, error) {
+	var rep prewarmReport
+	reg, err := startRegistry()
+	if err != nil {
+		return rep, err
+	}
+	defer reg.close()
+	b.logf("prewarm: copy the image into a loopback registry")
+	if err := reg.push(ctx, b.image, b.img.IndexDigest, b.img.ManifestDigest); err != nil {
+		return rep, err
+	}
+	b.ref = reg.ref(b.img.IndexDigest)
+	crane, craneErr := exec.LookPath("crane")
+	var cold, crn []float64
+	for i := range b.opts.prewarmRounds {
+		b.logf("prewarm: cold round %d of %d", i+1, b.opts.prewarmRounds)
+		steps := []func() error{
+			func() error {
+				d, err := b.timePrewarm(ctx, filepath.Join(b.dir, "cold", strconv.Itoa(i)), false)
+				cold = append(cold, ms(d))
+				return err
+			},
+		}
+		if craneErr == nil {
+			steps = append(steps, func() error {
+				d, err := craneTar(ctx, crane, reg.ref(b.img.ManifestDigest), filepath.Join(b.dir, "crane", strconv.Itoa(i)))
+				crn = append(crn, ms(d))
+				return err
+			})
+		}
+		if i%2 == 1 {
+			steps[0], steps[len(steps)-1] = steps[len(steps)-1], steps[0]
+		}
+		for _, step := range steps {
+			if err := step(); err != nil {
+				return rep, err
+			}
+			unix.Sync() // the next step does not pay for this one's writeback
+		}
+	}
+	reg.close()
+	b.logf("prewarm: cache hits, registry stopped")
+	var hit []float64
+	for range max(10, 5*b.opts.prewarmRounds) {
+		d, err := b.timePrewarm(ctx, b.root, true)
+		if err != nil {
+			return rep, err
+		}
+		hit = append(hit, ms(d))
+	}
+	rep.Cold, rep.Hit = summarize(cold), summarize(hit)
+	rep.ColdMS, rep.HitMS = rep.Cold.Median, rep.Hit.Median
+	if len(crn) > 0 {
+		s := summarize(crn)
+		rep.CraneTar, rep.CraneTarMS = &s, &s.Median
+	}
+	return rep, nil
+}
+
+// timePrewarm times one `flmbox prewarm --json` process by index digest
+// into root, and checks that it made (or, cached, found) the image.
+func (b *bench) timePrewarm(ctx context.Context, root string, cached bool) (time.Duration, error) {
+	d, out, err := timeCommand(b.flmboxIn(ctx, root, "prewarm", "--json", b.ref))
+	if err != nil {
+		return d, err
+	}
+	var res rootfs.Result
+	if err := json.Unmarshal(out, &res); err != nil {
+		return d, fmt.Errorf("check the output of flmbox prewarm: %w: %q", err, out)
+	}
+	if res.ManifestDigest != b.img.ManifestDigest || res.Cached != cached {
+		return d, fmt.Errorf("check the output of flmbox prewarm: manifest %s, cached %t; want %s, cached %t",
+			res.ManifestDigest, res.Cached, b.img.ManifestDigest, cached)
+	}
+	return d, nil
+}
+
+// craneTar times `crane export REF - | tar -x -C DIR` and checks that both
+// succeeded and DIR is not empty.
+func craneTar(ctx context.Context, crane, ref, dir string) (time.Duration, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return 0, err
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return 0, err
+	}
+	export := exec.CommandContext(ctx, crane, "export", ref, "-")
+	untar := exec.CommandContext(ctx, "tar", "-x", "-C", dir)
+	var exportErr, untarErr strings.Builder
+	export.Stdout, export.Stderr = pw, &exportErr
+	untar.Stdin, untar.Stderr = pr, &untarErr
+	start := time.Now()
+	errT := untar.Start()
+	errE := export.Start()
+	pw.Close() // the children hold their own ends
+	pr.Close()
+	if errE == nil {
+		errE = export.Wait()
+	}
+	if errT == nil {
+		errT = untar.Wait()
+	}
+	d := time.Since(start)
+	switch {
+	case errE != nil:
+		return d, commandFailed("crane export "+ref, errE, exportErr.String())
+	case errT != nil:
+		return d, commandFailed("tar -x -C "+dir, errT, untarErr.String())
+	}
+	if ents, err := os.ReadDir(dir); err != nil || len(ents) == 0 {
+		return d, fmt.Errorf("check crane export | tar: %s is empty", dir)
+	}
+	return d, nil
+}

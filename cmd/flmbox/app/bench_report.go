@@ -1,0 +1,173 @@
+package app
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// benchReport is `flmbox bench --json`'s object (issue 4's schema). Keys may
+// be added; the issue's keep their meaning. Times are milliseconds unless a
+// key says otherwise (_s: seconds, _kib: KiB).
+type benchReport struct {
+	Allocation allocationReport `json:"allocation"`
+	Warm       []warmReport     `json:"warm"`
+	Batch      batchReport      `json:"batch"`
+	Prewarm    prewarmReport    `json:"prewarm"`
+	Memory     memoryReport     `json:"memory"`
+	Runsc      runscReport      `json:"runsc"`
+	// Image is what was measured; Settings how often.
+	Image    imageReport    `json:"image"`
+	Settings settingsReport `json:"settings"`
+}
+
+// benchStats summarizes measurements in milliseconds (issue 4's S).
+type benchStats struct {
+	Median float64 `json:"median"`
+	Min    float64 `json:"min"`
+	Max    float64 `json:"max"`
+	N      int     `json:"n"`
+}
+
+// allocationReport: a new sandbox until its first result is back.
+type allocationReport struct {
+	// FreshMS is a whole `flmbox run --image` process, from its start until
+	// its output is back.
+	FreshMS benchStats `json:"fresh_ms"`
+	// RetainedMS is a new logical sandbox on a running gVisor sandbox; nil
+	// (null) while flmbox has no such path (see retainedAllocation).
+	RetainedMS *benchStats `json:"retained_ms"`
+	// RawRunscMS is runsc create + start + exec of the same snippet.
+	RawRunscMS benchStats `json:"raw_runsc_ms"`
+	// FreshInprocessMS is the same as FreshMS through the Go API, in this
+	// process: no CLI start-up, and removal is not counted.
+	FreshInprocessMS benchStats `json:"fresh_inprocess_ms"`
+}
+
+// warmReport is one API and language of warm calls: medians and p95s are
+// the medians of the within-round medians and p95s.
+type warmReport struct {
+	API      string `json:"api"`      // sandbox or batch
+	Language string `json:"language"` // python or shell
+	// MedianMS and P95MS: whole `flmbox run` processes.
+	MedianMS float64 `json:"median_ms"`
+	P95MS    float64 `json:"p95_ms"`
+	// Inprocess: the Go API in this process (snippet.Call for sandbox, the
+	// CLI's batch runner for batch).
+	InprocessMedianMS float64 `json:"inprocess_median_ms"`
+	InprocessP95MS    float64 `json:"inprocess_p95_ms"`
+	// RunscExec: runsc exec of the same command in the same sandbox.
+	RunscExecMedianMS float64 `json:"runsc_exec_median_ms"`
+	RunscExecP95MS    float64 `json:"runsc_exec_p95_ms"`
+	// Native: the same command under chroot ROOTFS on the host.
+	NativeMedianMS float64 `json:"native_median_ms"`
+	NativeP95MS    float64 `json:"native_p95_ms"`
+	// Calls is the number of measured calls of each kind.
+	Calls int `json:"calls"`
+}
+
+// batchReport is the throughput of one `flmbox run --batch --image`.
+type batchReport struct {
+	Snippets  int     `json:"snippets"`
+	Parallel  int     `json:"parallel"` // the default --parallel
+	SerialS   float64 `json:"serial_s"` // --parallel 1
+	ParallelS float64 `json:"parallel_s"`
+	// SnippetNativeS is what one snippet takes under chroot on the host.
+	SnippetNativeS float64 `json:"snippet_native_s"`
+}
+
+// prewarmReport: whole `flmbox prewarm` processes.
+type prewarmReport struct {
+	// ColdMS is the median of cold prewarms from a loopback registry.
+	ColdMS float64 `json:"cold_ms"`
+	// CraneTarMS is the median of crane export | tar -x of the same image
+	// from the same registry; nil (null) without crane on PATH.
+	CraneTarMS *float64 `json:"crane_tar_ms"`
+	// HitMS is the median of cache-hit prewarms by index digest, with the
+	// registry stopped.
+	HitMS    float64     `json:"hit_ms"`
+	Cold     benchStats  `json:"cold_stats"`
+	CraneTar *benchStats `json:"crane_tar_stats"`
+	Hit      benchStats  `json:"hit_stats"`
+}
+
+// memoryReport is host memory of all the host processes of one idle
+// sandbox: sandbox_kib and bare_runsc_kib are PSS (shared pages split among
+// their users); RSS is reported too.
+type memoryReport struct {
+	SandboxKiB         int64 `json:"sandbox_kib"`
+	BareRunscKiB       int64 `json:"bare_runsc_kib"`
+	SandboxRSSKiB      int64 `json:"sandbox_rss_kib"`
+	BareRunscRSSKiB    int64 `json:"bare_runsc_rss_kib"`
+	SandboxProcesses   int   `json:"sandbox_processes"`
+	BareRunscProcesses int   `json:"bare_runsc_processes"`
+}
+
+type runscReport struct {
+	Path     string `json:"path"`
+	Version  string `json:"version"`
+	Platform string `json:"platform"`
+}
+
+type imageReport struct {
+	Ref            string `json:"ref"`
+	IndexDigest    string `json:"index_digest"`
+	ManifestDigest string `json:"manifest_digest"`
+	Platform       string `json:"platform"`
+	SizeBytes      int64  `json:"size_bytes"`
+}
+
+type settingsReport struct {
+	Pairs         int `json:"pairs"`
+	Warmup        int `json:"warmup"`
+	Rounds        int `json:"rounds"`
+	Calls         int `json:"calls"`
+	PrewarmRounds int `json:"prewarm_rounds"`
+	CPUs          int `json:"cpus"`
+}
+
+// ms converts a duration to milliseconds, to the microsecond.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// summarize returns the median, min, max and count of xs (ms).
+func summarize(xs []float64) benchStats {
+	if len(xs) == 0 {
+		return benchStats{}
+	}
+	s := slices.Sorted(slices.Values(xs))
+	return benchStats{Median: median(s), Min: s[0], Max: s[len(s)-1], N: len(s)}
+}
+
+// median of sorted values: the mean of the middle two for an even count.
+func median(sorted []float64) float64 {
+	n := len(sorted)
+	if n == 0 {
+		return math.NaN()
+	}
+	if n%2 == 1 {
+		return sorted[n/2]
+	}
+	return (sorted[n/2-1] + sorted[n/2]) / 2
+}
+
+// p95 of sorted values, by nearest rank: the smallest value at or above
+// which 95% of the values lie.
+func p95(sorted []float64) float64 {
+	if len(sorted) == 0 {
+		return math.NaN()
+	}
+	return sorted[int(math.Ceil(0.95*float64(len(sorted))))-1]
+}
+
+// roundSummary is the median of the within-round medians and the median of
+// the within-round p95s.
+func roundSummary(rounds [][]float64) (med, p float64) {
+	var meds, ps []float64
+	for _, r := range rounds {
+		s := slices.Sorted(slices.Values(r))
+		meds, ps = append(meds, median(s)), append(ps, p95(s))
+	}
+	slices.Sort(meds)
+	slices.Sort(ps)
+	return median(meds), median(ps)
+}

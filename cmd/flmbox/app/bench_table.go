@@ -1,0 +1,100 @@
+package app
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+)
+
+// The reference system's figures (issue 4): its own cluster, gVisor, one
+// CPU per worker.
+const (
+	refFresh    = "191 ms (168–207)"
+	refRetained = "82 ms (70–92)"
+)
+
+// refWarm is the reference system's warm call medians, by API and language;
+// flmbox's batch API is compared with its session API (one worker).
+var refWarm = map[[2]string]string{
+	{"sandbox", "python"}: "25.16 ms", {"sandbox", "shell"}: "8.60 ms",
+	{"batch", "python"}: "23.64 ms (session)", {"batch", "shell"}: "8.67 ms (session)",
+}
+
+// printBench prints the report: one JSON object, or the table.
+func printBench(w io.Writer, rep *benchReport, asJSON bool) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetEscapeHTML(false)
+		return enc.Encode(rep)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "FIGURE\tFLMBOX\tBASELINE\tRATIO\tTARGET\tREFERENCE")
+	for _, r := range benchRows(rep) {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.figure, r.flmbox, r.baseline, r.ratio, r.target, r.reference)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nmedians; warm calls: median of %d rounds' medians (p95: of their p95s), %d calls per round after %d warm-up calls\n",
+		rep.Settings.Rounds, rep.Settings.Calls, rep.Settings.Warmup)
+	fmt.Fprintf(w, "image:  %s (%s, %s)\n", rep.Image.Ref, rep.Image.Platform, humanSize(rep.Image.SizeBytes))
+	fmt.Fprintf(w, "runsc:  %s (%s, platform %s); %d CPUs\n", rep.Runsc.Path, rep.Runsc.Version, rep.Runsc.Platform, rep.Settings.CPUs)
+	return nil
+}
+
+// benchRow is one line of the table.
+type benchRow struct{ figure, flmbox, baseline, ratio, target, reference string }
+
+func benchRows(rep *benchReport) []benchRow {
+	a := rep.Allocation
+	raw := "raw runsc " + fmtMS(a.RawRunscMS.Median)
+	rows := []benchRow{
+		{"new sandbox → first result (flmbox run --image)", fmtMS(a.FreshMS.Median), raw, ratio(a.FreshMS.Median, a.RawRunscMS.Median), "≤ 1.0×", refFresh},
+		{"  in process (Go API)", fmtMS(a.FreshInprocessMS.Median), raw, ratio(a.FreshInprocessMS.Median, a.RawRunscMS.Median), "", ""},
+		{"retained sandbox → first result", "n/a", "", "", "", refRetained},
+	}
+	if a.RetainedMS != nil {
+		rows[2].flmbox, rows[2].baseline, rows[2].ratio = fmtMS(a.RetainedMS.Median), raw, ratio(a.RetainedMS.Median, a.RawRunscMS.Median)
+	}
+	for _, w := range rep.Warm {
+		exec := "runsc exec " + fmtMS(w.RunscExecMedianMS)
+		rows = append(rows,
+			benchRow{fmt.Sprintf("warm call, %s API, %s (flmbox run)", w.API, w.Language), fmtMS(w.MedianMS), exec,
+				ratio(w.MedianMS, w.RunscExecMedianMS), "≤ 0.5×", refWarm[[2]string{w.API, w.Language}]},
+			benchRow{"  p95", fmtMS(w.P95MS), "runsc exec " + fmtMS(w.RunscExecP95MS), ratio(w.P95MS, w.RunscExecP95MS), "", ""},
+			benchRow{"  in process (Go API)", fmtMS(w.InprocessMedianMS), exec, ratio(w.InprocessMedianMS, w.RunscExecMedianMS), "≤ 0.5×", ""},
+			benchRow{"  against no sandbox", fmtMS(w.MedianMS), "chroot " + fmtMS(w.NativeMedianMS), ratio(w.MedianMS, w.NativeMedianMS), "", ""},
+		)
+	}
+	bt, p, m := rep.Batch, rep.Prewarm, rep.Memory
+	rows = append(rows,
+		benchRow{fmt.Sprintf("batch of %d CPU-bound snippets (%.2f s each), --parallel %d", bt.Snippets, bt.SnippetNativeS, bt.Parallel),
+			fmt.Sprintf("%.1f s", bt.ParallelS), fmt.Sprintf("--parallel 1 %.1f s", bt.SerialS), ratio(bt.ParallelS, bt.SerialS), "", ""},
+		benchRow{"cold prewarm from a loopback registry", fmtMS(p.ColdMS), "crane export | tar -x n/a", "", "≤ 0.8×", ""},
+		benchRow{"cache-hit prewarm by index digest", fmtMS(p.HitMS), "", "", "≤ 20 ms", ""},
+		benchRow{"host memory of an idle sandbox (PSS)", fmtKiB(m.SandboxKiB), "bare runsc sleep " + fmtKiB(m.BareRunscKiB), ratio(float64(m.SandboxKiB), float64(m.BareRunscKiB)), "", ""},
+		benchRow{"  RSS", fmtKiB(m.SandboxRSSKiB), "bare runsc sleep " + fmtKiB(m.BareRunscRSSKiB), ratio(float64(m.SandboxRSSKiB), float64(m.BareRunscRSSKiB)), "", ""},
+	)
+	if p.CraneTarMS != nil {
+		r := &rows[len(rows)-4]
+		r.baseline, r.ratio = "crane export | tar -x "+fmtMS(*p.CraneTarMS), ratio(p.ColdMS, *p.CraneTarMS)
+	}
+	return rows
+}
+
+func fmtMS(x float64) string {
+	if x >= 100 {
+		return fmt.Sprintf("%.0f ms", x)
+	}
+	return fmt.Sprintf("%.1f ms", x)
+}
+
+func fmtKiB(k int64) string { return fmt.Sprintf("%.1f MiB", float64(k)/1024) }
+
+func ratio(x, base float64) string {
+	if base <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("%.2f×", x/base)
+}

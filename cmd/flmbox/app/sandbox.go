@@ -1,0 +1,11 @@
+package app
+
+import "github.com/urfave/cli/v2"
+
+func sandboxCommand() *cli.Command {
+	return &cli.Command{
+		Name:        "sandbox",
+		Usage:       "create, list and remove persistent sandboxes",
+		Subcommands: []*cli.Command{sandboxCreateCommand(), sandboxLsCommand(), sandboxRmCommand()},
+	}
+}

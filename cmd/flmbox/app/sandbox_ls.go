@@ -1,0 +1,63 @@
+package app
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"text/tabwriter"
+	"time"
+
+	"github.com/docker/go-units"
+	"github.com/urfave/cli/v2"
+
+	"github.com/flmbox/flmbox/runtime"
+)
+
+// sandboxInfo is a line of `sandbox ls`.
+type sandboxInfo struct {
+	Name     string          `json:"name"`
+	Image    string          `json:"image"`
+	Network  runtime.Network `json:"network"`
+	State    runtime.State   `json:"state"`
+	Created  time.Time       `json:"created"`
+	LastUsed time.Time       `json:"last_used"`
+}
+
+func sandboxLsCommand() *cli.Command {
+	return &cli.Command{
+		Name:    "ls",
+		Aliases: []string{"list"},
+		Usage:   "list sandboxes",
+		Flags:   []cli.Flag{jsonFlag},
+		Action: func(c *cli.Context) error {
+			rt, err := openRuntime(c)
+			if err != nil {
+				return err
+			}
+			sbs, err := rt.List()
+			if err != nil {
+				return err
+			}
+			infos := []sandboxInfo{}
+			for _, sb := range sbs {
+				info := sandboxInfo{Name: sb.Name, Image: sb.Image, Network: sb.Network, State: sandboxState(c.Context, rt, sb),
+					Created: sb.Created, LastUsed: sb.Created}
+				if fi, err := os.Stat(filepath.Join(sb.Dir, "last-used")); err == nil {
+					info.LastUsed = fi.ModTime().UTC()
+				}
+				infos = append(infos, info)
+			}
+			if c.Bool("json") {
+				return json.NewEncoder(c.App.Writer).Encode(infos)
+			}
+			tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tIMAGE\tNETWORK\tSTATE\tCREATED\tLAST USED")
+			for _, i := range infos {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s ago\t%s ago\n", i.Name, i.Image, i.Network, i.State,
+					units.HumanDuration(time.Since(i.Created)), units.HumanDuration(time.Since(i.LastUsed)))
+			}
+			return tw.Flush()
+		},
+	}
+}

@@ -1,0 +1,186 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/flmbox/flmbox/internal/warmcall"
+	"github.com/flmbox/flmbox/snippet/wire"
+)
+
+// defaultRoot is flmbox-core's default state root (app.DefaultRoot).
+const defaultRoot = "/var/lib/flmbox"
+
+// warmCall is a plain `flmbox run --sandbox NAME` command line.
+type warmCall struct {
+	root, sandbox, language string
+	code, file              string // -c CODE or FILE
+	hasCode                 bool
+	timeout                 time.Duration
+	reset, json             bool
+}
+
+// parseWarmCall recognizes the command lines that flmbox runs itself:
+//
+//	flmbox [--root DIR] [--runsc PATH] run --sandbox NAME [--language L]
+//	    [--timeout D] [--reset] [--json] (-c CODE | FILE)
+//
+// with flags written as -f, --f, -f=V or --f=V, run's flags before or after
+// FILE, and "--" ending them, as flmbox-core reads them. It returns false for
+// anything else (other commands or flags, code on stdin, help), which
+// flmbox-core then runs.
+func parseWarmCall(args []string, getenv func(string) string) (*warmCall, bool) {
+	w := &warmCall{root: defaultRoot, language: wire.LanguagePython, timeout: 30 * time.Second}
+	if r := getenv("FLMBOX_ROOT"); r != "" {
+		w.root = r
+	}
+	// Global flags, up to the command.
+	for {
+		if len(args) == 0 {
+			return nil, false
+		}
+		name, value, rest, ok := nextFlag(args, map[string]bool{"root": true, "runsc": true})
+		if !ok {
+			break
+		}
+		if name == "root" {
+			w.root = value
+		}
+		args = rest
+	}
+	if args[0] != "run" {
+		return nil, false
+	}
+	args = args[1:]
+	var positional []string
+	takesValue := map[string]bool{"sandbox": true, "language": true, "l": true, "timeout": true, "code": true, "c": true, "reset": false, "json": false}
+	for len(args) > 0 {
+		if args[0] == "--" {
+			positional = append(positional, args[1:]...)
+			break
+		}
+		if !strings.HasPrefix(args[0], "-") || args[0] == "-" {
+			positional = append(positional, args[0])
+			args = args[1:]
+			continue
+		}
+		name, value, rest, ok := nextFlag(args, takesValue)
+		if !ok {
+			return nil, false
+		}
+		args = rest
+		if !w.set(name, value) {
+			return nil, false
+		}
+	}
+	switch {
+	case w.sandbox == "":
+		return nil, false
+	case w.hasCode && len(positional) == 0:
+	case !w.hasCode && len(positional) == 1 && positional[0] != "-":
+		w.file = positional[0]
+	default:
+		return nil, false
+	}
+	return w, true
+}
+
+// set sets flag name of run to value; false if value is not valid for it.
+func (w *warmCall) set(name, value string) bool {
+	switch name {
+	case "sandbox":
+		w.sandbox = value
+	case "language", "l":
+		w.language = value
+	case "code", "c":
+		w.code, w.hasCode = value, true
+	case "timeout":
+		d, err := time.ParseDuration(value)
+		if err != nil {
+			return false
+		}
+		w.timeout = d
+	case "reset", "json":
+		b, err := strconv.ParseBool(value)
+		if err != nil {
+			return false
+		}
+		if name == "reset" {
+			w.reset = b
+		} else {
+			w.json = b
+		}
+	}
+	return true
+}
+
+// nextFlag reads the flag at args[0] if it is one of known (name → takes a
+// value), with its value ("true" for a boolean written alone), and returns
+// the arguments after it.
+func nextFlag(args []string, known map[string]bool) (name, value string, rest []string, ok bool) {
+	a := args[0]
+	if !strings.HasPrefix(a, "-") || a == "-" || a == "--" {
+		return "", "", nil, false
+	}
+	name = strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-")
+	name, value, hasValue := strings.Cut(name, "=")
+	takes, isKnown := known[name]
+	switch {
+	case !isKnown:
+		return "", "", nil, false
+	case hasValue:
+		return name, value, args[1:], true
+	case !takes:
+		return name, "true", args[1:], true
+	case len(args) < 2:
+		return "", "", nil, false
+	}
+	return name, args[1], args[2:], true
+}
+
+// run makes the call and prints its result as flmbox-core would. handled is
+// false when the call failed before its request was sent: the caller then
+// hands the command line to flmbox-core, which explains the failure.
+func (w *warmCall) run(ctx context.Context, stdout, stderr io.Writer) (code int, handled bool) {
+	req := &wire.Request{Version: wire.ProtocolVersion, Language: w.language, Code: w.code,
+		TimeoutMS: w.timeout.Milliseconds(), MaxOutput: wire.DefaultMaxOutput, Reset: w.reset}
+	if w.file != "" {
+		b, err := os.ReadFile(w.file)
+		if err != nil {
+			return 0, false
+		}
+		req.Code = string(b)
+	}
+	if req.Validate() != nil {
+		return 0, false
+	}
+	sb, err := warmcall.Open(w.root, w.sandbox)
+	if err != nil {
+		return 0, false
+	}
+	req.Limits = warmcall.SnippetLimits(sb.Limits.MemoryBytes, sb.Limits.Pids)
+	warmcall.Touch(sb.Dir)
+	conn, err := wire.Dial(warmcall.SocketPath(sb.Dir))
+	if err != nil {
+		return 0, false // dead, or its socket replaced
+	}
+	defer conn.Close()
+	res, err := wire.CallConn(ctx, conn, req)
+	if err != nil {
+		fmt.Fprintf(stderr, "flmbox: %s\n", err)
+		return warmcall.ExitFlmboxFailed, true
+	}
+	code, msg, err := warmcall.Print(stdout, stderr, res, w.json, w.timeout)
+	if err != nil {
+		msg, code = err.Error(), warmcall.ExitFlmboxFailed
+	}
+	if msg != "" {
+		fmt.Fprintf(stderr, "flmbox: %s\n", msg)
+	}
+	return code, true
+}

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/flmbox/flmbox/snippet/wire"
+)
+
+func TestParseWarmCall(t *testing.T) {
+	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+	none := env(nil)
+	def := func(edit func(w *warmCall)) *warmCall {
+		w := &warmCall{root: defaultRoot, sandbox: "sb", language: wire.LanguagePython, timeout: 30 * time.Second, code: "print(1)", hasCode: true}
+		edit(w)
+		return w
+	}
+	for _, tc := range []struct {
+		name string
+		args string
+		env  func(string) string
+		want *warmCall // nil: handed to flmbox-core
+	}{
+		{"plain", "run --sandbox sb -c print(1)", none, def(func(*warmCall) {})},
+		{"equals forms and single dashes", "run -sandbox=sb --code=print(1)", none, def(func(*warmCall) {})},
+		{"every flag", "--root /r --runsc /x run --sandbox sb -l shell --timeout 2s --reset --json -c print(1)", none,
+			def(func(w *warmCall) {
+				w.root, w.language, w.timeout, w.reset, w.json = "/r", "shell", 2*time.Second, true, true
+			})},
+		{"root from the environment", "run --sandbox sb -c print(1)", env(map[string]string{"FLMBOX_ROOT": "/e"}), def(func(w *warmCall) { w.root = "/e" })},
+		{"--root wins over the environment", "--root=/f run --sandbox sb -c print(1)", env(map[string]string{"FLMBOX_ROOT": "/e"}), def(func(w *warmCall) { w.root = "/f" })},
+		{"a file", "run --sandbox sb code.py", none, def(func(w *warmCall) { w.code, w.hasCode, w.file = "", false, "code.py" })},
+		{"flags after the file", "run code.py --sandbox sb --json", none, def(func(w *warmCall) { w.code, w.hasCode, w.file, w.json = "", false, "code.py", true })},
+		{"a file after --", "run --sandbox sb -- -weird.py", none, def(func(w *warmCall) { w.code, w.hasCode, w.file = "", false, "-weird.py" })},
+		{"boolean set false", "run --sandbox sb --json=false -c print(1)", none, def(func(*warmCall) {})},
+		{"last flag wins", "run --sandbox a --sandbox sb -c print(1)", none, def(func(*warmCall) {})},
+
+		{"no command", "--root /r", none, nil},
+		{"another command", "sandbox ls", none, nil},
+		{"help", "run --help", none, nil},
+		{"a debug run", "--debug run --sandbox sb -c 1", none, nil},
+		{"a fresh sandbox", "run --image img -c 1", none, nil},
+		{"a batch", "run --sandbox sb --batch f.json", none, nil},
+		{"max output", "run --sandbox sb --max-output 1k -c 1", none, nil},
+		{"no sandbox", "run -c 1", none, nil},
+		{"code on stdin", "run --sandbox sb -", none, nil},
+		{"no code", "run --sandbox sb", none, nil},
+		{"code twice", "run --sandbox sb -c 1 f.py", none, nil},
+		{"two files", "run --sandbox sb a.py b.py", none, nil},
+		{"a bad timeout", "run --sandbox sb --timeout soon -c 1", none, nil},
+		{"a bad boolean", "run --sandbox sb --json=maybe -c 1", none, nil},
+		{"a flag without its value", "run -c 1 --sandbox", none, nil},
+		{"a global flag after run", "run --root /r --sandbox sb -c 1", none, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := parseWarmCall(strings.Fields(tc.args), tc.env)
+			if tc.want == nil {
+				if ok {
+					t.Fatalf("parsed %+v, want it handed to flmbox-core", got)
+				}
+				return
+			}
+			if !ok || !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("got %+v (%v), want %+v", got, ok, tc.want)
+			}
+		})
+	}
+}
+
+// TestWarmCallHandsOver: a call that cannot be made is not handled, and
+// prints nothing, so that flmbox-core runs it and says why.
+func TestWarmCallHandsOver(t *testing.T) {
+	root := t.TempDir()
+	dead := filepath.Join(root, "sandboxes", "dead")
+	if err := os.MkdirAll(dead, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := json.Marshal(map[string]any{"name": "dead", "limits": map[string]int64{"memory_bytes": 1 << 29, "pids": 256}})
+	if err := os.WriteFile(filepath.Join(dead, "sandbox.json"), rec, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, args string }{
+		{"no such sandbox", "run --sandbox nosuch -c 1"},
+		{"a bad name", "run --sandbox ../x -c 1"},
+		{"a dead sandbox (no socket)", "run --sandbox dead -c 1"},
+		{"a missing file", "run --sandbox dead /nonexistent.py"},
+		{"an unknown language", "run --sandbox dead -l ruby -c 1"},
+		{"a zero timeout", "run --sandbox dead --timeout 0s -c 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, ok := parseWarmCall(append([]string{"--root", root}, strings.Fields(tc.args)...), func(string) string { return "" })
+			if !ok {
+				t.Fatal("not parsed")
+			}
+			var stdout, stderr bytes.Buffer
+			if _, handled := w.run(t.Context(), &stdout, &stderr); handled || stdout.Len()+stderr.Len() != 0 {
+				t.Fatalf("handled %v, printed %q %q", handled, stdout.String(), stderr.String())
+			}
+		})
+	}
+}

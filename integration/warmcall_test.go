@@ -1,0 +1,114 @@
+//go:build integration
+
+package integration
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestWarmCallsWithoutCore: flmbox makes warm calls itself, without
+// flmbox-core, and prints what flmbox-core prints for them; any other command
+// needs flmbox-core and says so when it is missing.
+func TestWarmCallsWithoutCore(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	const name = "warm"
+	faultSandbox(t, root, reg, name)
+
+	alone := filepath.Join(t.TempDir(), "flmbox")
+	b, err := os.ReadFile(flmboxBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(alone, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run := func(bin string, args ...string) result {
+		t.Helper()
+		cmd := exec.Command(bin, append([]string{"--root", root, "--runsc", runscPath}, args...)...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		res := result{stdout: stdout.String(), stderr: stderr.String()}
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			res.code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatalf("run %s: %v", bin, err)
+		}
+		return res
+	}
+	codeFile := filepath.Join(t.TempDir(), "code.py")
+	if err := os.WriteFile(codeFile, []byte("import sys\nprint('from a file', file=sys.stderr)\nsys.exit(4)\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		wantCode int
+	}{
+		{"python", []string{"-c", "print('fast')"}, 0},
+		{"shell exit status", []string{"-l", "shell", "-c", "echo out; echo err >&2; exit 3"}, 3},
+		{"a file", []string{codeFile}, 4},
+		{"json with bytes that are not UTF-8", []string{"--json", "-c", "import sys; sys.stdout.buffer.write(b'\\xff\\xfe ok')"}, 0},
+		{"timeout", []string{"--timeout", "300ms", "-c", "import time; time.sleep(5)"}, 124},
+		{"json timeout", []string{"--json", "--timeout=300ms", "-l", "shell", "-c", "sleep 5"}, 124},
+		{"a traceback", []string{"-c", "1/0"}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"run", "--sandbox", name}, tc.args...)
+			fast, core := run(alone, args...), run(flmboxCore, args...)
+			if fast.code != tc.wantCode || core.code != tc.wantCode {
+				t.Fatalf("exit %d (flmbox alone), %d (flmbox-core), want %d\nflmbox stderr: %s\nflmbox-core stderr: %s",
+					fast.code, core.code, tc.wantCode, fast.stderr, core.stderr)
+			}
+			if slices.Contains(tc.args, "--json") {
+				var f, c map[string]any
+				if err := json.Unmarshal([]byte(fast.stdout), &f); err != nil {
+					t.Fatalf("flmbox --json: %v: %q", err, fast.stdout)
+				}
+				if err := json.Unmarshal([]byte(core.stdout), &c); err != nil {
+					t.Fatalf("flmbox-core --json: %v: %q", err, core.stdout)
+				}
+				delete(f, "duration_ms")
+				delete(c, "duration_ms")
+				if fb, cb := mustJSON(t, f), mustJSON(t, c); fb != cb {
+					t.Errorf("flmbox printed %s, flmbox-core %s", fb, cb)
+				}
+				return
+			}
+			if fast.stdout != core.stdout || fast.stderr != core.stderr {
+				t.Errorf("flmbox printed %q %q, flmbox-core %q %q", fast.stdout, fast.stderr, core.stdout, core.stderr)
+			}
+		})
+	}
+
+	// Everything else is flmbox-core's: without it, a clear failure.
+	for _, args := range [][]string{{"sandbox", "ls"}, {"run", "--sandbox", "nosuch", "-c", "1"}} {
+		res := run(alone, args...)
+		if res.code != 125 || !strings.Contains(res.stderr, "flmbox-core") {
+			t.Errorf("flmbox %v without flmbox-core: exit %d, stderr %q", args, res.code, res.stderr)
+		}
+	}
+	// With flmbox-core next to it, a call that cannot be made is explained.
+	if res := run(flmboxBin, "run", "--sandbox", "nosuch", "-c", "1"); res.code != 125 || !strings.Contains(res.stderr, `no sandbox "nosuch"`) {
+		t.Errorf("run on a missing sandbox: exit %d, stderr %q", res.code, res.stderr)
+	}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

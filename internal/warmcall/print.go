@@ -1,0 +1,84 @@
+package warmcall
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/flmbox/flmbox/snippet/wire"
+)
+
+// Exit statuses of flmbox run besides the snippet's own, as docker and
+// podman use them.
+const (
+	ExitTimeout      = 124 // the snippet timed out
+	ExitFlmboxFailed = 125 // flmbox itself failed
+)
+
+// JSON is `flmbox run --json`'s object. Output that is not valid UTF-8 is
+// carried twice: in stdout/stderr with invalid bytes replaced by U+FFFD, and
+// exactly in stdout_base64/stderr_base64.
+type JSON struct {
+	ExitCode        int     `json:"exit_code"`
+	Stdout          string  `json:"stdout"`
+	Stderr          string  `json:"stderr"`
+	StdoutBase64    string  `json:"stdout_base64,omitempty"`
+	StderrBase64    string  `json:"stderr_base64,omitempty"`
+	StdoutBytes     int64   `json:"stdout_bytes"`
+	StderrBytes     int64   `json:"stderr_bytes"`
+	StdoutTruncated bool    `json:"stdout_truncated"`
+	StderrTruncated bool    `json:"stderr_truncated"`
+	TimedOut        bool    `json:"timed_out"`
+	Signal          string  `json:"signal,omitempty"`
+	DurationMS      float64 `json:"duration_ms"`
+}
+
+// ToJSON returns res as `flmbox run --json` prints it; an infrastructure
+// error (res.Error) is appended to stderr.
+func ToJSON(res *wire.Result) JSON {
+	out := JSON{ExitCode: res.ExitCode, Stdout: strings.ToValidUTF8(string(res.Stdout.Data), "\uFFFD"),
+		Stderr: strings.ToValidUTF8(string(res.Stderr.Data), "\uFFFD"), StdoutBytes: res.Stdout.Total,
+		StderrBytes: res.Stderr.Total, StdoutTruncated: res.Stdout.Truncated, StderrTruncated: res.Stderr.Truncated,
+		TimedOut: res.TimedOut, Signal: res.Signal, DurationMS: res.DurationMS}
+	if !utf8.Valid(res.Stdout.Data) {
+		out.StdoutBase64 = base64.StdEncoding.EncodeToString(res.Stdout.Data)
+	}
+	if !utf8.Valid(res.Stderr.Data) {
+		out.StderrBase64 = base64.StdEncoding.EncodeToString(res.Stderr.Data)
+	}
+	if res.Error != "" {
+		out.Stderr += res.Error
+	}
+	return out
+}
+
+// Print writes res to stdout and stderr, as JSON if asJSON, and returns
+// flmbox run's exit status: the snippet's, ExitTimeout if it timed out
+// (after timeout), ExitFlmboxFailed if flmbox could not run it. msg, if not
+// empty, is for the caller to print as "flmbox: msg".
+func Print(stdout, stderr io.Writer, res *wire.Result, asJSON bool, timeout time.Duration) (code int, msg string, err error) {
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(ToJSON(res)); err != nil {
+			return 0, "", err
+		}
+	} else {
+		stdout.Write(res.Stdout.Data)
+		stderr.Write(res.Stderr.Data)
+	}
+	switch {
+	case res.Error != "":
+		return ExitFlmboxFailed, "run snippet: " + res.Error, nil
+	case res.TimedOut:
+		if !asJSON {
+			fmt.Fprintf(stderr, "flmbox: the snippet timed out after %s and was killed\n", timeout)
+		}
+		return ExitTimeout, "", nil
+	}
+	return res.ExitCode, "", nil
+}
