@@ -62,6 +62,7 @@ func TestWarmCallsWithoutCore(t *testing.T) {
 		{"timeout", []string{"--timeout", "300ms", "-c", "import time; time.sleep(5)"}, 124},
 		{"json timeout", []string{"--json", "--timeout=300ms", "-l", "shell", "-c", "sleep 5"}, 124},
 		{"a traceback", []string{"-c", "1/0"}, 1},
+		{"output cap in bytes", []string{"--json", "--max-output", "64", "-c", "print('x' * 1000)"}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"run", "--sandbox", name}, tc.args...)

@@ -22,20 +22,22 @@ type warmCall struct {
 	code, file              string // -c CODE or FILE
 	hasCode                 bool
 	timeout                 time.Duration
+	maxOutput               int64
 	reset, json             bool
 }
 
 // parseWarmCall recognizes the command lines that flmbox runs itself:
 //
 //	flmbox [--root DIR] [--runsc PATH] run --sandbox NAME [--language L]
-//	    [--timeout D] [--reset] [--json] (-c CODE | FILE)
+//	    [--timeout D] [--max-output BYTES] [--reset] [--json] (-c CODE | FILE)
 //
 // with flags written as -f, --f, -f=V or --f=V, run's flags before or after
 // FILE, and "--" ending them, as flmbox-core reads them. It returns false for
 // anything else (other commands or flags, code on stdin, help), which
-// flmbox-core then runs.
+// flmbox-core then runs. --max-output is taken here only as a plain number
+// of bytes; sizes such as 1MiB are flmbox-core's to parse.
 func parseWarmCall(args []string, getenv func(string) string) (*warmCall, bool) {
-	w := &warmCall{root: defaultRoot, language: wire.LanguagePython, timeout: 30 * time.Second}
+	w := &warmCall{root: defaultRoot, language: wire.LanguagePython, timeout: 30 * time.Second, maxOutput: wire.DefaultMaxOutput}
 	if r := getenv("FLMBOX_ROOT"); r != "" {
 		w.root = r
 	}
@@ -58,7 +60,7 @@ func parseWarmCall(args []string, getenv func(string) string) (*warmCall, bool) 
 	}
 	args = args[1:]
 	var positional []string
-	takesValue := map[string]bool{"sandbox": true, "language": true, "l": true, "timeout": true, "code": true, "c": true, "reset": false, "json": false}
+	takesValue := map[string]bool{"sandbox": true, "language": true, "l": true, "timeout": true, "code": true, "c": true, "max-output": true, "reset": false, "json": false}
 	for len(args) > 0 {
 		if args[0] == "--" {
 			positional = append(positional, args[1:]...)
@@ -105,6 +107,12 @@ func (w *warmCall) set(name, value string) bool {
 			return false
 		}
 		w.timeout = d
+	case "max-output":
+		n, err := strconv.ParseInt(value, 10, 64)
+		if err != nil || n <= 0 || strings.TrimLeft(value, "0123456789") != "" {
+			return false
+		}
+		w.maxOutput = n
 	case "reset", "json":
 		b, err := strconv.ParseBool(value)
 		if err != nil {
@@ -148,7 +156,7 @@ func nextFlag(args []string, known map[string]bool) (name, value string, rest []
 // hands the command line to flmbox-core, which explains the failure.
 func (w *warmCall) run(ctx context.Context, stdout, stderr io.Writer) (code int, handled bool) {
 	req := &wire.Request{Version: wire.ProtocolVersion, Language: w.language, Code: w.code,
-		TimeoutMS: w.timeout.Milliseconds(), MaxOutput: wire.DefaultMaxOutput, Reset: w.reset}
+		TimeoutMS: w.timeout.Milliseconds(), MaxOutput: w.maxOutput, Reset: w.reset}
 	if w.file != "" {
 		b, err := os.ReadFile(w.file)
 		if err != nil {

@@ -17,7 +17,8 @@ func TestParseWarmCall(t *testing.T) {
 	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 	none := env(nil)
 	def := func(edit func(w *warmCall)) *warmCall {
-		w := &warmCall{root: defaultRoot, sandbox: "sb", language: wire.LanguagePython, timeout: 30 * time.Second, code: "print(1)", hasCode: true}
+		w := &warmCall{root: defaultRoot, sandbox: "sb", language: wire.LanguagePython, timeout: 30 * time.Second,
+			maxOutput: wire.DefaultMaxOutput, code: "print(1)", hasCode: true}
 		edit(w)
 		return w
 	}
@@ -47,7 +48,10 @@ func TestParseWarmCall(t *testing.T) {
 		{"a debug run", "--debug run --sandbox sb -c 1", none, nil},
 		{"a fresh sandbox", "run --image img -c 1", none, nil},
 		{"a batch", "run --sandbox sb --batch f.json", none, nil},
-		{"max output", "run --sandbox sb --max-output 1k -c 1", none, nil},
+		{"max output in bytes", "run --sandbox sb --max-output 4096 -c print(1)", none, def(func(w *warmCall) { w.maxOutput = 4096 })},
+		{"max output with a unit", "run --sandbox sb --max-output 1k -c 1", none, nil},
+		{"max output signed", "run --sandbox sb --max-output +4096 -c 1", none, nil},
+		{"max output zero", "run --sandbox sb --max-output 0 -c 1", none, nil},
 		{"no sandbox", "run -c 1", none, nil},
 		{"code on stdin", "run --sandbox sb -", none, nil},
 		{"no code", "run --sandbox sb", none, nil},
