@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -152,8 +153,9 @@ func nextFlag(args []string, known map[string]bool) (name, value string, rest []
 }
 
 // run makes the call and prints its result as flmbox-core would. handled is
-// false when the call failed before its request was sent: the caller then
-// hands the command line to flmbox-core, which explains the failure.
+// false when the call failed before its request was sent, or because the
+// agent died: the caller then hands the command line to flmbox-core, which
+// explains the failure.
 func (w *warmCall) run(ctx context.Context, stdout, stderr io.Writer) (code int, handled bool) {
 	req := &wire.Request{Version: wire.ProtocolVersion, Language: w.language, Code: w.code,
 		TimeoutMS: w.timeout.Milliseconds(), MaxOutput: w.maxOutput, Reset: w.reset}
@@ -179,6 +181,11 @@ func (w *warmCall) run(ctx context.Context, stdout, stderr io.Writer) (code int,
 	}
 	defer conn.Close()
 	res, err := wire.CallConn(ctx, conn, req)
+	if errors.Is(err, wire.ErrHungUp) && ctx.Err() == nil {
+		// The agent died, and its sandbox with it: flmbox-core can neither
+		// connect nor run the snippet again, and says the sandbox is dead.
+		return 0, false
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "flmbox: %s\n", err)
 		return warmcall.ExitFlmboxFailed, true

@@ -182,11 +182,16 @@ func maxResultSize(req *Request) int64 {
 	return 2*data + 64<<10
 }
 
+// ErrHungUp is in the error of a call whose agent closed the connection
+// without answering. The agent answers every request it reads, even a bad
+// one, so it died, and a sandbox ends with its agent (its first process).
+var ErrHungUp = errors.New("the sandbox's agent hung up without an answer")
+
 // agentGone wraps a failure of the connection after it was made: the agent
 // died during the call, usually with its whole sandbox.
 func agentGone(doing string, err error) error {
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) {
-		return fmt.Errorf("%s: the sandbox's agent hung up without an answer: the sandbox died? (flmbox sandbox ls): %w: %w", doing, err, errdefs.ErrUnavailable)
+		return fmt.Errorf("%s: %w: the sandbox died? (flmbox sandbox ls): %w: %w", doing, ErrHungUp, err, errdefs.ErrUnavailable)
 	}
 	return fmt.Errorf("%s: %w", doing, err)
 }

@@ -20,6 +20,9 @@ type benchOptions struct {
 	warmup int
 	// rounds of calls warm calls per kind.
 	rounds, calls int
+	// pause before each warm call (not measured): 0 makes calls back to
+	// back; an agent's calls come with its model's think time between them.
+	pause time.Duration
 	// prewarmRounds of a cold prewarm and a crane export | tar.
 	prewarmRounds int
 	// batchSnippets is the size of the throughput batch (64; fewer with --quick).
@@ -61,6 +64,7 @@ image cache of --root must hold exactly one image whose source it knows (a tag o
 			&cli.IntFlag{Name: "warmup", Value: benchFull.warmup, Usage: "warm calls of each kind not measured"},
 			&cli.IntFlag{Name: "rounds", Value: benchFull.rounds, Usage: "rounds of measured warm calls"},
 			&cli.IntFlag{Name: "calls", Value: benchFull.calls, Usage: "measured warm calls per round"},
+			&cli.DurationFlag{Name: "pause", Usage: "pause before each warm call, for every method alike (default: back to back)"},
 			&cli.BoolFlag{Name: "quick", Usage: "fewer pairs, rounds and calls (under a minute); explicit flags still win"},
 			jsonFlag,
 		},
@@ -105,7 +109,10 @@ func benchOptionsFrom(c *cli.Context) (benchOptions, error) {
 		p = benchQuick
 	}
 	o := benchOptions{image: c.String("image"), pairs: p.pairs, warmup: p.warmup, rounds: p.rounds, calls: p.calls,
-		prewarmRounds: p.prewarmRounds, batchSnippets: p.batchSnippets, idle: p.idle, json: c.Bool("json")}
+		prewarmRounds: p.prewarmRounds, batchSnippets: p.batchSnippets, idle: p.idle, json: c.Bool("json"), pause: c.Duration("pause")}
+	if o.pause < 0 || o.pause > time.Second {
+		return o, fmt.Errorf("--pause %s: want 0 to 1s", o.pause)
+	}
 	for _, f := range []struct {
 		name string
 		dst  *int

@@ -118,12 +118,13 @@ type imageReport struct {
 }
 
 type settingsReport struct {
-	Pairs         int `json:"pairs"`
-	Warmup        int `json:"warmup"`
-	Rounds        int `json:"rounds"`
-	Calls         int `json:"calls"`
-	PrewarmRounds int `json:"prewarm_rounds"`
-	CPUs          int `json:"cpus"`
+	Pairs         int     `json:"pairs"`
+	Warmup        int     `json:"warmup"`
+	Rounds        int     `json:"rounds"`
+	Calls         int     `json:"calls"`
+	PauseMS       float64 `json:"pause_ms"` // before each warm call; 0: back to back
+	PrewarmRounds int     `json:"prewarm_rounds"`
+	CPUs          int     `json:"cpus"`
 }
 
 // ms converts a duration to milliseconds, to the microsecond.

@@ -13,7 +13,7 @@ import (
 // throughput, and memory last, with no other sandbox of the bench running.
 func (b *bench) run(ctx context.Context) (*benchReport, error) {
 	o := b.opts
-	rep := &benchReport{Settings: settingsReport{Pairs: o.pairs, Warmup: o.warmup, Rounds: o.rounds, Calls: o.calls,
+	rep := &benchReport{Settings: settingsReport{Pairs: o.pairs, Warmup: o.warmup, Rounds: o.rounds, Calls: o.calls, PauseMS: ms(o.pause),
 		PrewarmRounds: o.prewarmRounds, CPUs: runtime.NumCPU()}}
 	info, err := flmboxruntime.InspectRunsc(ctx, b.runsc)
 	if err != nil {

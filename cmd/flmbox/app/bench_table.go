@@ -36,8 +36,12 @@ func printBench(w io.Writer, rep *benchReport, asJSON bool) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\nmedians; warm calls: median of %d rounds' medians (p95: of their p95s), %d calls per round after %d warm-up calls\n",
-		rep.Settings.Rounds, rep.Settings.Calls, rep.Settings.Warmup)
+	pace := "back to back"
+	if rep.Settings.PauseMS > 0 {
+		pace = fmt.Sprintf("each after a %g ms pause", rep.Settings.PauseMS)
+	}
+	fmt.Fprintf(w, "\nmedians; warm calls: median of %d rounds' medians (p95: of their p95s), %d calls per round (%s) after %d warm-up calls\n",
+		rep.Settings.Rounds, rep.Settings.Calls, pace, rep.Settings.Warmup)
 	fmt.Fprintf(w, "image:  %s (%s, %s)\n", rep.Image.Ref, rep.Image.Platform, humanSize(rep.Image.SizeBytes))
 	fmt.Fprintf(w, "runsc:  %s (%s, platform %s); %d CPUs\n", rep.Runsc.Path, rep.Runsc.Version, rep.Runsc.Platform, rep.Settings.CPUs)
 	return nil

@@ -76,7 +76,8 @@ func (b *bench) measureWarm(ctx context.Context, sb *runtime.Sandbox) ([]warmRep
 }
 
 // runWarm makes --warmup calls of each method, then --rounds rounds of
-// --calls calls of each, rotating which method goes first.
+// --calls calls of each, rotating which method goes first; --pause before
+// each measured call.
 func (b *bench) runWarm(ctx context.Context, methods []*warmMethod) error {
 	for _, m := range methods {
 		for range b.opts.warmup {
@@ -90,6 +91,12 @@ func (b *bench) runWarm(ctx context.Context, methods []*warmMethod) error {
 			m := methods[(r+j)%len(methods)]
 			xs := make([]float64, 0, b.opts.calls)
 			for range b.opts.calls {
+				if b.opts.pause > 0 {
+					select {
+					case <-time.After(b.opts.pause):
+					case <-ctx.Done():
+					}
+				}
 				if err := ctx.Err(); err != nil {
 					return err
 				}
