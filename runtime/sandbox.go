@@ -25,7 +25,7 @@ import (
 
 // State is a sandbox's state as flmbox sees it.
 //
-// A sandbox is created (runsc create + start) in one step by Runtime.Create
+// A sandbox is created and started (runsc run --detach) in one step by Runtime.Create
 // and is then Running until its gVisor processes die (Dead) or it is removed
 // by Runtime.Remove, which works from either state. There are no other
 // transitions: a Dead sandbox is never restarted, only removed.
@@ -191,7 +191,7 @@ func (r *Runtime) Create(ctx context.Context, cfg Config) (_ *Sandbox, err error
 	if err := writeJSON(filepath.Join(dir, "sandbox.json"), sb); err != nil {
 		return nil, err
 	}
-	// runsc create hands its stdio to the sandbox's first process: give it a
+	// runsc run hands its stdio to the sandbox's first process: give it a
 	// log file of its own, so that no caller's pipe is held open.
 	logf, err := os.OpenFile(filepath.Join(dir, "console.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
@@ -205,12 +205,11 @@ func (r *Runtime) Create(ctx context.Context, cfg Config) (_ *Sandbox, err error
 		}
 		defer unlock()
 	}
+	// runsc run --detach creates and starts the sandbox in one runsc
+	// process: a runsc start of its own costs 10 to 20 ms more.
 	rc := r.runc(sb)
-	if err := rc.Create(ctx, sb.ID, dir, &runc.CreateOpts{IO: &fileIO{f: logf}}); err != nil {
+	if _, err := rc.Run(ctx, sb.ID, dir, &runc.CreateOpts{IO: &fileIO{f: logf}, Detach: true}); err != nil {
 		return nil, fmt.Errorf("create sandbox %q with runsc: %w (see %s)", sb.Name, err, filepath.Join(dir, "console.log"))
-	}
-	if err := rc.Start(ctx, sb.ID); err != nil {
-		return nil, fmt.Errorf("start sandbox %q with runsc: %w", sb.Name, err)
 	}
 	return sb, nil
 }
@@ -390,7 +389,7 @@ func writeJSON(p string, v any) error {
 	return os.Rename(tmp, p)
 }
 
-// fileIO gives runsc create a file for the first process's stdout and
+// fileIO gives runsc run a file for the first process's stdout and
 // stderr and /dev/null for its stdin.
 type fileIO struct{ f *os.File }
 
