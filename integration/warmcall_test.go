@@ -99,6 +99,22 @@ func TestWarmCallsWithoutCore(t *testing.T) {
 			t.Errorf("flmbox %v without flmbox-core: exit %d, stderr %q", args, res.code, res.stderr)
 		}
 	}
+	// A call whose agent hung up is explained by flmbox-core, never sent
+	// again (the agent may have run it).
+	again := exec.Command(flmboxCore, "--root", root, "--runsc", runscPath, "run", "--sandbox", name, "-l", "shell", "-c", "touch /tmp/ran-again")
+	again.Env = append(os.Environ(), "FLMBOX_INTERNAL_HUNG_UP=read the answer: the sandbox's agent hung up without an answer")
+	if out, err := again.CombinedOutput(); err == nil || !strings.Contains(string(out), "hung up without an answer") {
+		t.Errorf("flmbox-core told that the agent hung up: %v %q", err, out)
+	}
+	if res := run(flmboxBin, "run", "--sandbox", name, "-l", "shell", "-c", "test ! -e /tmp/ran-again"); res.code != 0 {
+		t.Errorf("flmbox-core ran a call that flmbox said was sent already")
+	}
+	// Code in a pipe is read once, by flmbox-core.
+	piped := exec.Command(flmboxBin, "--root", root, "--runsc", runscPath, "run", "--sandbox", name, "-l", "shell", "/dev/stdin")
+	piped.Stdin = strings.NewReader("echo piped")
+	if out, err := piped.Output(); err != nil || string(out) != "piped\n" {
+		t.Errorf("code from a pipe: %q, %v", out, err)
+	}
 	// With flmbox-core next to it, a call that cannot be made is explained.
 	if res := run(flmboxBin, "run", "--sandbox", "nosuch", "-c", "1"); res.code != 125 || !strings.Contains(res.stderr, `no sandbox "nosuch"`) {
 		t.Errorf("run on a missing sandbox: exit %d, stderr %q", res.code, res.stderr)

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -209,7 +210,9 @@ func (r *Runtime) Create(ctx context.Context, cfg Config) (_ *Sandbox, err error
 	// process: a runsc start of its own costs 10 to 20 ms more.
 	rc := r.runc(sb)
 	if _, err := rc.Run(ctx, sb.ID, dir, &runc.CreateOpts{IO: &fileIO{f: logf}, Detach: true}); err != nil {
-		return nil, fmt.Errorf("create sandbox %q with runsc: %w (see %s)", sb.Name, err, filepath.Join(dir, "console.log"))
+		// The directory, console.log included, is removed on this failure:
+		// quote what runsc wrote there.
+		return nil, fmt.Errorf("create sandbox %q with runsc: %w%s", sb.Name, err, logTail(filepath.Join(dir, "console.log")))
 	}
 	return sb, nil
 }
@@ -400,3 +403,17 @@ func (f *fileIO) Stderr() io.ReadCloser { return nil }
 func (f *fileIO) Set(cmd *exec.Cmd)     { cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, f.f, f.f }
 
 var _ runc.IO = (*fileIO)(nil)
+
+// logTail returns the last lines of a failed runsc run's log, if it wrote
+// any, as the end of an error message.
+func logTail(path string) string {
+	const max = 2 << 10
+	b, err := os.ReadFile(path)
+	if err != nil || len(bytes.TrimSpace(b)) == 0 {
+		return ""
+	}
+	if len(b) > max {
+		b = b[len(b)-max:]
+	}
+	return ": " + string(bytes.TrimSpace(b))
+}

@@ -8,9 +8,10 @@ import (
 )
 
 // DialAgent connects to the agent's socket at path, refusing anything but a
-// socket there as wire.Dial does (errdefs.ErrPermissionDenied).
+// socket there as wire.Dial does (errdefs.ErrPermissionDenied), until ctx is
+// done.
 func DialAgent(ctx context.Context, path string) (net.Conn, error) {
-	f, err := wire.Dial(path)
+	f, err := wire.Dial(ctx, path)
 	if err != nil {
 		return nil, err
 	}

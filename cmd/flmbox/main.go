@@ -26,7 +26,7 @@ import (
 const coreName = "flmbox-core"
 
 func main() {
-	if call, ok := parseWarmCall(os.Args[1:], os.Getenv); ok {
+	if call, ok := parseWarmCall(os.Args[1:], os.LookupEnv); ok {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		code, handled := call.run(ctx, os.Stdout, os.Stderr)
 		stop()

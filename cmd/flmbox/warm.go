@@ -37,10 +37,13 @@ type warmCall struct {
 // anything else (other commands or flags, code on stdin, help), which
 // flmbox-core then runs. --max-output is taken here only as a plain number
 // of bytes; sizes such as 1MiB are flmbox-core's to parse.
-func parseWarmCall(args []string, getenv func(string) string) (*warmCall, bool) {
+func parseWarmCall(args []string, lookupEnv func(string) (string, bool)) (*warmCall, bool) {
 	w := &warmCall{root: defaultRoot, language: wire.LanguagePython, timeout: 30 * time.Second, maxOutput: wire.DefaultMaxOutput}
-	if r := getenv("FLMBOX_ROOT"); r != "" {
-		w.root = r
+	if r, ok := lookupEnv("FLMBOX_ROOT"); ok {
+		w.root = r // set, even empty, it is flmbox-core's root
+	}
+	if d, _ := lookupEnv("FLMBOX_DEBUG"); d != "" {
+		return nil, false // flmbox-core's to read (and to refuse if it is not a boolean)
 	}
 	// Global flags, up to the command.
 	for {
@@ -64,6 +67,9 @@ func parseWarmCall(args []string, getenv func(string) string) (*warmCall, bool) 
 	takesValue := map[string]bool{"sandbox": true, "language": true, "l": true, "timeout": true, "code": true, "c": true, "max-output": true, "reset": false, "json": false}
 	for len(args) > 0 {
 		if args[0] == "--" {
+			if len(positional) > 0 {
+				return nil, false // flmbox-core counts a "--" after FILE as an argument
+			}
 			positional = append(positional, args[1:]...)
 			break
 		}
@@ -154,17 +160,18 @@ func nextFlag(args []string, known map[string]bool) (name, value string, rest []
 
 // run makes the call and prints its result as flmbox-core would. handled is
 // false when the call failed before its request was sent, or because the
-// agent died: the caller then hands the command line to flmbox-core, which
-// explains the failure.
+// agent hung up (then with warmcall.HungUpEnv set, so that flmbox-core
+// explains without calling again): the caller then hands the command line to
+// flmbox-core, which explains the failure.
 func (w *warmCall) run(ctx context.Context, stdout, stderr io.Writer) (code int, handled bool) {
 	req := &wire.Request{Version: wire.ProtocolVersion, Language: w.language, Code: w.code,
 		TimeoutMS: w.timeout.Milliseconds(), MaxOutput: w.maxOutput, Reset: w.reset}
 	if w.file != "" {
-		b, err := os.ReadFile(w.file)
-		if err != nil {
+		code, ok := readRegularFile(w.file)
+		if !ok {
 			return 0, false
 		}
-		req.Code = string(b)
+		req.Code = code
 	}
 	if req.Validate() != nil {
 		return 0, false
@@ -175,15 +182,16 @@ func (w *warmCall) run(ctx context.Context, stdout, stderr io.Writer) (code int,
 	}
 	req.Limits = warmcall.SnippetLimits(sb.Limits.MemoryBytes, sb.Limits.Pids)
 	warmcall.Touch(sb.Dir)
-	conn, err := wire.Dial(warmcall.SocketPath(sb.Dir))
+	conn, err := wire.Dial(ctx, warmcall.SocketPath(sb.Dir))
 	if err != nil {
 		return 0, false // dead, or its socket replaced
 	}
 	defer conn.Close()
 	res, err := wire.CallConn(ctx, conn, req)
 	if errors.Is(err, wire.ErrHungUp) && ctx.Err() == nil {
-		// The agent died, and its sandbox with it: flmbox-core can neither
-		// connect nor run the snippet again, and says the sandbox is dead.
+		// The agent may have run the snippet: flmbox-core only explains
+		// (the sandbox died, most likely), told so by HungUpEnv.
+		os.Setenv(warmcall.HungUpEnv, err.Error())
 		return 0, false
 	}
 	if err != nil {
@@ -198,4 +206,23 @@ func (w *warmCall) run(ctx context.Context, stdout, stderr io.Writer) (code int,
 		fmt.Fprintf(stderr, "flmbox: %s\n", msg)
 	}
 	return code, true
+}
+
+// readRegularFile reads the code in path if it is a regular file. Anything
+// else (a pipe, /dev/stdin, a FIFO) could be read only once: flmbox-core
+// reads it instead.
+func readRegularFile(path string) (string, bool) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", false
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return "", false
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return "", false
+	}
+	return string(b), true
 }

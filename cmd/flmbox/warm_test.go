@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -10,11 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flmbox/flmbox/internal/warmcall"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 func TestParseWarmCall(t *testing.T) {
-	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+	env := func(m map[string]string) func(string) (string, bool) {
+		return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+	}
 	none := env(nil)
 	def := func(edit func(w *warmCall)) *warmCall {
 		w := &warmCall{root: defaultRoot, sandbox: "sb", language: wire.LanguagePython, timeout: 30 * time.Second,
@@ -25,7 +30,7 @@ func TestParseWarmCall(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		args string
-		env  func(string) string
+		env  func(string) (string, bool)
 		want *warmCall // nil: handed to flmbox-core
 	}{
 		{"plain", "run --sandbox sb -c print(1)", none, def(func(*warmCall) {})},
@@ -35,6 +40,8 @@ func TestParseWarmCall(t *testing.T) {
 				w.root, w.language, w.timeout, w.reset, w.json = "/r", "shell", 2*time.Second, true, true
 			})},
 		{"root from the environment", "run --sandbox sb -c print(1)", env(map[string]string{"FLMBOX_ROOT": "/e"}), def(func(w *warmCall) { w.root = "/e" })},
+		{"an empty root from the environment", "run --sandbox sb -c print(1)", env(map[string]string{"FLMBOX_ROOT": ""}), def(func(w *warmCall) { w.root = "" })},
+		{"FLMBOX_DEBUG empty", "run --sandbox sb -c print(1)", env(map[string]string{"FLMBOX_DEBUG": ""}), def(func(*warmCall) {})},
 		{"--root wins over the environment", "--root=/f run --sandbox sb -c print(1)", env(map[string]string{"FLMBOX_ROOT": "/e"}), def(func(w *warmCall) { w.root = "/f" })},
 		{"a file", "run --sandbox sb code.py", none, def(func(w *warmCall) { w.code, w.hasCode, w.file = "", false, "code.py" })},
 		{"flags after the file", "run code.py --sandbox sb --json", none, def(func(w *warmCall) { w.code, w.hasCode, w.file, w.json = "", false, "code.py", true })},
@@ -61,6 +68,9 @@ func TestParseWarmCall(t *testing.T) {
 		{"a bad boolean", "run --sandbox sb --json=maybe -c 1", none, nil},
 		{"a flag without its value", "run -c 1 --sandbox", none, nil},
 		{"a global flag after run", "run --root /r --sandbox sb -c 1", none, nil},
+		{"FLMBOX_DEBUG set", "run --sandbox sb -c 1", env(map[string]string{"FLMBOX_DEBUG": "maybe"}), nil},
+		{"-- after the file", "run --sandbox sb code.py --", none, nil},
+		{"-- after the file and a flag", "run --sandbox sb code.py --json --", none, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, ok := parseWarmCall(strings.Fields(tc.args), tc.env)
@@ -94,11 +104,12 @@ func TestWarmCallHandsOver(t *testing.T) {
 		{"a bad name", "run --sandbox ../x -c 1"},
 		{"a dead sandbox (no socket)", "run --sandbox dead -c 1"},
 		{"a missing file", "run --sandbox dead /nonexistent.py"},
+		{"a file that is not a regular file (read once)", "run --sandbox dead /dev/null"},
 		{"an unknown language", "run --sandbox dead -l ruby -c 1"},
 		{"a zero timeout", "run --sandbox dead --timeout 0s -c 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w, ok := parseWarmCall(append([]string{"--root", root}, strings.Fields(tc.args)...), func(string) string { return "" })
+			w, ok := parseWarmCall(append([]string{"--root", root}, strings.Fields(tc.args)...), func(string) (string, bool) { return "", false })
 			if !ok {
 				t.Fatal("not parsed")
 			}
@@ -107,5 +118,76 @@ func TestWarmCallHandsOver(t *testing.T) {
 				t.Fatalf("handled %v, printed %q %q", handled, stdout.String(), stderr.String())
 			}
 		})
+	}
+}
+
+// fakeAgent serves one sandbox's socket under root: answer is called with
+// each request read and returns what to write back (nothing: hang up).
+func fakeAgent(t *testing.T, root, name string, answer func(req []byte) []byte) {
+	t.Helper()
+	dir := filepath.Join(root, "sandboxes", name)
+	if err := os.MkdirAll(filepath.Join(dir, "run"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := json.Marshal(map[string]any{"name": name, "limits": map[string]int64{"memory_bytes": 1 << 29, "pids": 256}})
+	if err := os.WriteFile(filepath.Join(dir, "sandbox.json"), rec, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", filepath.Join(dir, "run", "agent.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			req, _ := bufio.NewReader(c).ReadBytes('\n')
+			c.Write(answer(req))
+			c.Close()
+		}
+	}()
+}
+
+// TestWarmCallAnswered: a call is made here, with the sandbox's limits, and
+// its result printed as flmbox-core prints it.
+func TestWarmCallAnswered(t *testing.T) {
+	root := t.TempDir()
+	var got wire.Request
+	fakeAgent(t, root, "sb", func(req []byte) []byte {
+		json.Unmarshal(req, &got)
+		return []byte(`{"version":2,"exit_code":3,"stdout":{"data":"aGkK","total":3},"stderr":{"data":"","total":0},"duration_ms":1}` + "\n")
+	})
+	w, ok := parseWarmCall([]string{"--root", root, "run", "--sandbox", "sb", "-l", "shell", "-c", "echo hi; exit 3"}, func(string) (string, bool) { return "", false })
+	if !ok {
+		t.Fatal("not parsed")
+	}
+	var stdout, stderr bytes.Buffer
+	code, handled := w.run(t.Context(), &stdout, &stderr)
+	if !handled || code != 3 || stdout.String() != "hi\n" || stderr.Len() != 0 {
+		t.Fatalf("handled %v, exit %d, printed %q %q", handled, code, stdout.String(), stderr.String())
+	}
+	if got.Code != "echo hi; exit 3" || got.Language != "shell" || got.Limits.MemoryBytes != 1<<28 || got.Limits.Procs != 64 {
+		t.Errorf("the agent got %+v", got)
+	}
+}
+
+// TestWarmCallHungUp: an agent that reads the request and hangs up may have
+// run it, so the call is handed to flmbox-core with HungUpEnv set: it
+// explains the failure and never sends the request again.
+func TestWarmCallHungUp(t *testing.T) {
+	root := t.TempDir()
+	fakeAgent(t, root, "sb", func([]byte) []byte { return nil })
+	t.Setenv(warmcall.HungUpEnv, "")
+	os.Unsetenv(warmcall.HungUpEnv)
+	w, _ := parseWarmCall([]string{"--root", root, "run", "--sandbox", "sb", "-c", "1"}, func(string) (string, bool) { return "", false })
+	var stdout, stderr bytes.Buffer
+	if _, handled := w.run(t.Context(), &stdout, &stderr); handled || stdout.Len()+stderr.Len() != 0 {
+		t.Fatalf("handled %v, printed %q %q", handled, stdout.String(), stderr.String())
+	}
+	if msg, ok := os.LookupEnv(warmcall.HungUpEnv); !ok || !strings.Contains(msg, "hung up") {
+		t.Fatalf("%s = %q, %v", warmcall.HungUpEnv, msg, ok)
 	}
 }

@@ -17,6 +17,12 @@ import (
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
+// HungUpEnv is set, to the error, in the environment of flmbox-core when
+// flmbox hands it a call whose agent hung up without answering: flmbox-core
+// then explains the failure (a dead sandbox) without sending the request
+// again, since the agent may have run it.
+const HungUpEnv = "FLMBOX_INTERNAL_HUNG_UP"
+
 // Sandbox is what a call needs of a sandbox's record, which package runtime
 // writes (runtime.Sandbox in ROOT/sandboxes/NAME/sandbox.json).
 type Sandbox struct {

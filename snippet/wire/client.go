@@ -27,11 +27,12 @@ const answerGrace = time.Minute
 // followed: a symlink planted there (to a host service's socket) or anything
 // but a socket is refused with errdefs.ErrPermissionDenied. The socket is
 // opened with O_PATH|O_NOFOLLOW and connected to through /proc/self/fd, so
-// what is checked is what is connected to.
+// what is checked is what is connected to. While the agent's accept queue is
+// full, Dial tries again until ctx is done.
 //
 // Dial uses system calls rather than package net, which would add about a
 // millisecond to the start of every flmbox run.
-func Dial(path string) (*os.File, error) {
+func Dial(ctx context.Context, path string) (*os.File, error) {
 	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("dial unix %s: %w", path, err)
@@ -44,26 +45,40 @@ func Dial(path string) (*os.File, error) {
 	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
 		return nil, fmt.Errorf("the agent's socket %s is not a socket (a snippet replaced it?); remove the sandbox: %w", path, errdefs.ErrPermissionDenied)
 	}
-	s, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	s, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("dial unix %s: %w", path, err)
 	}
-	// A blocking connect: a Unix socket connects at once, or waits only
-	// while the agent's accept queue is full.
-	for {
-		err = unix.Connect(s, &unix.SockaddrUnix{Name: fmt.Sprintf("/proc/self/fd/%d", fd)})
-		if err != unix.EINTR {
-			break
-		}
-	}
-	if err == nil {
-		err = unix.SetNonblock(s, true)
-	}
-	if err != nil {
+	if err := connect(ctx, s, &unix.SockaddrUnix{Name: fmt.Sprintf("/proc/self/fd/%d", fd)}); err != nil {
 		unix.Close(s)
 		return nil, fmt.Errorf("dial unix %s: %w", path, err)
 	}
 	return os.NewFile(uintptr(s), path), nil
+}
+
+// connect connects the non-blocking Unix socket s to sa. Such a connect
+// completes at once or fails with EAGAIN while the listener's accept queue
+// is full; then it is tried again, more slowly each time, until ctx is done.
+func connect(ctx context.Context, s int, sa unix.Sockaddr) error {
+	wait := 100 * time.Microsecond
+	for {
+		err := unix.Connect(s, sa)
+		switch err {
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+		default:
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("the agent's accept queue stayed full: %w", context.Cause(ctx))
+		case <-t.C:
+		}
+		wait = min(2*wait, 50*time.Millisecond)
+	}
 }
 
 // Call runs req through the agent listening on the Unix socket socketPath
@@ -84,7 +99,7 @@ func Call(ctx context.Context, socketPath string, req *Request) (*Result, error)
 	if err := req.Validate(); err != nil {
 		return nil, err
 	}
-	conn, err := Dial(socketPath)
+	conn, err := Dial(ctx, socketPath)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrPermissionDenied) {
 			return nil, err

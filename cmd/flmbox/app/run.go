@@ -102,6 +102,12 @@ func runSnippet(c *cli.Context, req *snippet.Request) (res *snippet.Result, clea
 		return nil, nil, fmt.Errorf("give exactly one of --sandbox NAME and --image IMAGE")
 	}
 	if name != "" {
+		if msg, ok := os.LookupEnv(warmcall.HungUpEnv); ok {
+			// flmbox made this call and its agent hung up: explain why,
+			// and never send the request again.
+			os.Unsetenv(warmcall.HungUpEnv)
+			return nil, nil, explainCallFailure(c.Context, c, name, errors.New(msg))
+		}
 		res, err := callSandbox(c.Context, c, name, req)
 		return res, func() {}, err
 	}
@@ -137,19 +143,29 @@ func callSandbox(ctx context.Context, c *cli.Context, name string, req *snippet.
 	warmcall.Touch(sb.Dir)
 	res, err := snippet.Call(ctx, agentSocketPath(sb), req)
 	if err != nil {
-		if errors.Is(err, errdefs.ErrPermissionDenied) {
-			return nil, err // the socket was replaced: say so, not "dead"
-		}
-		rt, rerr := openRuntime(c)
-		if rerr != nil {
-			return nil, fmt.Errorf("%w (and finding its state: %w)", err, rerr)
-		}
-		if sandboxState(ctx, rt, sb) == runtime.StateDead {
-			return nil, fmt.Errorf("sandbox %s is dead (its gVisor processes are gone); remove it with flmbox sandbox rm %s and create another: %w", name, name, err)
-		}
-		return nil, err
+		return nil, explainCallFailure(ctx, c, name, err)
 	}
 	return res, nil
+}
+
+// explainCallFailure adds to err, the failure of a call to sandbox name,
+// that the sandbox is dead if it is.
+func explainCallFailure(ctx context.Context, c *cli.Context, name string, err error) error {
+	if errors.Is(err, errdefs.ErrPermissionDenied) || ctx.Err() != nil {
+		return err // the socket was replaced, or the call cancelled: say so, not "dead"
+	}
+	sb, gerr := runtime.GetSandbox(c.String("root"), name)
+	if gerr != nil {
+		return fmt.Errorf("%w (and finding the sandbox: %w)", err, gerr)
+	}
+	rt, rerr := openRuntime(c)
+	if rerr != nil {
+		return fmt.Errorf("%w (and finding its state: %w)", err, rerr)
+	}
+	if sandboxState(ctx, rt, sb) == runtime.StateDead {
+		return fmt.Errorf("sandbox %s is dead (its gVisor processes are gone); remove it with flmbox sandbox rm %s and create another: %w", name, name, err)
+	}
+	return err
 }
 
 // snippetLimits bounds a snippet's own process well inside the sandbox's
