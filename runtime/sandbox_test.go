@@ -1,7 +1,10 @@
 package runtime
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -16,5 +19,29 @@ func TestRunscArgs(t *testing.T) {
 	rc := r.runc(&Sandbox{Network: NetworkNone})
 	if rc.Root != "/var/lib/flmbox/runsc" || !slices.Equal(rc.ExtraArgs, []string{"--network=none", "--host-uds=create"}) {
 		t.Fatalf("runc driver: root %q, flags %q", rc.Root, rc.ExtraArgs)
+	}
+}
+
+func TestLogTail(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name, content, want string
+	}{
+		{"missing", "", ""},
+		{"blank", " \n\n", ""},
+		{"short", "boom: no such file\n", ": boom: no such file"},
+		{"long", strings.Repeat("x", 5000) + "the end\n", ": " + strings.Repeat("x", 2<<10-len("the end\n")) + "the end"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(dir, tc.name)
+			if tc.name != "missing" {
+				if err := os.WriteFile(p, []byte(tc.content), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := logTail(p); got != tc.want {
+				t.Errorf("logTail = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }
