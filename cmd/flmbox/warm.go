@@ -14,9 +14,6 @@ import (
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
-// defaultRoot is flmbox-core's default state root (app.DefaultRoot).
-const defaultRoot = "/var/lib/flmbox"
-
 // warmCall is a plain `flmbox run --sandbox NAME` command line.
 type warmCall struct {
 	root, sandbox, language string
@@ -38,7 +35,7 @@ type warmCall struct {
 // flmbox-core then runs. --max-output is taken here only as a plain number
 // of bytes; sizes such as 1MiB are flmbox-core's to parse.
 func parseWarmCall(args []string, lookupEnv func(string) (string, bool)) (*warmCall, bool) {
-	w := &warmCall{root: defaultRoot, language: wire.LanguagePython, timeout: 30 * time.Second, maxOutput: wire.DefaultMaxOutput}
+	w := &warmCall{root: warmcall.DefaultRoot, language: wire.LanguagePython, timeout: 30 * time.Second, maxOutput: wire.DefaultMaxOutput}
 	if r, ok := lookupEnv("FLMBOX_ROOT"); ok {
 		w.root = r // set, even empty, it is flmbox-core's root
 	}

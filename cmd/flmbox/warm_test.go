@@ -22,7 +22,7 @@ func TestParseWarmCall(t *testing.T) {
 	}
 	none := env(nil)
 	def := func(edit func(w *warmCall)) *warmCall {
-		w := &warmCall{root: defaultRoot, sandbox: "sb", language: wire.LanguagePython, timeout: 30 * time.Second,
+		w := &warmCall{root: warmcall.DefaultRoot, sandbox: "sb", language: wire.LanguagePython, timeout: 30 * time.Second,
 			maxOutput: wire.DefaultMaxOutput, code: "print(1)", hasCode: true}
 		edit(w)
 		return w

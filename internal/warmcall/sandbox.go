@@ -17,6 +17,10 @@ import (
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
+// DefaultRoot is the state root when neither --root nor FLMBOX_ROOT names
+// one.
+const DefaultRoot = "/var/lib/flmbox"
+
 // HungUpEnv is set, to the error, in the environment of flmbox-core when
 // flmbox hands it a call whose agent hung up without answering: flmbox-core
 // then explains the failure (a dead sandbox) without sending the request

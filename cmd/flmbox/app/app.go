@@ -19,7 +19,7 @@ import (
 const exitFlmboxFailed = warmcall.ExitFlmboxFailed
 
 // DefaultRoot is the default state root.
-const DefaultRoot = "/var/lib/flmbox"
+const DefaultRoot = warmcall.DefaultRoot
 
 // Run runs the flmbox CLI on args (os.Args) and returns the process's exit
 // code.

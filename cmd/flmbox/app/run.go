@@ -106,7 +106,11 @@ func runSnippet(c *cli.Context, req *snippet.Request) (res *snippet.Result, clea
 			// flmbox made this call and its agent hung up: explain why,
 			// and never send the request again.
 			os.Unsetenv(warmcall.HungUpEnv)
-			return nil, nil, explainCallFailure(c.Context, c, name, errors.New(msg))
+			sb, err := runtime.GetSandbox(c.String("root"), name)
+			if err != nil {
+				return nil, nil, err
+			}
+			return nil, nil, explainCallFailure(c.Context, c, sb, errors.New(msg))
 		}
 		res, err := callSandbox(c.Context, c, name, req)
 		return res, func() {}, err
@@ -143,27 +147,23 @@ func callSandbox(ctx context.Context, c *cli.Context, name string, req *snippet.
 	warmcall.Touch(sb.Dir)
 	res, err := snippet.Call(ctx, agentSocketPath(sb), req)
 	if err != nil {
-		return nil, explainCallFailure(ctx, c, name, err)
+		return nil, explainCallFailure(ctx, c, sb, err)
 	}
 	return res, nil
 }
 
-// explainCallFailure adds to err, the failure of a call to sandbox name,
-// that the sandbox is dead if it is.
-func explainCallFailure(ctx context.Context, c *cli.Context, name string, err error) error {
+// explainCallFailure adds to err, the failure of a call to sb, that the
+// sandbox is dead if it is.
+func explainCallFailure(ctx context.Context, c *cli.Context, sb *runtime.Sandbox, err error) error {
 	if errors.Is(err, errdefs.ErrPermissionDenied) || ctx.Err() != nil {
 		return err // the socket was replaced, or the call cancelled: say so, not "dead"
-	}
-	sb, gerr := runtime.GetSandbox(c.String("root"), name)
-	if gerr != nil {
-		return fmt.Errorf("%w (and finding the sandbox: %w)", err, gerr)
 	}
 	rt, rerr := openRuntime(c)
 	if rerr != nil {
 		return fmt.Errorf("%w (and finding its state: %w)", err, rerr)
 	}
 	if sandboxState(ctx, rt, sb) == runtime.StateDead {
-		return fmt.Errorf("sandbox %s is dead (its gVisor processes are gone); remove it with flmbox sandbox rm %s and create another: %w", name, name, err)
+		return fmt.Errorf("sandbox %s is dead (its gVisor processes are gone); remove it with flmbox sandbox rm %s and create another: %w", sb.Name, sb.Name, err)
 	}
 	return err
 }
