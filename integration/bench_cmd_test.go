@@ -26,7 +26,8 @@ func benchImageRef() string { return "oci-layout:" + img.LayoutPath + "@" + img.
 func TestBenchQuickJSON(t *testing.T) {
 	root := t.TempDir()
 	start := time.Now()
-	res := flmbox(t, root, "bench", "--quick", "--json", "--image", benchImageRef())
+	// Paced warm calls: every method waits 5 ms before each call.
+	res := flmbox(t, root, "bench", "--quick", "--json", "--pause", "5ms", "--image", benchImageRef())
 	if res.code != 0 {
 		t.Fatalf("exit %d\nstderr: %s", res.code, res.stderr)
 	}
@@ -44,6 +45,9 @@ func TestBenchQuickJSON(t *testing.T) {
 		t.Fatalf("more than one JSON value on stdout: %q", res.stdout)
 	}
 	checkBenchReport(t, rep)
+	if p := (jsonWalker{t: t}).num(rep, "settings.pause_ms"); p != 5 {
+		t.Errorf("settings.pause_ms = %v, want 5", p)
+	}
 	assertBenchCleaned(t, root)
 }
 

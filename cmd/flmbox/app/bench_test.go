@@ -65,6 +65,9 @@ func TestBenchOptions(t *testing.T) {
 		{args: []string{"--warmup", "-1"}, err: "--warmup -1"},
 		{args: []string{"--calls", "100000"}, err: "want 1 to 10000"},
 		{args: []string{"--calls", "many"}, err: "invalid value"},
+		{args: []string{"--quick", "--pause", "20ms"}, want: benchOptions{pairs: 3, warmup: 2, rounds: 2, calls: 10, prewarmRounds: 2, batchSnippets: 16, idle: time.Second, pause: 20 * time.Millisecond}},
+		{args: []string{"--pause", "2s"}, err: "--pause 2s"},
+		{args: []string{"--pause", "-1ms"}, err: "--pause -1ms"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			got, err := parseBench(t, tc.args...)
@@ -314,6 +317,7 @@ func TestBenchTable(t *testing.T) {
 		"FIGURE", "REFERENCE", "raw runsc 120 ms", "1.42×", "191 ms", "82 ms", "n/a",
 		"warm call, sandbox API, python", "25.16 ms", "runsc exec 26.0 ms", "chroot 14.0 ms",
 		"--parallel 1 40.0 s", "crane export | tar -x 1400 ms", "0.79×", "≤ 20 ms", "58.6 MiB", "systrap",
+		"10 calls per round (back to back)",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the table lacks %q:\n%s", want, out)
@@ -323,6 +327,13 @@ func TestBenchTable(t *testing.T) {
 	printBench(&buf, sampleReport(true, false), false)
 	if out := buf.String(); !strings.Contains(out, "crane export | tar -x n/a") || !strings.Contains(out, "80.0 ms") {
 		t.Errorf("without crane, with retained:\n%s", out)
+	}
+	paced := sampleReport(false, true)
+	paced.Settings.PauseMS = 20
+	buf.Reset()
+	printBench(&buf, paced, false)
+	if out := buf.String(); !strings.Contains(out, "(each after a 20 ms pause)") {
+		t.Errorf("paced warm calls:\n%s", out)
 	}
 }
 
