@@ -113,12 +113,16 @@ func startHelper(t *testing.T, subreaper bool, uid int) *helper {
 		h.cmd.Process.Signal(syscall.SIGTERM)
 		h.cmd.Wait()
 	})
+	// Wait until it accepts: the socket file exists from bind, before listen,
+	// and a connection in between is refused.
 	for deadline := time.Now().Add(guard); ; time.Sleep(10 * time.Millisecond) {
-		if _, err := os.Stat(h.socket); err == nil {
+		conn, err := net.Dial("unix", h.socket)
+		if err == nil {
+			conn.Close()
 			return h
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the helper agent did not listen")
+			t.Fatalf("the helper agent did not listen: %v", err)
 		}
 	}
 }
