@@ -34,6 +34,9 @@ func runCommand() *cli.Command {
 			jsonFlag,
 		),
 		Action: func(c *cli.Context) error {
+			if err := refuseCreateFlags(c); err != nil {
+				return err
+			}
 			if path := c.String("batch"); path != "" {
 				if c.NArg() != 0 || c.IsSet("code") {
 					return fmt.Errorf("--batch takes its codes from FILE, not from -c or arguments")
@@ -56,6 +59,22 @@ func runCommand() *cli.Command {
 			return printResult(c, res)
 		},
 	}
+}
+
+// refuseCreateFlags refuses, with --sandbox, the flags that configure a new
+// sandbox: an existing one keeps the settings it was created with, and a
+// flag silently ignored would mislead.
+func refuseCreateFlags(c *cli.Context) error {
+	name := c.String("sandbox")
+	if name == "" {
+		return nil
+	}
+	for _, f := range sandboxFlags() {
+		if flag := f.Names()[0]; c.IsSet(flag) {
+			return fmt.Errorf("--%s configures a new sandbox (with --image); sandbox %q keeps the settings it was created with: drop --%s, or create a sandbox with it (flmbox sandbox create --%s ...)", flag, name, flag, flag)
+		}
+	}
+	return nil
 }
 
 // snippetRequest reads the code and the run flags into a request.
