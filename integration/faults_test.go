@@ -293,13 +293,47 @@ while True:
 			t.Fatalf("exit %d stderr %q, want 1 and a MemoryError", res.code, res.stderr)
 		}
 		faultAlive(t, root, name)
-
-		// Not tested here: several processes, each under its own RLIMIT_AS,
-		// together over the sandbox's memory. The host's memory cgroup then
-		// sometimes kills the whole sandbox (seen once in three runs); per-call
-		// memory accounting is still to be built.
-		faultAlive(t, root, name)
 		faultNoSnippetProcesses(t, root, name)
+	})
+
+	// Several processes, each under its own RLIMIT_AS, and files in /tmp
+	// together over the sandbox's memory: without the agent's memory watch
+	// the host's memory cgroup killed the whole sandbox, /tmp and all.
+	t.Run("memory hog with several processes and a full tmp", func(t *testing.T) {
+		const small = "small-memory"
+		faultSandbox(t, root, reg, small, "--memory", "256MiB", "--tmp-size", "256MiB")
+		defer flmbox(t, root, "sandbox", "rm", small)
+		res := faultRun(t, root, small, `
+with open('/tmp/keep', 'wb') as f:
+    for i in range(120):
+        f.write(b'k' * (1 << 20))
+print('wrote /tmp/keep', flush=True)
+import os
+for i in range(2):
+    if os.fork() == 0:
+        chunks = []
+        while len(chunks) < 5:  # 80 MiB each, under RLIMIT_AS (128 MiB)
+            chunks.append(bytearray(16 << 20))
+            for j in range(0, len(chunks[-1]), 4096):
+                chunks[-1][j] = 1
+        os._exit(0)
+for i in range(2):
+    os.wait()
+print('all allocated')
+`, "--timeout", "2m")
+		if res.code != 137 || res.stdout != "wrote /tmp/keep\n" || !strings.Contains(res.stderr, "running out of memory") {
+			t.Fatalf("exit %d stdout %q stderr %q, want 137 and the snippet killed out of memory", res.code, res.stdout, res.stderr)
+		}
+		res = faultRun(t, root, small, "import os; print(os.path.getsize('/tmp/keep'))", "--json")
+		var j struct {
+			ExitCode  int    `json:"exit_code"`
+			Stdout    string `json:"stdout"`
+			OOMKilled bool   `json:"oom_killed"`
+		}
+		if err := json.Unmarshal([]byte(res.stdout), &j); err != nil || j.ExitCode != 0 || j.OOMKilled || j.Stdout != "125829120\n" {
+			t.Fatalf("the sandbox or its /tmp did not survive: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
+		}
+		faultNoSnippetProcesses(t, root, small)
 	})
 
 	t.Run("filling tmp", func(t *testing.T) {

@@ -213,3 +213,30 @@ except Exception as e:
 		t.Fatalf("--network host: %q", out)
 	}
 }
+
+// TestBatchSaysWhyASnippetWasKilled: a batch element carries no timed_out
+// field, so a snippet killed on timeout says so in its stderr, and the
+// others run.
+func TestBatchSaysWhyASnippetWasKilled(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	faultSandbox(t, root, reg, "batch-kill")
+	in := `{"language": "python", "timeout": 30, "codes": [{"code": "import time\nprint('started', flush=True)\ntime.sleep(60)", "timeout": 0.5}, "print('next')"]}`
+	batch := filepath.Join(t.TempDir(), "batch.json")
+	os.WriteFile(batch, []byte(in), 0o600)
+	out := mustFlmbox(t, root, "run", "--batch", batch, "--sandbox", "batch-kill")
+	var results []struct {
+		ExitCode int    `json:"exit_code"`
+		Stdout   string `json:"stdout"`
+		Stderr   string `json:"stderr"`
+	}
+	if err := json.Unmarshal([]byte(out), &results); err != nil || len(results) != 2 {
+		t.Fatalf("batch printed %q: %v", out, err)
+	}
+	if r := results[0]; r.ExitCode != 137 || r.Stdout != "started\n" || r.Stderr != "flmbox: the snippet timed out after 500ms and was killed\n" {
+		t.Errorf("the timed-out snippet: %+v", r)
+	}
+	if r := results[1]; r.ExitCode != 0 || r.Stdout != "next\n" {
+		t.Errorf("the next snippet: %+v", r)
+	}
+}

@@ -169,15 +169,24 @@ func WithNetwork(n Network) SpecOpt {
 
 // Limits bound a whole sandbox through its cgroup. They are the sandbox's
 // backstop: snippets are bounded more tightly from inside, by rlimits on
-// their own processes, so that one snippet cannot kill the sandbox.
+// their own processes and by the agent's memory watch, so that one snippet
+// cannot kill the sandbox.
 type Limits struct {
-	// MemoryBytes is the memory limit (0: none).
+	// MemoryBytes is the memory of the sandbox's processes and its /tmp
+	// together (0: no limit). The cgroup's limit is MemoryBytes +
+	// MemoryHeadroom(MemoryBytes): gVisor's own memory is not the
+	// snippets', and the agent's memory watch must act before the cgroup
+	// kills the whole sandbox.
 	MemoryBytes int64 `json:"memory_bytes"`
 	// CPUs is the CPU quota in CPUs (0: none).
 	CPUs float64 `json:"cpus"`
 	// Pids is the limit on processes (0: none).
 	Pids int64 `json:"pids"`
 }
+
+// MemoryHeadroom is what a sandbox's cgroup allows above its MemoryBytes: a
+// quarter, 64 to 512 MiB.
+func MemoryHeadroom(memoryBytes int64) int64 { return min(max(memoryBytes/4, 64<<20), 512<<20) }
 
 // WithLimits sets the sandbox's cgroup limits.
 func WithLimits(l Limits) SpecOpt {
@@ -187,7 +196,7 @@ func WithLimits(l Limits) SpecOpt {
 		}
 		r := s.Linux.Resources
 		if l.MemoryBytes > 0 {
-			m := l.MemoryBytes
+			m := l.MemoryBytes + MemoryHeadroom(l.MemoryBytes)
 			r.Memory = &specs.LinuxMemory{Limit: &m}
 		}
 		if l.CPUs > 0 {

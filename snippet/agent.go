@@ -70,6 +70,14 @@ type Agent struct {
 	// once; later spares take the limits of the last call of their language.
 	// A request with other limits starts a process of its own.
 	SpareLimits Limits
+	// MemInfo is a /proc/meminfo file that tells how much memory the
+	// sandbox uses; while snippets run, the agent reads it and kills those
+	// that would exhaust MemoryBudget (see memory_linux.go). In gVisor that
+	// is /proc/meminfo itself; empty (the default) turns the watch off.
+	MemInfo string
+	// MemoryBudget is the memory the sandbox's processes and files may use
+	// together, in bytes; 0 (or more than MemTotal) means MemTotal.
+	MemoryBudget int64
 
 	once        sync.Once
 	python      string // resolved Python, or "" with pythonErr
@@ -87,6 +95,7 @@ type Agent struct {
 	zyg            *zygote
 	zygoteFailures int
 	closed         bool
+	mem            memWatch
 }
 
 // init fills in the defaults and resolves the interpreters, once.

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -84,15 +85,22 @@ type proc struct {
 	// abandon, if set, ends a process that was killed but whose end is
 	// not reported (its zygote is stuck): it closes done.
 	abandon func()
+	// oomKilled says that the memory watch killed it.
+	oomKilled atomic.Bool
 }
 
-// kill kills p's process group and p itself, which may have left its group
-// (setpgid), and waits until p is done.
-func (p *proc) kill() {
+// sigkill kills p's process group and p itself, which may have left its
+// group (setpgid).
+func (p *proc) sigkill() {
 	killGroup(p.pid)
 	if p.pid > 0 {
 		unix.Kill(p.pid, unix.SIGKILL)
 	}
+}
+
+// kill kills p as sigkill does and waits until p is done.
+func (p *proc) kill() {
+	p.sigkill()
 	if p.abandon == nil {
 		<-p.done
 		return
@@ -297,6 +305,8 @@ func (a *Agent) runProc(ctx context.Context, req *Request, p *proc) *Result {
 	var cancelErr error
 	timer := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
 	defer timer.Stop()
+	stopWatch := a.watchMemory(p)
+	defer stopWatch()
 	select {
 	case <-p.done:
 	case <-timer.C:
@@ -319,6 +329,7 @@ func (a *Agent) runProc(ctx context.Context, req *Request, p *proc) *Result {
 	}
 	if err == nil {
 		res.ExitCode, res.Signal = exitStatus(p.status)
+		res.OOMKilled = p.oomKilled.Load() && !res.TimedOut && res.Signal == "SIGKILL"
 		return res
 	}
 	res.ExitCode, res.Signal, res.Error = -1, "", err.Error()

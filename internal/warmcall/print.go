@@ -33,6 +33,7 @@ type JSON struct {
 	StdoutTruncated bool    `json:"stdout_truncated"`
 	StderrTruncated bool    `json:"stderr_truncated"`
 	TimedOut        bool    `json:"timed_out"`
+	OOMKilled       bool    `json:"oom_killed"`
 	Signal          string  `json:"signal,omitempty"`
 	DurationMS      float64 `json:"duration_ms"`
 }
@@ -43,7 +44,7 @@ func ToJSON(res *wire.Result) JSON {
 	out := JSON{ExitCode: res.ExitCode, Stdout: strings.ToValidUTF8(string(res.Stdout.Data), "\uFFFD"),
 		Stderr: strings.ToValidUTF8(string(res.Stderr.Data), "\uFFFD"), StdoutBytes: res.Stdout.Total,
 		StderrBytes: res.Stderr.Total, StdoutTruncated: res.Stdout.Truncated, StderrTruncated: res.Stderr.Truncated,
-		TimedOut: res.TimedOut, Signal: res.Signal, DurationMS: res.DurationMS}
+		TimedOut: res.TimedOut, OOMKilled: res.OOMKilled, Signal: res.Signal, DurationMS: res.DurationMS}
 	if !utf8.Valid(res.Stdout.Data) {
 		out.StdoutBase64 = base64.StdEncoding.EncodeToString(res.Stdout.Data)
 	}
@@ -57,7 +58,8 @@ func ToJSON(res *wire.Result) JSON {
 }
 
 // Print writes res to stdout and stderr, as JSON if asJSON, and returns
-// flmbox run's exit status: the snippet's, ExitTimeout if it timed out
+// flmbox run's exit status: the snippet's (137 if it was killed because the
+// sandbox ran out of memory, said on stderr), ExitTimeout if it timed out
 // (after timeout), ExitFlmboxFailed if flmbox could not run it. msg, if not
 // empty, is for the caller to print as "flmbox: msg".
 func Print(stdout, stderr io.Writer, res *wire.Result, asJSON bool, timeout time.Duration) (code int, msg string, err error) {
@@ -79,6 +81,14 @@ func Print(stdout, stderr io.Writer, res *wire.Result, asJSON bool, timeout time
 			fmt.Fprintf(stderr, "flmbox: the snippet timed out after %s and was killed\n", timeout)
 		}
 		return ExitTimeout, "", nil
+	case res.OOMKilled:
+		if !asJSON {
+			fmt.Fprintln(stderr, OOMMessage)
+		}
 	}
 	return res.ExitCode, "", nil
 }
+
+// OOMMessage explains a snippet killed because its sandbox was running out
+// of memory (wire.Result.OOMKilled).
+const OOMMessage = "flmbox: the snippet was killed: the sandbox was running out of memory (its processes and its files under /tmp count together; flmbox sandbox create --memory sets the limit)"

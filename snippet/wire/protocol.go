@@ -124,6 +124,10 @@ type Result struct {
 	TimedOut bool `json:"timed_out"`
 	// Signal names the signal that ended the snippet ("SIGKILL"), if any.
 	Signal string `json:"signal,omitempty"`
+	// OOMKilled says that the agent killed the snippet (SIGKILL, exit
+	// status 137) because the sandbox was running out of memory, its
+	// processes' and its /tmp's together; the CLI says so on stderr.
+	OOMKilled bool `json:"oom_killed,omitempty"`
 	// DurationMS is the wall time of the snippet's process, from its start
 	// to its exit, in milliseconds.
 	DurationMS float64 `json:"duration_ms"`

@@ -24,6 +24,8 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "socket", Required: true, Usage: "Unix socket to listen on"},
 			&cli.BoolFlag{Name: "spares", Value: true, Usage: "start each language's next snippet process ahead of time"},
 			&cli.StringFlag{Name: "limits", Usage: "the limits of the first spare, as JSON (snippet.Limits)"},
+			&cli.StringFlag{Name: "meminfo", Value: "/proc/meminfo", Usage: "where the sandbox's memory use is read while snippets run; empty: no memory watch"},
+			&cli.Int64Flag{Name: "memory-budget", Usage: "the bytes that snippets and /tmp may use together (default: MemTotal)"},
 			&cli.StringSliceFlag{Name: "clean-dir", Value: cli.NewStringSlice("/tmp", "/dev/shm"), Usage: "a directory that a reset empties"},
 		},
 		Action: func(c *cli.Context) error {
@@ -36,7 +38,7 @@ func agentCommand() *cli.Command {
 			// gVisor every scheduler handoff between threads is a costly
 			// futex; more Ps only add spinning threads.
 			goruntime.GOMAXPROCS(1)
-			a := &snippet.Agent{Spares: c.Bool("spares"), CleanDirs: c.StringSlice("clean-dir")}
+			a := &snippet.Agent{Spares: c.Bool("spares"), CleanDirs: c.StringSlice("clean-dir"), MemInfo: c.String("meminfo"), MemoryBudget: c.Int64("memory-budget")}
 			if l := c.String("limits"); l != "" {
 				if err := json.Unmarshal([]byte(l), &a.SpareLimits); err != nil {
 					return fmt.Errorf("--limits: %w", err)

@@ -58,7 +58,7 @@ const (
 func sandboxFlags() []cli.Flag {
 	return append(pullFlags(),
 		&cli.StringFlag{Name: "network", Value: "none", Usage: "network: none or host"},
-		&cli.StringFlag{Name: "memory", Value: defaultMemory, Usage: "memory limit of the sandbox"},
+		&cli.StringFlag{Name: "memory", Value: defaultMemory, Usage: "memory of the sandbox's processes and /tmp together; a snippet that would exceed it is killed (its cgroup allows a quarter more, for gVisor)"},
 		&cli.Float64Flag{Name: "cpus", Value: defaultCPUs, Usage: "CPU limit of the sandbox"},
 		&cli.Int64Flag{Name: "pids", Value: defaultPids, Usage: "process limit of the sandbox"},
 		&cli.StringFlag{Name: "tmp-size", Value: defaultTmpSize, Usage: "size of the sandbox's writable /tmp"},

@@ -205,8 +205,13 @@ func (w *batchWorker) run(req *snippet.Request) batchResult {
 	}
 	j := warmcall.ToJSON(res)
 	code := res.ExitCode
-	if res.Error != "" {
+	switch {
+	case res.Error != "":
 		code = -1
+	case res.TimedOut:
+		j.Stderr += fmt.Sprintf("flmbox: the snippet timed out after %s and was killed\n", time.Duration(req.TimeoutMS)*time.Millisecond)
+	case res.OOMKilled:
+		j.Stderr += warmcall.OOMMessage + "\n"
 	}
 	return batchResult{ExitCode: code, Stdout: j.Stdout, Stderr: j.Stderr}
 }

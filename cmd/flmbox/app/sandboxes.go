@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -123,7 +124,8 @@ func createSandbox(ctx context.Context, c *cli.Context, o sandboxOptions) (_ *ru
 			runtime.WithEnv(sandboxEnv(cfg.Config.Env, append(pipEnv, o.env...))),
 			runtime.WithBind(self, agentBinary, true),
 			wheels,
-			runtime.WithArgs(agentBinary, "agent", "--socket", agentSocket, "--limits", string(spareLimits)),
+			runtime.WithArgs(agentBinary, "agent", "--socket", agentSocket, "--limits", string(spareLimits),
+				"--memory-budget", strconv.FormatInt(o.limits.MemoryBytes, 10)),
 		}, o.spec...),
 	})
 	if err != nil {

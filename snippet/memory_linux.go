@@ -1,0 +1,152 @@
+package snippet
+
+import (
+	"bytes"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// The memory watch.
+//
+// gVisor keeps all of a sandbox's memory, its processes' and its /tmp's, in
+// one host file charged to the sandbox's memory cgroup, and past the cgroup's
+// limit the host kills the whole sandbox, /tmp and all. RLIMIT_AS bounds each
+// snippet process, not their sum nor what /tmp holds: two processes under
+// the limit and a full /tmp were enough to kill a sandbox. So while snippets
+// run, the agent reads how much memory the sandbox uses (Agent.MemInfo,
+// /proc/meminfo: MemTotal - MemAvailable) every memPoll; when less than
+// memReserve of Agent.MemoryBudget is left and the sandbox uses more than when
+// a snippet started, it kills that snippet's process group and reports it out
+// of memory (Result.OOMKilled). The sandbox and its files survive. flmbox sets
+// the cgroup's limit above the budget (runtime.MemoryHeadroom), so that the
+// watch, which shares the sandbox's CPU with the snippets it watches, has time
+// to act. A snippet that started when memory was already short and does not
+// use more is left alone, so that a call can still delete files from a /tmp
+// that fills the sandbox. Calls shorter than memFirstRead never read the file.
+
+// How often the watch reads the sandbox's memory: every memPoll, and every
+// memPollShort once less than twice the reserve is left. Measured in a
+// sandbox with 1 CPU, four processes allocating at once take some 2 MiB per
+// millisecond, in bursts between the pauses of the CPU quota.
+// The first read is later: it only notes what the sandbox uses, and most
+// calls end before it, paying nothing for the watch.
+const (
+	memFirstRead = 20 * time.Millisecond
+	memPoll      = 5 * time.Millisecond
+	memPollShort = time.Millisecond
+)
+
+// memReserve is the memory left of a budget below which the watch kills
+// growing snippets: a sixteenth, 16 to 128 MiB, for what grows until the
+// snippets are dead.
+func memReserve(budget int64) int64 { return min(max(budget/16, 16<<20), 128<<20) }
+
+// memWatch is the agent's memory watch: the snippets running, and the timer
+// of the next read while there are some. A call that ends before the timer
+// fires stops it: no wake-up is left behind.
+type memWatch struct {
+	mu    sync.Mutex
+	procs map[*proc]int64 // running snippet → bytes used when first seen (-1 before)
+	timer *time.Timer     // nil when no read is due
+}
+
+// watchMemory watches p while it runs; the returned function stops.
+func (a *Agent) watchMemory(p *proc) (stop func()) {
+	if a.MemInfo == "" {
+		return func() {}
+	}
+	w := &a.mem
+	w.mu.Lock()
+	if w.procs == nil {
+		w.procs = map[*proc]int64{}
+	}
+	w.procs[p] = -1
+	if w.timer == nil {
+		w.timer = time.AfterFunc(memFirstRead, a.checkMemory)
+	}
+	w.mu.Unlock()
+	return func() {
+		w.mu.Lock()
+		delete(w.procs, p)
+		// A timer that already fired is running checkMemory, which
+		// clears it.
+		if len(w.procs) == 0 && w.timer != nil && w.timer.Stop() {
+			w.timer = nil
+		}
+		w.mu.Unlock()
+	}
+}
+
+// checkMemory reads the memory, kills the growing snippets if it runs out,
+// and sets the next read while snippets run.
+func (a *Agent) checkMemory() {
+	w := &a.mem
+	next := memPoll
+	if total, avail, ok := readMemInfo(a.MemInfo); ok {
+		budget := total
+		if a.MemoryBudget > 0 && a.MemoryBudget < total {
+			budget = a.MemoryBudget
+		}
+		used := total - avail
+		left, reserve := budget-used, memReserve(budget)
+		if left < 2*reserve {
+			next = memPollShort
+		}
+		w.mu.Lock()
+		for p, first := range w.procs {
+			switch {
+			case first < 0:
+				w.procs[p] = used
+			case left < reserve && used > first:
+				p.oomKilled.Store(true)
+				delete(w.procs, p)
+				go p.sigkill()
+			}
+		}
+		w.mu.Unlock()
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.procs) == 0 {
+		w.timer = nil
+		return
+	}
+	w.timer.Reset(next)
+}
+
+// readMemInfo reads MemTotal and MemAvailable, in bytes, from a
+// /proc/meminfo file.
+func readMemInfo(path string) (total, avail int64, ok bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, 0, false
+	}
+	total, avail = -1, -1
+	for line := range bytes.Lines(b) {
+		key, rest, found := bytes.Cut(line, []byte(":"))
+		if !found {
+			continue
+		}
+		var dst *int64
+		switch string(key) {
+		case "MemTotal":
+			dst = &total
+		case "MemAvailable":
+			dst = &avail
+		default:
+			continue
+		}
+		f := bytes.Fields(rest)
+		if len(f) != 2 || string(f[1]) != "kB" {
+			return 0, 0, false
+		}
+		n, err := strconv.ParseInt(string(f[0]), 10, 64)
+		if err != nil || n < 0 {
+			return 0, 0, false
+		}
+		*dst = n << 10
+	}
+	return total, avail, total > 0 && avail >= 0
+}
