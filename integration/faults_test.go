@@ -334,6 +334,41 @@ print('all allocated')
 			t.Fatalf("the sandbox or its /tmp did not survive: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
 		}
 		faultNoSnippetProcesses(t, root, small)
+
+		// The same processes as a batch element, /tmp still full: the
+		// element says why it was killed, and the next one runs.
+		in, _ := json.Marshal(map[string]any{"codes": []string{`
+import os
+for i in range(2):
+    if os.fork() == 0:
+        chunks = []
+        while len(chunks) < 5:
+            chunks.append(bytearray(16 << 20))
+            for j in range(0, len(chunks[-1]), 4096):
+                chunks[-1][j] = 1
+        os._exit(0)
+for i in range(2):
+    os.wait()
+print('all allocated')
+`, "print('next')"}})
+		batch := filepath.Join(t.TempDir(), "batch.json")
+		os.WriteFile(batch, in, 0o600)
+		out := mustFlmbox(t, root, "run", "--batch", batch, "--sandbox", small, "--parallel", "1")
+		var results []struct {
+			ExitCode int    `json:"exit_code"`
+			Stdout   string `json:"stdout"`
+			Stderr   string `json:"stderr"`
+		}
+		if err := json.Unmarshal([]byte(out), &results); err != nil || len(results) != 2 {
+			t.Fatalf("batch printed %q: %v", out, err)
+		}
+		if r := results[0]; r.ExitCode != 137 || r.Stdout != "" || !strings.Contains(r.Stderr, "running out of memory") {
+			t.Errorf("the element out of memory: %+v", r)
+		}
+		if r := results[1]; r.ExitCode != 0 || r.Stdout != "next\n" {
+			t.Errorf("the next element: %+v", r)
+		}
+		faultAlive(t, root, small)
 	})
 
 	t.Run("filling tmp", func(t *testing.T) {

@@ -2,7 +2,9 @@ package snippet
 
 import (
 	"bytes"
+	"cmp"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -16,15 +18,20 @@ import (
 // snippet process, not their sum nor what /tmp holds: two processes under
 // the limit and a full /tmp were enough to kill a sandbox. So while snippets
 // run, the agent reads how much memory the sandbox uses (Agent.MemInfo,
-// /proc/meminfo: MemTotal - MemAvailable) every memPoll; when less than
-// memReserve of Agent.MemoryBudget is left and the sandbox uses more than when
-// a snippet started, it kills that snippet's process group and reports it out
-// of memory (Result.OOMKilled). The sandbox and its files survive. flmbox sets
-// the cgroup's limit above the budget (runtime.MemoryHeadroom), so that the
+// /proc/meminfo: MemTotal - MemAvailable): first memFirstRead after a call
+// starts, which notes what the sandbox used then, and every memPoll after.
+// When less than memReserve of Agent.MemoryBudget is left, it kills a snippet
+// that has run since the sandbox used less (by more than memTolerance): the
+// one whose process group holds the most memory if there are several, one at
+// a time, none while a killed one is still going (once it is gone, the others
+// are blamed only for what they use from then on). It reports it out of
+// memory (Result.OOMKilled); the sandbox and its files survive. flmbox sets the
+// cgroup's limit above the budget (runtime.MemoryHeadroom), so that the
 // watch, which shares the sandbox's CPU with the snippets it watches, has time
 // to act. A snippet that started when memory was already short and does not
 // use more is left alone, so that a call can still delete files from a /tmp
-// that fills the sandbox. Calls shorter than memFirstRead never read the file.
+// that fills the sandbox. Calls shorter than memFirstRead, while no other call
+// runs, never read the file.
 
 // How often the watch reads the sandbox's memory: every memPoll, and every
 // memPollShort once less than twice the reserve is left. Measured in a
@@ -48,11 +55,13 @@ func memReserve(budget int64) int64 { return min(max(budget/16, 16<<20), 128<<20
 // fires stops it: no wake-up is left behind.
 type memWatch struct {
 	mu    sync.Mutex
-	procs map[*proc]int64 // running snippet → bytes used when first seen (-1 before)
+	procs map[*proc]int64 // running snippet → bytes used at the first read (-1 before)
+	dying []*proc         // killed, not yet gone: their memory is not back yet
 	timer *time.Timer     // nil when no read is due
 }
 
-// watchMemory watches p while it runs; the returned function stops.
+// watchMemory watches p while it runs; the returned function stops, after
+// which the watch no longer kills p.
 func (a *Agent) watchMemory(p *proc) (stop func()) {
 	if a.MemInfo == "" {
 		return func() {}
@@ -69,18 +78,22 @@ func (a *Agent) watchMemory(p *proc) (stop func()) {
 	w.mu.Unlock()
 	return func() {
 		w.mu.Lock()
+		defer w.mu.Unlock()
 		delete(w.procs, p)
-		// A timer that already fired is running checkMemory, which
-		// clears it.
-		if len(w.procs) == 0 && w.timer != nil && w.timer.Stop() {
+		if len(w.procs) > 0 {
+			return
+		}
+		// No snippet runs: stop reading. A timer that already fired is
+		// running checkMemory, which clears it.
+		w.dying = slices.DeleteFunc(w.dying, (*proc).exited)
+		if len(w.dying) == 0 && w.timer != nil && w.timer.Stop() {
 			w.timer = nil
 		}
-		w.mu.Unlock()
 	}
 }
 
-// checkMemory reads the memory, kills the growing snippets if it runs out,
-// and sets the next read while snippets run.
+// checkMemory reads the memory, kills a growing snippet if it runs out, and
+// sets the next read while snippets run.
 func (a *Agent) checkMemory() {
 	w := &a.mem
 	next := memPoll
@@ -95,25 +108,74 @@ func (a *Agent) checkMemory() {
 			next = memPollShort
 		}
 		w.mu.Lock()
+		dying := len(w.dying)
+		w.dying = slices.DeleteFunc(w.dying, (*proc).exited)
+		// Once the killed ones are gone, the others are blamed only for
+		// what they use from now on.
+		rebase := dying > 0 && len(w.dying) == 0
+		var grown []*proc
 		for p, first := range w.procs {
 			switch {
-			case first < 0:
+			case first < 0 || rebase:
 				w.procs[p] = used
-			case left < reserve && used > first:
-				p.oomKilled.Store(true)
-				delete(w.procs, p)
-				go p.sigkill()
+			case left < reserve && used > first+memTolerance(reserve) && !p.exited():
+				grown = append(grown, p)
 			}
+		}
+		// One at a time, the biggest first, and none while a killed one
+		// still holds its memory: the others may be innocent neighbours.
+		if len(grown) > 0 && len(w.dying) == 0 {
+			p := grown[0]
+			if len(grown) > 1 {
+				p = slices.MaxFunc(grown, func(x, y *proc) int { return cmp.Compare(groupRSS(x.pid), groupRSS(y.pid)) })
+			}
+			p.oomKilled.Store(true)
+			p.sigkill()
+			delete(w.procs, p)
+			w.dying = append(w.dying, p)
 		}
 		w.mu.Unlock()
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if len(w.procs) == 0 {
+	if len(w.procs) == 0 && len(w.dying) == 0 {
 		w.timer = nil
 		return
 	}
 	w.timer.Reset(next)
+}
+
+// memTolerance is the growth since a snippet's first read that does not
+// count: a clean-up call may start a process or import a module.
+func memTolerance(reserve int64) int64 { return max(reserve/8, 4<<20) }
+
+// groupRSS returns the resident memory of the processes of process group
+// pgid, from /proc; files a group wrote to /tmp do not count.
+func groupRSS(pgid int) int64 {
+	ents, _ := os.ReadDir("/proc")
+	var pages int64
+	for _, e := range ents {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// After the command's closing parenthesis: state, ppid, pgrp, ...,
+		// rss is the 22nd.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := bytes.Fields(b[i+1:])
+		if len(f) < 22 || string(f[2]) != strconv.Itoa(pgid) {
+			continue
+		}
+		n, _ := strconv.ParseInt(string(f[21]), 10, 64)
+		pages += n
+	}
+	return pages * int64(os.Getpagesize())
 }
 
 // readMemInfo reads MemTotal and MemAvailable, in bytes, from a

@@ -1,6 +1,7 @@
 package snippet
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -8,12 +9,13 @@ import (
 	"time"
 )
 
-// fakeMemInfo is a /proc/meminfo file whose MemAvailable the test sets.
+// fakeMemInfo is a /proc/meminfo file of a 512 MiB sandbox whose
+// MemAvailable the test sets.
 type fakeMemInfo string
 
-func newFakeMemInfo(t *testing.T) fakeMemInfo {
+func newFakeMemInfo(t *testing.T, avail int64) fakeMemInfo {
 	f := fakeMemInfo(filepath.Join(t.TempDir(), "meminfo"))
-	f.set(t, 400<<20)
+	f.set(t, avail)
 	return f
 }
 
@@ -30,23 +32,78 @@ func (f fakeMemInfo) set(t *testing.T, avail int64) {
 	}
 }
 
+// waitFirstRead waits until the watch has read the memory for n running
+// snippets.
+func waitFirstRead(t *testing.T, a *Agent, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(guard); ; time.Sleep(5 * time.Millisecond) {
+		a.mem.mu.Lock()
+		read := 0
+		for _, first := range a.mem.procs {
+			if first >= 0 {
+				read++
+			}
+		}
+		a.mem.mu.Unlock()
+		if read == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the watch read the memory for %d snippets, want %d", read, n)
+		}
+	}
+}
+
+// startRun runs req in the background; the result comes on the channel.
+func startRun(a *Agent, req *Request) <-chan *Result {
+	done := make(chan *Result, 1)
+	go func() { done <- a.Run(context.Background(), req) }()
+	return done
+}
+
+func result(t *testing.T, done <-chan *Result) *Result {
+	t.Helper()
+	select {
+	case res := <-done:
+		return res
+	case <-time.After(guard + 5*time.Second):
+		t.Fatal("the call did not return")
+		return nil
+	}
+}
+
+// waitWatchIdle fails unless the watch stops its timer once no call runs.
+func waitWatchIdle(t *testing.T, a *Agent) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		a.mem.mu.Lock()
+		idle := a.mem.timer == nil && len(a.mem.procs) == 0 && len(a.mem.dying) == 0
+		a.mem.mu.Unlock()
+		if idle {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the memory watch still runs with no call")
+		}
+	}
+}
+
 // TestMemoryWatchKillsGrowingSnippet: once the sandbox has less than the
-// reserve left, and less than when the snippet started, the snippet is
-// killed and reported out of memory, in both languages.
+// reserve left, and uses more than at the snippet's first read, the snippet
+// is killed and reported out of memory, in both languages.
 func TestMemoryWatchKillsGrowingSnippet(t *testing.T) {
 	for _, tc := range []struct{ lang, code string }{
 		{LanguageShell, "echo started; sleep 20 & sleep 20"},
 		{LanguagePython, "import time\nprint('started', flush=True)\ntime.sleep(20)"},
 	} {
 		t.Run(tc.lang, func(t *testing.T) {
-			mem := newFakeMemInfo(t)
+			mem := newFakeMemInfo(t, 400<<20)
 			a := &Agent{Python: hostPython(t), Dir: t.TempDir(), MemInfo: string(mem)}
-			go func() {
-				time.Sleep(200 * time.Millisecond) // the watch has read 400 MiB
-				mem.set(t, 20<<20)
-			}()
 			start := time.Now()
-			res := run(t, a, request(tc.lang, tc.code))
+			done := startRun(a, request(tc.lang, tc.code))
+			waitFirstRead(t, a, 1)
+			mem.set(t, 20<<20)
+			res := result(t, done)
 			if !res.OOMKilled || res.ExitCode != 137 || res.Signal != "SIGKILL" || res.TimedOut || res.Error != "" {
 				t.Fatalf("want killed out of memory, got %s (oom_killed %v)", dump(res), res.OOMKilled)
 			}
@@ -54,46 +111,116 @@ func TestMemoryWatchKillsGrowingSnippet(t *testing.T) {
 				t.Fatalf("after %s: %s", time.Since(start), dump(res))
 			}
 			// The next call runs: memory is short but does not shrink.
-			if res := run(t, a, request(LanguageShell, "sleep 0.05; echo next")); res.OOMKilled || string(res.Stdout.Data) != "next\n" {
+			if res := run(t, a, request(LanguageShell, "sleep 0.1; echo next")); res.OOMKilled || string(res.Stdout.Data) != "next\n" {
 				t.Fatalf("the next call: %s (oom_killed %v)", dump(res), res.OOMKilled)
 			}
+			waitWatchIdle(t, a)
 		})
 	}
 }
 
 // TestMemoryWatchSparesSnippetsThatDoNotGrow: a snippet that starts with
-// memory already short and does not use more runs to its end (a /tmp that
-// fills the sandbox can still be emptied), and so does one on a sandbox with
-// memory to spare.
+// memory already short and does not use more (beyond a tolerance) runs to its
+// end, so that a /tmp that fills the sandbox can still be emptied.
 func TestMemoryWatchSparesSnippetsThatDoNotGrow(t *testing.T) {
-	mem := newFakeMemInfo(t)
+	mem := newFakeMemInfo(t, 400<<20)
 	a := &Agent{Dir: t.TempDir(), MemInfo: string(mem)}
 	if res := run(t, a, request(LanguageShell, "sleep 0.1; echo plenty")); res.OOMKilled || res.ExitCode != 0 || string(res.Stdout.Data) != "plenty\n" {
 		t.Fatalf("%s (oom_killed %v)", dump(res), res.OOMKilled)
 	}
-	mem.set(t, 10<<20)
-	if res := run(t, a, request(LanguageShell, "sleep 0.1; echo short")); res.OOMKilled || res.ExitCode != 0 || string(res.Stdout.Data) != "short\n" {
+	// Short all along (the reserve of 512 MiB is 32 MiB): memory given back
+	// and used again, or a little more used, is no growth.
+	mem.set(t, 20<<20)
+	done := startRun(a, request(LanguageShell, "sleep 0.4; echo short"))
+	waitFirstRead(t, a, 1)
+	for _, avail := range []int64{30 << 20, 25 << 20, 17 << 20} {
+		mem.set(t, avail)
+		time.Sleep(20 * time.Millisecond) // some reads
+	}
+	if res := result(t, done); res.OOMKilled || res.ExitCode != 0 || string(res.Stdout.Data) != "short\n" {
 		t.Fatalf("%s (oom_killed %v)", dump(res), res.OOMKilled)
 	}
-	// Memory given back while a snippet runs does not count as growth.
-	go func() {
-		time.Sleep(100 * time.Millisecond)
-		mem.set(t, 300<<20)
-		time.Sleep(100 * time.Millisecond)
-		mem.set(t, 200<<20)
-	}()
-	if res := run(t, a, request(LanguageShell, "sleep 0.4; echo freed")); res.OOMKilled || string(res.Stdout.Data) != "freed\n" {
+	// One MiB more than the tolerance of 4 MiB is growth.
+	mem.set(t, 20<<20)
+	done = startRun(a, request(LanguageShell, "sleep 20"))
+	waitFirstRead(t, a, 1)
+	mem.set(t, 15<<20)
+	if res := result(t, done); !res.OOMKilled {
+		t.Fatalf("%s (oom_killed %v)", dump(res), res.OOMKilled)
+	}
+	waitWatchIdle(t, a)
+}
+
+// TestMemoryWatchKillsTheBiggest: of two snippets running when memory runs
+// out, the one whose processes hold more memory is killed, and the other,
+// blamed only for what it uses after that, runs to its end.
+func TestMemoryWatchKillsTheBiggest(t *testing.T) {
+	mem := newFakeMemInfo(t, 400<<20)
+	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), MemInfo: string(mem)}
+	small := startRun(a, request(LanguageShell, "sleep 1.5; echo small"))
+	big := startRun(a, request(LanguagePython, "import time\nb = bytearray(64 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('big', flush=True)\ntime.sleep(20)"))
+	waitFirstRead(t, a, 2)
+	for deadline := time.Now().Add(guard); ; time.Sleep(10 * time.Millisecond) {
+		if rss := groupRSS(bigPID(t, a)); rss > 64<<20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the big snippet did not grow")
+		}
+	}
+	mem.set(t, 10<<20)
+	if res := result(t, big); !res.OOMKilled || string(res.Stdout.Data) != "big\n" {
+		t.Fatalf("the big snippet: %s (oom_killed %v)", dump(res), res.OOMKilled)
+	}
+	if res := result(t, small); res.OOMKilled || res.ExitCode != 0 || string(res.Stdout.Data) != "small\n" {
+		t.Fatalf("the small snippet: %s (oom_killed %v)", dump(res), res.OOMKilled)
+	}
+	waitWatchIdle(t, a)
+}
+
+// bigPID returns the pid of the Python snippet among those watched.
+func bigPID(t *testing.T, a *Agent) int {
+	t.Helper()
+	a.mem.mu.Lock()
+	defer a.mem.mu.Unlock()
+	for p := range a.mem.procs {
+		if p.cmd.codeInGate && !p.cmd.stdinGate {
+			return p.pid
+		}
+	}
+	t.Fatal("no Python snippet is watched")
+	return 0
+}
+
+// TestMemoryWatchBudget: with a budget under MemTotal (the cgroup's limit is
+// above the budget), the watch kills once the budget is nearly used, while
+// MemTotal still has room.
+func TestMemoryWatchBudget(t *testing.T) {
+	mem := newFakeMemInfo(t, 400<<20) // 112 MiB used
+	a := &Agent{Dir: t.TempDir(), MemInfo: string(mem), MemoryBudget: 256 << 20}
+	done := startRun(a, request(LanguageShell, "sleep 20"))
+	waitFirstRead(t, a, 1)
+	mem.set(t, 300<<20) // 212 used: 44 MiB left of the budget, over its reserve of 16
+	time.Sleep(50 * time.Millisecond)
+	select {
+	case res := <-done:
+		t.Fatalf("killed with memory left: %s", dump(res))
+	default:
+	}
+	mem.set(t, 270<<20) // 242 used: 14 left
+	if res := result(t, done); !res.OOMKilled || res.ExitCode != 137 {
 		t.Fatalf("%s (oom_killed %v)", dump(res), res.OOMKilled)
 	}
 }
 
-// TestMemoryWatchUnreadableFile: a missing or malformed file turns the watch
-// into a no-op, never a failed call.
+// TestMemoryWatchUnreadableFile: a missing file turns the watch into a no-op,
+// never a failed call.
 func TestMemoryWatchUnreadableFile(t *testing.T) {
 	a := &Agent{Dir: t.TempDir(), MemInfo: filepath.Join(t.TempDir(), "missing")}
-	if res := run(t, a, request(LanguageShell, "sleep 0.05; echo ok")); res.OOMKilled || string(res.Stdout.Data) != "ok\n" {
+	if res := run(t, a, request(LanguageShell, "sleep 0.1; echo ok")); res.OOMKilled || string(res.Stdout.Data) != "ok\n" {
 		t.Fatalf("%s", dump(res))
 	}
+	waitWatchIdle(t, a)
 }
 
 func TestReadMemInfo(t *testing.T) {
@@ -133,24 +260,5 @@ func TestMemReserve(t *testing.T) {
 		if got := memReserve(tc.total); got != tc.want {
 			t.Errorf("memReserve(%d MiB) = %d MiB, want %d MiB", tc.total>>20, got>>20, tc.want>>20)
 		}
-	}
-}
-
-// TestMemoryWatchBudget: with a budget under MemTotal (the cgroup's limit
-// is above the budget), the watch kills once the budget is nearly used, while
-// MemTotal still has room.
-func TestMemoryWatchBudget(t *testing.T) {
-	mem := newFakeMemInfo(t) // 512 MiB, 400 available: 112 used
-	a := &Agent{Dir: t.TempDir(), MemInfo: string(mem), MemoryBudget: 256 << 20}
-	go func() {
-		time.Sleep(200 * time.Millisecond)
-		mem.set(t, 300<<20) // 212 used: 44 left of the budget, over its reserve of 16
-		time.Sleep(200 * time.Millisecond)
-		mem.set(t, 270<<20) // 242 used: 14 left
-	}()
-	start := time.Now()
-	res := run(t, a, request(LanguageShell, "sleep 20"))
-	if !res.OOMKilled || res.ExitCode != 137 || time.Since(start) < 400*time.Millisecond {
-		t.Fatalf("after %s: %s (oom_killed %v)", time.Since(start), dump(res), res.OOMKilled)
 	}
 }

@@ -87,11 +87,31 @@ type proc struct {
 	abandon func()
 	// oomKilled says that the memory watch killed it.
 	oomKilled atomic.Bool
+	// reaped says that the process was reaped: its pid may name another
+	// process now, which sigkill must not touch.
+	reapMu sync.Mutex
+	reaped bool
+}
+
+// setReaped records that p was reaped; do, if not nil, runs first under the
+// same lock (the reaping itself, for a child of the agent).
+func (p *proc) setReaped(do func()) {
+	p.reapMu.Lock()
+	defer p.reapMu.Unlock()
+	if do != nil {
+		do()
+	}
+	p.reaped = true
 }
 
 // sigkill kills p's process group and p itself, which may have left its
-// group (setpgid).
+// group (setpgid), unless p was reaped already.
 func (p *proc) sigkill() {
+	p.reapMu.Lock()
+	defer p.reapMu.Unlock()
+	if p.reaped {
+		return
+	}
 	killGroup(p.pid)
 	if p.pid > 0 {
 		unix.Kill(p.pid, unix.SIGKILL)
@@ -265,7 +285,8 @@ func (a *Agent) startExec(path string, c command, limits Limits) (*proc, error) 
 		// before the pid can be reused.
 		waitExited(pid)
 		killGroup(pid)
-		err := cmd.Wait()
+		var err error
+		p.setReaped(func() { err = cmd.Wait() })
 		forgetChild(pid)
 		var exitErr *exec.ExitError
 		if err != nil && !errors.As(err, &exitErr) {
@@ -306,13 +327,20 @@ func (a *Agent) runProc(ctx context.Context, req *Request, p *proc) *Result {
 	timer := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
 	defer timer.Stop()
 	stopWatch := a.watchMemory(p)
-	defer stopWatch()
+	var timedOut, cancelled bool
 	select {
 	case <-p.done:
 	case <-timer.C:
-		res.TimedOut = true
-		p.kill()
+		timedOut = true
 	case <-ctx.Done():
+		cancelled = true
+	}
+	stopWatch() // before killing: what killed p is known from here on
+	switch {
+	case timedOut:
+		res.TimedOut = !p.oomKilled.Load() // or killed for memory, then timed out before it ended
+		p.kill()
+	case cancelled:
 		cancelErr = fmt.Errorf("snippet cancelled and killed: %w", context.Cause(ctx))
 		p.kill()
 	}
@@ -329,7 +357,7 @@ func (a *Agent) runProc(ctx context.Context, req *Request, p *proc) *Result {
 	}
 	if err == nil {
 		res.ExitCode, res.Signal = exitStatus(p.status)
-		res.OOMKilled = p.oomKilled.Load() && !res.TimedOut && res.Signal == "SIGKILL"
+		res.OOMKilled = p.oomKilled.Load() && res.Signal == "SIGKILL"
 		return res
 	}
 	res.ExitCode, res.Signal, res.Error = -1, "", err.Error()

@@ -178,6 +178,7 @@ func (z *zygote) handle(msg []string) error {
 			return fmt.Errorf("the Python zygote said %q", msg)
 		}
 		delete(z.procs, n)
+		p.setReaped(nil)
 		p.status = unix.WaitStatus(status)
 		close(p.done)
 	default:
@@ -201,8 +202,8 @@ func (z *zygote) fail(err error) {
 	}
 	for pid, p := range z.procs {
 		delete(z.procs, pid)
-		killGroup(pid)
-		unix.Kill(pid, unix.SIGKILL)
+		p.sigkill()
+		p.setReaped(nil) // the agent reaps it as an orphan, at any time now
 		p.err = fmt.Errorf("run the snippet: %w", err)
 		close(p.done)
 	}

@@ -94,9 +94,14 @@ func bundleProcesses(bundle string) ([]int, error) {
 	if len(pids) == 0 {
 		return nil, fmt.Errorf("measure memory: no host process of the container of %s", bundle)
 	}
+	// A process can both name the bundle and descend from one that does
+	// (gVisor's stub processes are forks of the sandbox process): count it
+	// once.
 	seen := map[int]bool{}
+	for _, pid := range pids {
+		seen[pid] = true
+	}
 	for i := 0; i < len(pids); i++ {
-		seen[pids[i]] = true
 		for _, c := range children[pids[i]] {
 			if !seen[c] {
 				pids = append(pids, c)
