@@ -43,7 +43,33 @@ const snippetFilename = "<snippet>"
 // pythonBootstrap is the program that python3 -c runs. Its own frames are
 // those of file "<string>"; they are dropped from the snippet's tracebacks.
 // Nothing it defines stays in __main__.
-const pythonBootstrap = pythonBootstrapDef + "_flmbox_bootstrap(False)\n"
+const pythonBootstrap = pythonSite + pythonBootstrapDef + "_flmbox_bootstrap(False)\n"
+
+// pythonSite imports site as python3 does at startup, but only from the
+// image's own directories. Every Python process the agent starts runs it
+// first, under python3 -S -s, and no file the snippets can write takes part:
+// a sitecustomize.py in /tmp/site-packages (on PYTHONPATH), the user site
+// under HOME=/tmp and its .pth files would otherwise run at the start of the
+// next spare, before its limits are set, and in a zygote, which has none: a
+// snippet could plant a fork bomb there and kill the zygote to have it run.
+// The snippets' directories then go back in front of sys.path, where
+// PYTHONPATH puts them. Differences from python3 -c that a snippet can see:
+// sys.flags.no_site and no_user_site are 1, no user site directory is on
+// sys.path (pip installs into /tmp/site-packages, PIP_TARGET), and a
+// sitecustomize or usercustomize of the snippets' directories is not run.
+const pythonSite = `def _flmbox_site():
+    import sys, os
+    path = sys.path[:]
+    # Under -S, sys.path is '' (python3 -c's working directory), PYTHONPATH,
+    # then the standard library.
+    theirs = {''} | set(os.environ.get('PYTHONPATH', '').split(os.pathsep))
+    sys.path[:] = [p for p in path if p not in theirs]
+    import site
+    site.main()
+    sys.path[:0] = [p for p in path if p in theirs]
+    del sys.modules['__main__']._flmbox_site
+_flmbox_site()
+`
 
 // pythonBootstrapDef defines the bootstrap. With fast_exit (a zygote's
 // child, see pythonZygote), once the snippet ends it does what the
@@ -183,14 +209,16 @@ const maxShellScript = 4096
 // socket. A child returns from _flmbox_zygote with its stdio and gate in
 // place, in its own process group, with its limits set, and goes on with the
 // bootstrap, as python3 -c pythonBootstrap would.
-const pythonZygote = `def _flmbox_zygote():
+const pythonZygote = pythonSite + `def _flmbox_zygote():
     import sys
     # Only the standard library: /tmp (sys.path[0] is '') and PYTHONPATH
     # belong to the snippets, and what the zygote imports runs unlimited and
     # lives on in every child.
+    import os
     path = sys.path[:]
-    sys.path[:] = [p for p in path if p and (p.startswith(sys.base_prefix) or p.startswith(sys.base_exec_prefix))]
-    import gc, os, select, resource, _signal, _socket
+    theirs = {''} | set(os.environ.get('PYTHONPATH', '').split(os.pathsep))
+    sys.path[:] = [p for p in path if p not in theirs]
+    import gc, select, resource, _signal, _socket
     sys.path[:] = path
     del sys.modules['__main__']._flmbox_zygote
     ctl = _socket.socket(fileno=3)
@@ -302,12 +330,12 @@ func (c command) gateData(code string) []byte {
 
 // pythonCommand runs code with the bootstrap; the code goes through the gate.
 func pythonCommand() command {
-	return command{args: []string{"python3", "-c", pythonBootstrap}, codeInGate: true}
+	return command{args: []string{"python3", "-S", "-s", "-c", pythonBootstrap}, codeInGate: true}
 }
 
 // zygoteCommand starts the Python zygote.
 func zygoteCommand() command {
-	return command{args: []string{"python3", "-c", pythonZygote}}
+	return command{args: []string{"python3", "-S", "-s", "-c", pythonZygote}}
 }
 
 // shellCommand runs code with sh -c; the gate carries a newline.

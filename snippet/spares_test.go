@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -305,5 +306,64 @@ func TestZygoteStopped(t *testing.T) {
 		if res := run(t, a, request(LanguagePython, "print('next')")); string(res.Stdout.Data) != "next\n" {
 			t.Fatalf("after the zygote was stopped: %s", dump(res))
 		}
+	}
+}
+
+// TestStartupCodeOfSnippetsNeverRuns: files that snippets can write and that
+// python3 would run at startup (a sitecustomize on PYTHONPATH, a .pth file in
+// the user site under HOME) run neither in a new python3 spare, before its
+// limits are set, nor in a zygote, which has none, even one started again
+// after a snippet killed the last; and sys.path is still python3's.
+func TestStartupCodeOfSnippetsNeverRuns(t *testing.T) {
+	dir := t.TempDir()
+	sitePackages := filepath.Join(dir, "site-packages")
+	marker := filepath.Join(dir, "ran")
+	py := hostPython(t)
+	out, err := exec.Command(py, "-c", "import sys; print('%d.%d' % sys.version_info[:2])").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	userSite := filepath.Join(dir, ".local", "lib", "python"+strings.TrimSpace(string(out)), "site-packages")
+	for _, d := range []string{sitePackages, userSite, marker} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	payload := "import os; open(os.path.join(%q, '%s-%%d' %% os.getpid()), 'w')\n"
+	os.WriteFile(filepath.Join(sitePackages, "sitecustomize.py"), []byte(fmt.Sprintf(payload, marker, "sitecustomize")), 0o644)
+	os.WriteFile(filepath.Join(sitePackages, "usercustomize.py"), []byte(fmt.Sprintf(payload, marker, "usercustomize")), 0o644)
+	os.WriteFile(filepath.Join(userSite, "x.pth"), []byte(fmt.Sprintf(payload, marker, "pth")), 0o644)
+	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir, "PYTHONPATH=" + sitePackages, "LANG=C.UTF-8"}
+
+	// What python3 -s makes of sys.path with this environment.
+	cmd := exec.Command(py, "-s", "-c", "import sys; print(sys.path)")
+	cmd.Env, cmd.Dir = env, dir
+	want, err := cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.RemoveAll(marker) // python3 -s ran the sitecustomize
+	os.Mkdir(marker, 0o755)
+
+	a := &Agent{Python: py, Dir: dir, Env: env, Spares: true}
+	t.Cleanup(func() { a.Close() })
+	printPath := request(LanguagePython, "import sys; print(sys.path)")
+	for i := 0; i < 3; i++ { // a python3, then the zygote's children
+		if res := run(t, a, printPath); res.ExitCode != 0 || string(res.Stdout.Data) != string(want) {
+			t.Fatalf("call %d: sys.path %s, want %s", i, dump(res), want)
+		}
+	}
+	// A snippet kills its zygote; the next call starts another.
+	kill := "import os\nif '_flmbox_zygote' in open('/proc/%d/cmdline' % os.getppid()).read():\n    print('killing', flush=True)\n    os.kill(os.getppid(), 9)"
+	if res := run(t, a, request(LanguagePython, kill)); string(res.Stdout.Data) != "killing\n" {
+		t.Fatalf("the snippet did not come from a zygote: %s", dump(res))
+	}
+	for i := 0; i < 2; i++ {
+		if res := run(t, a, printPath); res.ExitCode != 0 || string(res.Stdout.Data) != string(want) {
+			t.Fatalf("after the zygote died, call %d: %s, want %s", i, dump(res), want)
+		}
+	}
+	if ran, _ := os.ReadDir(marker); len(ran) != 0 {
+		t.Fatalf("startup code of the snippets' directories ran: %v", ran)
 	}
 }
