@@ -45,9 +45,10 @@ const snippetFilename = "<snippet>"
 // Nothing it defines stays in __main__.
 const pythonBootstrap = pythonSite + pythonBootstrapDef + "_flmbox_bootstrap(False)\n"
 
-// pythonSite imports site as python3 does at startup, but only from the
-// image's own directories. Every Python process the agent starts runs it
-// first, under python3 -S -s, and no file the snippets can write takes part:
+// pythonSite imports site as python3 does at startup, but with sys.path cut
+// to the standard library: without '' (the working directory, /tmp) and
+// PYTHONPATH. Every Python process the agent starts runs it first, under
+// python3 -S -s, and no file the snippets can write takes part:
 // a sitecustomize.py in /tmp/site-packages (on PYTHONPATH), the user site
 // under HOME=/tmp and its .pth files would otherwise run at the start of the
 // next spare, before its limits are set, and in a zygote, which has none: a
@@ -56,7 +57,8 @@ const pythonBootstrap = pythonSite + pythonBootstrapDef + "_flmbox_bootstrap(Fal
 // PYTHONPATH puts them. Differences from python3 -c that a snippet can see:
 // sys.flags.no_site and no_user_site are 1, no user site directory is on
 // sys.path (pip installs into /tmp/site-packages, PIP_TARGET), and a
-// sitecustomize or usercustomize of the snippets' directories is not run.
+// sitecustomize or usercustomize found only through PYTHONPATH is not run,
+// even one of the image's own (PYTHONPATH=/app, say).
 const pythonSite = `def _flmbox_site():
     import sys, os
     path = sys.path[:]
