@@ -46,9 +46,9 @@ const snippetFilename = "<snippet>"
 const pythonBootstrap = pythonSite + pythonBootstrapDef + "_flmbox_bootstrap(False)\n"
 
 // pythonSite imports site as python3 does at startup, but with sys.path cut
-// to the standard library: without '' (the working directory, /tmp) and
-// PYTHONPATH. Every Python process the agent starts runs it first, under
-// python3 -S -s, and no file the snippets can write takes part:
+// to the standard library: without the empty entry (the working directory,
+// /tmp) and PYTHONPATH. Every Python process the agent starts runs it first,
+// under python3 -S -s, and no file the snippets can write takes part:
 // a sitecustomize.py in /tmp/site-packages (on PYTHONPATH), the user site
 // under HOME=/tmp and its .pth files would otherwise run at the start of the
 // next spare, before its limits are set, and in a zygote, which has none: a
