@@ -127,7 +127,8 @@ func (a *Agent) checkMemory() {
 		if len(grown) > 0 && len(w.dying) == 0 {
 			p := grown[0]
 			if len(grown) > 1 {
-				p = slices.MaxFunc(grown, func(x, y *proc) int { return cmp.Compare(groupRSS(x.pid), groupRSS(y.pid)) })
+				rss := groupsRSS()
+				p = slices.MaxFunc(grown, func(x, y *proc) int { return cmp.Compare(rss[x.pid], rss[y.pid]) })
 			}
 			p.oomKilled.Store(true)
 			p.sigkill()
@@ -149,11 +150,12 @@ func (a *Agent) checkMemory() {
 // count: a clean-up call may start a process or import a module.
 func memTolerance(reserve int64) int64 { return max(reserve/8, 4<<20) }
 
-// groupRSS returns the resident memory of the processes of process group
-// pgid, from /proc; files a group wrote to /tmp do not count.
-func groupRSS(pgid int) int64 {
+// groupsRSS returns the resident memory of each process group, by its ID,
+// from one pass over /proc; files a group wrote to /tmp do not count.
+func groupsRSS() map[int]int64 {
 	ents, _ := os.ReadDir("/proc")
-	var pages int64
+	rss := map[int]int64{}
+	page := int64(os.Getpagesize())
 	for _, e := range ents {
 		if e.Name()[0] < '0' || e.Name()[0] > '9' {
 			continue
@@ -169,13 +171,16 @@ func groupRSS(pgid int) int64 {
 			continue
 		}
 		f := bytes.Fields(b[i+1:])
-		if len(f) < 22 || string(f[2]) != strconv.Itoa(pgid) {
+		if len(f) < 22 {
 			continue
 		}
-		n, _ := strconv.ParseInt(string(f[21]), 10, 64)
-		pages += n
+		pgid, err1 := strconv.Atoi(string(f[2]))
+		pages, err2 := strconv.ParseInt(string(f[21]), 10, 64)
+		if err1 == nil && err2 == nil {
+			rss[pgid] += pages * page
+		}
 	}
-	return pages * int64(os.Getpagesize())
+	return rss
 }
 
 // readMemInfo reads MemTotal and MemAvailable, in bytes, from a

@@ -161,7 +161,7 @@ func TestMemoryWatchKillsTheBiggest(t *testing.T) {
 	big := startRun(a, request(LanguagePython, "import time\nb = bytearray(64 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('big', flush=True)\ntime.sleep(20)"))
 	waitFirstRead(t, a, 2)
 	for deadline := time.Now().Add(guard); ; time.Sleep(10 * time.Millisecond) {
-		if rss := groupRSS(bigPID(t, a)); rss > 64<<20 {
+		if rss := groupsRSS()[bigPID(t, a)]; rss > 64<<20 {
 			break
 		}
 		if time.Now().After(deadline) {
