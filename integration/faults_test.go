@@ -303,16 +303,13 @@ while True:
 		const small = "small-memory"
 		faultSandbox(t, root, reg, small, "--memory", "256MiB", "--tmp-size", "256MiB")
 		defer flmbox(t, root, "sandbox", "rm", small)
-		res := faultRun(t, root, small, `
-with open('/tmp/keep', 'wb') as f:
-    for i in range(120):
-        f.write(b'k' * (1 << 20))
-print('wrote /tmp/keep', flush=True)
+		// Two processes of 80 MiB each, under RLIMIT_AS (128 MiB).
+		const grow = `
 import os
 for i in range(2):
     if os.fork() == 0:
         chunks = []
-        while len(chunks) < 5:  # 80 MiB each, under RLIMIT_AS (128 MiB)
+        while len(chunks) < 5:
             chunks.append(bytearray(16 << 20))
             for j in range(0, len(chunks[-1]), 4096):
                 chunks[-1][j] = 1
@@ -320,7 +317,13 @@ for i in range(2):
 for i in range(2):
     os.wait()
 print('all allocated')
-`, "--timeout", "2m")
+`
+		res := faultRun(t, root, small, `
+with open('/tmp/keep', 'wb') as f:
+    for i in range(120):
+        f.write(b'k' * (1 << 20))
+print('wrote /tmp/keep', flush=True)
+`+grow, "--timeout", "2m")
 		if res.code != 137 || res.stdout != "wrote /tmp/keep\n" || !strings.Contains(res.stderr, "running out of memory") {
 			t.Fatalf("exit %d stdout %q stderr %q, want 137 and the snippet killed out of memory", res.code, res.stdout, res.stderr)
 		}
@@ -337,31 +340,8 @@ print('all allocated')
 
 		// The same processes as a batch element, /tmp still full: the
 		// element says why it was killed, and the next one runs.
-		in, _ := json.Marshal(map[string]any{"codes": []string{`
-import os
-for i in range(2):
-    if os.fork() == 0:
-        chunks = []
-        while len(chunks) < 5:
-            chunks.append(bytearray(16 << 20))
-            for j in range(0, len(chunks[-1]), 4096):
-                chunks[-1][j] = 1
-        os._exit(0)
-for i in range(2):
-    os.wait()
-print('all allocated')
-`, "print('next')"}})
-		batch := filepath.Join(t.TempDir(), "batch.json")
-		os.WriteFile(batch, in, 0o600)
-		out := mustFlmbox(t, root, "run", "--batch", batch, "--sandbox", small, "--parallel", "1")
-		var results []struct {
-			ExitCode int    `json:"exit_code"`
-			Stdout   string `json:"stdout"`
-			Stderr   string `json:"stderr"`
-		}
-		if err := json.Unmarshal([]byte(out), &results); err != nil || len(results) != 2 {
-			t.Fatalf("batch printed %q: %v", out, err)
-		}
+		in, _ := json.Marshal(map[string]any{"codes": []string{grow, "print('next')"}})
+		results := runBatch(t, root, in, 2, "--sandbox", small, "--parallel", "1")
 		if r := results[0]; r.ExitCode != 137 || r.Stdout != "" || !strings.Contains(r.Stderr, "running out of memory") {
 			t.Errorf("the element out of memory: %+v", r)
 		}

@@ -5,6 +5,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -162,6 +163,29 @@ func flmbox(t testing.TB, root string, args ...string) result {
 }
 
 // mustFlmbox runs flmbox and fails the test unless it exits 0.
+// batchElement is one element of flmbox run --batch's output.
+type batchElement struct {
+	ExitCode int    `json:"exit_code"`
+	Stdout   string `json:"stdout"`
+	Stderr   string `json:"stderr"`
+}
+
+// runBatch runs flmbox run --batch on input (JSON) with args, and returns
+// its n elements; it fails the test unless flmbox printed n of them.
+func runBatch(t testing.TB, root string, input []byte, n int, args ...string) []batchElement {
+	t.Helper()
+	batch := filepath.Join(t.TempDir(), "batch.json")
+	if err := os.WriteFile(batch, input, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := mustFlmbox(t, root, append([]string{"run", "--batch", batch}, args...)...)
+	var results []batchElement
+	if err := json.Unmarshal([]byte(out), &results); err != nil || len(results) != n {
+		t.Fatalf("batch printed %q: %v", out, err)
+	}
+	return results
+}
+
 func mustFlmbox(t testing.TB, root string, args ...string) string {
 	t.Helper()
 	res := flmbox(t, root, args...)

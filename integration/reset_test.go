@@ -5,8 +5,6 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -115,17 +113,7 @@ func TestBatchSnippetsDoNotSeeEachOther(t *testing.T) {
 		"import os\nos.kill(1, 9)", // the agent is not killable: the next snippet runs
 		checkClean}
 	in, _ := json.Marshal(map[string]any{"language": "python", "codes": codes})
-	batch := filepath.Join(t.TempDir(), "batch.json")
-	os.WriteFile(batch, in, 0o600)
-	out := mustFlmbox(t, root, "run", "--batch", batch, "--image", reg.digestRef(), "--parallel", "1")
-	var results []struct {
-		ExitCode int    `json:"exit_code"`
-		Stdout   string `json:"stdout"`
-		Stderr   string `json:"stderr"`
-	}
-	if err := json.Unmarshal([]byte(out), &results); err != nil || len(results) != len(codes) {
-		t.Fatalf("batch printed %q: %v", out, err)
-	}
+	results := runBatch(t, root, in, len(codes), "--image", reg.digestRef(), "--parallel", "1")
 	for i, r := range results {
 		switch codes[i] {
 		case messCode:

@@ -99,17 +99,7 @@ print(revenue, round(revenue - 290, 2))
 `, d))
 	}
 	in, _ := json.Marshal(map[string]any{"language": "python", "timeout": 30, "codes": codes})
-	batch := filepath.Join(t.TempDir(), "batch.json")
-	os.WriteFile(batch, in, 0o600)
-	out := mustFlmbox(t, root, "run", "--batch", batch, "--image", reg.digestRef())
-	var results []struct {
-		ExitCode int    `json:"exit_code"`
-		Stdout   string `json:"stdout"`
-		Stderr   string `json:"stderr"`
-	}
-	if err := json.Unmarshal([]byte(out), &results); err != nil || len(results) != 4 {
-		t.Fatalf("batch printed %q: %v", out, err)
-	}
+	results := runBatch(t, root, in, 4, "--image", reg.digestRef())
 	want := []string{"450.0 160.0\n", "405.0 115.0\n", "360.0 70.0\n", ""}
 	for i, r := range results {
 		if r.Stdout != want[i] || (r.ExitCode == 0) != (i < 3) {
@@ -222,17 +212,7 @@ func TestBatchSaysWhyASnippetWasKilled(t *testing.T) {
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "batch-kill")
 	in := `{"language": "python", "timeout": 30, "codes": [{"code": "import time\nprint('started', flush=True)\ntime.sleep(60)", "timeout": 0.5}, "print('next')"]}`
-	batch := filepath.Join(t.TempDir(), "batch.json")
-	os.WriteFile(batch, []byte(in), 0o600)
-	out := mustFlmbox(t, root, "run", "--batch", batch, "--sandbox", "batch-kill")
-	var results []struct {
-		ExitCode int    `json:"exit_code"`
-		Stdout   string `json:"stdout"`
-		Stderr   string `json:"stderr"`
-	}
-	if err := json.Unmarshal([]byte(out), &results); err != nil || len(results) != 2 {
-		t.Fatalf("batch printed %q: %v", out, err)
-	}
+	results := runBatch(t, root, []byte(in), 2, "--sandbox", "batch-kill")
 	if r := results[0]; r.ExitCode != 137 || r.Stdout != "started\n" || r.Stderr != "flmbox: the snippet timed out after 500ms and was killed\n" {
 		t.Errorf("the timed-out snippet: %+v", r)
 	}

@@ -43,9 +43,10 @@ const snippetFilename = "<snippet>"
 // pythonBootstrap is the program that python3 -c runs. Its own frames are
 // those of file "<string>"; they are dropped from the snippet's tracebacks.
 // Nothing it defines stays in __main__.
-const pythonBootstrap = pythonSite + pythonBootstrapDef + "_flmbox_bootstrap(False)\n"
+const pythonBootstrap = pythonSiteDef + "_flmbox_site(())\n" + pythonBootstrapDef + "_flmbox_bootstrap(False)\n"
 
-// pythonSite imports site as python3 does at startup, but with sys.path cut
+// pythonSiteDef defines _flmbox_site(modules), which imports site as python3
+// does at startup, and then modules, but with sys.path cut
 // to the standard library: without the empty entry (the working directory,
 // /tmp) and PYTHONPATH. Every Python process the agent starts runs it first,
 // under python3 -S -s, and no file the snippets can write takes part:
@@ -59,7 +60,7 @@ const pythonBootstrap = pythonSite + pythonBootstrapDef + "_flmbox_bootstrap(Fal
 // sys.path (pip installs into /tmp/site-packages, PIP_TARGET), and a
 // sitecustomize or usercustomize found only through PYTHONPATH is not run,
 // even one of the image's own (PYTHONPATH=/app, say).
-const pythonSite = `def _flmbox_site():
+const pythonSiteDef = `def _flmbox_site(modules):
     import sys, os
     path = sys.path[:]
     # Under -S, sys.path is '' (python3 -c's working directory), PYTHONPATH,
@@ -68,9 +69,10 @@ const pythonSite = `def _flmbox_site():
     sys.path[:] = [p for p in path if p not in theirs]
     import site
     site.main()
+    for m in modules:
+        __import__(m)
     sys.path[:0] = [p for p in path if p in theirs]
     del sys.modules['__main__']._flmbox_site
-_flmbox_site()
 `
 
 // pythonBootstrapDef defines the bootstrap. With fast_exit (a zygote's
@@ -210,18 +212,11 @@ const maxShellScript = 4096
 // been killed and it has been reaped. It exits when the agent closes the
 // socket. A child returns from _flmbox_zygote with its stdio and gate in
 // place, in its own process group, with its limits set, and goes on with the
-// bootstrap, as python3 -c pythonBootstrap would.
-const pythonZygote = pythonSite + `def _flmbox_zygote():
-    import sys
-    # Only the standard library: /tmp (sys.path[0] is '') and PYTHONPATH
-    # belong to the snippets, and what the zygote imports runs unlimited and
-    # lives on in every child.
-    import os
-    path = sys.path[:]
-    theirs = {''} | set(os.environ.get('PYTHONPATH', '').split(os.pathsep))
-    sys.path[:] = [p for p in path if p not in theirs]
-    import gc, select, resource, _signal, _socket
-    sys.path[:] = path
+// bootstrap, as python3 -c pythonBootstrap would. Its modules are imported
+// by _flmbox_site, from the standard library only: what the zygote imports
+// runs unlimited and lives on in every child.
+const pythonZygote = pythonSiteDef + "_flmbox_site(('gc', 'select', 'resource', '_signal', '_socket'))\n" + `def _flmbox_zygote():
+    import sys, gc, os, select, resource, _signal, _socket
     del sys.modules['__main__']._flmbox_zygote
     ctl = _socket.socket(fileno=3)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

@@ -73,22 +73,26 @@ func Print(stdout, stderr io.Writer, res *wire.Result, asJSON bool, timeout time
 		stdout.Write(res.Stdout.Data)
 		stderr.Write(res.Stderr.Data)
 	}
-	switch {
-	case res.Error != "":
+	if res.Error != "" {
 		return ExitFlmboxFailed, "run snippet: " + res.Error, nil
-	case res.TimedOut:
-		if !asJSON {
-			fmt.Fprintf(stderr, "flmbox: the snippet timed out after %s and was killed\n", timeout)
-		}
+	}
+	if !asJSON {
+		io.WriteString(stderr, KillNote(res, timeout))
+	}
+	if res.TimedOut {
 		return ExitTimeout, "", nil
-	case res.OOMKilled:
-		if !asJSON {
-			fmt.Fprintln(stderr, OOMMessage)
-		}
 	}
 	return res.ExitCode, "", nil
 }
 
-// OOMMessage explains a snippet killed because its sandbox was running out
-// of memory (wire.Result.OOMKilled).
-const OOMMessage = "flmbox: the snippet was killed: the sandbox was running out of memory (its processes and its files under /tmp count together; flmbox sandbox create --memory sets the limit)"
+// KillNote is the line that says why flmbox killed a snippet that ran out
+// of time (after timeout) or of the sandbox's memory, or "".
+func KillNote(res *wire.Result, timeout time.Duration) string {
+	switch {
+	case res.TimedOut:
+		return fmt.Sprintf("flmbox: the snippet timed out after %s and was killed\n", timeout)
+	case res.OOMKilled:
+		return "flmbox: the snippet was killed: the sandbox was running out of memory (its processes and its files under /tmp count together; flmbox sandbox create --memory sets the limit)\n"
+	}
+	return ""
+}

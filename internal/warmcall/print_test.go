@@ -23,7 +23,7 @@ func TestPrintStatus(t *testing.T) {
 	}{
 		{"exit", wire.Result{ExitCode: 3, Stdout: out}, 3, "", ""},
 		{"timeout", wire.Result{ExitCode: 137, Signal: "SIGKILL", TimedOut: true, Stdout: out}, ExitTimeout, "flmbox: the snippet timed out after 2s and was killed\n", ""},
-		{"out of memory", wire.Result{ExitCode: 137, Signal: "SIGKILL", OOMKilled: true, Stdout: out}, 137, OOMMessage + "\n", ""},
+		{"out of memory", wire.Result{ExitCode: 137, Signal: "SIGKILL", OOMKilled: true, Stdout: out}, 137, "flmbox: the snippet was killed: the sandbox was running out of memory (its processes and its files under /tmp count together; flmbox sandbox create --memory sets the limit)\n", ""},
 		{"killed", wire.Result{ExitCode: 137, Signal: "SIGKILL", Stdout: out}, 137, "", ""},
 		{"error", wire.Result{ExitCode: -1, Error: "no python3"}, ExitFlmboxFailed, "", "run snippet: no python3"},
 	} {

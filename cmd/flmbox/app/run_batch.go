@@ -204,16 +204,12 @@ func (w *batchWorker) run(req *snippet.Request) batchResult {
 		return fail(err)
 	}
 	j := warmcall.ToJSON(res)
-	code := res.ExitCode
-	switch {
-	case res.Error != "":
-		code = -1
-	case res.TimedOut:
-		j.Stderr += fmt.Sprintf("flmbox: the snippet timed out after %s and was killed\n", time.Duration(req.TimeoutMS)*time.Millisecond)
-	case res.OOMKilled:
-		j.Stderr += warmcall.OOMMessage + "\n"
+	if res.Error != "" {
+		return batchResult{ExitCode: -1, Stdout: j.Stdout, Stderr: j.Stderr}
 	}
-	return batchResult{ExitCode: code, Stdout: j.Stdout, Stderr: j.Stderr}
+	// An element has no timed_out field: its stderr says why it was killed.
+	j.Stderr += warmcall.KillNote(res, time.Duration(req.TimeoutMS)*time.Millisecond)
+	return batchResult{ExitCode: res.ExitCode, Stdout: j.Stdout, Stderr: j.Stderr}
 }
 
 // close removes the worker's sandbox, if it made one.
