@@ -777,3 +777,50 @@ func TestFaultsSandboxNames(t *testing.T) {
 		t.Errorf("sandbox ls changed after rm of missing names:\nbefore %s\nafter  %s", lsBefore, after)
 	}
 }
+
+// TestFaultsStartupCodeInTmpNeverRunsUnlimited: Python runs at startup a
+// sitecustomize found on PYTHONPATH (/tmp/site-packages) and the .pth files
+// of the user site under HOME=/tmp. A snippet that plants them and kills its
+// zygote (same user) must not get them run in the next zygote, which has no
+// limits, nor in any process the agent starts; sys.path stays python3's.
+func TestFaultsStartupCodeInTmpNeverRunsUnlimited(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	const name = "startup"
+	faultSandbox(t, root, reg, name)
+	for i := 0; i < 2; i++ { // the second Python call starts the zygote
+		faultAlive(t, root, name)
+	}
+	plant := `
+import os, sys
+payload = "import os, resource; open('/tmp/ran-%s-%d-%d' % (__name__, os.getpid(), resource.getrlimit(resource.RLIMIT_NPROC)[0]), 'w')\n"
+user = '/tmp/.local/lib/python%d.%d/site-packages' % sys.version_info[:2]
+os.makedirs(user)
+os.makedirs('/tmp/site-packages', exist_ok=True)
+open(user + '/planted.pth', 'w').write(payload)
+open('/tmp/site-packages/sitecustomize.py', 'w').write(payload)
+parent = open('/proc/%d/cmdline' % os.getppid()).read()
+print('zygote' if '_flmbox_zygote' in parent else 'not a zygote child', flush=True)
+os.kill(os.getppid(), 9)
+`
+	if res := faultRun(t, root, name, plant); res.stdout != "zygote\n" {
+		t.Fatalf("planting: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
+	}
+	// The next calls start a new zygote; then the startup code may only run
+	// where a snippet runs python3 itself, under the snippet's limits.
+	for i := 0; i < 2; i++ {
+		res := faultRun(t, root, name, "import sys; print(sys.path)")
+		want := "['', '/tmp/site-packages', '/usr/lib/python311.zip', '/usr/lib/python3.11', '/usr/lib/python3.11/lib-dynload', '/usr/local/lib/python3.11/dist-packages', '/usr/lib/python3/dist-packages']\n"
+		if res.code != 0 || res.stdout != want {
+			t.Fatalf("call %d after the zygote died: exit %d stdout %q stderr %q, want sys.path %q", i, res.code, res.stdout, res.stderr, want)
+		}
+	}
+	res := faultRun(t, root, name, "ls /tmp | grep '^ran-' || true; python3 -c pass; ls /tmp | grep '^ran-'", "-l", "shell")
+	// ran-MODULE-PID-NPROC: only the snippet's own python3, once for the
+	// .pth file (module site) and once for sitecustomize, both limited.
+	lines := strings.Fields(res.stdout)
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "ran-site-") || !strings.HasPrefix(lines[1], "ran-sitecustomize-") ||
+		strings.HasSuffix(lines[0], "--1") || strings.HasSuffix(lines[1], "--1") {
+		t.Fatalf("want the planted code run only by the snippet's python3, under its limits; /tmp has %q (stderr %q)", res.stdout, res.stderr)
+	}
+}
