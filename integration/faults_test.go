@@ -250,6 +250,37 @@ func TestFaultsRunawayCodeIsStopped(t *testing.T) {
 		faultNoSnippetProcesses(t, root, name) // no "sleep 1000"
 	})
 
+	// Out of the group kill's reach, they are killed once no call runs. The
+	// calls wait until their daemons have left the group.
+	t.Run("daemons left behind", func(t *testing.T) {
+		res := faultRun(t, root, name, `rm -f /tmp/d1 /tmp/d2
+setsid sh -c 'touch /tmp/d1; exec sleep 1000' &
+setsid sh -c 'touch /tmp/d2; while :; do :; done' &
+until [ -e /tmp/d1 ] && [ -e /tmp/d2 ]; do sleep 0.01; done
+echo started`, "-l", "shell")
+		if res.code != 0 || res.stdout != "started\n" {
+			t.Fatalf("exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
+		}
+		faultNoSnippetProcesses(t, root, name)
+		for range 2 { // and again, with the spares the sweep left
+			res = faultRun(t, root, name, `import os, time
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.write(w, b'up')
+        while True:
+            time.sleep(0.01)
+    os._exit(0)
+print(os.read(r, 2).decode())`)
+			if res.code != 0 || res.stdout != "up\n" {
+				t.Fatalf("exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
+			}
+			faultNoSnippetProcesses(t, root, name)
+		}
+		faultAlive(t, root, name)
+	})
+
 	t.Run("fork bomb", func(t *testing.T) {
 		// Children that stay alive: fork fails once the snippet's process
 		// limit is reached, and the call ends.

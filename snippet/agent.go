@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -38,8 +39,9 @@ const (
 // request's caps, its rlimits are set before its code runs, and when it ends
 // (or times out, or the call is cancelled) whatever is left of its process
 // group is killed, so that a `sleep 1000 &` cannot outlive the call. Processes
-// that leave the group (setsid, daemons) are not tracked: the sandbox's pids
-// limit bounds them and they die with the sandbox.
+// that leave the group (setsid, daemons) are killed once no call is running,
+// where the agent is PID 1 (as in a sandbox) or a child subreaper (see
+// strays_linux.go); elsewhere they are not tracked.
 //
 // The zero Agent is ready to use; its fields are read at the first Serve or
 // Run and must not change after. An Agent must not be copied after first use.
@@ -96,6 +98,9 @@ type Agent struct {
 	zygoteFailures int
 	closed         bool
 	mem            memWatch
+	sweeps         bool        // orphans come back to the agent: it kills strays (strays_linux.go)
+	leftovers      atomic.Bool // a call ran code since the last sweep
+	keepStrays     bool        // tests: no sweeps, as when calls overlap all the time
 }
 
 // init fills in the defaults and resolves the interpreters, once.
@@ -112,6 +117,7 @@ func (a *Agent) init() {
 		real, err := filepath.EvalSymlinks(a.shell)
 		a.shellIsDash = err == nil && filepath.Base(real) == "dash"
 		a.python, a.pythonErr = lookPath(cmp.Or(a.Python, "python3"), a.env)
+		a.sweeps = !a.keepStrays && reapsOrphans()
 	})
 }
 
@@ -198,9 +204,9 @@ func isTemporary(err error) bool {
 	return errors.As(err, &t) && t.Temporary()
 }
 
-// serveConn answers one connection. The next spare is started once the
-// answer is sent: under gVisor, starting a process takes CPU that the answer
-// would otherwise wait for.
+// serveConn answers one connection. What follows a call (afterCall) is done
+// once the answer is sent: under gVisor, it takes CPU that the answer would
+// otherwise wait for.
 func (a *Agent) serveConn(ctx context.Context, conn net.Conn) {
 	defer conn.Close()
 	req, res, ran := a.answer(ctx, conn)
@@ -209,6 +215,16 @@ func (a *Agent) serveConn(ctx context.Context, conn net.Conn) {
 	if json.NewEncoder(w).Encode(res) == nil {
 		w.Flush() // a client that left does not read it: nothing to do
 	}
+	a.afterCall(req, ran)
+}
+
+// afterCall kills what the calls left behind, if none is running, and
+// starts the next spare of req's language if a process ran req's code.
+func (a *Agent) afterCall(req *Request, ran bool) {
+	if ran {
+		a.leftovers.Store(true)
+	}
+	a.sweepStrays()
 	if ran {
 		a.refill(req.Language, req.Limits)
 	}

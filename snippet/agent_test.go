@@ -28,6 +28,9 @@ const (
 	helperDirEnv       = "FLMBOX_SNIPPET_HELPER_DIR"
 	helperSubreaperEnv = "FLMBOX_SNIPPET_HELPER_SUBREAPER"
 	helperSparesEnv    = "FLMBOX_SNIPPET_HELPER_SPARES"
+	// helperKeepStraysEnv turns the sweep of strays off, to leave them to a
+	// reset, as when calls overlap all the time.
+	helperKeepStraysEnv = "FLMBOX_SNIPPET_HELPER_KEEP_STRAYS"
 )
 
 func TestMain(m *testing.M) {
@@ -57,7 +60,7 @@ func serveHelper() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	a := &Agent{Python: "/usr/bin/python3", Dir: os.Getenv(helperDirEnv), CleanDirs: []string{os.Getenv(helperDirEnv)},
-		Spares: os.Getenv(helperSparesEnv) != ""}
+		Spares: os.Getenv(helperSparesEnv) != "", keepStrays: os.Getenv(helperKeepStraysEnv) != ""}
 	return a.Serve(ctx, ln)
 }
 

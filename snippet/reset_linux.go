@@ -109,13 +109,33 @@ func killOthers(ctx context.Context) error {
 // others returns the live (not zombie) processes descended from this one;
 // for PID 1, all other processes.
 func others() ([]int, error) {
+	procs, err := readProcs()
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, pid := range ours(procs, os.Getpid()) {
+		if procs[pid].alive {
+			out = append(out, pid)
+		}
+	}
+	return out, nil
+}
+
+// procEntry is a process as /proc shows it.
+type procEntry struct {
+	ppid  int
+	alive bool // not a zombie, or a zombie whose other threads run on
+}
+
+// readProcs reads every process but this one from /proc.
+func readProcs() (map[int]procEntry, error) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, err
 	}
 	self := os.Getpid()
-	children := map[int][]int{}
-	alive := map[int]bool{}
+	procs := map[int]procEntry{}
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid == self {
@@ -132,36 +152,39 @@ func others() ([]int, error) {
 			continue
 		}
 		ppid, _ := strconv.Atoi(f[1])
-		children[ppid] = append(children[ppid], pid)
 		// A process whose main thread exited shows as a zombie while its
 		// other threads run on: count the threads (field 20).
 		threads := 0
 		if len(f) > 17 {
 			threads, _ = strconv.Atoi(f[17])
 		}
-		alive[pid] = f[0] != "Z" && f[0] != "X" || threads > 1
+		procs[pid] = procEntry{ppid: ppid, alive: f[0] != "Z" && f[0] != "X" || threads > 1}
 	}
+	return procs, nil
+}
+
+// ours returns the processes of procs descended from self, in no particular
+// order; for PID 1, all of them.
+func ours(procs map[int]procEntry, self int) []int {
 	var out []int
 	if self == 1 {
-		for pid, ok := range alive {
-			if ok {
-				out = append(out, pid)
-			}
+		for pid := range procs {
+			out = append(out, pid)
 		}
-		return out, nil
+		return out
+	}
+	children := map[int][]int{}
+	for pid, p := range procs {
+		children[p.ppid] = append(children[p.ppid], pid)
 	}
 	queue := []int{self}
 	for len(queue) > 0 {
 		pid := queue[0]
 		queue = queue[1:]
-		for _, c := range children[pid] {
-			if alive[c] {
-				out = append(out, c)
-			}
-			queue = append(queue, c)
-		}
+		out = append(out, children[pid]...)
+		queue = append(queue, children[pid]...)
 	}
-	return out, nil
+	return out
 }
 
 // emptyDir removes everything in dir, including directories that a snippet

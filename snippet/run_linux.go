@@ -33,9 +33,7 @@ const drainGrace = 500 * time.Millisecond
 // the output captured until then.
 func (a *Agent) Run(ctx context.Context, req *Request) *Result {
 	res, ran := a.run(ctx, req)
-	if ran {
-		a.refill(req.Language, req.Limits)
-	}
+	a.afterCall(req, ran)
 	return res
 }
 

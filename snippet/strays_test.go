@@ -1,0 +1,135 @@
+package snippet
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestStrays(t *testing.T) {
+	// 10 is the agent: 11 its zygote and 12 its shell spare (registered),
+	// 13 a spare of the zygote; 14 was reparented to it (setsid and double
+	// fork), 15 is 14's child, 16 a child of a spare (it cannot have one,
+	// but is no spare), 17 a zombie, 18 a process without its main thread;
+	// 2 and 20 are not the agent's descendants.
+	procs := map[int]procEntry{
+		2:  {ppid: 0, alive: true},
+		11: {ppid: 10, alive: true},
+		12: {ppid: 10, alive: true},
+		13: {ppid: 11, alive: true},
+		14: {ppid: 10, alive: true},
+		15: {ppid: 14, alive: true},
+		16: {ppid: 13, alive: true},
+		17: {ppid: 10, alive: false},
+		18: {ppid: 10, alive: true},
+		20: {ppid: 2, alive: true},
+	}
+	registered := func(pid int) bool { return pid == 11 || pid == 12 || pid == 20 }
+	got := strays(procs, 10, registered)
+	slices.Sort(got)
+	if want := []int{14, 15, 16, 18}; !slices.Equal(got, want) {
+		t.Errorf("strays of 10 = %v, want %v", got, want)
+	}
+	// As PID 1, every process is the agent's: 2 and 20 (20 is registered,
+	// but not the agent's child) are strays too.
+	procs[11], procs[12], procs[14], procs[17], procs[18] = procEntry{ppid: 1, alive: true}, procEntry{ppid: 1, alive: true},
+		procEntry{ppid: 1, alive: true}, procEntry{ppid: 1, alive: false}, procEntry{ppid: 1, alive: true}
+	got = strays(procs, 1, registered)
+	slices.Sort(got)
+	if want := []int{2, 14, 15, 16, 18, 20}; !slices.Equal(got, want) {
+		t.Errorf("strays of PID 1 = %v, want %v", got, want)
+	}
+}
+
+// TestStraysAreKilledAfterTheCall runs an agent that is a child subreaper,
+// with spares, as in a sandbox: processes that left their call's process
+// group (setsid, a daemon) are gone soon after the call, while the zygote
+// and the spares of both languages, started before, live on and run the
+// next calls.
+func TestStraysAreKilledAfterTheCall(t *testing.T) {
+	t.Setenv(helperSparesEnv, "1")
+	h := startHelper(t, true, 0)
+	agent := h.cmd.Process.Pid
+	daemon := `import os, sys, time
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.write(w, b'%d\n' % os.getpid())
+        time.sleep(1000)
+    os._exit(0)
+print(os.read(r, 32).decode().strip(), os.getpid(), os.getppid())
+`
+	// The calls wait until their daemons have left the group: those that
+	// have not yet are killed with it.
+	const shellStray = "setsid sh -c 'echo $$ > stray.pid; exec sleep 1000' &\n" +
+		"until [ -s stray.pid ]; do sleep 0.01; done\ncat stray.pid; rm stray.pid"
+	// The first Python call runs in a python3 of its own; the zygote starts
+	// after it and forks the next spare.
+	res := call(t, h.socket, request(LanguagePython, daemon))
+	first := pids(t, res)
+	waitGone(t, first[0])
+	zygote, spare := waitSpare(t, agent, "_flmbox_zygote")
+	for round := 0; round < 3; round++ {
+		res := call(t, h.socket, request(LanguageShell, shellStray))
+		for _, pid := range pids(t, res) {
+			waitGone(t, pid)
+		}
+		// The Python spare forked before the shell call ran runs this one.
+		res = call(t, h.socket, request(LanguagePython, daemon))
+		got := pids(t, res)
+		if len(got) != 3 || got[1] != spare || got[2] != zygote {
+			t.Fatalf("round %d: want the daemon's pid, then the spare %d of zygote %d; got %v (%s)", round, spare, zygote, got, dump(res))
+		}
+		waitGone(t, got[0])
+		_, spare = waitSpare(t, agent, "_flmbox_zygote")
+		if !shellIsDash() {
+			continue // no shell spares
+		}
+		_, shSpare := waitSpare(t, agent, "sh\x00-s\x00")
+		res = call(t, h.socket, request(LanguageShell, "echo $$\n"+shellStray))
+		got = pids(t, res)
+		if len(got) != 2 || got[0] != shSpare {
+			t.Fatalf("round %d: want the shell spare %d, then the stray; got %v (%s)", round, shSpare, got, dump(res))
+		}
+		waitGone(t, got[1])
+	}
+}
+
+// waitSpare waits until the agent has a child whose command line contains
+// parent, and that child a child of its own (the zygote and its spare), or
+// until it has a child whose command line contains parent (a spare), and
+// returns them (0 for none).
+func waitSpare(t *testing.T, agent int, parent string) (p, spare int) {
+	t.Helper()
+	for deadline := time.Now().Add(guard); ; time.Sleep(10 * time.Millisecond) {
+		for pid := range childrenOf(t, agent) {
+			cmd, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+			if !bytes.Contains(cmd, []byte(parent)) {
+				continue
+			}
+			if !strings.Contains(parent, "zygote") {
+				return 0, pid
+			}
+			for child, state := range childrenOf(t, pid) {
+				if state != "Z" {
+					return pid, child
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no spare (%q) among the agent's processes", parent)
+		}
+	}
+}
+
+// shellIsDash says whether /bin/sh is dash, which has spares.
+func shellIsDash() bool {
+	real, err := filepath.EvalSymlinks("/bin/sh")
+	return err == nil && filepath.Base(real) == "dash"
+}
