@@ -221,9 +221,6 @@ func (a *Agent) serveConn(ctx context.Context, conn net.Conn) {
 // afterCall kills what the calls left behind, if none is running, and
 // starts the next spare of req's language if a process ran req's code.
 func (a *Agent) afterCall(req *Request, ran bool) {
-	if ran {
-		a.leftovers.Store(true)
-	}
 	a.sweepStrays()
 	if ran {
 		a.refill(req.Language, req.Limits)

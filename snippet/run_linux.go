@@ -55,6 +55,7 @@ func (a *Agent) run(ctx context.Context, req *Request) (res *Result, ran bool) {
 			return errorResult(err), false
 		}
 	}
+	a.sweepStrays() // if the last call's own sweep has not run yet
 	a.calls.RLock()
 	defer a.calls.RUnlock()
 	p := a.takeSpare(ctx, req)
@@ -64,7 +65,9 @@ func (a *Agent) run(ctx context.Context, req *Request) (res *Result, ran bool) {
 			return errorResult(err), false
 		}
 	}
-	return a.runProc(ctx, req, p), true
+	res = a.runProc(ctx, req, p)
+	a.leftovers.Store(true) // before the answer: the next call must see it
+	return res, true
 }
 
 // proc is a snippet's process, started with its limits set and blocked on

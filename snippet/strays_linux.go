@@ -2,6 +2,7 @@ package snippet
 
 import (
 	"os"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -21,11 +22,14 @@ import (
 // This happens only where orphans come back to the agent, as PID 1 of its
 // sandbox or a child subreaper (one agent per process then): elsewhere the
 // agent cannot tell its processes from others'. It takes a pass over /proc
-// (under a millisecond in gVisor), after the call's answer is sent.
+// (under a millisecond in gVisor) after the call's answer is sent, or, if
+// the next call comes first, before that one runs: calls made one after the
+// other never meet the strays of the ones before.
 
 // sweepStrays kills the strays if a call that ran code ended since the last
 // sweep and no call is running now; when one is, the sweep is left to the
-// end of the last one.
+// end of the last one. It returns once the strays are gone (zombies at
+// most, which the reaper reaps), so that a call that follows finds none.
 func (a *Agent) sweepStrays() {
 	if !a.sweeps || !a.leftovers.Load() {
 		return
@@ -38,13 +42,25 @@ func (a *Agent) sweepStrays() {
 	// Spares being started are registered before they can be seen.
 	children.start.Lock()
 	defer children.start.Unlock()
-	procs, err := readProcs()
-	if err != nil {
-		a.leftovers.Store(true) // try again after the next call
-		return
-	}
-	for _, pid := range strays(procs, os.Getpid(), isChild) {
-		unix.Kill(pid, unix.SIGKILL)
+	deadline := time.Now().Add(resetTimeout)
+	for {
+		procs, err := readProcs()
+		if err != nil {
+			a.leftovers.Store(true) // try again at the next call
+			return
+		}
+		pids := strays(procs, os.Getpid(), isChild)
+		if len(pids) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			a.leftovers.Store(true)
+			return
+		}
+		for _, pid := range pids {
+			unix.Kill(pid, unix.SIGKILL)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 

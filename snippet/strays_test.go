@@ -2,6 +2,7 @@ package snippet
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -69,36 +70,53 @@ print(os.read(r, 32).decode().strip(), os.getpid(), os.getppid())
 	// have not yet are killed with it.
 	const shellStray = "setsid sh -c 'echo $$ > stray.pid; exec sleep 1000' &\n" +
 		"until [ -s stray.pid ]; do sleep 0.01; done\ncat stray.pid; rm stray.pid"
+	// Each call first checks that the stray of the call before it is not
+	// running: gone, or a zombie that the agent's reaper has yet to reap.
+	pyGone := func(pid int) string {
+		return fmt.Sprintf(`def running(pid):
+    try:
+        s = open('/proc/%%d/stat' %% pid).read()
+    except OSError:
+        return False
+    return s[s.rindex(')') + 2] != 'Z'
+assert not running(%d), 'the stray of the last call runs'
+`, pid)
+	}
+	shGone := func(pid int) string {
+		return fmt.Sprintf("case \"$(cat /proc/%d/stat 2>/dev/null)\" in ''|*') Z '*) ;; *) echo the stray of the last call runs >&2; exit 1;; esac\n", pid)
+	}
 	// The first Python call runs in a python3 of its own; the zygote starts
 	// after it and forks the next spare.
 	res := call(t, h.socket, request(LanguagePython, daemon))
-	first := pids(t, res)
-	waitGone(t, first[0])
+	stray := pids(t, res)[0]
 	zygote, spare := waitSpare(t, agent, "_flmbox_zygote")
 	for round := 0; round < 3; round++ {
-		res := call(t, h.socket, request(LanguageShell, shellStray))
-		for _, pid := range pids(t, res) {
-			waitGone(t, pid)
-		}
-		// The Python spare forked before the shell call ran runs this one.
-		res = call(t, h.socket, request(LanguagePython, daemon))
+		res := call(t, h.socket, request(LanguageShell, shGone(stray)+shellStray))
 		got := pids(t, res)
+		if len(got) != 1 {
+			t.Fatalf("round %d: want the stray's pid: %s", round, dump(res))
+		}
+		stray = got[0]
+		// The Python spare forked before the shell call ran runs this one.
+		res = call(t, h.socket, request(LanguagePython, pyGone(stray)+daemon))
+		got = pids(t, res)
 		if len(got) != 3 || got[1] != spare || got[2] != zygote {
 			t.Fatalf("round %d: want the daemon's pid, then the spare %d of zygote %d; got %v (%s)", round, spare, zygote, got, dump(res))
 		}
-		waitGone(t, got[0])
+		stray = got[0]
 		_, spare = waitSpare(t, agent, "_flmbox_zygote")
 		if !shellIsDash() {
 			continue // no shell spares
 		}
 		_, shSpare := waitSpare(t, agent, "sh\x00-s\x00")
-		res = call(t, h.socket, request(LanguageShell, "echo $$\n"+shellStray))
+		res = call(t, h.socket, request(LanguageShell, "echo $$\n"+shGone(stray)+shellStray))
 		got = pids(t, res)
 		if len(got) != 2 || got[0] != shSpare {
 			t.Fatalf("round %d: want the shell spare %d, then the stray; got %v (%s)", round, shSpare, got, dump(res))
 		}
-		waitGone(t, got[1])
+		stray = got[1]
 	}
+	waitGone(t, stray)
 }
 
 // waitSpare waits until the agent has a child whose command line contains
