@@ -20,7 +20,7 @@ GOTAGS        := urfave_cli_no_docs
 all: build
 
 build:
-	$(GO) build -trimpath -tags $(GOTAGS) -o bin/ ./cmd/flmbox ./cmd/flmbox-core
+	$(GO) build -trimpath -tags $(GOTAGS) -o bin/ ./cmd/flmbox ./cmd/flmbox-core ./cmd/flmbox-agent
 
 # System packages: debootstrap builds the test image.
 deps:

@@ -126,10 +126,10 @@ func faultAgentPaths(t *testing.T, root, name string) (bin, runDir, hostRunDir s
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := json.Unmarshal(b, &spec); err != nil || len(spec.Process.Args) < 4 || spec.Process.Args[2] != "--socket" {
+	if err := json.Unmarshal(b, &spec); err != nil || len(spec.Process.Args) < 3 || spec.Process.Args[1] != "--socket" {
 		t.Fatalf("config.json of %s: process %q: %v", name, spec.Process.Args, err)
 	}
-	runDir = filepath.Dir(spec.Process.Args[3])
+	runDir = filepath.Dir(spec.Process.Args[2])
 	for _, m := range spec.Mounts {
 		if m.Destination == runDir {
 			hostRunDir = m.Source
@@ -493,7 +493,7 @@ func TestFaultsIsolation(t *testing.T) {
 			t.Fatalf("config.json: %v", err)
 		}
 		agentBin, _, _ := faultAgentPaths(t, root, name)
-		binBefore, err := os.ReadFile(flmboxCore)
+		binBefore, err := os.ReadFile(flmboxAgent)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -525,8 +525,8 @@ for p in ['/usr/x', '/var/tmp/x', '/x', '/etc/x', '/usr/bin/python3']:
 		if res.code == 0 {
 			t.Errorf("a snippet appended to the agent's binary %s", agentBin)
 		}
-		if binAfter, _ := os.ReadFile(flmboxCore); !bytes.Equal(binAfter, binBefore) {
-			t.Errorf("the host's flmbox-core binary changed")
+		if binAfter, _ := os.ReadFile(flmboxAgent); !bytes.Equal(binAfter, binBefore) {
+			t.Errorf("the host's flmbox-agent binary changed")
 		}
 		res = faultRun(t, root, name, "touch /usr/y", "-l", "shell")
 		if res.code == 0 || !(strings.Contains(res.stderr, "Read-only file system") || strings.Contains(res.stderr, "Permission denied")) {

@@ -33,8 +33,10 @@ var (
 	// flmboxBin is the flmbox command under test, built by TestMain with
 	// flmbox-core next to it.
 	flmboxBin string
-	// flmboxCore is flmbox-core, which every sandbox mounts as its agent.
+	// flmboxCore is flmbox-core, the whole CLI, next to flmbox.
 	flmboxCore string
+	// flmboxAgent is flmbox-agent, which every sandbox mounts as its agent.
+	flmboxAgent string
 	// img is the Python test image.
 	img *testimage.Image
 	// runscPath is the runsc binary the tests use.
@@ -67,9 +69,9 @@ func setup(m *testing.M) int {
 		return fail("%v", err)
 	}
 	defer os.RemoveAll(dir)
-	// flmbox and flmbox-core, side by side as installed.
-	flmboxBin, flmboxCore = filepath.Join(dir, "flmbox"), filepath.Join(dir, "flmbox-core")
-	build := exec.CommandContext(ctx, "go", "build", "-tags", "urfave_cli_no_docs", "-o", dir+"/", "../cmd/flmbox", "../cmd/flmbox-core")
+	// flmbox, flmbox-core and flmbox-agent, side by side as installed.
+	flmboxBin, flmboxCore, flmboxAgent = filepath.Join(dir, "flmbox"), filepath.Join(dir, "flmbox-core"), filepath.Join(dir, "flmbox-agent")
+	build := exec.CommandContext(ctx, "go", "build", "-tags", "urfave_cli_no_docs", "-o", dir+"/", "../cmd/flmbox", "../cmd/flmbox-core", "../cmd/flmbox-agent")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		return fail("build flmbox: %v\n%s", err, out)

@@ -3,9 +3,11 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -439,5 +441,55 @@ func TestDoctor(t *testing.T) {
 	res := flmbox(t, t.TempDir(), "--runsc", "/nonexistent/runsc", "doctor")
 	if res.code != 1 || !strings.Contains(res.stdout, "fix: ") {
 		t.Fatalf("doctor with a missing runsc: exit %d\n%s", res.code, res.stdout)
+	}
+}
+
+// TestMissingAgent installs flmbox and flmbox-core without flmbox-agent:
+// doctor names what is missing, and a new sandbox fails at once (exit 125,
+// the same message) with nothing pulled, created or left behind.
+func TestMissingAgent(t *testing.T) {
+	dir := t.TempDir()
+	for _, bin := range []string{flmboxBin, flmboxCore} {
+		data, err := os.ReadFile(bin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(bin)), data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg := startRegistry(t)
+	root := t.TempDir()
+	run := func(args ...string) result {
+		cmd := exec.Command(filepath.Join(dir, "flmbox"), append([]string{"--root", root, "--runsc", runscPath}, args...)...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		res := result{stdout: stdout.String(), stderr: stderr.String()}
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			res.code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	want := "find flmbox-agent, the sandboxes' agent, next to " + filepath.Join(dir, "flmbox-core")
+	if res := run("doctor"); res.code != 1 || !strings.Contains(res.stdout, "FAIL  agent") || !strings.Contains(res.stdout, want) {
+		t.Errorf("doctor without flmbox-agent: exit %d\n%s", res.code, res.stdout)
+	}
+	for _, args := range [][]string{
+		{"sandbox", "create", "--name", "noagent", "--image", reg.digestRef()},
+		{"run", "--image", reg.digestRef(), "-c", "print(1)"},
+	} {
+		res := run(args...)
+		if res.code != 125 || !strings.Contains(res.stderr, want) || !strings.Contains(res.stderr, "install flmbox, flmbox-core and flmbox-agent in one directory") {
+			t.Errorf("%v without flmbox-agent: exit %d stderr %q", args, res.code, res.stderr)
+		}
+	}
+	for _, sub := range []string{"sandboxes", "images"} {
+		if ents, _ := os.ReadDir(filepath.Join(root, sub)); len(ents) != 0 {
+			t.Errorf("left in %s: %v", sub, ents)
+		}
 	}
 }

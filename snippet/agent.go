@@ -30,7 +30,7 @@ const (
 )
 
 // Agent runs snippets for clients connecting on a Unix socket. flmbox starts
-// it (flmbox agent) as the first process of every sandbox; it is usable on
+// it (flmbox-agent) as the first process of every sandbox; it is usable on
 // any Linux host too, as the tests do.
 //
 // Each snippet is a new process: python3 or /bin/sh in its own process

@@ -1,5 +1,5 @@
 // Package snippet runs code inside sandboxes: the resident agent that runs
-// in every sandbox (flmbox agent) and the client that talks to it over a
+// in every sandbox (flmbox-agent) and the client that talks to it over a
 // Unix socket (flmbox run).
 //
 // # Protocol

@@ -60,7 +60,6 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			imagesCommand(),
 			runCommand(),
 			sandboxCommand(),
-			agentCommand(),
 			doctorCommand(),
 			pipcacheCommand(),
 			benchCommand(),

@@ -32,7 +32,7 @@ func doctorCommand() *cli.Command {
 		Usage: "check that this worker can run flmbox, and say how to fix what is missing",
 		Flags: []cli.Flag{jsonFlag},
 		Action: func(c *cli.Context) error {
-			checks := []check{checkRunsc(c), checkRoot(), checkOpenat2(), checkCgroups(), checkSpace(c.String("root"))}
+			checks := []check{checkRunsc(c), checkAgent(), checkRoot(), checkOpenat2(), checkCgroups(), checkSpace(c.String("root"))}
 			failed := 0
 			for _, ch := range checks {
 				if !ch.OK {
@@ -74,6 +74,14 @@ func checkRunsc(c *cli.Context) check {
 		return check{Name: "runsc", Detail: err.Error(), Fix: fix}
 	}
 	return check{Name: "runsc", OK: true, Detail: fmt.Sprintf("%s (version %s, default platform %s; kvm hangs on some VMs, prefer systrap or ptrace)", path, info.Version, info.DefaultPlatform)}
+}
+
+func checkAgent() check {
+	p, err := agentPath()
+	if err != nil {
+		return check{Name: "agent", Detail: err.Error(), Fix: "run `make build`, and install bin/flmbox, bin/flmbox-core and bin/flmbox-agent in one directory"}
+	}
+	return check{Name: "agent", OK: true, Detail: p + " (mounted into every sandbox as its first process)"}
 }
 
 func checkRoot() check {

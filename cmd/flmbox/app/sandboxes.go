@@ -24,7 +24,7 @@ import (
 
 // Paths inside every sandbox.
 const (
-	agentBinary = "/dev/.flmbox/bin/flmbox"
+	agentBinary = "/dev/.flmbox/bin/flmbox-agent"
 	agentRunDir = "/dev/.flmbox/run"
 	agentSocket = agentRunDir + "/agent.sock"
 )
@@ -67,6 +67,10 @@ func openRuntime(c *cli.Context) (*runtime.Runtime, error) {
 // image, with flmbox's agent as its first process, and waits until the agent
 // answers. On failure nothing is left: no sandbox, no lease.
 func createSandbox(ctx context.Context, c *cli.Context, o sandboxOptions) (_ *runtime.Sandbox, err error) {
+	agent, err := agentPath()
+	if err != nil {
+		return nil, err
+	}
 	store, err := openStore(c)
 	if err != nil {
 		return nil, err
@@ -82,10 +86,6 @@ func createSandbox(ctx context.Context, c *cli.Context, o sandboxOptions) (_ *ru
 	cfg, err := store.Config(img.ManifestDigest)
 	if err != nil {
 		return nil, err
-	}
-	self, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("find the flmbox binary to mount as the agent: %w", err)
 	}
 	if o.name == "" {
 		o.name = "sb-" + randomHex(6)
@@ -122,9 +122,9 @@ func createSandbox(ctx context.Context, c *cli.Context, o sandboxOptions) (_ *ru
 			runtime.WithTmp(o.tmpBytes),
 			runtime.WithUser(sandboxUID, sandboxGID),
 			runtime.WithEnv(sandboxEnv(cfg.Config.Env, append(pipEnv, o.env...))),
-			runtime.WithBind(self, agentBinary, true),
+			runtime.WithBind(agent, agentBinary, true),
 			wheels,
-			runtime.WithArgs(agentBinary, "agent", "--socket", agentSocket, "--limits", string(spareLimits),
+			runtime.WithArgs(agentBinary, "--socket", agentSocket, "--limits", string(spareLimits),
 				"--memory-budget", strconv.FormatInt(o.limits.MemoryBytes, 10)),
 		}, o.spec...),
 	})
@@ -149,6 +149,27 @@ func createSandbox(ctx context.Context, c *cli.Context, o sandboxOptions) (_ *ru
 		return nil, err
 	}
 	return sb, nil
+}
+
+// agentName is the sandboxes' agent (cmd/flmbox-agent), installed next to
+// flmbox-core.
+const agentName = "flmbox-agent"
+
+// agentPath returns the agent binary next to this one, which every sandbox
+// mounts and runs as its first process.
+func agentPath() (string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("find %s, the sandboxes' agent: %w", agentName, err)
+	}
+	p := filepath.Join(filepath.Dir(self), agentName)
+	if fi, err := os.Stat(p); err != nil || !fi.Mode().IsRegular() {
+		if err == nil {
+			err = errors.New("not a regular file")
+		}
+		return "", fmt.Errorf("find %s, the sandboxes' agent, next to %s: %w; install flmbox, flmbox-core and flmbox-agent in one directory (make build puts them in bin/)", agentName, self, err)
+	}
+	return p, nil
 }
 
 // sandboxEnv is the image's environment, then flmbox's, then the caller's;
