@@ -65,6 +65,12 @@ func run(args []string) error {
 	if len(clean) == 0 {
 		clean = dirs{"/tmp", "/dev/shm"}
 	}
+	a := &snippet.Agent{Spares: *spares, CleanDirs: clean, MemInfo: *meminfo, MemoryBudget: *budget}
+	if *limits != "" {
+		if err := json.Unmarshal([]byte(*limits), &a.SpareLimits); err != nil {
+			return fmt.Errorf("--limits: %w", err)
+		}
+	}
 	// Snippets run as the agent's user: they must not be able to trace it
 	// or read its memory.
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
@@ -74,12 +80,6 @@ func run(args []string) error {
 	// every scheduler handoff between threads is a costly futex; more Ps
 	// only add spinning threads.
 	goruntime.GOMAXPROCS(1)
-	a := &snippet.Agent{Spares: *spares, CleanDirs: clean, MemInfo: *meminfo, MemoryBudget: *budget}
-	if *limits != "" {
-		if err := json.Unmarshal([]byte(*limits), &a.SpareLimits); err != nil {
-			return fmt.Errorf("--limits: %w", err)
-		}
-	}
 	_ = os.Remove(*socket) // a socket left by an earlier agent
 	ln, err := net.Listen("unix", *socket)
 	if err != nil {
