@@ -278,6 +278,20 @@ print(os.read(r, 2).decode())`)
 			}
 			faultNoSnippetProcesses(t, root, name)
 		}
+		// A child that a snippet gives the zygote, where its spares are
+		// (clone with CLONE_PARENT): a stray all the same.
+		res = faultRun(t, root, name, `import ctypes, os, time
+r, w = os.pipe()
+if ctypes.CDLL(None).syscall(56, 0x8000 | 17, 0, 0, 0, 0) == 0:
+    os.setsid()
+    os.write(w, b'%d' % os.getppid())
+    while True:
+        time.sleep(0.01)
+print(os.read(r, 16).decode() == str(os.getppid()))`)
+		if res.code != 0 || res.stdout != "True\n" {
+			t.Fatalf("want the daemon to be the zygote's child: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
+		}
+		faultNoSnippetProcesses(t, root, name)
 		faultAlive(t, root, name)
 	})
 

@@ -492,4 +492,11 @@ func TestMissingAgent(t *testing.T) {
 			t.Errorf("left in %s: %v", sub, ents)
 		}
 	}
+	// One that is there but cannot run.
+	if err := os.WriteFile(filepath.Join(dir, "flmbox-agent"), []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if res := run("doctor"); res.code != 1 || !strings.Contains(res.stdout, want+": not an executable file") {
+		t.Errorf("doctor with a flmbox-agent that is not executable: exit %d\n%s", res.code, res.stdout)
+	}
 }

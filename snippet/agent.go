@@ -39,9 +39,8 @@ const (
 // request's caps, its rlimits are set before its code runs, and when it ends
 // (or times out, or the call is cancelled) whatever is left of its process
 // group is killed, so that a `sleep 1000 &` cannot outlive the call. Processes
-// that leave the group (setsid, daemons) are killed once no call is running,
-// where the agent is PID 1 (as in a sandbox) or a child subreaper (see
-// strays_linux.go); elsewhere they are not tracked.
+// that leave the group (setsid, daemons) are killed once no call is running
+// with KillStrays, as in a sandbox; otherwise they are not tracked.
 //
 // The zero Agent is ready to use; its fields are read at the first Serve or
 // Run and must not change after. An Agent must not be copied after first use.
@@ -80,6 +79,14 @@ type Agent struct {
 	// MemoryBudget is the memory the sandbox's processes and files may use
 	// together, in bytes; 0 (or more than MemTotal) means MemTotal.
 	MemoryBudget int64
+	// KillStrays makes the agent kill, once no call runs, every process but
+	// itself, its spares and its zygote: the processes that calls left
+	// behind outside their process group (see strays_linux.go). It takes
+	// effect only where orphans come back to the agent, as PID 1 (flmbox-agent
+	// in a sandbox) or a child subreaper, and assumes that the agent owns
+	// every process there: processes that others start (runsc exec) are
+	// killed too.
+	KillStrays bool
 
 	once        sync.Once
 	python      string // resolved Python, or "" with pythonErr
@@ -98,9 +105,8 @@ type Agent struct {
 	zygoteFailures int
 	closed         bool
 	mem            memWatch
-	sweeps         bool        // orphans come back to the agent: it kills strays (strays_linux.go)
+	sweeps         bool        // KillStrays, and orphans come back to the agent
 	leftovers      atomic.Bool // a call ran code since the last sweep
-	keepStrays     bool        // tests: no sweeps, as when calls overlap all the time
 }
 
 // init fills in the defaults and resolves the interpreters, once.
@@ -117,7 +123,7 @@ func (a *Agent) init() {
 		real, err := filepath.EvalSymlinks(a.shell)
 		a.shellIsDash = err == nil && filepath.Base(real) == "dash"
 		a.python, a.pythonErr = lookPath(cmp.Or(a.Python, "python3"), a.env)
-		a.sweeps = !a.keepStrays && reapsOrphans()
+		a.sweeps = a.KillStrays && reapsOrphans()
 	})
 }
 

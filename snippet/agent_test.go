@@ -60,7 +60,7 @@ func serveHelper() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	a := &Agent{Python: "/usr/bin/python3", Dir: os.Getenv(helperDirEnv), CleanDirs: []string{os.Getenv(helperDirEnv)},
-		Spares: os.Getenv(helperSparesEnv) != "", keepStrays: os.Getenv(helperKeepStraysEnv) != ""}
+		Spares: os.Getenv(helperSparesEnv) != "", KillStrays: os.Getenv(helperKeepStraysEnv) == ""}
 	return a.Serve(ctx, ln)
 }
 

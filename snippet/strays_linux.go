@@ -16,7 +16,7 @@ import (
 // only while calls run), taking CPU and memory from the calls after it. So
 // once a call that ran code has ended and no call is running, the agent
 // kills every such stray: every process of the sandbox but the agent, its
-// spares and its zygote, which are then all that may run. Nothing that a
+// spares and its zygote, which are then all that may run (Agent.KillStrays). Nothing that a
 // call starts outlives it for longer than the calls running beside it.
 //
 // This happens only where orphans come back to the agent, as PID 1 of its
@@ -25,6 +25,10 @@ import (
 // (under a millisecond in gVisor) after the call's answer is sent, or, if
 // the next call comes first, before that one runs: calls made one after the
 // other never meet the strays of the ones before.
+
+// strayDeadline bounds a sweep: strays that keep coming (a daemon that
+// forks as fast as it is killed) are left to the next one.
+const strayDeadline = time.Second
 
 // sweepStrays kills the strays if a call that ran code ended since the last
 // sweep and no call is running now; when one is, the sweep is left to the
@@ -39,45 +43,73 @@ func (a *Agent) sweepStrays() {
 	}
 	defer a.calls.Unlock()
 	a.leftovers.Store(false)
+	// The zygote's children are its spares only if it said so: a snippet
+	// can make a process of its own a child of the zygote (clone with
+	// CLONE_PARENT). While the zygote's lock is held, it gets no new request.
+	a.mu.Lock()
+	z := a.zyg
+	a.mu.Unlock()
+	zpid, spares, forking := 0, map[int]bool{}, false
+	if z != nil {
+		z.mu.Lock()
+		defer z.mu.Unlock()
+		zpid, forking = z.process.Pid, len(z.forks) > 0
+		for pid := range z.procs {
+			spares[pid] = true
+		}
+	}
+	if forking {
+		a.leftovers.Store(true) // its child is not known yet: look again later
+	}
 	// Spares being started are registered before they can be seen.
 	children.start.Lock()
 	defer children.start.Unlock()
-	deadline := time.Now().Add(resetTimeout)
-	for {
+	self := os.Getpid()
+	keep := func(pid, ppid int) bool {
+		switch ppid {
+		case self:
+			return isChild(pid) // spares, the zygote
+		case zpid:
+			return forking || spares[pid]
+		}
+		return false
+	}
+	unkillable := map[int]bool{}
+	for deadline := time.Now().Add(strayDeadline); ; time.Sleep(time.Millisecond) {
 		procs, err := readProcs()
 		if err != nil {
 			a.leftovers.Store(true) // try again at the next call
 			return
 		}
-		pids := strays(procs, os.Getpid(), isChild)
-		if len(pids) == 0 {
+		var left int
+		for _, pid := range strays(procs, self, keep) {
+			if unkillable[pid] {
+				continue
+			}
+			// A process of another user (root, from runsc exec --user 0)
+			// cannot be killed: leave it.
+			if err := unix.Kill(pid, unix.SIGKILL); err == unix.EPERM {
+				unkillable[pid] = true
+				continue
+			}
+			left++
+		}
+		if left == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
 			a.leftovers.Store(true)
 			return
 		}
-		for _, pid := range pids {
-			unix.Kill(pid, unix.SIGKILL)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
 
 // strays returns the live processes of procs (those of self, see ours) that
-// may not run while no call does: all but the registered children of self
-// (child says which), spares or the zygote, and their own children, the
-// zygote's spares. A spare runs no code of its own before its call, and
-// every process that a call started and that has not been reaped was
-// reparented to self (PID 1) and is not registered.
-func strays(procs map[int]procEntry, self int, child func(pid int) bool) []int {
-	spare := func(pid int) bool {
-		p, ok := procs[pid]
-		return ok && p.ppid == self && child(pid)
-	}
+// keep does not keep; keep is given a process and its parent.
+func strays(procs map[int]procEntry, self int, keep func(pid, ppid int) bool) []int {
 	var out []int
 	for _, pid := range ours(procs, self) {
-		if p := procs[pid]; p.alive && !spare(pid) && !spare(p.ppid) {
+		if p := procs[pid]; p.alive && !keep(pid, p.ppid) {
 			out = append(out, pid)
 		}
 	}

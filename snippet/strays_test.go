@@ -13,11 +13,11 @@ import (
 )
 
 func TestStrays(t *testing.T) {
-	// 10 is the agent: 11 its zygote and 12 its shell spare (registered),
-	// 13 a spare of the zygote; 14 was reparented to it (setsid and double
-	// fork), 15 is 14's child, 16 a child of a spare (it cannot have one,
-	// but is no spare), 17 a zombie, 18 a process without its main thread;
-	// 2 and 20 are not the agent's descendants.
+	// 10 is the agent: 11 its zygote and 12 its shell spare; 13 the zygote's
+	// spare; 14 was reparented to it (setsid and double fork), 15 is 14's
+	// child, 16 a child of a spare, 19 a child that a snippet gave the
+	// zygote (clone with CLONE_PARENT), 17 a zombie, 18 a process without
+	// its main thread; 2 and 20 are not the agent's descendants.
 	procs := map[int]procEntry{
 		2:  {ppid: 0, alive: true},
 		11: {ppid: 10, alive: true},
@@ -25,24 +25,31 @@ func TestStrays(t *testing.T) {
 		13: {ppid: 11, alive: true},
 		14: {ppid: 10, alive: true},
 		15: {ppid: 14, alive: true},
-		16: {ppid: 13, alive: true},
+		16: {ppid: 12, alive: true},
 		17: {ppid: 10, alive: false},
 		18: {ppid: 10, alive: true},
+		19: {ppid: 11, alive: true},
 		20: {ppid: 2, alive: true},
 	}
-	registered := func(pid int) bool { return pid == 11 || pid == 12 || pid == 20 }
-	got := strays(procs, 10, registered)
+	keep := func(agent int) func(pid, ppid int) bool {
+		return func(pid, ppid int) bool {
+			return ppid == agent && (pid == 11 || pid == 12) || ppid == 11 && pid == 13
+		}
+	}
+	got := strays(procs, 10, keep(10))
 	slices.Sort(got)
-	if want := []int{14, 15, 16, 18}; !slices.Equal(got, want) {
+	if want := []int{14, 15, 16, 18, 19}; !slices.Equal(got, want) {
 		t.Errorf("strays of 10 = %v, want %v", got, want)
 	}
-	// As PID 1, every process is the agent's: 2 and 20 (20 is registered,
-	// but not the agent's child) are strays too.
-	procs[11], procs[12], procs[14], procs[17], procs[18] = procEntry{ppid: 1, alive: true}, procEntry{ppid: 1, alive: true},
-		procEntry{ppid: 1, alive: true}, procEntry{ppid: 1, alive: false}, procEntry{ppid: 1, alive: true}
-	got = strays(procs, 1, registered)
+	// As PID 1, every process is the agent's: 2 and 20 are strays too.
+	for _, pid := range []int{11, 12, 14, 17, 18} {
+		p := procs[pid]
+		p.ppid = 1
+		procs[pid] = p
+	}
+	got = strays(procs, 1, keep(1))
 	slices.Sort(got)
-	if want := []int{2, 14, 15, 16, 18, 20}; !slices.Equal(got, want) {
+	if want := []int{2, 14, 15, 16, 18, 19, 20}; !slices.Equal(got, want) {
 		t.Errorf("strays of PID 1 = %v, want %v", got, want)
 	}
 }
@@ -116,8 +123,34 @@ assert not running(%d), 'the stray of the last call runs'
 		}
 		stray = got[1]
 	}
+	// A snippet can make its child a child of the zygote (clone with
+	// CLONE_PARENT), where the zygote's spares are: it is a stray all the same.
+	res = call(t, h.socket, request(LanguagePython, pyGone(stray)+cloneParentDaemon))
+	got := pids(t, res)
+	if len(got) != 2 || got[1] != zygote {
+		t.Fatalf("want the daemon's pid and its parent, the zygote %d; got %v (%s)", zygote, got, dump(res))
+	}
+	stray = got[0]
+	res = call(t, h.socket, request(LanguagePython, pyGone(stray)+"print(1)"))
+	if res.ExitCode != 0 {
+		t.Fatalf("the daemon that the zygote adopted outlived its call: %s", dump(res))
+	}
 	waitGone(t, stray)
 }
+
+// cloneParentDaemon starts a daemon as a sibling of the snippet's process
+// (clone(2) with CLONE_PARENT, a child of the zygote in a zygote's child),
+// and prints its pid and parent once it has left the snippet's group.
+const cloneParentDaemon = `import ctypes, os, time
+r, w = os.pipe()
+pid = ctypes.CDLL(None, use_errno=True).syscall(56, 0x8000 | 17, 0, 0, 0, 0)  # clone(CLONE_PARENT|SIGCHLD)
+if pid == 0:
+    os.setsid()
+    os.write(w, b'%d %d\n' % (os.getpid(), os.getppid()))
+    time.sleep(1000)
+    os._exit(0)
+print(os.read(r, 64).decode().strip())
+`
 
 // waitSpare waits until the agent has a child whose command line contains
 // parent, and that child a child of its own (the zygote and its spare), or

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/signal"
@@ -36,6 +37,8 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+const usage = "usage: flmbox-agent --socket PATH [--limits JSON] [--memory-budget BYTES] [--spares=false] [--meminfo FILE] [--clean-dir DIR]..."
 
 // dirs is a flag that may be given several times.
 type dirs []string
@@ -56,16 +59,23 @@ func run(args []string) error {
 	budget := fs.Int64("memory-budget", 0, "the bytes that snippets and /tmp may use together (default: MemTotal)")
 	var clean dirs
 	fs.Var(&clean, "clean-dir", "a directory that a reset empties (repeatable; default /tmp and /dev/shm)")
+	fs.SetOutput(io.Discard) // errors are returned, and printed once
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Println(usage)
+			fs.SetOutput(os.Stdout)
+			fs.PrintDefaults()
+			return nil
+		}
+		return fmt.Errorf("%w; %s", err, usage)
 	}
 	if *socket == "" || fs.NArg() > 0 {
-		return errors.New("usage: flmbox-agent --socket PATH [--limits JSON] [--memory-budget BYTES] [--spares=false] [--meminfo FILE] [--clean-dir DIR]...")
+		return errors.New(usage)
 	}
 	if len(clean) == 0 {
 		clean = dirs{"/tmp", "/dev/shm"}
 	}
-	a := &snippet.Agent{Spares: *spares, CleanDirs: clean, MemInfo: *meminfo, MemoryBudget: *budget}
+	a := &snippet.Agent{Spares: *spares, CleanDirs: clean, MemInfo: *meminfo, MemoryBudget: *budget, KillStrays: true}
 	if *limits != "" {
 		if err := json.Unmarshal([]byte(*limits), &a.SpareLimits); err != nil {
 			return fmt.Errorf("--limits: %w", err)

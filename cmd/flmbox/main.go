@@ -48,5 +48,5 @@ func execCore(args []string) error {
 	}
 	core := filepath.Join(filepath.Dir(self), coreName)
 	err = syscall.Exec(core, args, os.Environ())
-	return fmt.Errorf("run %s: %w; install it next to %s (make install)", core, err, self)
+	return fmt.Errorf("run %s: %w; install flmbox, flmbox-core and flmbox-agent in one directory (make build puts them in bin/)", core, err)
 }

@@ -163,9 +163,9 @@ func agentPath() (string, error) {
 		return "", fmt.Errorf("find %s, the sandboxes' agent: %w", agentName, err)
 	}
 	p := filepath.Join(filepath.Dir(self), agentName)
-	if fi, err := os.Stat(p); err != nil || !fi.Mode().IsRegular() {
+	if fi, err := os.Stat(p); err != nil || !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
 		if err == nil {
-			err = errors.New("not a regular file")
+			err = errors.New("not an executable file")
 		}
 		return "", fmt.Errorf("find %s, the sandboxes' agent, next to %s: %w; install flmbox, flmbox-core and flmbox-agent in one directory (make build puts them in bin/)", agentName, self, err)
 	}
