@@ -147,9 +147,15 @@ type result struct {
 // flmbox runs the flmbox binary with --root root.
 func flmbox(t testing.TB, root string, args ...string) result {
 	t.Helper()
+	return runFlmbox(t, flmboxBin, root, args...)
+}
+
+// runFlmbox runs bin, a flmbox binary, with --root root and the tests' runsc.
+func runFlmbox(t testing.TB, bin, root string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, flmboxBin, append([]string{"--root", root, "--runsc", runscPath}, args...)...)
+	cmd := exec.CommandContext(ctx, bin, append([]string{"--root", root, "--runsc", runscPath}, args...)...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -159,7 +165,7 @@ func flmbox(t testing.TB, root string, args ...string) result {
 	case errors.As(err, &ee):
 		res.code = ee.ExitCode()
 	case err != nil:
-		t.Fatalf("run flmbox %v: %v", args, err)
+		t.Fatalf("run %s %v: %v", bin, args, err)
 	}
 	return res
 }

@@ -3,11 +3,9 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -460,20 +458,7 @@ func TestMissingAgent(t *testing.T) {
 	}
 	reg := startRegistry(t)
 	root := t.TempDir()
-	run := func(args ...string) result {
-		cmd := exec.Command(filepath.Join(dir, "flmbox"), append([]string{"--root", root, "--runsc", runscPath}, args...)...)
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		err := cmd.Run()
-		res := result{stdout: stdout.String(), stderr: stderr.String()}
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			res.code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return res
-	}
+	run := func(args ...string) result { return runFlmbox(t, filepath.Join(dir, "flmbox"), root, args...) }
 	want := "find flmbox-agent, the sandboxes' agent, next to " + filepath.Join(dir, "flmbox-core")
 	if res := run("doctor"); res.code != 1 || !strings.Contains(res.stdout, "FAIL  agent") || !strings.Contains(res.stdout, want) {
 		t.Errorf("doctor without flmbox-agent: exit %d\n%s", res.code, res.stdout)

@@ -3,9 +3,7 @@
 package integration
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,18 +31,7 @@ func TestWarmCallsWithoutCore(t *testing.T) {
 	}
 	run := func(bin string, args ...string) result {
 		t.Helper()
-		cmd := exec.Command(bin, append([]string{"--root", root, "--runsc", runscPath}, args...)...)
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		err := cmd.Run()
-		res := result{stdout: stdout.String(), stderr: stderr.String()}
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			res.code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatalf("run %s: %v", bin, err)
-		}
-		return res
+		return runFlmbox(t, bin, root, args...)
 	}
 	codeFile := filepath.Join(t.TempDir(), "code.py")
 	if err := os.WriteFile(codeFile, []byte("import sys\nprint('from a file', file=sys.stderr)\nsys.exit(4)\n"), 0o644); err != nil {

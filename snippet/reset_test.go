@@ -17,22 +17,14 @@ func TestReset(t *testing.T) {
 	t.Setenv(helperSparesEnv, "1")
 	t.Setenv(helperKeepStraysEnv, "1")
 	h := startHelper(t, true, 0)
-	mess := `import os, sys, time
+	mess := `import os
 os.makedirs('locked/deep', exist_ok=True)
 open('locked/deep/f', 'w').write('x')
 open('top', 'w').write('y')
 os.symlink('/etc/passwd', 'link')
 os.chmod('locked/deep', 0)
 os.chmod('locked', 0o500)
-r, w = os.pipe()
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        os.write(w, b'%d\n' % os.getpid())
-        time.sleep(1000)
-    os._exit(0)
-print(os.read(r, 32).decode().strip())
-`
+` + pyDaemon
 	res := call(t, h.socket, request(LanguagePython, mess))
 	daemon, err := strconv.Atoi(strings.TrimSpace(string(res.Stdout.Data)))
 	if err != nil {

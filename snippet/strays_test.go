@@ -63,16 +63,7 @@ func TestStraysAreKilledAfterTheCall(t *testing.T) {
 	t.Setenv(helperSparesEnv, "1")
 	h := startHelper(t, true, 0)
 	agent := h.cmd.Process.Pid
-	daemon := `import os, sys, time
-r, w = os.pipe()
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        os.write(w, b'%d\n' % os.getpid())
-        time.sleep(1000)
-    os._exit(0)
-print(os.read(r, 32).decode().strip(), os.getpid(), os.getppid())
-`
+	daemon := pyDaemon + "print(os.getpid(), os.getppid())\n"
 	// The calls wait until their daemons have left the group: those that
 	// have not yet are killed with it.
 	const shellStray = "setsid sh -c 'echo $$ > stray.pid; exec sleep 1000' &\n" +
@@ -137,6 +128,20 @@ assert not running(%d), 'the stray of the last call runs'
 	}
 	waitGone(t, stray)
 }
+
+// pyDaemon starts a daemon that leaves its process group and its parent
+// (setsid and a double fork), and prints its pid, without a newline, once it
+// has.
+const pyDaemon = `import os, time
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.write(w, b'%d' % os.getpid())
+        time.sleep(1000)
+    os._exit(0)
+print(os.read(r, 32).decode(), end=' ')
+`
 
 // cloneParentDaemon starts a daemon as a sibling of the snippet's process
 // (clone(2) with CLONE_PARENT, a child of the zygote in a zygote's child),
