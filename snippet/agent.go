@@ -118,13 +118,18 @@ func (a *Agent) init() {
 		}
 		a.dir = cmp.Or(a.Dir, "/tmp")
 		a.shell = cmp.Or(a.Shell, "/bin/sh")
-		// dash reads a script on stdin in blocks; bash reads it a byte at a
-		// time, so that the script's own commands could read its rest.
-		real, err := filepath.EvalSymlinks(a.shell)
-		a.shellIsDash = err == nil && filepath.Base(real) == "dash"
+		a.shellIsDash = isDash(a.shell)
 		a.python, a.pythonErr = lookPath(cmp.Or(a.Python, "python3"), a.env)
 		a.sweeps = a.KillStrays && reapsOrphans()
 	})
+}
+
+// isDash says whether shell is dash, which reads a script on stdin in
+// blocks; bash reads it a byte at a time, so that the script's own commands
+// could read its rest.
+func isDash(shell string) bool {
+	real, err := filepath.EvalSymlinks(shell)
+	return err == nil && filepath.Base(real) == "dash"
 }
 
 // lookPath finds an executable by name in the PATH of env, as the snippet's

@@ -16,8 +16,9 @@ import (
 // only while calls run), taking CPU and memory from the calls after it. So
 // once a call that ran code has ended and no call is running, the agent
 // kills every such stray: every process of the sandbox but the agent, its
-// spares and its zygote, which are then all that may run (Agent.KillStrays). Nothing that a
-// call starts outlives it for longer than the calls running beside it.
+// spares and its zygote, which are then all that may run (Agent.KillStrays).
+// Nothing that a call starts outlives it for longer than the calls running
+// beside it.
 //
 // This happens only where orphans come back to the agent, as PID 1 of its
 // sandbox or a child subreaper (one agent per process then): elsewhere the
@@ -49,14 +50,11 @@ func (a *Agent) sweepStrays() {
 	a.mu.Lock()
 	z := a.zyg
 	a.mu.Unlock()
-	zpid, spares, forking := 0, map[int]bool{}, false
+	zpid, forking := 0, false
 	if z != nil {
 		z.mu.Lock()
 		defer z.mu.Unlock()
 		zpid, forking = z.process.Pid, len(z.forks) > 0
-		for pid := range z.procs {
-			spares[pid] = true
-		}
 	}
 	if forking {
 		a.leftovers.Store(true) // its child is not known yet: look again later
@@ -70,7 +68,8 @@ func (a *Agent) sweepStrays() {
 		case self:
 			return isChild(pid) // spares, the zygote
 		case zpid:
-			return forking || spares[pid]
+			_, spare := z.procs[pid]
+			return forking || spare
 		}
 		return false
 	}

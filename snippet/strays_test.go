@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 )
@@ -87,7 +86,8 @@ assert not running(%d), 'the stray of the last call runs'
 	// after it and forks the next spare.
 	res := call(t, h.socket, request(LanguagePython, daemon))
 	stray := pids(t, res)[0]
-	zygote, spare := waitSpare(t, agent, "_flmbox_zygote")
+	zygote := waitChild(t, agent, "_flmbox_zygote")
+	spare := waitChild(t, zygote, "")
 	for round := 0; round < 3; round++ {
 		res := call(t, h.socket, request(LanguageShell, shGone(stray)+shellStray))
 		got := pids(t, res)
@@ -102,11 +102,11 @@ assert not running(%d), 'the stray of the last call runs'
 			t.Fatalf("round %d: want the daemon's pid, then the spare %d of zygote %d; got %v (%s)", round, spare, zygote, got, dump(res))
 		}
 		stray = got[0]
-		_, spare = waitSpare(t, agent, "_flmbox_zygote")
-		if !shellIsDash() {
+		spare = waitChild(t, zygote, "")
+		if !isDash("/bin/sh") {
 			continue // no shell spares
 		}
-		_, shSpare := waitSpare(t, agent, "sh\x00-s\x00")
+		shSpare := waitChild(t, agent, "sh\x00-s\x00")
 		res = call(t, h.socket, request(LanguageShell, "echo $$\n"+shGone(stray)+shellStray))
 		got = pids(t, res)
 		if len(got) != 2 || got[0] != shSpare {
@@ -157,35 +157,19 @@ if pid == 0:
 print(os.read(r, 64).decode().strip())
 `
 
-// waitSpare waits until the agent has a child whose command line contains
-// parent, and that child a child of its own (the zygote and its spare), or
-// until it has a child whose command line contains parent (a spare), and
-// returns them (0 for none).
-func waitSpare(t *testing.T, agent int, parent string) (p, spare int) {
+// waitChild waits until process parent has a live child whose command line
+// contains cmd, and returns it.
+func waitChild(t *testing.T, parent int, cmd string) int {
 	t.Helper()
 	for deadline := time.Now().Add(guard); ; time.Sleep(10 * time.Millisecond) {
-		for pid := range childrenOf(t, agent) {
-			cmd, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
-			if !bytes.Contains(cmd, []byte(parent)) {
-				continue
-			}
-			if !strings.Contains(parent, "zygote") {
-				return 0, pid
-			}
-			for child, state := range childrenOf(t, pid) {
-				if state != "Z" {
-					return pid, child
-				}
+		for pid, state := range childrenOf(t, parent) {
+			line, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+			if state != "Z" && bytes.Contains(line, []byte(cmd)) {
+				return pid
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no spare (%q) among the agent's processes", parent)
+			t.Fatalf("process %d has no child running %q", parent, cmd)
 		}
 	}
-}
-
-// shellIsDash says whether /bin/sh is dash, which has spares.
-func shellIsDash() bool {
-	real, err := filepath.EvalSymlinks("/bin/sh")
-	return err == nil && filepath.Base(real) == "dash"
 }
