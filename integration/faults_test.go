@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"golang.org/x/sys/unix"
 	"io/fs"
 	"net"
 	"os"
@@ -21,7 +20,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flmbox/flmbox/snippet"
+	"github.com/flmbox/flmbox/snippet/wire"
+	"golang.org/x/sys/unix"
 )
 
 // Faults and bad input (issue 3): runaway code, isolation, one process per
@@ -472,12 +472,12 @@ except OSError as e:
 		if err := json.Unmarshal(stdout.Bytes(), &j); err != nil {
 			t.Fatalf("--json printed %d bytes: %v", stdout.Len(), err)
 		}
-		marker := fmt.Sprintf("\n[flmbox: %d bytes omitted]\n", total-snippet.DefaultMaxOutput)
+		marker := fmt.Sprintf("\n[flmbox: %d bytes omitted]\n", total-wire.DefaultMaxOutput)
 		if j.ExitCode != 0 || j.TimedOut || !j.StdoutTruncated || j.StdoutBytes != total {
 			t.Errorf("exit %d timed_out %v stdout_truncated %v stdout_bytes %d", j.ExitCode, j.TimedOut, j.StdoutTruncated, j.StdoutBytes)
 		}
-		if len(j.Stdout) > snippet.DefaultMaxOutput+len(marker) || !strings.Contains(j.Stdout, marker) || !strings.HasPrefix(j.Stdout, "y\ny\n") {
-			t.Errorf("stdout is %d bytes (cap %d + marker %d), marker present: %v", len(j.Stdout), snippet.DefaultMaxOutput, len(marker), strings.Contains(j.Stdout, marker))
+		if len(j.Stdout) > wire.DefaultMaxOutput+len(marker) || !strings.Contains(j.Stdout, marker) || !strings.HasPrefix(j.Stdout, "y\ny\n") {
+			t.Errorf("stdout is %d bytes (cap %d + marker %d), marker present: %v", len(j.Stdout), wire.DefaultMaxOutput, len(marker), strings.Contains(j.Stdout, marker))
 		}
 		if maxRSS > 200<<20 {
 			t.Errorf("flmbox's max RSS was %d MiB while 1 GiB of output went by", maxRSS>>20)
@@ -690,9 +690,9 @@ func TestFaultsNoLeaks(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
-	call := func(lang, code string) *snippet.Result {
+	call := func(lang, code string) *wire.Result {
 		t.Helper()
-		res, err := snippet.Call(ctx, socket, &snippet.Request{Version: snippet.ProtocolVersion, Language: lang, Code: code, TimeoutMS: 10000})
+		res, err := wire.Call(ctx, socket, &wire.Request{Version: wire.ProtocolVersion, Language: lang, Code: code, TimeoutMS: 10000})
 		if err != nil {
 			t.Fatalf("call: %v", err)
 		}

@@ -16,13 +16,15 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // Bounds of the conversation on one connection.
 const (
 	// maxRequestSize bounds what the agent reads of a request: the largest
 	// code JSON-escaped (a control character takes 6 bytes) plus the rest.
-	maxRequestSize = 6*MaxCodeSize + 64<<10
+	maxRequestSize = 6*wire.MaxCodeSize + 64<<10
 	// requestTimeout bounds the time a client takes to send its request.
 	requestTimeout = 30 * time.Second
 	// responseTimeout bounds the time a client takes to read the result.
@@ -70,7 +72,7 @@ type Agent struct {
 	// SpareLimits are the limits of the Python spare that Serve starts at
 	// once; later spares take the limits of the last call of their language.
 	// A request with other limits starts a process of its own.
-	SpareLimits Limits
+	SpareLimits wire.Limits
 	// MemInfo is a /proc/meminfo file that tells how much memory the
 	// sandbox uses; while snippets run, the agent reads it and kills those
 	// that would exhaust MemoryBudget (see memory_linux.go). In gVisor that
@@ -175,7 +177,7 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 	defer a.Close()
 	var wg sync.WaitGroup
 	defer wg.Wait() // after cancel: the calls and the reaper end with ctx
-	a.refill(LanguagePython, a.SpareLimits)
+	a.refill(wire.LanguagePython, a.SpareLimits)
 	parent := ctx
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
 	defer cancel(errAgentStopping)
@@ -231,7 +233,7 @@ func (a *Agent) serveConn(ctx context.Context, conn net.Conn) {
 
 // afterCall kills what the calls left behind, if none is running, and
 // starts the next spare of req's language if a process ran req's code.
-func (a *Agent) afterCall(req *Request, ran bool) {
+func (a *Agent) afterCall(req *wire.Request, ran bool) {
 	a.sweepStrays()
 	if ran {
 		a.refill(req.Language, req.Limits)
@@ -239,7 +241,7 @@ func (a *Agent) afterCall(req *Request, ran bool) {
 }
 
 // answer reads the request on conn and runs it; ran is run's.
-func (a *Agent) answer(ctx context.Context, conn net.Conn) (req *Request, res *Result, ran bool) {
+func (a *Agent) answer(ctx context.Context, conn net.Conn) (req *wire.Request, res *wire.Result, ran bool) {
 	conn.SetReadDeadline(time.Now().Add(requestTimeout))
 	req, err := readRequest(conn)
 	if err != nil {
@@ -263,7 +265,7 @@ var (
 )
 
 // readRequest decodes one request, of any protocol version, from r.
-func readRequest(r io.Reader) (*Request, error) {
+func readRequest(r io.Reader) (*wire.Request, error) {
 	lr := &io.LimitedReader{R: r, N: maxRequestSize + 1}
 	var raw json.RawMessage
 	if err := json.NewDecoder(lr).Decode(&raw); err != nil {
@@ -278,11 +280,11 @@ func readRequest(r io.Reader) (*Request, error) {
 	if err := json.Unmarshal(raw, &v); err != nil {
 		return nil, fmt.Errorf("read request: %w", err)
 	}
-	if v.Version != ProtocolVersion {
+	if v.Version != wire.ProtocolVersion {
 		// Validate names both versions; the rest may not even parse.
-		return &Request{Version: v.Version}, nil
+		return &wire.Request{Version: v.Version}, nil
 	}
-	var req Request
+	var req wire.Request
 	if err := json.Unmarshal(raw, &req); err != nil {
 		return nil, fmt.Errorf("read request: %w", err)
 	}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/flmbox/flmbox/snippet/wire"
 	"golang.org/x/sys/unix"
 )
 
@@ -151,11 +152,11 @@ func serve(t testing.TB, a *Agent) string {
 	return path
 }
 
-func call(t *testing.T, socket string, req *Request) *Result {
+func call(t *testing.T, socket string, req *wire.Request) *wire.Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), guard+5*time.Second)
 	defer cancel()
-	res, err := Call(ctx, socket, req)
+	res, err := wire.Call(ctx, socket, req)
 	if err != nil {
 		t.Fatalf("Call: %v", err)
 	}
@@ -166,19 +167,19 @@ func TestServeCall(t *testing.T) {
 	socket := serve(t, testAgent(t))
 	for _, tc := range []struct {
 		name   string
-		req    *Request
+		req    *wire.Request
 		stdout string
 		exit   int
 	}{
-		{"python", request(LanguagePython, "print('hello')\nraise SystemExit(4)"), "hello\n", 4},
-		{"shell", request(LanguageShell, "echo hello"), "hello\n", 0},
-		{"non-UTF-8 bytes", request(LanguageShell, `printf '\377\000\200ok'`), "\xff\x00\x80ok", 0},
-		{"capped", request(LanguageShell, "printf 0123456789abcdefghij", func(r *Request) { r.MaxOutput = 10 }), "01234\n[flmbox: 10 bytes omitted]\nfghij", 0},
-		{"timeout", request(LanguageShell, "echo started; sleep 100", func(r *Request) { r.TimeoutMS = 200 }), "started\n", 137},
+		{"python", request(wire.LanguagePython, "print('hello')\nraise SystemExit(4)"), "hello\n", 4},
+		{"shell", request(wire.LanguageShell, "echo hello"), "hello\n", 0},
+		{"non-UTF-8 bytes", request(wire.LanguageShell, `printf '\377\000\200ok'`), "\xff\x00\x80ok", 0},
+		{"capped", request(wire.LanguageShell, "printf 0123456789abcdefghij", func(r *wire.Request) { r.MaxOutput = 10 }), "01234\n[flmbox: 10 bytes omitted]\nfghij", 0},
+		{"timeout", request(wire.LanguageShell, "echo started; sleep 100", func(r *wire.Request) { r.TimeoutMS = 200 }), "started\n", 137},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := call(t, socket, tc.req)
-			if string(res.Stdout.Data) != tc.stdout || res.ExitCode != tc.exit || res.Version != ProtocolVersion {
+			if string(res.Stdout.Data) != tc.stdout || res.ExitCode != tc.exit || res.Version != wire.ProtocolVersion {
 				t.Fatalf("want stdout %q exit %d, got %s", tc.stdout, tc.exit, dump(res))
 			}
 		})
@@ -199,10 +200,10 @@ while [ "$(ls started.* | wc -l)" -lt %d ]; do
 done
 echo %d`
 	var wg sync.WaitGroup
-	results := make([]*Result, n)
+	results := make([]*wire.Result, n)
 	for i := range n {
 		wg.Go(func() {
-			results[i], _ = Call(context.Background(), socket, request(LanguageShell, fmt.Sprintf(code, i, n, i)))
+			results[i], _ = wire.Call(context.Background(), socket, request(wire.LanguageShell, fmt.Sprintf(code, i, n, i)))
 		})
 	}
 	wg.Wait()
@@ -237,11 +238,11 @@ func fakeAgent(t *testing.T, answer string) string {
 }
 
 func TestCallVersionMismatch(t *testing.T) {
-	other := ProtocolVersion + 1
+	other := wire.ProtocolVersion + 1
 	// A newer agent: its result may not even parse as ours.
 	socket := fakeAgent(t, fmt.Sprintf(`{"version": %d, "exit_code": "something else", "error": "whatever"}`, other))
-	_, err := Call(context.Background(), socket, request(LanguageShell, "true"))
-	want := fmt.Sprintf("agent speaks protocol %d, flmbox speaks %d: recreate the sandbox", other, ProtocolVersion)
+	_, err := wire.Call(context.Background(), socket, request(wire.LanguageShell, "true"))
+	want := fmt.Sprintf("agent speaks protocol %d, flmbox speaks %d: recreate the sandbox", other, wire.ProtocolVersion)
 	if err == nil || !strings.Contains(err.Error(), want) || !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("Call = %v", err)
 	}
@@ -255,12 +256,12 @@ func TestCallVersionMismatch(t *testing.T) {
 	defer conn.Close()
 	fmt.Fprintf(conn, `{"version": %d, "language": "cobol", "code": {"new": "shape"}}`, other)
 	conn.(*net.UnixConn).CloseWrite()
-	var res Result
+	var res wire.Result
 	if err := json.NewDecoder(conn).Decode(&res); err != nil {
 		t.Fatal(err)
 	}
-	want = fmt.Sprintf("request speaks protocol %d, this side speaks %d", other, ProtocolVersion)
-	if res.Version != ProtocolVersion || res.ExitCode != -1 || !strings.Contains(res.Error, want) {
+	want = fmt.Sprintf("request speaks protocol %d, this side speaks %d", other, wire.ProtocolVersion)
+	if res.Version != wire.ProtocolVersion || res.ExitCode != -1 || !strings.Contains(res.Error, want) {
 		t.Fatalf("got %s", dump(&res))
 	}
 }
@@ -281,7 +282,7 @@ func TestCallAgentNotAnswering(t *testing.T) {
 		{"agent hangs up", fakeAgent(t, ""), "the sandbox's agent hung up without an answer: the sandbox died? (flmbox sandbox ls)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Call(context.Background(), tc.socket, request(LanguageShell, "true"))
+			_, err := wire.Call(context.Background(), tc.socket, request(wire.LanguageShell, "true"))
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, errdefs.ErrUnavailable) {
 				t.Fatalf("Call = %v, want an error containing %q", err, tc.want)
 			}
@@ -298,7 +299,7 @@ func TestCallBadAnswers(t *testing.T) {
 		{"too long", `{"version": 1, "error": "` + strings.Repeat("x", 4<<20) + `"}`, "read the agent's answer: over"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Call(context.Background(), fakeAgent(t, tc.answer), request(LanguageShell, "true"))
+			_, err := wire.Call(context.Background(), fakeAgent(t, tc.answer), request(wire.LanguageShell, "true"))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Call = %v, want an error containing %q", err, tc.want)
 			}
@@ -307,7 +308,7 @@ func TestCallBadAnswers(t *testing.T) {
 }
 
 func TestCallValidates(t *testing.T) {
-	_, err := Call(context.Background(), "/no/such/socket", request("ruby", "puts 1"))
+	_, err := wire.Call(context.Background(), "/no/such/socket", request("ruby", "puts 1"))
 	if !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("Call = %v", err)
 	}
@@ -329,7 +330,7 @@ func TestCallCancelKillsSnippet(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}()
-	_, err := Call(ctx, socket, request(LanguageShell, "echo $$ > pid.tmp; mv pid.tmp pid; sleep 1000", func(r *Request) { r.TimeoutMS = 60000 }))
+	_, err := wire.Call(ctx, socket, request(wire.LanguageShell, "echo $$ > pid.tmp; mv pid.tmp pid; sleep 1000", func(r *wire.Request) { r.TimeoutMS = 60000 }))
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Call = %v, want context.Canceled", err)
 	}
@@ -353,9 +354,9 @@ func TestServeStops(t *testing.T) {
 	served := make(chan error, 1)
 	a := testAgent(t)
 	go func() { served <- a.Serve(ctx, ln) }()
-	called := make(chan *Result, 1)
+	called := make(chan *wire.Result, 1)
 	go func() {
-		res, err := Call(context.Background(), path, request(LanguageShell, "touch started; sleep 1000"))
+		res, err := wire.Call(context.Background(), path, request(wire.LanguageShell, "touch started; sleep 1000"))
 		if err != nil {
 			t.Errorf("Call: %v", err)
 		}
@@ -381,7 +382,7 @@ func TestServeStops(t *testing.T) {
 	if res := <-called; res == nil || res.ExitCode != -1 || !strings.Contains(res.Error, "snippet cancelled and killed: the agent is stopping") {
 		t.Fatalf("the running call got %+v", res)
 	}
-	if _, err := Call(context.Background(), path, request(LanguageShell, "true")); err == nil {
+	if _, err := wire.Call(context.Background(), path, request(wire.LanguageShell, "true")); err == nil {
 		t.Fatal("a stopped agent answered")
 	}
 }
@@ -415,8 +416,8 @@ func childrenOf(t *testing.T, ppid int) map[int]string {
 func TestServeReapsOrphans(t *testing.T) {
 	h := startHelper(t, true, 0)
 	for i := 0; i < 5; i++ {
-		call(t, h.socket, request(LanguageShell, "sleep 1000 & sleep 1000 & sh -c 'sleep 1000 &' ; echo $!"))
-		call(t, h.socket, request(LanguagePython, "import os, time\nif os.fork() == 0:\n    time.sleep(1000)\n"))
+		call(t, h.socket, request(wire.LanguageShell, "sleep 1000 & sleep 1000 & sh -c 'sleep 1000 &' ; echo $!"))
+		call(t, h.socket, request(wire.LanguagePython, "import os, time\nif os.fork() == 0:\n    time.sleep(1000)\n"))
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -440,14 +441,14 @@ func TestRunForkBomb(t *testing.T) {
 	}
 	h := startHelper(t, true, uid)
 	bomb := "i=0; while [ $i -lt 200 ]; do sleep 30 & i=$((i+1)); done; echo spawned $i"
-	res := call(t, h.socket, request(LanguageShell, bomb, func(r *Request) {
+	res := call(t, h.socket, request(wire.LanguageShell, bomb, func(r *wire.Request) {
 		r.Limits.Procs = int64(len(tasksOf(t, os.Geteuid(), uid)) + 30)
 	}))
 	if !strings.Contains(strings.ToLower(string(res.Stderr.Data)), "fork") || strings.Contains(string(res.Stdout.Data), "spawned 200") {
 		t.Fatalf("the fork bomb was not stopped: %s", dump(res))
 	}
 	t.Logf("fork bomb: %s", dump(res))
-	if res := call(t, h.socket, request(LanguageShell, "echo alive")); string(res.Stdout.Data) != "alive\n" {
+	if res := call(t, h.socket, request(wire.LanguageShell, "echo alive")); string(res.Stdout.Data) != "alive\n" {
 		t.Fatalf("the next call: %s", dump(res))
 	}
 }
@@ -500,9 +501,9 @@ func TestServeListenerFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	served := make(chan error, 1)
-	called := make(chan *Result, 1)
+	called := make(chan *wire.Result, 1)
 	go func() {
-		res, _ := Call(context.Background(), path, request(LanguageShell, "sleep 1000"))
+		res, _ := wire.Call(context.Background(), path, request(wire.LanguageShell, "sleep 1000"))
 		called <- res
 	}()
 	go func() { served <- testAgent(t).Serve(context.Background(), &failingListener{Listener: ln}) }()

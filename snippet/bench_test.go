@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // BenchmarkOverhead compares, in one run and interleaved, a bare spawn of
@@ -26,7 +28,7 @@ func BenchmarkOverhead(b *testing.B) {
 			return cmd.Run()
 		}
 	}
-	viaRun := func(req *Request) func() error {
+	viaRun := func(req *wire.Request) func() error {
 		return func() error {
 			if res := a.Run(ctx, req); res.ExitCode != 0 || string(res.Stdout.Data) != "1\n" {
 				b.Fatalf("Run: %s", dump(res))
@@ -34,16 +36,16 @@ func BenchmarkOverhead(b *testing.B) {
 			return nil
 		}
 	}
-	viaCall := func(req *Request) func() error {
+	viaCall := func(req *wire.Request) func() error {
 		return func() error {
-			res, err := Call(ctx, socket, req)
+			res, err := wire.Call(ctx, socket, req)
 			if err != nil || res.ExitCode != 0 {
 				b.Fatalf("Call: %v", err)
 			}
 			return nil
 		}
 	}
-	py, sh := request(LanguagePython, "print(1)"), request(LanguageShell, "echo 1")
+	py, sh := request(wire.LanguagePython, "print(1)"), request(wire.LanguageShell, "echo 1")
 	variants := []struct {
 		name string
 		f    func() error

@@ -8,14 +8,15 @@ import (
 	"path/filepath"
 
 	"github.com/flmbox/flmbox/snippet"
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // An agent runs a snippet directly.
 func ExampleAgent_Run() {
 	a := &snippet.Agent{Dir: os.TempDir()}
-	res := a.Run(context.Background(), &snippet.Request{
-		Version:   snippet.ProtocolVersion,
-		Language:  snippet.LanguageShell,
+	res := a.Run(context.Background(), &wire.Request{
+		Version:   wire.ProtocolVersion,
+		Language:  wire.LanguageShell,
 		Code:      "echo hello; exit 3",
 		TimeoutMS: 5000,
 	})
@@ -25,7 +26,7 @@ func ExampleAgent_Run() {
 
 // A client calls an agent that serves on a Unix socket, as flmbox run calls
 // the agent of a sandbox.
-func ExampleCall() {
+func ExampleAgent_Serve() {
 	dir, err := os.MkdirTemp("", "flmbox-example-")
 	if err != nil {
 		panic(err)
@@ -41,9 +42,9 @@ func ExampleCall() {
 	go func() { served <- (&snippet.Agent{Dir: dir}).Serve(ctx, ln) }()
 	defer func() { stop(); <-served }()
 
-	res, err := snippet.Call(context.Background(), socket, &snippet.Request{
-		Version:   snippet.ProtocolVersion,
-		Language:  snippet.LanguageShell,
+	res, err := wire.Call(context.Background(), socket, &wire.Request{
+		Version:   wire.ProtocolVersion,
+		Language:  wire.LanguageShell,
 		Code:      "printf '%s\\n' one two three; sleep 100",
 		TimeoutMS: 500,
 		MaxOutput: 8,

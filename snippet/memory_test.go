@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // fakeMemInfo is a /proc/meminfo file of a 512 MiB sandbox whose
@@ -55,13 +57,13 @@ func waitFirstRead(t *testing.T, a *Agent, n int) {
 }
 
 // startRun runs req in the background; the result comes on the channel.
-func startRun(a *Agent, req *Request) <-chan *Result {
-	done := make(chan *Result, 1)
+func startRun(a *Agent, req *wire.Request) <-chan *wire.Result {
+	done := make(chan *wire.Result, 1)
 	go func() { done <- a.Run(context.Background(), req) }()
 	return done
 }
 
-func result(t *testing.T, done <-chan *Result) *Result {
+func result(t *testing.T, done <-chan *wire.Result) *wire.Result {
 	t.Helper()
 	select {
 	case res := <-done:
@@ -93,8 +95,8 @@ func waitWatchIdle(t *testing.T, a *Agent) {
 // is killed and reported out of memory, in both languages.
 func TestMemoryWatchKillsGrowingSnippet(t *testing.T) {
 	for _, tc := range []struct{ lang, code string }{
-		{LanguageShell, "echo started; sleep 20 & sleep 20"},
-		{LanguagePython, "import time\nprint('started', flush=True)\ntime.sleep(20)"},
+		{wire.LanguageShell, "echo started; sleep 20 & sleep 20"},
+		{wire.LanguagePython, "import time\nprint('started', flush=True)\ntime.sleep(20)"},
 	} {
 		t.Run(tc.lang, func(t *testing.T) {
 			mem := newFakeMemInfo(t, 400<<20)
@@ -111,7 +113,7 @@ func TestMemoryWatchKillsGrowingSnippet(t *testing.T) {
 				t.Fatalf("after %s: %s", time.Since(start), dump(res))
 			}
 			// The next call runs: memory is short but does not shrink.
-			if res := run(t, a, request(LanguageShell, "sleep 0.1; echo next")); res.OOMKilled || string(res.Stdout.Data) != "next\n" {
+			if res := run(t, a, request(wire.LanguageShell, "sleep 0.1; echo next")); res.OOMKilled || string(res.Stdout.Data) != "next\n" {
 				t.Fatalf("the next call: %s (oom_killed %v)", dump(res), res.OOMKilled)
 			}
 			waitWatchIdle(t, a)
@@ -125,13 +127,13 @@ func TestMemoryWatchKillsGrowingSnippet(t *testing.T) {
 func TestMemoryWatchSparesSnippetsThatDoNotGrow(t *testing.T) {
 	mem := newFakeMemInfo(t, 400<<20)
 	a := &Agent{Dir: t.TempDir(), MemInfo: string(mem)}
-	if res := run(t, a, request(LanguageShell, "sleep 0.1; echo plenty")); res.OOMKilled || res.ExitCode != 0 || string(res.Stdout.Data) != "plenty\n" {
+	if res := run(t, a, request(wire.LanguageShell, "sleep 0.1; echo plenty")); res.OOMKilled || res.ExitCode != 0 || string(res.Stdout.Data) != "plenty\n" {
 		t.Fatalf("%s (oom_killed %v)", dump(res), res.OOMKilled)
 	}
 	// Short all along (the reserve of 512 MiB is 32 MiB): memory given back
 	// and used again, or a little more used, is no growth.
 	mem.set(t, 20<<20)
-	done := startRun(a, request(LanguageShell, "sleep 0.4; echo short"))
+	done := startRun(a, request(wire.LanguageShell, "sleep 0.4; echo short"))
 	waitFirstRead(t, a, 1)
 	for _, avail := range []int64{30 << 20, 25 << 20, 17 << 20} {
 		mem.set(t, avail)
@@ -142,7 +144,7 @@ func TestMemoryWatchSparesSnippetsThatDoNotGrow(t *testing.T) {
 	}
 	// One MiB more than the tolerance of 4 MiB is growth.
 	mem.set(t, 20<<20)
-	done = startRun(a, request(LanguageShell, "sleep 20"))
+	done = startRun(a, request(wire.LanguageShell, "sleep 20"))
 	waitFirstRead(t, a, 1)
 	mem.set(t, 15<<20)
 	if res := result(t, done); !res.OOMKilled {
@@ -157,8 +159,8 @@ func TestMemoryWatchSparesSnippetsThatDoNotGrow(t *testing.T) {
 func TestMemoryWatchKillsTheBiggest(t *testing.T) {
 	mem := newFakeMemInfo(t, 400<<20)
 	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), MemInfo: string(mem)}
-	small := startRun(a, request(LanguageShell, "sleep 1.5; echo small"))
-	big := startRun(a, request(LanguagePython, "import time\nb = bytearray(64 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('big', flush=True)\ntime.sleep(20)"))
+	small := startRun(a, request(wire.LanguageShell, "sleep 1.5; echo small"))
+	big := startRun(a, request(wire.LanguagePython, "import time\nb = bytearray(64 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('big', flush=True)\ntime.sleep(20)"))
 	waitFirstRead(t, a, 2)
 	for deadline := time.Now().Add(guard); ; time.Sleep(10 * time.Millisecond) {
 		if rss := groupsRSS()[bigPID(t, a)]; rss > 64<<20 {
@@ -198,7 +200,7 @@ func bigPID(t *testing.T, a *Agent) int {
 func TestMemoryWatchBudget(t *testing.T) {
 	mem := newFakeMemInfo(t, 400<<20) // 112 MiB used
 	a := &Agent{Dir: t.TempDir(), MemInfo: string(mem), MemoryBudget: 256 << 20}
-	done := startRun(a, request(LanguageShell, "sleep 20"))
+	done := startRun(a, request(wire.LanguageShell, "sleep 20"))
 	waitFirstRead(t, a, 1)
 	mem.set(t, 300<<20) // 212 used: 44 MiB left of the budget, over its reserve of 16
 	time.Sleep(50 * time.Millisecond)
@@ -217,7 +219,7 @@ func TestMemoryWatchBudget(t *testing.T) {
 // never a failed call.
 func TestMemoryWatchUnreadableFile(t *testing.T) {
 	a := &Agent{Dir: t.TempDir(), MemInfo: filepath.Join(t.TempDir(), "missing")}
-	if res := run(t, a, request(LanguageShell, "sleep 0.1; echo ok")); res.OOMKilled || string(res.Stdout.Data) != "ok\n" {
+	if res := run(t, a, request(wire.LanguageShell, "sleep 0.1; echo ok")); res.OOMKilled || string(res.Stdout.Data) != "ok\n" {
 		t.Fatalf("%s", dump(res))
 	}
 	waitWatchIdle(t, a)

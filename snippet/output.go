@@ -58,11 +58,11 @@ func (c *capture) Write(p []byte) (int, error) {
 
 // Output returns what was kept, with the truncation marker between head and
 // tail when bytes were dropped.
-func (c *capture) Output() Output {
+func (c *capture) Output() wire.Output {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	kept := int64(len(c.head) + len(c.ring))
-	out := Output{Total: c.total, Truncated: c.total > kept}
+	out := wire.Output{Total: c.total, Truncated: c.total > kept}
 	var marker string
 	if out.Truncated {
 		marker = wire.TruncationMarker(c.total - kept)

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // TestReset leaves files (some unreadable), a daemon that left its process
@@ -25,20 +27,20 @@ os.symlink('/etc/passwd', 'link')
 os.chmod('locked/deep', 0)
 os.chmod('locked', 0o500)
 ` + pyDaemon
-	res := call(t, h.socket, request(LanguagePython, mess))
+	res := call(t, h.socket, request(wire.LanguagePython, mess))
 	daemon, err := strconv.Atoi(strings.TrimSpace(string(res.Stdout.Data)))
 	if err != nil {
 		t.Fatalf("no daemon pid: %s", dump(res))
 	}
-	call(t, h.socket, request(LanguageShell, "echo warm")) // a shell spare
-	if res := call(t, h.socket, request(LanguageShell, "ls -A")); !strings.Contains(string(res.Stdout.Data), "top") {
+	call(t, h.socket, request(wire.LanguageShell, "echo warm")) // a shell spare
+	if res := call(t, h.socket, request(wire.LanguageShell, "ls -A")); !strings.Contains(string(res.Stdout.Data), "top") {
 		t.Fatalf("without Reset the files stay: %s", dump(res))
 	}
 	if !alive(daemon) {
 		t.Fatalf("the daemon %d is not running before the reset", daemon)
 	}
 
-	res = call(t, h.socket, request(LanguageShell, "ls -A; echo done", func(r *Request) { r.Reset = true }))
+	res = call(t, h.socket, request(wire.LanguageShell, "ls -A; echo done", func(r *wire.Request) { r.Reset = true }))
 	if string(res.Stdout.Data) != "done\n" || res.ExitCode != 0 {
 		t.Fatalf("after Reset the directory is not empty: %s", dump(res))
 	}
@@ -50,8 +52,8 @@ os.chmod('locked', 0o500)
 		t.Fatalf("left in %s: %v", h.dir, ents)
 	}
 	// The agent goes on: Python through a new spare, shell, another reset.
-	for _, req := range []*Request{request(LanguagePython, "print('py')"), request(LanguageShell, "echo sh"),
-		request(LanguagePython, "print('py')", func(r *Request) { r.Reset = true })} {
+	for _, req := range []*wire.Request{request(wire.LanguagePython, "print('py')"), request(wire.LanguageShell, "echo sh"),
+		request(wire.LanguagePython, "print('py')", func(r *wire.Request) { r.Reset = true })} {
 		if res := call(t, h.socket, req); res.ExitCode != 0 || len(res.Stdout.Data) == 0 {
 			t.Fatalf("after the reset: %s", dump(res))
 		}
@@ -62,12 +64,12 @@ os.chmod('locked', 0o500)
 // instead of killing it.
 func TestResetWaitsForCalls(t *testing.T) {
 	h := startHelper(t, true, 0)
-	slow := make(chan *Result, 1)
+	slow := make(chan *wire.Result, 1)
 	go func() {
-		slow <- call(t, h.socket, request(LanguageShell, "sleep 0.5; echo slow > slow.txt; echo slow"))
+		slow <- call(t, h.socket, request(wire.LanguageShell, "sleep 0.5; echo slow > slow.txt; echo slow"))
 	}()
 	time.Sleep(150 * time.Millisecond)
-	res := call(t, h.socket, request(LanguageShell, "ls -A; echo reset", func(r *Request) { r.Reset = true }))
+	res := call(t, h.socket, request(wire.LanguageShell, "ls -A; echo reset", func(r *wire.Request) { r.Reset = true }))
 	if s := <-slow; string(s.Stdout.Data) != "slow\n" || s.ExitCode != 0 {
 		t.Fatalf("the running call was disturbed: %s", dump(s))
 	}
@@ -98,12 +100,12 @@ if os.fork() == 0:
     ctypes.CDLL(None).syscall(60, 0)  # exit(2) of the main thread only
 print('left')
 `
-	call(t, h.socket, request(LanguagePython, code))
+	call(t, h.socket, request(wire.LanguagePython, code))
 	time.Sleep(500 * time.Millisecond)
 	if _, err := os.Stat(filepath.Join(h.dir, "alive.txt")); err != nil {
 		t.Fatalf("the thread did not start: %v", err)
 	}
-	call(t, h.socket, request(LanguageShell, "true", func(r *Request) { r.Reset = true }))
+	call(t, h.socket, request(wire.LanguageShell, "true", func(r *wire.Request) { r.Reset = true }))
 	time.Sleep(300 * time.Millisecond)
 	if _, err := os.Stat(filepath.Join(h.dir, "alive.txt")); err == nil {
 		t.Fatal("a thread of a process whose main thread exited outlived the reset")

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/flmbox/flmbox/snippet/wire"
 	"golang.org/x/sys/unix"
 )
 
@@ -31,7 +32,7 @@ const drainGrace = 500 * time.Millisecond
 // is set and ExitCode is the killed process's (137). When ctx is done first,
 // the snippet is killed and the Result has ExitCode -1, Error saying so, and
 // the output captured until then.
-func (a *Agent) Run(ctx context.Context, req *Request) *Result {
+func (a *Agent) Run(ctx context.Context, req *wire.Request) *wire.Result {
 	res, ran := a.run(ctx, req)
 	a.afterCall(req, ran)
 	return res
@@ -39,7 +40,7 @@ func (a *Agent) Run(ctx context.Context, req *Request) *Result {
 
 // run is Run without starting the next spare; ran says that a process ran
 // req's code, so that one should be started.
-func (a *Agent) run(ctx context.Context, req *Request) (res *Result, ran bool) {
+func (a *Agent) run(ctx context.Context, req *wire.Request) (res *wire.Result, ran bool) {
 	a.init()
 	if err := req.Validate(); err != nil {
 		return errorResult(err), false
@@ -47,7 +48,7 @@ func (a *Agent) run(ctx context.Context, req *Request) (res *Result, ran bool) {
 	if err := context.Cause(ctx); err != nil {
 		return errorResult(fmt.Errorf("run snippet: %w", err)), false
 	}
-	if req.Language == LanguagePython && a.pythonErr != nil {
+	if req.Language == wire.LanguagePython && a.pythonErr != nil {
 		return errorResult(a.pythonErr), false
 	}
 	if req.Reset {
@@ -75,7 +76,7 @@ func (a *Agent) run(ctx context.Context, req *Request) (res *Result, ran bool) {
 type proc struct {
 	pid               int
 	cmd               command
-	limits            Limits
+	limits            wire.Limits
 	outR, errR, gateW *os.File
 	// done is closed once the process has exited, the rest of its process
 	// group has been killed and it has been reaped; then status, or err,
@@ -166,8 +167,8 @@ func (p *proc) close() {
 // takes code later), with limits set. A Python process is forked by the
 // zygote when the agent has one running, or when wait is set after starting
 // one; otherwise it is a new python3.
-func (a *Agent) start(lang, code string, limits Limits, wait bool) (*proc, error) {
-	if lang == LanguageShell {
+func (a *Agent) start(lang, code string, limits wire.Limits, wait bool) (*proc, error) {
+	if lang == wire.LanguageShell {
 		c := shellScriptCommand()
 		if len(code) > maxShellScript || !a.shellIsDash {
 			c = shellCommand(code)
@@ -247,13 +248,13 @@ func (p *pipes) close() {
 }
 
 // proc returns the agent's ends of p as a process's.
-func (p *pipes) proc(c command, limits Limits) *proc {
+func (p *pipes) proc(c command, limits wire.Limits) *proc {
 	return &proc{cmd: c, limits: limits, outR: p.outR, errR: p.errR, gateW: p.gateW, done: make(chan struct{})}
 }
 
 // startExec starts c as a child of the agent, in its own process group,
 // and sets its limits.
-func (a *Agent) startExec(path string, c command, limits Limits) (*proc, error) {
+func (a *Agent) startExec(path string, c command, limits wire.Limits) (*proc, error) {
 	pp, err := newPipes()
 	if err != nil {
 		return nil, err
@@ -310,10 +311,10 @@ func (a *Agent) startExec(path string, c command, limits Limits) (*proc, error) 
 }
 
 // runProc gives req's code to p through its gate and collects the result.
-func (a *Agent) runProc(ctx context.Context, req *Request, p *proc) *Result {
+func (a *Agent) runProc(ctx context.Context, req *wire.Request, p *proc) *wire.Result {
 	defer p.close()
 	stdout, stderr := newCapture(req.OutputLimit()), newCapture(req.OutputLimit())
-	res := &Result{Version: ProtocolVersion, ExitCode: -1}
+	res := &wire.Result{Version: wire.ProtocolVersion, ExitCode: -1}
 	var readers sync.WaitGroup
 	readers.Go(func() { capturePipe(stdout, p.outR) })
 	readers.Go(func() { capturePipe(stderr, p.errR) })
@@ -425,7 +426,7 @@ func killGroup(pgid int) {
 // setLimits sets the request's limits on process pid, both soft and hard so
 // that the snippet cannot raise them. A limit above the hard limit that pid
 // inherited from the agent is lowered to it.
-func setLimits(pid int, l Limits) error {
+func setLimits(pid int, l wire.Limits) error {
 	for _, lim := range []struct {
 		resource int
 		value    int64

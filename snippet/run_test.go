@@ -52,8 +52,8 @@ func testAgent(t testing.TB) *Agent {
 	return a
 }
 
-func request(lang, code string, edits ...func(*Request)) *Request {
-	r := &Request{Version: ProtocolVersion, Language: lang, Code: code, TimeoutMS: guard.Milliseconds()}
+func request(lang, code string, edits ...func(*wire.Request)) *wire.Request {
+	r := &wire.Request{Version: wire.ProtocolVersion, Language: lang, Code: code, TimeoutMS: guard.Milliseconds()}
 	for _, e := range edits {
 		e(r)
 	}
@@ -61,9 +61,9 @@ func request(lang, code string, edits ...func(*Request)) *Request {
 }
 
 // run runs a request and fails the test if it does not return within guard.
-func run(t *testing.T, a *Agent, req *Request) *Result {
+func run(t *testing.T, a *Agent, req *wire.Request) *wire.Result {
 	t.Helper()
-	done := make(chan *Result, 1)
+	done := make(chan *wire.Result, 1)
 	go func() { done <- a.Run(context.Background(), req) }()
 	select {
 	case res := <-done:
@@ -74,7 +74,7 @@ func run(t *testing.T, a *Agent, req *Request) *Result {
 	}
 }
 
-func dump(res *Result) string {
+func dump(res *wire.Result) string {
 	return fmt.Sprintf("exit %d signal %q timed out %v error %q\nstdout: %q\nstderr: %q",
 		res.ExitCode, res.Signal, res.TimedOut, res.Error, res.Stdout.Data, res.Stderr.Data)
 }
@@ -84,11 +84,11 @@ func TestRunPrints(t *testing.T) {
 	for _, tc := range []struct {
 		name, lang, code, stdout, stderr string
 	}{
-		{"python", LanguagePython, "import sys\nprint('hello')\nprint('oops', file=sys.stderr)", "hello\n", "oops\n"},
-		{"shell", LanguageShell, "echo hello; echo oops >&2", "hello\n", "oops\n"},
-		{"python empty", LanguagePython, "", "", ""},
-		{"shell empty", LanguageShell, "", "", ""},
-		{"python unicode", LanguagePython, "print('héllo ✓')", "héllo ✓\n", ""},
+		{"python", wire.LanguagePython, "import sys\nprint('hello')\nprint('oops', file=sys.stderr)", "hello\n", "oops\n"},
+		{"shell", wire.LanguageShell, "echo hello; echo oops >&2", "hello\n", "oops\n"},
+		{"python empty", wire.LanguagePython, "", "", ""},
+		{"shell empty", wire.LanguageShell, "", "", ""},
+		{"python unicode", wire.LanguagePython, "print('héllo ✓')", "héllo ✓\n", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := run(t, a, request(tc.lang, tc.code))
@@ -96,7 +96,7 @@ func TestRunPrints(t *testing.T) {
 				res.Stdout.Total != int64(len(tc.stdout)) || res.Stdout.Truncated || res.TimedOut || res.Error != "" {
 				t.Fatalf("got %s", dump(res))
 			}
-			if res.Version != ProtocolVersion || res.DurationMS <= 0 {
+			if res.Version != wire.ProtocolVersion || res.DurationMS <= 0 {
 				t.Fatalf("version %d duration %v", res.Version, res.DurationMS)
 			}
 		})
@@ -110,15 +110,15 @@ func TestRunExitCodes(t *testing.T) {
 		exit             int
 		signal           string
 	}{
-		{"python sys.exit(3)", LanguagePython, "import sys\nsys.exit(3)", 3, ""},
-		{"python exception", LanguagePython, "raise ValueError('x')", 1, ""},
-		{"python sys.exit(message)", LanguagePython, "import sys; sys.exit('bye')", 1, ""},
-		{"python KeyboardInterrupt", LanguagePython, "raise KeyboardInterrupt", 130, "SIGINT"},
-		{"python killed by a signal", LanguagePython, "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)", 143, "SIGTERM"},
-		{"shell exit 7", LanguageShell, "exit 7", 7, ""},
-		{"shell false", LanguageShell, "false", 1, ""},
-		{"shell command not found", LanguageShell, "nosuchcommand-flmbox", 127, ""},
-		{"shell kills itself", LanguageShell, "kill -KILL $$", 137, "SIGKILL"},
+		{"python sys.exit(3)", wire.LanguagePython, "import sys\nsys.exit(3)", 3, ""},
+		{"python exception", wire.LanguagePython, "raise ValueError('x')", 1, ""},
+		{"python sys.exit(message)", wire.LanguagePython, "import sys; sys.exit('bye')", 1, ""},
+		{"python KeyboardInterrupt", wire.LanguagePython, "raise KeyboardInterrupt", 130, "SIGINT"},
+		{"python killed by a signal", wire.LanguagePython, "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)", 143, "SIGTERM"},
+		{"shell exit 7", wire.LanguageShell, "exit 7", 7, ""},
+		{"shell false", wire.LanguageShell, "false", 1, ""},
+		{"shell command not found", wire.LanguageShell, "nosuchcommand-flmbox", 127, ""},
+		{"shell kills itself", wire.LanguageShell, "kill -KILL $$", 137, "SIGKILL"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := run(t, a, request(tc.lang, tc.code))
@@ -151,7 +151,7 @@ func TestRunPythonTraceback(t *testing.T) {
 			"hook ZeroDivisionError <snippet>\n"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res := run(t, a, request(LanguagePython, tc.code))
+			res := run(t, a, request(wire.LanguagePython, tc.code))
 			stderr := string(res.Stderr.Data)
 			for _, w := range tc.want {
 				if !strings.Contains(stderr, w) {
@@ -189,7 +189,7 @@ print(__name__, repr(sys.path[0]), sys.argv, helper.VALUE, gate, os.getcwd())
 print(names)
 print(type(pickle.loads(pickle.dumps(Point()))).__name__)
 `
-	res := run(t, a, request(LanguagePython, code))
+	res := run(t, a, request(wire.LanguagePython, code))
 	want := fmt.Sprintf("__main__ '' ['-c'] 42 closed %s\n['Point', 'helper', 'os', 'pickle', 'sys']\nPoint\n", a.Dir)
 	if res.ExitCode != 0 || string(res.Stdout.Data) != want {
 		t.Fatalf("want stdout %q, got %s", want, dump(res))
@@ -199,7 +199,7 @@ print(type(pickle.loads(pickle.dumps(Point()))).__name__)
 func TestRunShellDetails(t *testing.T) {
 	a := testAgent(t)
 	// $0, the working directory, the gate closed, line numbers unchanged.
-	res := run(t, a, request(LanguageShell, "echo \"$0 $(pwd)\"\nif [ -e /proc/$$/fd/3 ]; then echo gate open; else echo gate closed; fi\nnosuchcommand-flmbox"))
+	res := run(t, a, request(wire.LanguageShell, "echo \"$0 $(pwd)\"\nif [ -e /proc/$$/fd/3 ]; then echo gate open; else echo gate closed; fi\nnosuchcommand-flmbox"))
 	if want := "sh " + a.Dir + "\ngate closed\n"; string(res.Stdout.Data) != want {
 		t.Fatalf("want stdout %q, got %s", want, dump(res))
 	}
@@ -211,8 +211,8 @@ func TestRunShellDetails(t *testing.T) {
 func TestRunStdinAtEOF(t *testing.T) {
 	a := testAgent(t)
 	for _, tc := range []struct{ name, lang, code, want string }{
-		{"shell cat", LanguageShell, "cat; echo done", "done\n"},
-		{"python read", LanguagePython, "import sys, subprocess\nprint(repr(sys.stdin.read()))\nsubprocess.run(['cat'])\nprint('done')", "''\ndone\n"},
+		{"shell cat", wire.LanguageShell, "cat; echo done", "done\n"},
+		{"python read", wire.LanguagePython, "import sys, subprocess\nprint(repr(sys.stdin.read()))\nsubprocess.run(['cat'])\nprint('done')", "''\ndone\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if res := run(t, a, request(tc.lang, tc.code)); string(res.Stdout.Data) != tc.want || res.ExitCode != 0 {
@@ -225,7 +225,7 @@ func TestRunStdinAtEOF(t *testing.T) {
 func TestRunEnvAndDir(t *testing.T) {
 	dir := t.TempDir()
 	a := &Agent{Python: hostPython(t), Dir: dir, Env: []string{"PATH=/usr/bin:/bin", "FLMBOX_TEST=yes"}}
-	res := run(t, a, request(LanguageShell, "echo \"$FLMBOX_TEST $(pwd)\""))
+	res := run(t, a, request(wire.LanguageShell, "echo \"$FLMBOX_TEST $(pwd)\""))
 	if want := "yes " + dir + "\n"; string(res.Stdout.Data) != want {
 		t.Fatalf("want stdout %q, got %s", want, dump(res))
 	}
@@ -234,15 +234,15 @@ func TestRunEnvAndDir(t *testing.T) {
 func TestRunTimeout(t *testing.T) {
 	a := testAgent(t)
 	for _, tc := range []struct{ name, lang, code string }{
-		{"sleep", LanguageShell, "sleep 100"},
-		{"shell loop", LanguageShell, "while true; do :; done"},
-		{"python loop", LanguagePython, "while True:\n    pass"},
-		{"child ignores SIGTERM", LanguageShell, "trap '' TERM; sh -c 'trap \"\" TERM; sleep 100' & wait"},
-		{"python ignores SIGTERM", LanguagePython, "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(100)"},
-		{"background and foreground", LanguageShell, "sleep 100 & sleep 100"},
+		{"sleep", wire.LanguageShell, "sleep 100"},
+		{"shell loop", wire.LanguageShell, "while true; do :; done"},
+		{"python loop", wire.LanguagePython, "while True:\n    pass"},
+		{"child ignores SIGTERM", wire.LanguageShell, "trap '' TERM; sh -c 'trap \"\" TERM; sleep 100' & wait"},
+		{"python ignores SIGTERM", wire.LanguagePython, "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(100)"},
+		{"background and foreground", wire.LanguageShell, "sleep 100 & sleep 100"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res := run(t, a, request(tc.lang, tc.code, func(r *Request) { r.TimeoutMS = 300 }))
+			res := run(t, a, request(tc.lang, tc.code, func(r *wire.Request) { r.TimeoutMS = 300 }))
 			if !res.TimedOut || res.ExitCode != 137 || res.Signal != "SIGKILL" || res.Error != "" {
 				t.Fatalf("want a timeout, got %s", dump(res))
 			}
@@ -275,7 +275,7 @@ func waitGone(t *testing.T, pid int) {
 }
 
 // pids returns the numbers a snippet printed, one per line.
-func pids(t *testing.T, res *Result) []int {
+func pids(t *testing.T, res *wire.Result) []int {
 	t.Helper()
 	var out []int
 	for _, f := range strings.Fields(string(res.Stdout.Data)) {
@@ -291,15 +291,15 @@ func pids(t *testing.T, res *Result) []int {
 func TestRunKillsLeftovers(t *testing.T) {
 	a := testAgent(t)
 	for _, tc := range []struct{ name, lang, code string }{
-		{"shell background", LanguageShell, "sleep 1000 & echo $!"},
-		{"shell background, pipes closed", LanguageShell, "sleep 1000 >/dev/null 2>&1 & echo $!"},
-		{"shell nested", LanguageShell, "sh -c 'sleep 1000 & echo $!; sleep 1000 & echo $!' &\nsleep 0.2"},
-		{"python subprocess", LanguagePython, "import subprocess\nprint(subprocess.Popen(['sleep', '1000']).pid)"},
-		{"python double fork", LanguagePython, "import os, sys, time\nif os.fork() == 0:\n    print(os.getpid(), flush=True)\n    time.sleep(1000)\n    sys.exit()\ntime.sleep(0.2)"},
-		{"on timeout", LanguageShell, "sleep 1000 & echo $!; sleep 1000"},
+		{"shell background", wire.LanguageShell, "sleep 1000 & echo $!"},
+		{"shell background, pipes closed", wire.LanguageShell, "sleep 1000 >/dev/null 2>&1 & echo $!"},
+		{"shell nested", wire.LanguageShell, "sh -c 'sleep 1000 & echo $!; sleep 1000 & echo $!' &\nsleep 0.2"},
+		{"python subprocess", wire.LanguagePython, "import subprocess\nprint(subprocess.Popen(['sleep', '1000']).pid)"},
+		{"python double fork", wire.LanguagePython, "import os, sys, time\nif os.fork() == 0:\n    print(os.getpid(), flush=True)\n    time.sleep(1000)\n    sys.exit()\ntime.sleep(0.2)"},
+		{"on timeout", wire.LanguageShell, "sleep 1000 & echo $!; sleep 1000"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res := run(t, a, request(tc.lang, tc.code, func(r *Request) { r.TimeoutMS = 1000 }))
+			res := run(t, a, request(tc.lang, tc.code, func(r *wire.Request) { r.TimeoutMS = 1000 }))
 			ps := pids(t, res)
 			if len(ps) == 0 {
 				t.Fatalf("no pid printed: %s", dump(res))
@@ -316,8 +316,8 @@ func TestRunKillsLeftovers(t *testing.T) {
 // the call hang.
 func TestRunEscapedProcess(t *testing.T) {
 	a := testAgent(t)
-	res := run(t, a, request(LanguagePython, "import subprocess\nprint(subprocess.Popen(['sleep', '1000'], start_new_session=True).pid)\nprint('bye')"))
-	ps := pids(t, &Result{Stdout: Output{Data: bytes.TrimSuffix(res.Stdout.Data, []byte("bye\n"))}})
+	res := run(t, a, request(wire.LanguagePython, "import subprocess\nprint(subprocess.Popen(['sleep', '1000'], start_new_session=True).pid)\nprint('bye')"))
+	ps := pids(t, &wire.Result{Stdout: wire.Output{Data: bytes.TrimSuffix(res.Stdout.Data, []byte("bye\n"))}})
 	for _, pid := range ps {
 		unix.Kill(pid, unix.SIGKILL)
 	}
@@ -328,8 +328,8 @@ func TestRunEscapedProcess(t *testing.T) {
 
 func TestRunOutputCaps(t *testing.T) {
 	a := testAgent(t)
-	res := run(t, a, request(LanguageShell, "printf 0123456789abcdefghij; printf ABCDEFGHIJ >&2", func(r *Request) { r.MaxOutput = 10 }))
-	if got, want := res.Stdout, (Output{Data: []byte("01234\n[flmbox: 10 bytes omitted]\nfghij"), Total: 20, Truncated: true}); !bytes.Equal(got.Data, want.Data) || got.Total != want.Total || !got.Truncated {
+	res := run(t, a, request(wire.LanguageShell, "printf 0123456789abcdefghij; printf ABCDEFGHIJ >&2", func(r *wire.Request) { r.MaxOutput = 10 }))
+	if got, want := res.Stdout, (wire.Output{Data: []byte("01234\n[flmbox: 10 bytes omitted]\nfghij"), Total: 20, Truncated: true}); !bytes.Equal(got.Data, want.Data) || got.Total != want.Total || !got.Truncated {
 		t.Fatalf("stdout %+v, want %+v", got, want)
 	}
 	if got := res.Stderr; string(got.Data) != "ABCDEFGHIJ" || got.Total != 10 || got.Truncated {
@@ -337,7 +337,7 @@ func TestRunOutputCaps(t *testing.T) {
 	}
 
 	// Python's output, long and in many writes.
-	res = run(t, a, request(LanguagePython, "for i in range(100000):\n    print(i)", func(r *Request) { r.MaxOutput = 1000 }))
+	res = run(t, a, request(wire.LanguagePython, "for i in range(100000):\n    print(i)", func(r *wire.Request) { r.MaxOutput = 1000 }))
 	out := string(res.Stdout.Data)
 	if !res.Stdout.Truncated || res.Stdout.Total != 588890 || !strings.HasPrefix(out, "0\n1\n2\n") || !strings.HasSuffix(out, "99998\n99999\n") ||
 		!strings.Contains(out, "\n[flmbox: 587890 bytes omitted]\n") || len(out) != 1000+len("\n[flmbox: 587890 bytes omitted]\n") {
@@ -368,14 +368,14 @@ func TestRunHugeOutput(t *testing.T) {
 			}
 		}
 	})
-	res := run(t, a, request(LanguageShell, "head -c 1073741824 /dev/zero & yes | head -c 1073741824 >&2; wait", func(r *Request) { r.TimeoutMS = 60000 }))
+	res := run(t, a, request(wire.LanguageShell, "head -c 1073741824 /dev/zero & yes | head -c 1073741824 >&2; wait", func(r *wire.Request) { r.TimeoutMS = 60000 }))
 	close(stop)
 	sampler.Wait()
 	if res.ExitCode != 0 || res.Stdout.Total != gib || res.Stderr.Total != gib || !res.Stdout.Truncated || !res.Stderr.Truncated {
 		t.Fatalf("exit %d, totals %d and %d, error %q", res.ExitCode, res.Stdout.Total, res.Stderr.Total, res.Error)
 	}
-	marker := wire.TruncationMarker(gib - DefaultMaxOutput)
-	if len(res.Stdout.Data) != DefaultMaxOutput+len(marker) || !bytes.Contains(res.Stderr.Data, []byte("y\ny\n"+marker+"y\ny\n")) {
+	marker := wire.TruncationMarker(gib - wire.DefaultMaxOutput)
+	if len(res.Stdout.Data) != wire.DefaultMaxOutput+len(marker) || !bytes.Contains(res.Stderr.Data, []byte("y\ny\n"+marker+"y\ny\n")) {
 		t.Fatalf("stdout %d bytes, stderr %d bytes", len(res.Stdout.Data), len(res.Stderr.Data))
 	}
 	t.Logf("peak HeapInuse %d MiB", peak>>20)
@@ -386,11 +386,11 @@ func TestRunHugeOutput(t *testing.T) {
 
 func TestRunNonUTF8(t *testing.T) {
 	a := testAgent(t)
-	res := run(t, a, request(LanguageShell, `printf '\377\376\000abc\200'; printf '\351t\351' >&2`))
+	res := run(t, a, request(wire.LanguageShell, `printf '\377\376\000abc\200'; printf '\351t\351' >&2`))
 	if !bytes.Equal(res.Stdout.Data, []byte("\xff\xfe\x00abc\x80")) || !bytes.Equal(res.Stderr.Data, []byte("\xe9t\xe9")) {
 		t.Fatalf("got %s", dump(res))
 	}
-	res = run(t, a, request(LanguagePython, `import sys; sys.stdout.buffer.write(b'\xff\x00\xc3')`))
+	res = run(t, a, request(wire.LanguagePython, `import sys; sys.stdout.buffer.write(b'\xff\x00\xc3')`))
 	if !bytes.Equal(res.Stdout.Data, []byte("\xff\x00\xc3")) {
 		t.Fatalf("got %s", dump(res))
 	}
@@ -399,13 +399,13 @@ func TestRunNonUTF8(t *testing.T) {
 func TestRunLargeCode(t *testing.T) {
 	a := testAgent(t)
 	// Python code of nearly 1 MiB goes through the gate.
-	code := strings.Repeat("x = 1  # padding padding padding padding\n", (MaxCodeSize-100)/41) + "print('end', x)\n"
-	if res := run(t, a, request(LanguagePython, code)); string(res.Stdout.Data) != "end 1\n" {
+	code := strings.Repeat("x = 1  # padding padding padding padding\n", (wire.MaxCodeSize-100)/41) + "print('end', x)\n"
+	if res := run(t, a, request(wire.LanguagePython, code)); string(res.Stdout.Data) != "end 1\n" {
 		t.Fatalf("got %s", dump(res))
 	}
 	// Shell code up to MaxShellCodeSize fits in one argument.
-	code = "echo end\n" + strings.Repeat("#", MaxShellCodeSize-len("echo end\n"))
-	if res := run(t, a, request(LanguageShell, code)); string(res.Stdout.Data) != "end\n" || res.Error != "" {
+	code = "echo end\n" + strings.Repeat("#", wire.MaxShellCodeSize-len("echo end\n"))
+	if res := run(t, a, request(wire.LanguageShell, code)); string(res.Stdout.Data) != "end\n" || res.Error != "" {
 		t.Fatalf("got %s", dump(res))
 	}
 }
@@ -423,7 +423,7 @@ func limitsOf(t *testing.T, text string) map[string]string {
 
 func TestRunLimitsApplied(t *testing.T) {
 	a := testAgent(t)
-	limits := Limits{MemoryBytes: 512 << 20, Procs: 123, FileBytes: 5 << 20}
+	limits := wire.Limits{MemoryBytes: 512 << 20, Procs: 123, FileBytes: 5 << 20}
 	want := map[string]string{
 		"Max address space": "536870912 536870912",
 		"Max processes":     "123 123",
@@ -431,12 +431,12 @@ func TestRunLimitsApplied(t *testing.T) {
 	}
 	for _, tc := range []struct{ name, lang, code string }{
 		// The shell's own limits as its first command runs, and a child's.
-		{"shell itself", LanguageShell, "cat /proc/$$/limits"},
-		{"shell child", LanguageShell, "cat /proc/self/limits"},
-		{"python itself", LanguagePython, "print(open('/proc/self/limits').read())"},
+		{"shell itself", wire.LanguageShell, "cat /proc/$$/limits"},
+		{"shell child", wire.LanguageShell, "cat /proc/self/limits"},
+		{"python itself", wire.LanguagePython, "print(open('/proc/self/limits').read())"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res := run(t, a, request(tc.lang, tc.code, func(r *Request) { r.Limits = limits }))
+			res := run(t, a, request(tc.lang, tc.code, func(r *wire.Request) { r.Limits = limits }))
 			got := limitsOf(t, string(res.Stdout.Data))
 			for k, v := range want {
 				if got[k] != v {
@@ -448,7 +448,7 @@ func TestRunLimitsApplied(t *testing.T) {
 	// Zero limits set nothing: the snippet has the agent's.
 	var own unix.Rlimit
 	unix.Getrlimit(unix.RLIMIT_AS, &own)
-	res := run(t, a, request(LanguagePython, "import resource; print(resource.getrlimit(resource.RLIMIT_AS)[1])"))
+	res := run(t, a, request(wire.LanguagePython, "import resource; print(resource.getrlimit(resource.RLIMIT_AS)[1])"))
 	if got := strings.TrimSpace(string(res.Stdout.Data)); got != strconv.FormatInt(int64(own.Max), 10) && !(own.Max == unix.RLIM_INFINITY && got == "-1") {
 		t.Fatalf("RLIMIT_AS without a limit: %s, the agent's %d", got, own.Max)
 	}
@@ -456,23 +456,23 @@ func TestRunLimitsApplied(t *testing.T) {
 
 func TestRunMemoryLimit(t *testing.T) {
 	a := testAgent(t)
-	res := run(t, a, request(LanguagePython, "x = bytearray(1 << 30)\nprint('allocated')", func(r *Request) { r.Limits.MemoryBytes = 256 << 20 }))
+	res := run(t, a, request(wire.LanguagePython, "x = bytearray(1 << 30)\nprint('allocated')", func(r *wire.Request) { r.Limits.MemoryBytes = 256 << 20 }))
 	if res.ExitCode != 1 || !strings.Contains(string(res.Stderr.Data), "MemoryError") || !strings.Contains(string(res.Stderr.Data), "line 1") {
 		t.Fatalf("want a MemoryError, got %s", dump(res))
 	}
-	if res := run(t, a, request(LanguagePython, "print('next')")); string(res.Stdout.Data) != "next\n" {
+	if res := run(t, a, request(wire.LanguagePython, "print('next')")); string(res.Stdout.Data) != "next\n" {
 		t.Fatalf("the next call: %s", dump(res))
 	}
 }
 
 func TestRunFileSizeLimit(t *testing.T) {
 	a := testAgent(t)
-	limit := func(r *Request) { r.Limits.FileBytes = 1 << 20 }
-	res := run(t, a, request(LanguageShell, "head -c 2000000 /dev/zero > big; echo $?; wc -c < big", limit))
+	limit := func(r *wire.Request) { r.Limits.FileBytes = 1 << 20 }
+	res := run(t, a, request(wire.LanguageShell, "head -c 2000000 /dev/zero > big; echo $?; wc -c < big", limit))
 	if got := string(res.Stdout.Data); got != "153\n1048576\n" { // 128 + SIGXFSZ
 		t.Fatalf("got %s", dump(res))
 	}
-	res = run(t, a, request(LanguagePython, "open('big2', 'wb').write(bytes(2000000))", limit))
+	res = run(t, a, request(wire.LanguagePython, "open('big2', 'wb').write(bytes(2000000))", limit))
 	if !strings.Contains(string(res.Stderr.Data), "File too large") {
 		t.Fatalf("got %s", dump(res))
 	}
@@ -483,27 +483,27 @@ func TestRunBadRequests(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		a    *Agent
-		req  *Request
+		req  *wire.Request
 		want string
 	}{
 		{"nil", a, nil, "no request"},
 		{"unknown language", a, request("ruby", "puts 1"), `language "ruby"`},
-		{"no timeout", a, request(LanguageShell, "true", func(r *Request) { r.TimeoutMS = 0 }), "timeout 0ms"},
-		{"other version", a, request(LanguageShell, "true", func(r *Request) { r.Version = 7 }), fmt.Sprintf("request speaks protocol 7, this side speaks %d", ProtocolVersion)},
-		{"no python", &Agent{Python: "no-such-python-flmbox", Dir: t.TempDir()}, request(LanguagePython, "print(1)"), "find no-such-python-flmbox in PATH"},
-		{"bad python path", &Agent{Python: "/no/such/python3", Dir: t.TempDir()}, request(LanguagePython, "print(1)"), "start /no/such/python3"},
-		{"bad shell", &Agent{Shell: "/no/such/sh", Dir: t.TempDir()}, request(LanguageShell, "true"), "start /no/such/sh"},
-		{"no directory", &Agent{Dir: "/no/such/dir"}, request(LanguageShell, "true"), "start /bin/sh in /no/such/dir"},
+		{"no timeout", a, request(wire.LanguageShell, "true", func(r *wire.Request) { r.TimeoutMS = 0 }), "timeout 0ms"},
+		{"other version", a, request(wire.LanguageShell, "true", func(r *wire.Request) { r.Version = 7 }), fmt.Sprintf("request speaks protocol 7, this side speaks %d", wire.ProtocolVersion)},
+		{"no python", &Agent{Python: "no-such-python-flmbox", Dir: t.TempDir()}, request(wire.LanguagePython, "print(1)"), "find no-such-python-flmbox in PATH"},
+		{"bad python path", &Agent{Python: "/no/such/python3", Dir: t.TempDir()}, request(wire.LanguagePython, "print(1)"), "start /no/such/python3"},
+		{"bad shell", &Agent{Shell: "/no/such/sh", Dir: t.TempDir()}, request(wire.LanguageShell, "true"), "start /no/such/sh"},
+		{"no directory", &Agent{Dir: "/no/such/dir"}, request(wire.LanguageShell, "true"), "start /bin/sh in /no/such/dir"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := tc.a.Run(context.Background(), tc.req)
-			if res.ExitCode != -1 || !strings.Contains(res.Error, tc.want) || res.Version != ProtocolVersion {
+			if res.ExitCode != -1 || !strings.Contains(res.Error, tc.want) || res.Version != wire.ProtocolVersion {
 				t.Fatalf("want an error containing %q, got %s", tc.want, dump(res))
 			}
 		})
 	}
 	// A shell-only agent still runs shell.
-	if res := (&Agent{Python: "no-such-python-flmbox", Dir: t.TempDir()}).Run(context.Background(), request(LanguageShell, "echo ok")); string(res.Stdout.Data) != "ok\n" {
+	if res := (&Agent{Python: "no-such-python-flmbox", Dir: t.TempDir()}).Run(context.Background(), request(wire.LanguageShell, "echo ok")); string(res.Stdout.Data) != "ok\n" {
 		t.Fatalf("shell without python: %s", dump(res))
 	}
 }
@@ -521,7 +521,7 @@ func TestRunCancelled(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}()
-	res := a.Run(ctx, request(LanguageShell, "echo started; echo $$ > pid.tmp; mv pid.tmp pid; sleep 1000"))
+	res := a.Run(ctx, request(wire.LanguageShell, "echo started; echo $$ > pid.tmp; mv pid.tmp pid; sleep 1000"))
 	if res.ExitCode != -1 || !strings.Contains(res.Error, "snippet cancelled and killed: the test gave up") || string(res.Stdout.Data) != "started\n" {
 		t.Fatalf("got %s", dump(res))
 	}
@@ -530,7 +530,7 @@ func TestRunCancelled(t *testing.T) {
 	waitGone(t, pid)
 
 	// Already cancelled: nothing runs.
-	if res := a.Run(ctx, request(LanguageShell, "touch ran")); res.ExitCode != -1 || !strings.Contains(res.Error, "the test gave up") {
+	if res := a.Run(ctx, request(wire.LanguageShell, "touch ran")); res.ExitCode != -1 || !strings.Contains(res.Error, "the test gave up") {
 		t.Fatalf("got %s", dump(res))
 	}
 	if _, err := os.Stat(filepath.Join(a.Dir, "ran")); err == nil {
@@ -543,13 +543,13 @@ func TestRunCancelled(t *testing.T) {
 func TestRunConcurrent(t *testing.T) {
 	a := testAgent(t)
 	const n = 8
-	results := make([]*Result, n)
+	results := make([]*wire.Result, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			lang, code := LanguageShell, fmt.Sprintf("echo %d; echo err%d >&2", i, i)
+			lang, code := wire.LanguageShell, fmt.Sprintf("echo %d; echo err%d >&2", i, i)
 			if i%2 == 1 {
-				lang, code = LanguagePython, fmt.Sprintf("import sys; print(%d); print('err%d', file=sys.stderr)", i, i)
+				lang, code = wire.LanguagePython, fmt.Sprintf("import sys; print(%d); print('err%d', file=sys.stderr)", i, i)
 			}
 			results[i] = a.Run(context.Background(), request(lang, code))
 		})

@@ -1,6 +1,10 @@
 package snippet
 
-import "context"
+import (
+	"context"
+
+	"github.com/flmbox/flmbox/snippet/wire"
+)
 
 // Spares.
 //
@@ -32,13 +36,13 @@ const maxZygoteFailures = 3
 // takeSpare returns the spare of req's language if it suits req, or nil.
 // When such a spare is being started, it waits for it (or for ctx): that is
 // sooner than starting another process next to it.
-func (a *Agent) takeSpare(ctx context.Context, req *Request) *proc {
+func (a *Agent) takeSpare(ctx context.Context, req *wire.Request) *proc {
 	if !a.Spares {
 		return nil
 	}
 	for {
 		a.mu.Lock()
-		if req.Language == LanguagePython {
+		if req.Language == wire.LanguagePython {
 			a.pythonUsed = true
 		}
 		p, r := a.spares[req.Language], a.refilling[req.Language]
@@ -57,7 +61,7 @@ func (a *Agent) takeSpare(ctx context.Context, req *Request) *proc {
 			return p
 		}
 		a.mu.Unlock()
-		if r == nil || r.limits != req.Limits || req.Language == LanguageShell && len(req.Code) > maxShellScript {
+		if r == nil || r.limits != req.Limits || req.Language == wire.LanguageShell && len(req.Code) > maxShellScript {
 			return nil
 		}
 		select {
@@ -70,14 +74,14 @@ func (a *Agent) takeSpare(ctx context.Context, req *Request) *proc {
 
 // refilling is a spare being started.
 type refilling struct {
-	limits Limits
+	limits wire.Limits
 	done   chan struct{} // closed once it is a spare, or failed to start
 }
 
 // refill starts a spare for lang, with limits, in the background, unless the
 // agent has one or is starting one.
-func (a *Agent) refill(lang string, limits Limits) {
-	if !a.Spares || lang == LanguagePython && a.pythonErr != nil || lang == LanguageShell && !a.shellIsDash {
+func (a *Agent) refill(lang string, limits wire.Limits) {
+	if !a.Spares || lang == wire.LanguagePython && a.pythonErr != nil || lang == wire.LanguageShell && !a.shellIsDash {
 		return
 	}
 	a.mu.Lock()

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // warmUp starts a's zygote, so that its Python calls are forked by it, and
@@ -60,8 +62,8 @@ func TestSpares(t *testing.T) {
 func pidOf(t *testing.T, a *Agent, lang string) (pid, ppid int) {
 	t.Helper()
 	code := map[string]string{
-		LanguagePython: "import os; print(os.getpid(), os.getppid(), os.getpgrp())",
-		LanguageShell:  "echo $$ $PPID $(ps -o pgid= $$)",
+		wire.LanguagePython: "import os; print(os.getpid(), os.getppid(), os.getpgrp())",
+		wire.LanguageShell:  "echo $$ $PPID $(ps -o pgid= $$)",
 	}[lang]
 	res := run(t, a, request(lang, code))
 	f := strings.Fields(string(res.Stdout.Data))
@@ -85,13 +87,13 @@ func TestSparesNewProcessEachCall(t *testing.T) {
 	seen := map[int]bool{}
 	parents := map[int]bool{}
 	for i := 0; i < 6; i++ {
-		for _, lang := range []string{LanguagePython, LanguageShell} {
+		for _, lang := range []string{wire.LanguagePython, wire.LanguageShell} {
 			pid, ppid := pidOf(t, a, lang)
 			if seen[pid] {
 				t.Fatalf("call %d (%s) ran in process %d again", i, lang, pid)
 			}
 			seen[pid] = true
-			if lang == LanguagePython {
+			if lang == wire.LanguagePython {
 				parents[ppid] = true
 			}
 		}
@@ -112,16 +114,16 @@ func TestSparesState(t *testing.T) {
 	a := testAgent(t)
 	a.Spares, testSpares = true, false
 	warmUp(t, a)
-	run(t, a, request(LanguagePython, "import os, json\nos.environ['LEAK'] = '1'\nos.chdir('/')\nLEAKED = 1"))
+	run(t, a, request(wire.LanguagePython, "import os, json\nos.environ['LEAK'] = '1'\nos.chdir('/')\nLEAKED = 1"))
 	time.Sleep(50 * time.Millisecond)
-	res := run(t, a, request(LanguagePython, "import os, sys\nprint('LEAKED' in globals(), 'json' in sys.modules, os.environ.get('LEAK'), os.getcwd())"))
+	res := run(t, a, request(wire.LanguagePython, "import os, sys\nprint('LEAKED' in globals(), 'json' in sys.modules, os.environ.get('LEAK'), os.getcwd())"))
 	if want := fmt.Sprintf("False False None %s\n", a.Dir); string(res.Stdout.Data) != want {
 		t.Fatalf("want %q, got %s", want, dump(res))
 	}
 	// A module written by one call imports in the next one, even though its
 	// process was forked before the module existed.
-	run(t, a, request(LanguagePython, "import os\nos.makedirs('pkgdir', exist_ok=True)\nopen('fresh_mod.py', 'w').write('V = 7\\n')"))
-	res = run(t, a, request(LanguagePython, "import fresh_mod; print(fresh_mod.V)"))
+	run(t, a, request(wire.LanguagePython, "import os\nos.makedirs('pkgdir', exist_ok=True)\nopen('fresh_mod.py', 'w').write('V = 7\\n')"))
+	res = run(t, a, request(wire.LanguagePython, "import fresh_mod; print(fresh_mod.V)"))
 	if string(res.Stdout.Data) != "7\n" {
 		t.Fatalf("a module of the previous call does not import: %s", dump(res))
 	}
@@ -135,8 +137,8 @@ func TestSparesOtherLimits(t *testing.T) {
 	warmUp(t, a)
 	for _, mem := range []int64{300 << 20, 400 << 20, 400 << 20} {
 		time.Sleep(30 * time.Millisecond)
-		res := run(t, a, request(LanguagePython, "import resource; print(resource.getrlimit(resource.RLIMIT_AS)[0])",
-			func(r *Request) { r.Limits.MemoryBytes = mem }))
+		res := run(t, a, request(wire.LanguagePython, "import resource; print(resource.getrlimit(resource.RLIMIT_AS)[0])",
+			func(r *wire.Request) { r.Limits.MemoryBytes = mem }))
 		if want := fmt.Sprintf("%d\n", mem); string(res.Stdout.Data) != want {
 			t.Fatalf("want RLIMIT_AS %q, got %s", want, dump(res))
 		}
@@ -150,7 +152,7 @@ func TestZygoteDies(t *testing.T) {
 	a.Spares = true
 	warmUp(t, a)
 	zygotePID := func() int {
-		res := run(t, a, request(LanguagePython, "import os; print(os.getppid())"))
+		res := run(t, a, request(wire.LanguagePython, "import os; print(os.getppid())"))
 		pid, err := strconv.Atoi(strings.TrimSpace(string(res.Stdout.Data)))
 		if err != nil || pid == os.Getpid() {
 			t.Fatalf("not forked by a zygote: %s", dump(res))
@@ -162,15 +164,17 @@ func TestZygoteDies(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 3 { // the spare dies with its zygote; calls still run
-		res := run(t, a, request(LanguagePython, "print('ok')"))
+		res := run(t, a, request(wire.LanguagePython, "print('ok')"))
 		if string(res.Stdout.Data) != "ok\n" && !strings.Contains(res.Error, "zygote") {
 			t.Fatalf("after the zygote died: %s", dump(res))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	// A call running when its zygote dies fails and says why.
-	done := make(chan *Result, 1)
-	go func() { done <- a.Run(context.Background(), request(LanguagePython, "import time; time.sleep(30)")) }()
+	done := make(chan *wire.Result, 1)
+	go func() {
+		done <- a.Run(context.Background(), request(wire.LanguagePython, "import time; time.sleep(30)"))
+	}()
 	time.Sleep(300 * time.Millisecond)
 	a.mu.Lock()
 	z := a.zyg
@@ -187,7 +191,7 @@ func TestZygoteDies(t *testing.T) {
 	case <-time.After(guard):
 		t.Fatal("the call hangs after its zygote died")
 	}
-	if res := run(t, a, request(LanguagePython, "print('still')")); string(res.Stdout.Data) != "still\n" {
+	if res := run(t, a, request(wire.LanguagePython, "print('still')")); string(res.Stdout.Data) != "still\n" {
 		t.Fatalf("after the zygote died: %s", dump(res))
 	}
 }
@@ -218,7 +222,7 @@ threading.Thread(target=late).start()
 print('main done')
 sys.exit(4)
 `
-	res := run(t, a, request(LanguagePython, code))
+	res := run(t, a, request(wire.LanguagePython, code))
 	if want := "main done\nthread ran\natexit ran\ndel ran\n"; string(res.Stdout.Data) != want || res.ExitCode != 4 {
 		t.Fatalf("want stdout %q and exit 4, got %s", want, dump(res))
 	}
@@ -228,7 +232,7 @@ sys.exit(4)
 		}
 	}
 	// It was a zygote's child.
-	res = run(t, a, request(LanguagePython, "import os; print(os.getppid())"))
+	res = run(t, a, request(wire.LanguagePython, "import os; print(os.getppid())"))
 	if strings.TrimSpace(string(res.Stdout.Data)) == strconv.Itoa(os.Getpid()) {
 		t.Fatalf("not forked by the zygote: %s", dump(res))
 	}
@@ -242,11 +246,11 @@ func TestSparesSeeNewPathDirectories(t *testing.T) {
 	a := &Agent{Python: hostPython(t), Dir: dir, Spares: true, Env: append(os.Environ(), "PYTHONPATH="+site)}
 	warmUp(t, a)
 	for i := range 3 { // spares from python3, then from the zygote
-		run(t, a, request(LanguagePython, "print('warm')"))
+		run(t, a, request(wire.LanguagePython, "print('warm')"))
 		time.Sleep(50 * time.Millisecond)
 		mod := fmt.Sprintf("m%d", i)
-		run(t, a, request(LanguageShell, fmt.Sprintf("mkdir -p %s && echo 'V = %d' > %s/%s.py", site, i, site, mod)))
-		res := run(t, a, request(LanguagePython, fmt.Sprintf("import %s; print(%s.V)", mod, mod)))
+		run(t, a, request(wire.LanguageShell, fmt.Sprintf("mkdir -p %s && echo 'V = %d' > %s/%s.py", site, i, site, mod)))
+		res := run(t, a, request(wire.LanguagePython, fmt.Sprintf("import %s; print(%s.V)", mod, mod)))
 		if want := fmt.Sprintf("%d\n", i); string(res.Stdout.Data) != want {
 			t.Fatalf("a module installed after the spare started does not import: %s", dump(res))
 		}
@@ -266,7 +270,7 @@ func TestZygoteIgnoresSnippetModules(t *testing.T) {
 	a := &Agent{Python: hostPython(t), Dir: dir, Spares: true}
 	warmUp(t, a)
 	for range 3 {
-		res := run(t, a, request(LanguagePython, "print('hi')", func(r *Request) { r.TimeoutMS = 5000 }))
+		res := run(t, a, request(wire.LanguagePython, "print('hi')", func(r *wire.Request) { r.TimeoutMS = 5000 }))
 		if string(res.Stdout.Data) != "hi\n" {
 			t.Fatalf("with shadowing modules in the working directory: %s", dump(res))
 		}
@@ -282,8 +286,8 @@ func TestRunLeavesItsGroup(t *testing.T) {
 			warmUp(t, a)
 		}
 		start := time.Now()
-		res := run(t, a, request(LanguagePython, "import os, time\nos.setpgid(0, os.getpgid(os.getppid()))\ntime.sleep(5)\nprint('survived')",
-			func(r *Request) { r.TimeoutMS = 300 }))
+		res := run(t, a, request(wire.LanguagePython, "import os, time\nos.setpgid(0, os.getpgid(os.getppid()))\ntime.sleep(5)\nprint('survived')",
+			func(r *wire.Request) { r.TimeoutMS = 300 }))
 		if !res.TimedOut || strings.Contains(string(res.Stdout.Data), "survived") || time.Since(start) > 3*time.Second {
 			t.Fatalf("spares %v: after %s: %s", spares, time.Since(start), dump(res))
 		}
@@ -297,13 +301,13 @@ func TestZygoteStopped(t *testing.T) {
 	a.Spares = true
 	warmUp(t, a)
 	start := time.Now()
-	res := a.Run(context.Background(), request(LanguagePython, "import os, signal, time\nos.kill(os.getppid(), signal.SIGSTOP)\ntime.sleep(30)",
-		func(r *Request) { r.TimeoutMS = 300 }))
+	res := a.Run(context.Background(), request(wire.LanguagePython, "import os, signal, time\nos.kill(os.getppid(), signal.SIGSTOP)\ntime.sleep(30)",
+		func(r *wire.Request) { r.TimeoutMS = 300 }))
 	if res.ExitCode != -1 && !res.TimedOut || time.Since(start) > zygoteDeadline+3*time.Second {
 		t.Fatalf("after %s: %s", time.Since(start), dump(res))
 	}
 	for range 2 {
-		if res := run(t, a, request(LanguagePython, "print('next')")); string(res.Stdout.Data) != "next\n" {
+		if res := run(t, a, request(wire.LanguagePython, "print('next')")); string(res.Stdout.Data) != "next\n" {
 			t.Fatalf("after the zygote was stopped: %s", dump(res))
 		}
 	}
@@ -347,7 +351,7 @@ func TestStartupCodeOfSnippetsNeverRuns(t *testing.T) {
 
 	a := &Agent{Python: py, Dir: dir, Env: env, Spares: true}
 	t.Cleanup(func() { a.Close() })
-	printPath := request(LanguagePython, "import sys; print(sys.path)")
+	printPath := request(wire.LanguagePython, "import sys; print(sys.path)")
 	for i := 0; i < 3; i++ { // a python3, then the zygote's children
 		if res := run(t, a, printPath); res.ExitCode != 0 || string(res.Stdout.Data) != string(want) {
 			t.Fatalf("call %d: sys.path %s, want %s", i, dump(res), want)
@@ -355,7 +359,7 @@ func TestStartupCodeOfSnippetsNeverRuns(t *testing.T) {
 	}
 	// A snippet kills its zygote; the next call starts another.
 	kill := "import os\nif '_flmbox_zygote' in open('/proc/%d/cmdline' % os.getppid()).read():\n    print('killing', flush=True)\n    os.kill(os.getppid(), 9)"
-	if res := run(t, a, request(LanguagePython, kill)); string(res.Stdout.Data) != "killing\n" {
+	if res := run(t, a, request(wire.LanguagePython, kill)); string(res.Stdout.Data) != "killing\n" {
 		t.Fatalf("the snippet did not come from a zygote: %s", dump(res))
 	}
 	for i := 0; i < 2; i++ {

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 func TestStrays(t *testing.T) {
@@ -84,19 +86,19 @@ assert not running(%d), 'the stray of the last call runs'
 	}
 	// The first Python call runs in a python3 of its own; the zygote starts
 	// after it and forks the next spare.
-	res := call(t, h.socket, request(LanguagePython, daemon))
+	res := call(t, h.socket, request(wire.LanguagePython, daemon))
 	stray := pids(t, res)[0]
 	zygote := waitChild(t, agent, "_flmbox_zygote")
 	spare := waitChild(t, zygote, "")
 	for round := 0; round < 3; round++ {
-		res := call(t, h.socket, request(LanguageShell, shGone(stray)+shellStray))
+		res := call(t, h.socket, request(wire.LanguageShell, shGone(stray)+shellStray))
 		got := pids(t, res)
 		if len(got) != 1 {
 			t.Fatalf("round %d: want the stray's pid: %s", round, dump(res))
 		}
 		stray = got[0]
 		// The Python spare forked before the shell call ran runs this one.
-		res = call(t, h.socket, request(LanguagePython, pyGone(stray)+daemon))
+		res = call(t, h.socket, request(wire.LanguagePython, pyGone(stray)+daemon))
 		got = pids(t, res)
 		if len(got) != 3 || got[1] != spare || got[2] != zygote {
 			t.Fatalf("round %d: want the daemon's pid, then the spare %d of zygote %d; got %v (%s)", round, spare, zygote, got, dump(res))
@@ -107,7 +109,7 @@ assert not running(%d), 'the stray of the last call runs'
 			continue // no shell spares
 		}
 		shSpare := waitChild(t, agent, "sh\x00-s\x00")
-		res = call(t, h.socket, request(LanguageShell, "echo $$\n"+shGone(stray)+shellStray))
+		res = call(t, h.socket, request(wire.LanguageShell, "echo $$\n"+shGone(stray)+shellStray))
 		got = pids(t, res)
 		if len(got) != 2 || got[0] != shSpare {
 			t.Fatalf("round %d: want the shell spare %d, then the stray; got %v (%s)", round, shSpare, got, dump(res))
@@ -116,13 +118,13 @@ assert not running(%d), 'the stray of the last call runs'
 	}
 	// A snippet can make its child a child of the zygote (clone with
 	// CLONE_PARENT), where the zygote's spares are: it is a stray all the same.
-	res = call(t, h.socket, request(LanguagePython, pyGone(stray)+cloneParentDaemon))
+	res = call(t, h.socket, request(wire.LanguagePython, pyGone(stray)+cloneParentDaemon))
 	got := pids(t, res)
 	if len(got) != 2 || got[1] != zygote {
 		t.Fatalf("want the daemon's pid and its parent, the zygote %d; got %v (%s)", zygote, got, dump(res))
 	}
 	stray = got[0]
-	res = call(t, h.socket, request(LanguagePython, pyGone(stray)+"print(1)"))
+	res = call(t, h.socket, request(wire.LanguagePython, pyGone(stray)+"print(1)"))
 	if res.ExitCode != 0 {
 		t.Fatalf("the daemon that the zygote adopted outlived its call: %s", dump(res))
 	}

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/flmbox/flmbox/snippet/wire"
 	"golang.org/x/sys/unix"
 )
 
@@ -74,7 +75,7 @@ func (a *Agent) startZygote() (*zygote, error) {
 }
 
 // fork asks the zygote for a Python process with limits.
-func (z *zygote) fork(limits Limits) (*proc, error) {
+func (z *zygote) fork(limits wire.Limits) (*proc, error) {
 	pp, err := newPipes()
 	if err != nil {
 		return nil, err

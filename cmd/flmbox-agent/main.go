@@ -54,7 +54,7 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("flmbox-agent", flag.ContinueOnError)
 	socket := fs.String("socket", "", "Unix socket to listen on (required)")
 	spares := fs.Bool("spares", true, "start each language's next snippet process ahead of time")
-	limits := fs.String("limits", "", "the limits of the first spare, as JSON (snippet.Limits)")
+	limits := fs.String("limits", "", "the limits of the first spare, as JSON (wire.Limits)")
 	meminfo := fs.String("meminfo", "/proc/meminfo", "where the sandbox's memory use is read while snippets run; empty: no memory watch")
 	budget := fs.Int64("memory-budget", 0, "the bytes that snippets and /tmp may use together (default: MemTotal)")
 	var clean dirs

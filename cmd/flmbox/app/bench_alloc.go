@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/flmbox/flmbox/runtime"
-	"github.com/flmbox/flmbox/snippet"
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // benchWant is what every measured call must print.
@@ -14,20 +14,20 @@ const benchWant = "agent-perf-ok\n"
 
 // benchSnippet is the code of a measured call, for every way of running it.
 type benchSnippet struct {
-	language string   // of a snippet.Request
-	code     string   // of a snippet.Request
+	language string   // of a wire.Request
+	code     string   // of a wire.Request
 	argv     []string // for runsc exec and chroot: what the agent runs
 }
 
 var (
-	pythonSnippet = benchSnippet{snippet.LanguagePython, "print('agent-perf-ok')", []string{"python3", "-c", "print('agent-perf-ok')"}}
-	shellSnippet  = benchSnippet{snippet.LanguageShell, "echo agent-perf-ok", []string{"/bin/sh", "-c", "echo agent-perf-ok"}}
+	pythonSnippet = benchSnippet{wire.LanguagePython, "print('agent-perf-ok')", []string{"python3", "-c", "print('agent-perf-ok')"}}
+	shellSnippet  = benchSnippet{wire.LanguageShell, "echo agent-perf-ok", []string{"/bin/sh", "-c", "echo agent-perf-ok"}}
 )
 
 // request is s as the CLI sends it: a 30 s timeout, the default output cap.
-func (s benchSnippet) request() *snippet.Request {
-	return &snippet.Request{Version: snippet.ProtocolVersion, Language: s.language, Code: s.code,
-		TimeoutMS: (30 * time.Second).Milliseconds(), MaxOutput: snippet.DefaultMaxOutput}
+func (s benchSnippet) request() *wire.Request {
+	return &wire.Request{Version: wire.ProtocolVersion, Language: s.language, Code: s.code,
+		TimeoutMS: (30 * time.Second).Milliseconds(), MaxOutput: wire.DefaultMaxOutput}
 }
 
 // allocator gets a new sandbox's first result and returns how long that took.
@@ -55,7 +55,7 @@ func (b *bench) retainedAllocator() allocator {
 		req := pythonSnippet.request()
 		req.Code = "import subprocess\nopen('/tmp/left', 'w').write('x')\nsubprocess.Popen(['sleep', '1000'], start_new_session=True)\nprint('agent-perf-ok')"
 		req.Limits = snippetLimits(sb.Limits)
-		if res, err := snippet.Call(ctx, agentSocketPath(sb), req); err != nil || res.ExitCode != 0 {
+		if res, err := wire.Call(ctx, agentSocketPath(sb), req); err != nil || res.ExitCode != 0 {
 			return 0, fmt.Errorf("leave something for the reset: %v %v", err, res)
 		}
 		return timeToOutput(b.flmbox(ctx, "run", "--sandbox", sb.Name, "--reset", "-c", pythonSnippet.code), benchWant)
@@ -138,18 +138,18 @@ func (b *bench) sandboxOptions(name string) (sandboxOptions, error) {
 	return o, err
 }
 
-// callAgent times one call through the Go API (snippet.Call on the agent's
+// callAgent times one call through the Go API (wire.Call on the agent's
 // socket, with the limits the CLI gives a call) and checks its result.
 func callAgent(ctx context.Context, sb *runtime.Sandbox, s benchSnippet) (time.Duration, error) {
 	req := s.request()
 	req.Limits = snippetLimits(sb.Limits)
 	start := time.Now()
-	res, err := snippet.Call(ctx, agentSocketPath(sb), req)
+	res, err := wire.Call(ctx, agentSocketPath(sb), req)
 	d := time.Since(start)
 	if err != nil {
 		return d, err
 	}
-	return d, checkResult("snippet.Call", res.ExitCode, string(res.Stdout.Data), string(res.Stderr.Data)+res.Error)
+	return d, checkResult("wire.Call", res.ExitCode, string(res.Stdout.Data), string(res.Stderr.Data)+res.Error)
 }
 
 // checkResult fails unless a call exited 0 and printed exactly benchWant.

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/flmbox/flmbox/snippet"
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // batchSnippetSeconds is the CPU time of one throughput snippet, natively.
@@ -65,7 +65,7 @@ func (b *bench) measureBatch(ctx context.Context) (batchReport, error) {
 	for i := range codes {
 		codes[i].Code = code
 	}
-	data, _ := json.Marshal(batchInput{Language: snippet.LanguagePython, Timeout: 300, Codes: codes})
+	data, _ := json.Marshal(batchInput{Language: wire.LanguagePython, Timeout: 300, Codes: codes})
 	file := filepath.Join(b.dir, "throughput.json")
 	if err := os.WriteFile(file, data, 0o600); err != nil {
 		return rep, err

@@ -52,7 +52,7 @@ type warmReport struct {
 	// MedianMS and P95MS: whole `flmbox run` processes.
 	MedianMS float64 `json:"median_ms"`
 	P95MS    float64 `json:"p95_ms"`
-	// Inprocess: the Go API in this process (snippet.Call for sandbox, the
+	// Inprocess: the Go API in this process (wire.Call for sandbox, the
 	// CLI's batch runner for batch).
 	InprocessMedianMS float64 `json:"inprocess_median_ms"`
 	InprocessP95MS    float64 `json:"inprocess_p95_ms"`

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/flmbox/flmbox/runtime"
-	"github.com/flmbox/flmbox/snippet"
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // warmMethod is one way of making a warm call, and its measured rounds.
@@ -40,13 +40,13 @@ func (b *bench) measureWarm(ctx context.Context, sb *runtime.Sandbox) ([]warmRep
 			{name: "flmbox run --sandbox", call: func(ctx context.Context) (time.Duration, error) {
 				return checkedCommand(b.flmbox(ctx, "run", "--sandbox", sb.Name, "--language", s.language, "-c", s.code))
 			}},
-			{name: "snippet.Call", call: func(ctx context.Context) (time.Duration, error) { return callAgent(ctx, sb, s) }},
+			{name: "wire.Call", call: func(ctx context.Context) (time.Duration, error) { return callAgent(ctx, sb, s) }},
 			{name: "flmbox run --batch --sandbox", call: func(ctx context.Context) (time.Duration, error) {
 				return b.batchCall(ctx, b.flmbox(ctx, "run", "--batch", batchFile, "--sandbox", sb.Name))
 			}},
 			{name: "batch in process", call: func(ctx context.Context) (time.Duration, error) {
 				start := time.Now()
-				res := runBatch(batchCLI, []*snippet.Request{s.request()}, 0)
+				res := runBatch(batchCLI, []*wire.Request{s.request()}, 0)
 				d := time.Since(start)
 				return d, checkBatch("the batch runner", res)
 			}},

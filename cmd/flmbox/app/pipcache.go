@@ -14,7 +14,7 @@ import (
 
 	"github.com/flmbox/flmbox/pipcache"
 	"github.com/flmbox/flmbox/runtime"
-	"github.com/flmbox/flmbox/snippet"
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // pipcacheMount is where every sandbox sees the wheel cache, read-only.
@@ -56,7 +56,7 @@ func withPipcache(c *cli.Context, network runtime.Network) (runtime.SpecOpt, []s
 
 // preinstall installs reqs in a new sandbox from the wheel cache alone
 // (--no-index, whatever the sandbox's network), for --pip.
-func preinstall(ctx context.Context, sb *runtime.Sandbox, reqs []string, limits snippet.Limits) error {
+func preinstall(ctx context.Context, sb *runtime.Sandbox, reqs []string, limits wire.Limits) error {
 	if len(reqs) == 0 {
 		return nil
 	}
@@ -73,15 +73,15 @@ func preinstall(ctx context.Context, sb *runtime.Sandbox, reqs []string, limits 
 // shell one: it takes the Python spare that the agent started before pip
 // created /tmp/site-packages, so that the next Python call, in a process
 // started after pip, imports what pip installed.
-func runPip(ctx context.Context, sb *runtime.Sandbox, limits snippet.Limits, timeout time.Duration, args ...string) error {
+func runPip(ctx context.Context, sb *runtime.Sandbox, limits wire.Limits, timeout time.Duration, args ...string) error {
 	list, err := json.Marshal(args) // a JSON array of strings is a Python list literal
 	if err != nil {
 		return err
 	}
 	code := "import subprocess, sys\nsys.exit(subprocess.call([sys.executable, '-m', 'pip'] + " + string(list) + "))\n"
-	req := &snippet.Request{Version: snippet.ProtocolVersion, Language: snippet.LanguagePython, Code: code,
+	req := &wire.Request{Version: wire.ProtocolVersion, Language: wire.LanguagePython, Code: code,
 		TimeoutMS: timeout.Milliseconds(), MaxOutput: 256 << 10, Limits: limits}
-	res, err := snippet.Call(ctx, agentSocketPath(sb), req)
+	res, err := wire.Call(ctx, agentSocketPath(sb), req)
 	switch {
 	case err != nil:
 		return fmt.Errorf("run pip %s: %w", args[0], err)

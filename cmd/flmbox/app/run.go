@@ -13,7 +13,7 @@ import (
 
 	"github.com/flmbox/flmbox/internal/warmcall"
 	"github.com/flmbox/flmbox/runtime"
-	"github.com/flmbox/flmbox/snippet"
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 func runCommand() *cli.Command {
@@ -24,7 +24,7 @@ func runCommand() *cli.Command {
 		Flags: append(sandboxFlags(),
 			&cli.StringFlag{Name: "sandbox", Usage: "run in this persistent sandbox"},
 			&cli.StringFlag{Name: "image", Usage: "run in a fresh sandbox from IMAGE, removed afterwards"},
-			&cli.StringFlag{Name: "language", Aliases: []string{"l"}, Value: snippet.LanguagePython, Usage: "python or shell"},
+			&cli.StringFlag{Name: "language", Aliases: []string{"l"}, Value: wire.LanguagePython, Usage: "python or shell"},
 			&cli.DurationFlag{Name: "timeout", Value: 30 * time.Second, Usage: "kill the snippet after this long (exit status 124)"},
 			&cli.StringFlag{Name: "code", Aliases: []string{"c"}, Usage: "the code to run"},
 			&cli.StringFlag{Name: "max-output", Value: "1MiB", Usage: "bytes of stdout and of stderr kept (head and tail)"},
@@ -78,7 +78,7 @@ func refuseCreateFlags(c *cli.Context) error {
 }
 
 // snippetRequest reads the code and the run flags into a request.
-func snippetRequest(c *cli.Context) (*snippet.Request, error) {
+func snippetRequest(c *cli.Context) (*wire.Request, error) {
 	code, err := readCode(c)
 	if err != nil {
 		return nil, err
@@ -90,7 +90,7 @@ func snippetRequest(c *cli.Context) (*snippet.Request, error) {
 	if c.Bool("reset") && c.String("sandbox") == "" {
 		return nil, fmt.Errorf("--reset takes --sandbox NAME (a fresh sandbox from --image is clean already)")
 	}
-	req := &snippet.Request{Version: snippet.ProtocolVersion, Language: c.String("language"), Code: code,
+	req := &wire.Request{Version: wire.ProtocolVersion, Language: c.String("language"), Code: code,
 		TimeoutMS: c.Duration("timeout").Milliseconds(), MaxOutput: maxOut, Reset: c.Bool("reset")}
 	return req, req.Validate()
 }
@@ -115,7 +115,7 @@ func readCode(c *cli.Context) (string, error) {
 // runSnippet runs req in the named sandbox, or in a fresh one from --image.
 // cleanup removes the fresh sandbox; the caller runs it once the result is
 // printed, so that the result does not wait for the removal.
-func runSnippet(c *cli.Context, req *snippet.Request) (res *snippet.Result, cleanup func(), err error) {
+func runSnippet(c *cli.Context, req *wire.Request) (res *wire.Result, cleanup func(), err error) {
 	name, image := c.String("sandbox"), c.String("image")
 	if (name == "") == (image == "") {
 		return nil, nil, fmt.Errorf("give exactly one of --sandbox NAME and --image IMAGE")
@@ -157,14 +157,14 @@ func runSnippet(c *cli.Context, req *snippet.Request) (res *snippet.Result, clea
 
 // callSandbox sends req to a sandbox's agent. A sandbox whose agent does not
 // answer is reported at once, with its state.
-func callSandbox(ctx context.Context, c *cli.Context, name string, req *snippet.Request) (*snippet.Result, error) {
+func callSandbox(ctx context.Context, c *cli.Context, name string, req *wire.Request) (*wire.Result, error) {
 	sb, err := runtime.GetSandbox(c.String("root"), name)
 	if err != nil {
 		return nil, err
 	}
 	req.Limits = snippetLimits(sb.Limits)
 	warmcall.Touch(sb.Dir)
-	res, err := snippet.Call(ctx, agentSocketPath(sb), req)
+	res, err := wire.Call(ctx, agentSocketPath(sb), req)
 	if err != nil {
 		return nil, explainCallFailure(ctx, c, sb, err)
 	}
@@ -189,13 +189,13 @@ func explainCallFailure(ctx context.Context, c *cli.Context, sb *runtime.Sandbox
 
 // snippetLimits bounds a snippet's own process well inside the sandbox's
 // cgroup limits, so that a runaway snippet fails alone and the sandbox lives.
-func snippetLimits(l runtime.Limits) snippet.Limits {
+func snippetLimits(l runtime.Limits) wire.Limits {
 	return warmcall.SnippetLimits(l.MemoryBytes, l.Pids)
 }
 
 // printResult prints a result and returns the exit status: the snippet's,
 // 124 on timeout, 125 if flmbox failed to run it.
-func printResult(c *cli.Context, res *snippet.Result) error {
+func printResult(c *cli.Context, res *wire.Result) error {
 	code, msg, err := warmcall.Print(c.App.Writer, c.App.ErrWriter, res, c.Bool("json"), c.Duration("timeout"))
 	if err != nil || code == 0 {
 		return err

@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/flmbox/flmbox/internal/warmcall"
-	"github.com/flmbox/flmbox/snippet"
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // Bounds of a batch.
@@ -56,7 +56,7 @@ type batchResult struct {
 }
 
 // readBatch parses and validates a batch; nothing runs if any of it is bad.
-func readBatch(c *cli.Context, path string) ([]*snippet.Request, error) {
+func readBatch(c *cli.Context, path string) ([]*wire.Request, error) {
 	var r io.Reader = os.Stdin
 	if path != "-" {
 		f, err := os.Open(path)
@@ -86,9 +86,9 @@ func readBatch(c *cli.Context, path string) ([]*snippet.Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	var reqs []*snippet.Request
+	var reqs []*wire.Request
 	for i, item := range in.Codes {
-		lang, timeout := firstNonZero(item.Language, in.Language, snippet.LanguagePython), in.Timeout
+		lang, timeout := firstNonZero(item.Language, in.Language, wire.LanguagePython), in.Timeout
 		if item.Timeout != 0 {
 			timeout = item.Timeout
 		}
@@ -98,7 +98,7 @@ func readBatch(c *cli.Context, path string) ([]*snippet.Request, error) {
 		if timeout <= 0 || timeout > maxTimeoutSecs {
 			return nil, fmt.Errorf("code %d: timeout %g s: want more than 0 and at most %d", i, timeout, maxTimeoutSecs)
 		}
-		req := &snippet.Request{Version: snippet.ProtocolVersion, Language: lang, Code: item.Code,
+		req := &wire.Request{Version: wire.ProtocolVersion, Language: lang, Code: item.Code,
 			TimeoutMS: int64(timeout * 1000), MaxOutput: maxOut}
 		if err := req.Validate(); err != nil {
 			return nil, fmt.Errorf("code %d: %w", i, err)
@@ -123,13 +123,13 @@ func firstNonZero(s ...string) string {
 //
 // With --image, each of the parallel workers makes a sandbox and runs its
 // snippets there one after another, resetting the sandbox before each one
-// but the first (snippet.Request.Reset: other processes killed, /tmp and
+// but the first (wire.Request.Reset: other processes killed, /tmp and
 // /dev/shm emptied), so that every snippet starts in a clean sandbox and
 // none sees another's /tmp, for the price of one sandbox creation per
 // worker. A worker whose sandbox failed makes a new one for its next
 // snippet. With --sandbox, the snippets run side by side in that sandbox and
 // share its /tmp, as its sequential calls do.
-func runBatch(c *cli.Context, reqs []*snippet.Request, parallel int) []batchResult {
+func runBatch(c *cli.Context, reqs []*wire.Request, parallel int) []batchResult {
 	if parallel <= 0 {
 		parallel = runtime.NumCPU()
 	}
@@ -173,7 +173,7 @@ type batchWorker struct {
 	sb string // its sandbox (--image), once made
 }
 
-func (w *batchWorker) run(req *snippet.Request) batchResult {
+func (w *batchWorker) run(req *wire.Request) batchResult {
 	start := time.Now()
 	fail := func(err error) batchResult {
 		return batchResult{ExitCode: -1, Stderr: fmt.Sprintf("flmbox: %v (after %s)", err, time.Since(start).Round(time.Millisecond))}

@@ -19,7 +19,7 @@ import (
 	"github.com/flmbox/flmbox/internal/warmcall"
 	"github.com/flmbox/flmbox/rootfs"
 	"github.com/flmbox/flmbox/runtime"
-	"github.com/flmbox/flmbox/snippet"
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // Paths inside every sandbox.
@@ -230,7 +230,7 @@ func agentSocketPath(sb *runtime.Sandbox) string { return warmcall.SocketPath(sb
 func waitForAgent(ctx context.Context, sb *runtime.Sandbox) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		conn, err := snippet.DialAgent(ctx, agentSocketPath(sb))
+		conn, err := wire.Dial(ctx, agentSocketPath(sb))
 		if err == nil {
 			conn.Close()
 			return nil
@@ -268,7 +268,7 @@ func sandboxState(ctx context.Context, rt *runtime.Runtime, sb *runtime.Sandbox)
 	}
 	dctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	conn, err := snippet.DialAgent(dctx, agentSocketPath(sb))
+	conn, err := wire.Dial(dctx, agentSocketPath(sb))
 	if err != nil {
 		return runtime.StateDead
 	}

@@ -1,4 +1,4 @@
-package snippet
+package wire
 
 import (
 	"context"
@@ -11,10 +11,10 @@ import (
 	"github.com/containerd/errdefs"
 )
 
-// TestDialAgentRefusesAPlantedSymlink: the socket's directory is writable
+// TestDialRefusesAPlantedSymlink: the socket's directory is writable
 // inside the sandbox; a snippet that replaces the socket with a symlink to a
 // host service's socket must not make flmbox connect there.
-func TestDialAgentRefusesAPlantedSymlink(t *testing.T) {
+func TestDialRefusesAPlantedSymlink(t *testing.T) {
 	dir := t.TempDir()
 	host := filepath.Join(dir, "host.sock")
 	ln, err := net.Listen("unix", host)
@@ -33,12 +33,12 @@ func TestDialAgentRefusesAPlantedSymlink(t *testing.T) {
 	if err := os.Symlink(host, planted); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := DialAgent(context.Background(), planted); !errors.Is(err, errdefs.ErrPermissionDenied) {
+	if _, err := Dial(context.Background(), planted); !errors.Is(err, errdefs.ErrPermissionDenied) {
 		t.Fatalf("dial through a symlink: %v", err)
 	}
 	os.Remove(planted)
 	os.WriteFile(planted, []byte("x"), 0o600)
-	if _, err := DialAgent(context.Background(), planted); !errors.Is(err, errdefs.ErrPermissionDenied) {
+	if _, err := Dial(context.Background(), planted); !errors.Is(err, errdefs.ErrPermissionDenied) {
 		t.Fatalf("dial a regular file: %v", err)
 	}
 	select {
@@ -47,7 +47,7 @@ func TestDialAgentRefusesAPlantedSymlink(t *testing.T) {
 	default:
 	}
 	// The real socket works.
-	c, err := DialAgent(context.Background(), host)
+	c, err := Dial(context.Background(), host)
 	if err != nil {
 		t.Fatalf("dial the real socket: %v", err)
 	}
