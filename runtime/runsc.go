@@ -16,22 +16,43 @@ import (
 // RunscEnv is the environment variable that names the runsc binary.
 const RunscEnv = "FLMBOX_RUNSC"
 
-// FindRunsc returns the runsc binary to use: path if it is not empty (from
-// --runsc or FLMBOX_RUNSC), else "runsc" on PATH.
+// Sentinels of FindRunsc; errors.Is matches each of them and its kind.
+var (
+	// ErrRunscNotFound reports that the runsc named does not exist (or
+	// cannot be examined), or that none is on PATH. It matches
+	// errdefs.ErrNotFound.
+	ErrRunscNotFound error = &kindError{errdefs.ErrNotFound}
+	// ErrRunscNotExecutable reports that the runsc named is a directory or
+	// has no execute permission. It matches errdefs.ErrInvalidArgument.
+	ErrRunscNotExecutable error = &kindError{errdefs.ErrInvalidArgument}
+)
+
+// kindError is a sentinel of an errdefs kind. It is a pointer, so that two
+// sentinels of one kind are never equal (errdefs' WithMessage values are
+// equal when their kind and text are), and its text is its kind's, so that a
+// message that wraps it reads as one that wraps the kind ("...: not found").
+type kindError struct{ kind error }
+
+func (e *kindError) Error() string { return e.kind.Error() }
+func (e *kindError) Unwrap() error { return e.kind }
+
+// FindRunsc returns the runsc binary to use: path if it is not empty (the
+// CLI's --runsc or FLMBOX_RUNSC), else "runsc" on PATH. It fails with
+// ErrRunscNotFound or ErrRunscNotExecutable.
 func FindRunsc(path string) (string, error) {
 	if path != "" {
 		fi, err := os.Stat(path)
 		if err != nil {
-			return "", fmt.Errorf("runsc %s: %w; fix --runsc or %s, or run make runsc: %w", path, err, RunscEnv, errdefs.ErrNotFound)
+			return "", fmt.Errorf("runsc %s: %w: %w", path, err, ErrRunscNotFound)
 		}
 		if fi.IsDir() || fi.Mode()&0o111 == 0 {
-			return "", fmt.Errorf("runsc %s is not an executable file; fix --runsc or %s: %w", path, RunscEnv, errdefs.ErrInvalidArgument)
+			return "", fmt.Errorf("runsc %s is not an executable file: %w", path, ErrRunscNotExecutable)
 		}
 		return path, nil
 	}
 	p, err := exec.LookPath("runsc")
 	if err != nil {
-		return "", fmt.Errorf("runsc is not on PATH; install it with make runsc, or name it with --runsc or %s: %w", RunscEnv, errdefs.ErrNotFound)
+		return "", fmt.Errorf("runsc is not on PATH: %w", ErrRunscNotFound)
 	}
 	return p, nil
 }

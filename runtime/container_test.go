@@ -8,17 +8,37 @@ import (
 	"testing"
 )
 
-func TestRunscArgs(t *testing.T) {
-	sb := &Sandbox{ID: "flmbox-0123", Network: NetworkHost, Platform: "ptrace"}
-	got := RunscArgs("/var/lib/flmbox", sb, "exec", sb.ID, "true")
+func TestArgs(t *testing.T) {
+	r := &Runtime{runsc: "runsc", root: "/var/lib/flmbox/runsc"}
+	c := Container{ID: "flmbox-0123", Network: NetworkHost, Platform: "ptrace"}
+	got := r.Args(c, "exec", c.ID, "true")
 	want := []string{"--root", "/var/lib/flmbox/runsc", "--network=host", "--host-uds=create", "--platform=ptrace", "exec", "flmbox-0123", "true"}
 	if !slices.Equal(got, want) {
-		t.Fatalf("RunscArgs = %q, want %q", got, want)
+		t.Fatalf("Args = %q, want %q", got, want)
 	}
-	r := &Runtime{runsc: "runsc", dir: "/var/lib/flmbox"}
-	rc := r.runc(&Sandbox{Network: NetworkNone})
+	rc := r.runc(Container{Network: NetworkNone})
 	if rc.Root != "/var/lib/flmbox/runsc" || !slices.Equal(rc.ExtraArgs, []string{"--network=none", "--host-uds=create"}) {
 		t.Fatalf("runc driver: root %q, flags %q", rc.Root, rc.ExtraArgs)
+	}
+}
+
+func TestNewIDsHaveOneLength(t *testing.T) {
+	a, b := NewID(), NewID()
+	if a == b || len(a) != len(b) || !strings.HasPrefix(a, "flmbox-") {
+		t.Fatalf("NewID: %q, %q", a, b)
+	}
+}
+
+func TestValidatePlatform(t *testing.T) {
+	for _, p := range []string{"", "systrap", "ptrace", "kvm"} {
+		if err := ValidatePlatform(p); err != nil {
+			t.Errorf("ValidatePlatform(%q): %v", p, err)
+		}
+	}
+	for _, p := range []string{"xen", "Systrap", " kvm"} {
+		if err := ValidatePlatform(p); err == nil {
+			t.Errorf("ValidatePlatform(%q) accepted it", p)
+		}
 	}
 }
 

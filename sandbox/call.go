@@ -1,0 +1,125 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/flmbox/flmbox/sandbox/record"
+	"github.com/flmbox/flmbox/snippet/wire"
+)
+
+// Request is one snippet to run.
+type Request struct {
+	// Language is wire.LanguagePython (the default) or wire.LanguageShell.
+	Language string
+	// Code is the snippet: Python source, or a shell script.
+	Code string
+	// Timeout kills the snippet after this long. Default: DefaultTimeout.
+	Timeout time.Duration
+	// MaxOutput is how many bytes of stdout and of stderr are kept (the
+	// first and last halves). Default: wire.DefaultMaxOutput.
+	MaxOutput int64
+	// Reset first returns the sandbox to a clean state: every other
+	// process killed, /tmp and /dev/shm emptied, System V IPC removed.
+	Reset bool
+}
+
+// DefaultTimeout is a Request's default timeout.
+const DefaultTimeout = 30 * time.Second
+
+// ErrDead is in the error of a call to a sandbox whose gVisor processes are
+// gone; it is errdefs.ErrUnavailable. A dead sandbox can only be removed.
+var ErrDead = record.ErrDead
+
+// wire returns r as the agent's protocol carries it, or what is wrong with
+// it (errdefs.ErrInvalidArgument).
+func (r Request) wire() (*wire.Request, error) {
+	if r.Language == "" {
+		r.Language = wire.LanguagePython
+	}
+	if r.Timeout == 0 {
+		r.Timeout = DefaultTimeout
+	}
+	if r.Timeout < time.Millisecond {
+		return nil, fmt.Errorf("timeout %s: want at least 1ms: %w", r.Timeout, errdefs.ErrInvalidArgument)
+	}
+	req := &wire.Request{Version: wire.ProtocolVersion, Language: r.Language, Code: r.Code,
+		TimeoutMS: r.Timeout.Milliseconds(), MaxOutput: r.MaxOutput, Reset: r.Reset}
+	return req, req.Validate()
+}
+
+// Validate reports what is wrong with r, if anything
+// (errdefs.ErrInvalidArgument).
+func (r Request) Validate() error {
+	_, err := r.wire()
+	return err
+}
+
+// Call runs req in sandbox name and returns its result: the snippet's exit
+// code (124 is not used: a timed-out snippet has TimedOut set), its output,
+// and Error if the agent could not run it. A call fails with
+// errdefs.ErrNotFound if there is no such sandbox, errdefs.ErrFailedPrecondition
+// if it is being created or removed, and ErrDead if it is dead. Calls of one
+// sandbox may run at once; they share its /tmp.
+func (m *Manager) Call(ctx context.Context, name string, req Request) (*wire.Result, error) {
+	wreq, err := req.wire()
+	if err != nil {
+		return nil, err
+	}
+	return m.callChecked(ctx, name, wreq)
+}
+
+// callChecked runs a request already checked in sandbox name, if it is
+// running.
+func (m *Manager) callChecked(ctx context.Context, name string, req *wire.Request) (*wire.Result, error) {
+	rec, err := record.Read(m.root, name)
+	if err != nil {
+		return nil, err
+	}
+	if err := rec.Callable(); err != nil {
+		return nil, err
+	}
+	return rec.Call(ctx, req)
+}
+
+// Reset returns sandbox name to a clean state, as a new sandbox of its
+// image (see Request.Reset), once the calls running in it have finished.
+func (m *Manager) Reset(ctx context.Context, name string) error {
+	res, err := m.Call(ctx, name, Request{Language: wire.LanguageShell, Reset: true})
+	if err != nil {
+		return err
+	}
+	if res.Error != "" {
+		return fmt.Errorf("reset sandbox %q: %s: %w", name, res.Error, errdefs.ErrUnknown)
+	}
+	return nil
+}
+
+// RunOnce runs req in a new sandbox made from spec, hands the result to
+// deliver, then removes the sandbox: deliver gets the result without
+// waiting for the removal. The error is the first of creating the
+// sandbox, calling it and removing it.
+func (m *Manager) RunOnce(ctx context.Context, spec Spec, req Request, deliver func(*wire.Result)) error {
+	wreq, err := req.wire()
+	if err != nil {
+		return err
+	}
+	if req.Reset {
+		return fmt.Errorf("run once: a new sandbox is clean already (Reset): %w", errdefs.ErrInvalidArgument)
+	}
+	sb, err := m.Create(ctx, spec)
+	if err != nil {
+		return err
+	}
+	res, err := m.callChecked(ctx, sb.Name, wreq)
+	if err == nil {
+		deliver(res)
+	}
+	if rerr := m.Remove(context.WithoutCancel(ctx), sb.Name); err == nil {
+		err = rerr
+	}
+	return err
+}

@@ -1,0 +1,291 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/flmbox/flmbox/runtime"
+	"github.com/flmbox/flmbox/sandbox/record"
+	"github.com/flmbox/flmbox/snippet/wire"
+)
+
+// Paths inside every sandbox, all under /dev, the sandbox's own tmpfs:
+// runsc creates missing mount points in the host rootfs even when it is
+// read-only, which would change the shared cached tree.
+const (
+	agentBinary   = "/dev/.flmbox/bin/flmbox-agent"
+	agentRunDir   = "/dev/.flmbox/run"
+	agentSocket   = agentRunDir + "/agent.sock"
+	pipcacheMount = "/dev/.flmbox/wheels"
+)
+
+// UID and GID are the user that snippets and the agent run as in every
+// sandbox.
+const UID, GID = 65534, 65534
+
+// runDirOptions bound ROOT/sandboxes/NAME/run, a tmpfs of its own: it is
+// writable from inside the sandbox until sealed, and on the host's disk
+// otherwise.
+const runDirOptions = "size=64k,nr_inodes=64,mode=0700"
+
+// agentTimeout bounds the wait for a new sandbox's agent.
+const agentTimeout = 10 * time.Second
+
+// preinstallTimeout bounds Spec.Pip's pip install.
+const preinstallTimeout = 10 * time.Minute
+
+// Create makes a running sandbox from spec: it prewarms the image (a cached
+// one needs no registry), leases it, starts runsc with the agent as the
+// first process and waits until the agent answers, then installs spec.Pip.
+// On failure nothing is left: no sandbox, no lease. A sandbox named
+// spec.Name that exists already fails with errdefs.ErrAlreadyExists, unless
+// it is what a killed Create left, which is removed first.
+func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
+	spec, err = spec.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	agent, err := m.Agent() // before pulling anything
+	if err != nil {
+		return nil, err
+	}
+	rt, err := m.runtime()
+	if err != nil {
+		return nil, err
+	}
+	img, err := m.store.Prewarm(ctx, spec.Image, spec.Pull)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := m.store.Config(img.ManifestDigest)
+	if err != nil {
+		return nil, err
+	}
+	if spec.Name == "" {
+		spec.Name = "sb-" + randomHex(6)
+	}
+	rec := &record.Record{Name: spec.Name, ID: runtime.NewID(), Image: spec.Image, Manifest: img.ManifestDigest,
+		Network: string(spec.Network), Platform: spec.Platform, Limits: recordLimits(spec.Limits), State: record.Creating,
+		Created: time.Now().UTC()}
+	lock, err := m.claim(ctx, rec)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.unlock()
+	defer func() {
+		if err != nil {
+			m.destroy(context.WithoutCancel(ctx), rec)
+		}
+	}()
+	// The record is written: from here on, whatever is left behind by a
+	// crash, Reconcile finds and removes.
+	if err := m.store.Lease(ctx, img.ManifestDigest, rec.Name); err != nil {
+		return nil, err
+	}
+	opts, err := m.specOpts(spec, rec, img.Rootfs, cfg.Config.Env, agent)
+	if err != nil {
+		return nil, err
+	}
+	if err := mountRunDir(rec); err != nil {
+		return nil, err
+	}
+	ospec, err := runtime.GenerateSpec(opts...)
+	if err != nil {
+		return nil, err
+	}
+	logf, err := os.OpenFile(consolePath(rec), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	if err := rt.Run(ctx, container(rec), rec.Dir, ospec, logf); err != nil {
+		return nil, fmt.Errorf("create sandbox %q: %w", rec.Name, err)
+	}
+	if err := waitForAgent(ctx, rec); err != nil {
+		return nil, err
+	}
+	if err := sealRunDir(rec); err != nil {
+		return nil, err
+	}
+	if err := m.preinstall(ctx, rec, spec.Pip); err != nil {
+		return nil, err
+	}
+	rec.State = record.Running
+	if err := record.Write(rec); err != nil {
+		return nil, err
+	}
+	return m.sandbox(ctx, rec, false), nil
+}
+
+// specOpts are a new sandbox's spec: the cached rootfs read-only, /tmp, the
+// sandbox user, the environment, the agent, the wheel cache, the caller's
+// mounts, the run directory, network and limits.
+func (m *Manager) specOpts(spec Spec, rec *record.Record, rootfsDir string, imageEnv []string, agent string) ([]runtime.SpecOpt, error) {
+	spareLimits, err := json.Marshal(rec.SnippetLimits())
+	if err != nil {
+		return nil, err
+	}
+	pipEnv := m.wheelsEnv(spec.Network)
+	opts := []runtime.SpecOpt{
+		runtime.WithRootfs(rootfsDir),
+		runtime.WithTmp(spec.TmpBytes),
+		runtime.WithUser(UID, GID),
+		runtime.WithEnv(Environment(imageEnv, append(pipEnv, spec.Env...))),
+		runtime.WithBind(agent, agentBinary, true),
+		runtime.WithBind(m.wheels.WheelsDir(), pipcacheMount, true),
+		runtime.WithArgs(agentBinary, "--socket", agentSocket, "--limits", string(spareLimits),
+			"--memory-budget", strconv.FormatInt(spec.Limits.MemoryBytes, 10)),
+	}
+	for _, mt := range spec.Mounts {
+		opts = append(opts, runtime.WithBind(mt.Source, mt.Destination, mt.ReadOnly))
+	}
+	return append(opts,
+		withRunDir(rec),
+		runtime.WithNetwork(spec.Network),
+		runtime.WithLimits(spec.Limits)), nil
+}
+
+// claim makes the sandbox's directory with its record, locked, under its
+// name: made under a temporary name and renamed, so that the directory
+// never exists without its record and lock. A directory of that name that
+// a killed Create or Remove left is removed first.
+func (m *Manager) claim(ctx context.Context, rec *record.Record) (*dirLock, error) {
+	dir, err := record.Dir(m.root, rec.Name)
+	if err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), ".new-")
+	if err != nil {
+		return nil, fmt.Errorf("create sandbox %q: %w", rec.Name, err)
+	}
+	lock, err := tryLock(tmp)
+	if err != nil {
+		os.RemoveAll(tmp)
+		return nil, err
+	}
+	rec.Dir = tmp
+	if err := record.Write(rec); err != nil {
+		lock.unlock()
+		os.RemoveAll(tmp)
+		return nil, err
+	}
+	for try := 0; ; try++ {
+		err = os.Rename(tmp, dir)
+		if err == nil {
+			rec.Dir = dir
+			return lock, nil
+		}
+		if try == 0 && (errors.Is(err, os.ErrExist) || errors.Is(err, unix.ENOTEMPTY)) && m.reconcileDir(ctx, dir) {
+			continue // a killed flmbox left it: it is gone now
+		}
+		break
+	}
+	lock.unlock()
+	os.RemoveAll(tmp)
+	if errors.Is(err, os.ErrExist) || errors.Is(err, unix.ENOTEMPTY) {
+		return nil, fmt.Errorf("create sandbox %q: a sandbox of that name exists: %w", rec.Name, errdefs.ErrAlreadyExists)
+	}
+	return nil, fmt.Errorf("create sandbox %q: %w", rec.Name, err)
+}
+
+// container is what runsc knows of the sandbox.
+func container(rec *record.Record) runtime.Container {
+	return runtime.Container{ID: rec.ID, Network: runtime.Network(rec.Network), Platform: rec.Platform}
+}
+
+func recordLimits(l runtime.Limits) record.Limits {
+	return record.Limits{MemoryBytes: l.MemoryBytes, CPUs: l.CPUs, Pids: l.Pids}
+}
+
+func runtimeLimits(l record.Limits) runtime.Limits {
+	return runtime.Limits{MemoryBytes: l.MemoryBytes, CPUs: l.CPUs, Pids: l.Pids}
+}
+
+func consolePath(rec *record.Record) string { return filepath.Join(rec.Dir, "console.log") }
+
+// mountRunDir makes the sandbox's run directory, a small tmpfs of its own.
+func mountRunDir(rec *record.Record) error {
+	if err := os.Mkdir(rec.RunDir(), 0o700); err != nil {
+		return fmt.Errorf("create sandbox %q's run directory: %w", rec.Name, err)
+	}
+	if err := unix.Mount("tmpfs", rec.RunDir(), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, runDirOptions); err != nil {
+		return fmt.Errorf("mount sandbox %q's run directory: %w", rec.Name, err)
+	}
+	return nil
+}
+
+// withRunDir mounts the run directory at agentRunDir, owned by the user the
+// spec's processes run as, so that the agent can make its socket there.
+func withRunDir(rec *record.Record) runtime.SpecOpt {
+	return func(s *specs.Spec) error {
+		if err := os.Chown(rec.RunDir(), int(s.Process.User.UID), int(s.Process.User.GID)); err != nil {
+			return fmt.Errorf("chown sandbox %q's run directory: %w", rec.Name, err)
+		}
+		return runtime.WithBind(rec.RunDir(), agentRunDir, false)(s)
+	}
+}
+
+// sealRunDir makes the run directory read-only for the sandbox's processes
+// once the agent has made its socket there: root's, mode 0755, so that no
+// snippet can replace the socket with its own and receive the next calls'
+// code.
+func sealRunDir(rec *record.Record) error {
+	if err := os.Chown(rec.RunDir(), 0, 0); err != nil {
+		return fmt.Errorf("seal sandbox %q's run directory: %w", rec.Name, err)
+	}
+	if err := os.Chmod(rec.RunDir(), 0o755); err != nil {
+		return fmt.Errorf("seal sandbox %q's run directory: %w", rec.Name, err)
+	}
+	return nil
+}
+
+// waitForAgent waits until the agent accepts connections (agentTimeout at
+// most). It tries every millisecond: a try that fails costs microseconds,
+// and the agent is up some 15 ms after runsc run returns.
+func waitForAgent(ctx context.Context, rec *record.Record) error {
+	deadline := time.Now().Add(agentTimeout)
+	for {
+		conn, err := wire.Dial(ctx, rec.SocketPath())
+		if err == nil {
+			conn.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(consolePath(rec))
+			return fmt.Errorf("start sandbox %q: its agent did not answer within %s: %w; its output: %q: %w",
+				rec.Name, agentTimeout, err, lastLines(string(log), 5), errdefs.ErrUnavailable)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,32 @@
+// Package sandbox owns flmbox's sandboxes: gVisor sandboxes made from cached
+// images, each running flmbox's agent as its first process, that run Python
+// and shell snippets sent to them.
+//
+// A Manager, opened on a state root (Open), creates a sandbox from an image
+// (Create: pull or find the image in the cache, lease it, start runsc, wait
+// for the agent, preinstall pip requirements), calls it (Call, Reset),
+// lists it (Get, List) and removes it (Remove). RunOnce runs one snippet in
+// a fresh sandbox; Batch runs up to MaxBatch independent snippets, in fresh
+// sandboxes or side by side in one. Reconcile undoes what a killed flmbox
+// process left half made.
+//
+// The package is the only code that reads or writes a sandbox's directory,
+// ROOT/sandboxes/NAME (its subpackage record holds the part a warm call
+// needs). Every sandbox's record is written before anything a crash could
+// leave behind (an image lease, a runsc container), and changed only under
+// the directory's lock, so Reconcile can always finish or undo it. A
+// sandbox's states:
+//
+//	creating ──▶ running ──▶ removing ──▶ (gone)
+//	    │           │
+//	    │           └──▶ dead (its gVisor processes died; only Remove)
+//	    └──▶ (gone: a failed Create removes what it made; a killed one is
+//	          left to Reconcile)
+//
+// Errors carry github.com/containerd/errdefs kinds (not found, already
+// exists, invalid argument, failed precondition, unavailable) and say what
+// failed; what a person should do about them is for the front end to say.
+//
+// Files under /tmp survive between calls of a sandbox; every call runs in a
+// new process. See docs/ARCHITECTURE.md for what a sandbox is made of.
+package sandbox

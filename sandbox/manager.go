@@ -1,0 +1,159 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/containerd/errdefs"
+	"github.com/flmbox/flmbox/pipcache"
+	"github.com/flmbox/flmbox/rootfs"
+	"github.com/flmbox/flmbox/runtime"
+)
+
+// Manager creates, calls and removes the sandboxes under one state root:
+//
+//	ROOT/images/       the image cache (package rootfs)
+//	ROOT/pipcache/     the wheel cache (package pipcache)
+//	ROOT/sandboxes/    one directory per sandbox (this package)
+//	ROOT/runsc/        runsc's state (its --root)
+//
+// A Manager is safe for concurrent use, and so are several processes
+// sharing one root.
+type Manager struct {
+	root string
+	o    options
+
+	once     sync.Once
+	store    *rootfs.Store
+	wheels   *pipcache.Cache
+	rt       *runtime.Runtime
+	agent    string
+	openErr  error
+	runscErr error
+}
+
+type options struct {
+	runsc  string
+	agent  string
+	warnf  func(format string, args ...any)
+	wheels *pipcache.Cache
+}
+
+// Option configures a Manager.
+type Option func(*options)
+
+// WithRunsc names the runsc binary. Default: runsc on PATH.
+func WithRunsc(path string) Option { return func(o *options) { o.runsc = path } }
+
+// WithAgent names the agent binary (cmd/flmbox-agent) that every sandbox
+// runs as its first process. Default: flmbox-agent in the directory of the
+// running executable.
+func WithAgent(path string) Option { return func(o *options) { o.agent = path } }
+
+// WithWarnf sets where warnings go (a sandbox that could not be removed
+// after a batch, an image entry skipped while unpacking). Default: none.
+func WithWarnf(f func(format string, args ...any)) Option { return func(o *options) { o.warnf = f } }
+
+// WithWheelCache sets the wheel cache that sandboxes install Python packages
+// from. Default: the one under ROOT/pipcache.
+func WithWheelCache(c *pipcache.Cache) Option { return func(o *options) { o.wheels = c } }
+
+// Open returns the Manager of the sandboxes under root. It creates nothing
+// and starts nothing: the caches and runsc are opened when first needed, so
+// that a call to a running sandbox costs no more than the call.
+func Open(root string, opts ...Option) (*Manager, error) {
+	if root == "" {
+		return nil, fmt.Errorf("open sandboxes: no state root: %w", errdefs.ErrInvalidArgument)
+	}
+	m := &Manager{root: root}
+	for _, opt := range opts {
+		opt(&m.o)
+	}
+	if m.o.warnf == nil {
+		m.o.warnf = func(string, ...any) {}
+	}
+	return m, nil
+}
+
+// Root is the Manager's state root.
+func (m *Manager) Root() string { return m.root }
+
+// open opens the state root's caches and the runsc driver, once.
+func (m *Manager) open() error {
+	m.once.Do(func() {
+		if err := os.MkdirAll(filepath.Join(m.root, "sandboxes"), 0o700); err != nil {
+			m.openErr = fmt.Errorf("create the state root %s: %w", m.root, err)
+			return
+		}
+		if m.store, m.openErr = rootfs.OpenStore(filepath.Join(m.root, "images")); m.openErr != nil {
+			return
+		}
+		m.wheels = m.o.wheels
+		if m.wheels == nil {
+			if m.wheels, m.openErr = pipcache.Open(filepath.Join(m.root, "pipcache"), nil); m.openErr != nil {
+				return
+			}
+		}
+		runsc, err := runtime.FindRunsc(m.o.runsc)
+		if err == nil {
+			m.rt, err = runtime.NewRuntime(runsc, filepath.Join(m.root, "runsc"))
+		}
+		m.runscErr = err
+	})
+	return m.openErr
+}
+
+// runtime returns the runsc driver.
+func (m *Manager) runtime() (*runtime.Runtime, error) {
+	if err := m.open(); err != nil {
+		return nil, err
+	}
+	return m.rt, m.runscErr
+}
+
+// Images returns the image cache under the state root.
+func (m *Manager) Images() (*rootfs.Store, error) {
+	if err := m.open(); err != nil {
+		return nil, err
+	}
+	return m.store, nil
+}
+
+// WheelCache returns the wheel cache sandboxes install from.
+func (m *Manager) WheelCache() (*pipcache.Cache, error) {
+	if err := m.open(); err != nil {
+		return nil, err
+	}
+	return m.wheels, nil
+}
+
+// AgentName is the agent binary's file name.
+const AgentName = "flmbox-agent"
+
+// ErrNoAgent is in the error of a Manager that cannot find its agent
+// binary; it is errdefs.ErrNotFound.
+var ErrNoAgent = fmt.Errorf("no agent binary (%s): %w", AgentName, errdefs.ErrNotFound)
+
+// Agent returns the agent binary every sandbox runs, after checking that it
+// is an executable file (ErrNoAgent otherwise).
+func (m *Manager) Agent() (string, error) {
+	p := m.o.agent
+	if p == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return "", fmt.Errorf("find the agent next to this program: %w: %w", err, ErrNoAgent)
+		}
+		p = filepath.Join(filepath.Dir(self), AgentName)
+	}
+	fi, err := os.Stat(p)
+	if err == nil && (!fi.Mode().IsRegular() || fi.Mode()&0o111 == 0) {
+		err = errors.New("not an executable file")
+	}
+	if err != nil {
+		return "", fmt.Errorf("find the agent %s: %w: %w", p, err, ErrNoAgent)
+	}
+	return p, nil
+}

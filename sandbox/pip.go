@@ -1,0 +1,142 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/flmbox/flmbox/pipcache"
+	"github.com/flmbox/flmbox/runtime"
+	"github.com/flmbox/flmbox/sandbox/record"
+	"github.com/flmbox/flmbox/snippet/wire"
+)
+
+// wheelsEnv is pip's environment for the wheel cache mounted at
+// pipcacheMount (with no network, no index either).
+func (m *Manager) wheelsEnv(n runtime.Network) []string {
+	return pipcache.SandboxEnv(pipcacheMount, n == runtime.NetworkHost)
+}
+
+// ErrPip is in the error of a pip command that failed in a sandbox (a
+// preinstall, a wheel fetch); it is errdefs.ErrFailedPrecondition.
+var ErrPip = fmt.Errorf("pip failed: %w", errdefs.ErrFailedPrecondition)
+
+// preinstall installs reqs in a new sandbox from the wheel cache alone
+// (--no-index, whatever the sandbox's network), for Spec.Pip.
+func (m *Manager) preinstall(ctx context.Context, rec *record.Record, reqs []string) error {
+	if len(reqs) == 0 {
+		return nil
+	}
+	args := append([]string{"install", "--no-index", "--quiet", "--"}, reqs...)
+	if err := runPip(ctx, rec, preinstallTimeout, args...); err != nil {
+		return fmt.Errorf("preinstall %s from the wheel cache: %w", strings.Join(reqs, " "), err)
+	}
+	return nil
+}
+
+// runPip runs python3 -m pip with args in the sandbox, through its agent,
+// and fails with the end of pip's output if pip fails. It is a Python
+// snippet, not a shell one: it takes the Python spare that the agent
+// started before pip created /tmp/site-packages, so that the next Python
+// call, in a process started after pip, imports what pip installed.
+func runPip(ctx context.Context, rec *record.Record, timeout time.Duration, args ...string) error {
+	list, err := json.Marshal(args) // a JSON array of strings is a Python list literal
+	if err != nil {
+		return err
+	}
+	code := "import subprocess, sys\nsys.exit(subprocess.call([sys.executable, '-m', 'pip'] + " + string(list) + "))\n"
+	req := &wire.Request{Version: wire.ProtocolVersion, Language: wire.LanguagePython, Code: code,
+		TimeoutMS: timeout.Milliseconds(), MaxOutput: 256 << 10}
+	res, err := rec.Call(ctx, req)
+	switch {
+	case err != nil:
+		return fmt.Errorf("run pip %s: %w", args[0], err)
+	case res.Error != "":
+		return fmt.Errorf("run pip %s: %s: %w", args[0], res.Error, errdefs.ErrUnknown)
+	case res.TimedOut:
+		return fmt.Errorf("pip %s timed out after %s: %w", args[0], timeout, ErrPip)
+	case res.ExitCode != 0:
+		out := strings.TrimSpace(string(res.Stderr.Data))
+		if out == "" {
+			out = strings.TrimSpace(string(res.Stdout.Data))
+		}
+		return fmt.Errorf("pip %s exited with status %d: %s: %w", args[0], res.ExitCode, lastLines(out, 20), ErrPip)
+	}
+	return nil
+}
+
+// FetchOptions are how FetchWheels downloads.
+type FetchOptions struct {
+	// IndexURL is the package index (default: pip's, as the image sets it).
+	IndexURL string
+	// Timeout bounds pip download. Default: 10 minutes.
+	Timeout time.Duration
+	// MaxDownloadBytes bounds what pip may download (a tmpfs on the host
+	// holds it). Default: 2 GiB.
+	MaxDownloadBytes int64
+	// Sandbox is the spec of the sandbox pip runs in; its Network is always
+	// host, its Mounts get the download directory.
+	Sandbox Spec
+}
+
+// fetchMount is where pip download writes in the fetch sandbox: the
+// cache's inbox, a bounded tmpfs on the host.
+const fetchMount = "/dev/.flmbox/fetch"
+
+// FetchWheels downloads the wheels of reqs (and their dependencies) with pip
+// download in a fresh host-network sandbox of o.Sandbox.Image, so that they
+// fit the image's Python and platform, and no package code runs; removes the
+// sandbox, then adds the wheels to the wheel cache, validated as
+// pipcache.Cache.Add validates them.
+func (m *Manager) FetchWheels(ctx context.Context, reqs []string, o FetchOptions) ([]*pipcache.Wheel, error) {
+	if len(reqs) == 0 {
+		return nil, fmt.Errorf("fetch wheels: no requirement: %w", errdefs.ErrInvalidArgument)
+	}
+	if err := CheckRequirements(reqs); err != nil {
+		return nil, err
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 10 * time.Minute
+	}
+	if o.MaxDownloadBytes == 0 {
+		o.MaxDownloadBytes = 2 << 30
+	}
+	cache, err := m.WheelCache()
+	if err != nil {
+		return nil, err
+	}
+	inbox, err := cache.NewInbox(o.MaxDownloadBytes, UID, GID)
+	if err != nil {
+		return nil, err
+	}
+	defer inbox.Close()
+	spec := o.Sandbox
+	spec.Network = runtime.NetworkHost
+	spec.Mounts = append(append([]Mount{}, spec.Mounts...), Mount{Source: inbox.Dir, Destination: fetchMount})
+	sb, err := m.Create(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	remove := func() error { return m.Remove(context.WithoutCancel(ctx), sb.Name) }
+	defer remove() // on failure; a second removal is a no-op
+	args := []string{"download", "--only-binary=:all:", "--no-cache-dir", "--progress-bar=off", "--dest", fetchMount}
+	if o.IndexURL != "" {
+		args = append(args, "--index-url", o.IndexURL)
+	}
+	rec, err := record.Read(m.root, sb.Name)
+	if err != nil {
+		return nil, err
+	}
+	if err := runPip(ctx, rec, o.Timeout, append(append(args, "--"), reqs...)...); err != nil {
+		return nil, fmt.Errorf("fetch %s: %w", strings.Join(reqs, " "), err)
+	}
+	// Nothing may write the inbox while it is imported.
+	if err := remove(); err != nil {
+		return nil, err
+	}
+	return cache.AddInbox(ctx, inbox)
+}

@@ -1,0 +1,220 @@
+// Package record is a sandbox's directory on the host,
+// ROOT/sandboxes/NAME: its record (sandbox.json), its agent's socket and the
+// mark of its last use, and one call to its agent.
+//
+// Package sandbox writes records and owns their life; this package is the
+// part of it that a warm call needs, apart so that the flmbox command can
+// make warm calls without importing package sandbox (go-containerregistry
+// and go-runc cost milliseconds of start). It imports nothing heavier than
+// package wire.
+package record
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/flmbox/flmbox/internal/names"
+	"github.com/flmbox/flmbox/snippet/wire"
+)
+
+// State is the state a record holds. A sandbox is Creating from the moment
+// its record is written (before anything a crash could leave behind: a
+// lease, a runsc container) until its agent answers and its preinstalls are
+// done, then Running until it is removed (Removing). Whether a Running
+// sandbox is alive is not recorded: its processes may die at any moment.
+type State string
+
+// Recorded states.
+const (
+	Creating State = "creating"
+	Running  State = "running"
+	Removing State = "removing"
+)
+
+// Limits are a sandbox's cgroup limits as recorded.
+type Limits struct {
+	MemoryBytes int64   `json:"memory_bytes"`
+	CPUs        float64 `json:"cpus"`
+	Pids        int64   `json:"pids"`
+}
+
+// Record is ROOT/sandboxes/NAME/sandbox.json.
+type Record struct {
+	Name     string `json:"name"`
+	ID       string `json:"id"` // runsc's container ID
+	Image    string `json:"image"`
+	Manifest string `json:"manifest,omitempty"` // the cached image it leases
+	Network  string `json:"network"`
+	Platform string `json:"platform,omitempty"` // gVisor's; empty: runsc's default
+	Limits   Limits `json:"limits"`
+	State    State  `json:"state"`
+	// Created is when the record was first written.
+	Created time.Time `json:"created"`
+
+	// Dir is the sandbox's directory (not stored).
+	Dir string `json:"-"`
+}
+
+const recordFile = "sandbox.json"
+
+// Dir returns the directory of sandbox name under the state root, after
+// checking the name: 1 to 64 of [A-Za-z0-9_.-], starting with a letter or
+// digit (errdefs.ErrInvalidArgument otherwise).
+func Dir(root, name string) (string, error) {
+	if !names.Valid(name, 64) {
+		return "", fmt.Errorf("sandbox name %q: use 1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit: %w", name, errdefs.ErrInvalidArgument)
+	}
+	return filepath.Join(root, "sandboxes", name), nil
+}
+
+// Read reads the record of sandbox name under the state root
+// (errdefs.ErrNotFound if there is none).
+func Read(root, name string) (*Record, error) {
+	dir, err := Dir(root, name)
+	if err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(filepath.Join(dir, recordFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("no sandbox %q: %w", name, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read sandbox %q: %w", name, err)
+	}
+	r := &Record{}
+	if err := json.Unmarshal(b, r); err != nil || r.Name != name {
+		return nil, fmt.Errorf("read sandbox %q: its record is damaged (%v): %w", name, err, errdefs.ErrDataLoss)
+	}
+	r.Dir = dir
+	return r, nil
+}
+
+// Write writes r into r.Dir atomically (a temporary file, then a rename).
+func Write(r *Record) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	p := filepath.Join(r.Dir, recordFile)
+	if err := os.WriteFile(p+".tmp", b, 0o600); err != nil {
+		return fmt.Errorf("write sandbox %q's record: %w", r.Name, err)
+	}
+	if err := os.Rename(p+".tmp", p); err != nil {
+		return fmt.Errorf("write sandbox %q's record: %w", r.Name, err)
+	}
+	return nil
+}
+
+// RunDir is the host directory mounted at /dev/.flmbox/run in the sandbox,
+// where its agent listens.
+func (r *Record) RunDir() string { return filepath.Join(r.Dir, "run") }
+
+// SocketPath is the agent's socket on the host.
+func (r *Record) SocketPath() string { return filepath.Join(r.RunDir(), "agent.sock") }
+
+// SnippetLimits bounds a snippet's own process well inside the sandbox's
+// cgroup limits (half the memory, a quarter of the processes), so that a
+// runaway snippet fails alone and the sandbox lives.
+func (r *Record) SnippetLimits() wire.Limits {
+	return wire.Limits{MemoryBytes: r.Limits.MemoryBytes / 2, Procs: r.Limits.Pids / 4}
+}
+
+const lastUsedFile = "last-used"
+
+// Touch records that the sandbox was just used.
+func (r *Record) Touch() {
+	p := filepath.Join(r.Dir, lastUsedFile)
+	now := time.Now()
+	if err := os.Chtimes(p, now, now); errors.Is(err, os.ErrNotExist) {
+		os.WriteFile(p, nil, 0o600)
+	}
+}
+
+// LastUsed is when the sandbox was last called, or created.
+func (r *Record) LastUsed() time.Time {
+	if fi, err := os.Stat(filepath.Join(r.Dir, lastUsedFile)); err == nil {
+		return fi.ModTime().UTC()
+	}
+	return r.Created
+}
+
+// ErrDead is in the error of a call to a sandbox whose agent is gone: its
+// first process, so the whole gVisor sandbox. It is errdefs.ErrUnavailable.
+var ErrDead = fmt.Errorf("the sandbox is dead: its agent is gone: %w", errdefs.ErrUnavailable)
+
+// Callable fails with errdefs.ErrFailedPrecondition unless the record is
+// Running: a sandbox being created or removed takes no calls but its
+// owner's.
+func (r *Record) Callable() error {
+	if r.State != Running {
+		return fmt.Errorf("call sandbox %q: it is %s: %w", r.Name, r.State, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// Dial connects to the sandbox's agent. It fails with ErrDead if the agent
+// refuses connections, and with errdefs.ErrPermissionDenied if a snippet
+// replaced the socket (see wire.Dial).
+func (r *Record) Dial(ctx context.Context) (*os.File, error) {
+	conn, err := wire.Dial(ctx, r.SocketPath())
+	if err != nil {
+		return nil, r.explain(ctx, err)
+	}
+	return conn, nil
+}
+
+// CallConn makes one call on conn, from Dial, and marks the sandbox used.
+// The request's limits are the sandbox's snippet limits. A call whose agent
+// hung up fails with ErrDead if the agent no longer accepts connections.
+func (r *Record) CallConn(ctx context.Context, conn *os.File, req *wire.Request) (*wire.Result, error) {
+	req.Limits = r.SnippetLimits()
+	r.Touch()
+	res, err := wire.CallConn(ctx, conn, req)
+	if err != nil {
+		return nil, r.explain(ctx, err)
+	}
+	return res, nil
+}
+
+// Call dials the agent and makes one call.
+func (r *Record) Call(ctx context.Context, req *wire.Request) (*wire.Result, error) {
+	conn, err := r.Dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	return r.CallConn(ctx, conn, req)
+}
+
+// explain adds to err, the failure of a call, that the sandbox is dead if
+// its agent no longer accepts connections.
+func (r *Record) explain(ctx context.Context, err error) error {
+	if ctx.Err() != nil || errors.Is(err, errdefs.ErrPermissionDenied) {
+		return fmt.Errorf("call sandbox %q: %w", r.Name, err)
+	}
+	if !r.Accepts(ctx) {
+		return fmt.Errorf("call sandbox %q: %w: %w", r.Name, ErrDead, err)
+	}
+	return fmt.Errorf("call sandbox %q: %w", r.Name, err)
+}
+
+// Accepts reports whether the sandbox's agent accepts a connection within a
+// second: a sandbox whose agent does not is dead.
+func (r *Record) Accepts(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	conn, err := wire.Dial(ctx, r.SocketPath())
+	if err != nil {
+		return false
+	}
+	conn.Close()
+	return true
+}
+

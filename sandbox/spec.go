@@ -1,0 +1,152 @@
+package sandbox
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/flmbox/flmbox/rootfs"
+	"github.com/flmbox/flmbox/runtime"
+)
+
+// Spec is what a new sandbox is made of. Its zero fields take the defaults
+// documented on each.
+type Spec struct {
+	// Name is the sandbox's name: 1 to 64 of [A-Za-z0-9_.-], starting with
+	// a letter or digit. Default: "sb-" and 12 random hex digits.
+	Name string
+	// Image is the image to run: a reference rootfs.ParseReference takes.
+	// It is pulled into the cache unless it is there already.
+	Image string
+	// Pull bounds and selects what a pull fetches (nil: rootfs's defaults).
+	Pull *rootfs.PullOptions
+	// Network is the sandbox's network. Default: runtime.NetworkNone.
+	Network runtime.Network
+	// Platform is gVisor's platform (systrap, ptrace, kvm). Default: runsc's.
+	Platform string
+	// Limits are the sandbox's limits; its zero fields take DefaultLimits'.
+	// MemoryBytes bounds the snippets' processes and /tmp together (a
+	// snippet that would exceed it is killed); the cgroup allows a quarter
+	// more, for gVisor (runtime.MemoryHeadroom).
+	Limits runtime.Limits
+	// TmpBytes is the size of the sandbox's writable /tmp. Default:
+	// DefaultTmpBytes.
+	TmpBytes int64
+	// Env are K=V settings added to the sandbox's environment, after the
+	// image's and flmbox's; /tmp/site-packages stays first on PYTHONPATH.
+	Env []string
+	// Pip are pip requirements installed from the wheel cache when the
+	// sandbox is created (into /tmp/site-packages).
+	Pip []string
+	// Mounts are host directories bound into the sandbox.
+	Mounts []Mount
+}
+
+// Mount binds a host directory into a sandbox.
+type Mount struct {
+	Source, Destination string
+	ReadOnly            bool
+}
+
+// Defaults of a Spec.
+var DefaultLimits = runtime.Limits{MemoryBytes: 512 << 20, CPUs: 1, Pids: 256}
+
+// DefaultTmpBytes is the default size of a sandbox's /tmp.
+const DefaultTmpBytes = 256 << 20
+
+// withDefaults returns s with its defaults filled in, or what is wrong
+// with it.
+func (s Spec) withDefaults() (Spec, error) {
+	if s.Image == "" {
+		return s, fmt.Errorf("create sandbox: no image: %w", errdefs.ErrInvalidArgument)
+	}
+	if s.Network == "" {
+		s.Network = runtime.NetworkNone
+	}
+	if _, err := runtime.ParseNetwork(string(s.Network)); err != nil {
+		return s, err
+	}
+	if err := runtime.ValidatePlatform(s.Platform); err != nil {
+		return s, err
+	}
+	if s.Limits.MemoryBytes == 0 {
+		s.Limits.MemoryBytes = DefaultLimits.MemoryBytes
+	}
+	if s.Limits.CPUs == 0 {
+		s.Limits.CPUs = DefaultLimits.CPUs
+	}
+	if s.Limits.Pids == 0 {
+		s.Limits.Pids = DefaultLimits.Pids
+	}
+	if s.TmpBytes == 0 {
+		s.TmpBytes = DefaultTmpBytes
+	}
+	if l := s.Limits; l.MemoryBytes < 0 || l.CPUs < 0 || l.Pids < 0 || s.TmpBytes < 0 {
+		return s, fmt.Errorf("create sandbox: limits must be positive: memory %d, cpus %g, pids %d, /tmp %d: %w",
+			l.MemoryBytes, l.CPUs, l.Pids, s.TmpBytes, errdefs.ErrInvalidArgument)
+	}
+	for _, kv := range s.Env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return s, fmt.Errorf("environment setting %q: want K=V: %w", kv, errdefs.ErrInvalidArgument)
+		}
+	}
+	if err := CheckRequirements(s.Pip); err != nil {
+		return s, err
+	}
+	return s, nil
+}
+
+// CheckRequirements refuses what pip would not read as a requirement:
+// options (a leading '-'), control characters, absurd lengths.
+func CheckRequirements(reqs []string) error {
+	for _, r := range reqs {
+		if r == "" || len(r) > 1000 || strings.HasPrefix(r, "-") || strings.ContainsFunc(r, func(c rune) bool { return c < ' ' || c == 0x7f }) {
+			return fmt.Errorf("requirement %q: want a pip requirement such as NAME, NAME==VERSION or 'NAME>=1,<2': %w", r, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// flmboxEnv is what flmbox adds to the image's environment.
+var flmboxEnv = []string{
+	"PIP_TARGET=" + sitePackages, // not a system install: PEP 668 does not apply
+	"PIP_CACHE_DIR=/tmp/.cache/pip",
+	"HOME=/tmp",
+	"PYTHONUNBUFFERED=1",
+	"LANG=C.UTF-8",
+}
+
+// sitePackages is where pip installs, first on every sandbox's PYTHONPATH.
+const sitePackages = "/tmp/site-packages"
+
+// Environment is a sandbox's environment: the image's, then flmbox's, then
+// extra (pip's settings, the caller's); later entries win. PYTHONPATH is
+// sitePackages, followed by the last PYTHONPATH that the caller or else the
+// image sets, so that what pip installs always imports.
+func Environment(image, extra []string) []string {
+	pythonpath := sitePackages
+	var env []string
+	for _, kv := range append(append([]string{}, image...), flmboxEnv...) {
+		if v, ok := strings.CutPrefix(kv, "PYTHONPATH="); ok {
+			if v != "" {
+				pythonpath = sitePackages + ":" + v
+			}
+			continue
+		}
+		env = append(env, kv)
+	}
+	var rest []string
+	for _, kv := range extra {
+		if v, ok := strings.CutPrefix(kv, "PYTHONPATH="); ok {
+			pythonpath = sitePackages
+			if v != "" {
+				pythonpath += ":" + v
+			}
+			continue
+		}
+		rest = append(rest, kv)
+	}
+	env = append(env, "PYTHONPATH="+pythonpath)
+	return append(env, rest...)
+}
