@@ -37,7 +37,7 @@ type staged struct {
 // file is refused, nothing is imported. Each file is served under its base
 // name. A wheel already in the cache with the same content is reported with
 // AlreadyCached; one with the same filename and other content is refused
-// (errdefs.ErrAlreadyExists) until it is removed.
+// with a *ConflictError (errdefs.ErrAlreadyExists) until it is removed.
 func (c *Cache) Add(ctx context.Context, paths []string) ([]*Wheel, error) {
 	srcs := make([]source, len(paths))
 	for i, p := range paths {
@@ -158,8 +158,25 @@ func (c *Cache) checkConflict(s *staged) error {
 	if blob, err := os.Stat(c.blobPath(s.hex)); err == nil && os.SameFile(have, blob) {
 		return nil
 	}
-	return fmt.Errorf("the cache already holds another %s; remove it first (flmbox pipcache rm %s==%s): %w",
-		s.wheel.Filename, s.wheel.Name, s.wheel.Version, errdefs.ErrAlreadyExists)
+	return &ConflictError{Filename: s.wheel.Filename, Name: s.wheel.Name, Version: s.wheel.Version}
+}
+
+// ConflictError reports a wheel whose filename the cache already serves with
+// other content; the cache changes a served wheel only once it is removed.
+// It matches errdefs.ErrAlreadyExists.
+type ConflictError struct {
+	// Filename is the wheel's file name; Name (normalized) and Version are
+	// the project's, as the refused wheel's METADATA gives them.
+	Filename, Name, Version string
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("the cache already holds another %s", e.Filename)
+}
+
+// Is makes a ConflictError match errdefs.ErrAlreadyExists.
+func (e *ConflictError) Is(target error) bool {
+	return target == errdefs.ErrAlreadyExists
 }
 
 // commit publishes a staged wheel: its blob (by rename, unless the same

@@ -193,7 +193,9 @@ func TestAddRefusesOtherContentUnderAFilename(t *testing.T) {
 	before, _ := os.ReadFile(filepath.Join(c.WheelsDir(), filepath.Base(a)))
 	other := writeWheel(t, t.TempDir(), "other", "1.0", "", nil)
 	_, err := c.Add(ctx, []string{other, b})
-	if !errors.Is(err, errdefs.ErrAlreadyExists) || !strings.Contains(err.Error(), "pipcache rm hello==1.0") {
+	var ce *ConflictError
+	if !errors.Is(err, errdefs.ErrAlreadyExists) || !errors.As(err, &ce) || ce.Name != "hello" || ce.Version != "1.0" ||
+		ce.Filename != filepath.Base(b) || !strings.Contains(err.Error(), filepath.Base(b)) {
 		t.Fatalf("got %v", err)
 	}
 	after, _ := os.ReadFile(filepath.Join(c.WheelsDir(), filepath.Base(a)))

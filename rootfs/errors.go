@@ -38,17 +38,57 @@ type LimitError struct {
 }
 
 func (e *LimitError) Error() string {
-	advice := "if the image is trusted, raise the limit (--max-unpacked-size)"
-	if e.What == "entries" {
-		advice = "the image has more files than flmbox unpacks (UnpackOptions.MaxEntries)"
-	}
-	return fmt.Sprintf("image exceeds the limit of %d %s; %s", e.Limit, e.What, advice)
+	return fmt.Sprintf("image exceeds the limit of %d %s", e.Limit, e.What)
 }
 
 // Is makes a LimitError match errdefs.ErrResourceExhausted.
 func (e *LimitError) Is(target error) bool {
 	return target == errdefs.ErrResourceExhausted
 }
+
+// PlainHTTPError reports a plain-HTTP request to a registry that is neither
+// a loopback address nor one of PullOptions.InsecureRegistries. It matches
+// errdefs.ErrPermissionDenied.
+type PlainHTTPError struct {
+	// Host is the registry's host[:port], as InsecureRegistries names it.
+	Host string
+}
+
+func (e *PlainHTTPError) Error() string {
+	return fmt.Sprintf("refusing plain HTTP to %s: only loopback registries may use HTTP", e.Host)
+}
+
+// Is makes a PlainHTTPError match errdefs.ErrPermissionDenied.
+func (e *PlainHTTPError) Is(target error) bool {
+	return target == errdefs.ErrPermissionDenied
+}
+
+// Sentinels for callers that must tell these errors apart from others of
+// their kind; errors.Is matches each of them and its kind.
+var (
+	// ErrNotCached reports an image that is not in the cache where the
+	// network may not be used: Store.Get, or Prewarm with
+	// PullOptions.Offline (a digest never prewarmed for the platform, or a
+	// tag or layout never resolved on this machine). It matches
+	// errdefs.ErrNotFound.
+	ErrNotCached error = &kindError{errdefs.ErrNotFound}
+	// ErrPlatformNotFound reports an image with nothing for the platform
+	// asked for: an index without it, or a platform manifest (named by its
+	// digest) for another platform. It matches errdefs.ErrNotFound.
+	ErrPlatformNotFound error = &kindError{errdefs.ErrNotFound}
+	// ErrInUse reports an image that sandboxes hold a lease on, which
+	// Store.Remove refuses. It matches errdefs.ErrFailedPrecondition.
+	ErrInUse error = &kindError{errdefs.ErrFailedPrecondition}
+)
+
+// kindError is a sentinel of an errdefs kind. It is a pointer, so that two
+// sentinels of one kind are never equal (errdefs' WithMessage values are
+// equal when their kind and text are), and its text is its kind's, so that a
+// message that wraps it reads as one that wraps the kind ("...: not found").
+type kindError struct{ kind error }
+
+func (e *kindError) Error() string { return e.kind.Error() }
+func (e *kindError) Unwrap() error { return e.kind }
 
 // errUnsafe wraps errdefs.ErrInvalidArgument for layer entries that are
 // refused because applying them could not be done safely or exactly.

@@ -28,10 +28,11 @@ type PullOptions struct {
 	// Platform to pick from an index. Default: HostPlatform().
 	Platform Platform
 	// Offline resolves tags from their last resolution on this worker and
-	// never contacts a registry.
+	// never contacts a registry: what is not cached fails with ErrNotCached.
 	Offline bool
 	// InsecureRegistries are registry hosts ("host:port") that may be
-	// reached over plain HTTP. Loopback registries always may.
+	// reached over plain HTTP. Loopback registries always may; others fail
+	// with a *PlainHTTPError.
 	InsecureRegistries []string
 	// Jobs bounds the layers fetched at once. Default DefaultJobs.
 	Jobs int
@@ -122,7 +123,7 @@ func (s *Store) Prewarm(ctx context.Context, image string, opts *PullOptions) (*
 			return res, nil
 		}
 		if o.Offline {
-			return nil, fmt.Errorf("image %s for %s is not cached and --offline forbids fetching it: %w", image, o.Platform, errdefs.ErrNotFound)
+			return nil, fmt.Errorf("image %s for %s is not cached, and an offline pull fetches nothing: %w", image, o.Platform, ErrNotCached)
 		}
 	}
 
@@ -225,7 +226,7 @@ func pickManifest(raw []byte, p Platform) (*v1.Descriptor, error) {
 	if len(have) == 0 {
 		return nil, fmt.Errorf("the index names no platforms; name a platform manifest by its digest: %w", errdefs.ErrNotFound)
 	}
-	return nil, fmt.Errorf("the index has no image for %s (it has %s); choose one with --platform: %w", p, strings.Join(have, ", "), errdefs.ErrNotFound)
+	return nil, fmt.Errorf("the index has no image for %s (it has %s): %w", p, strings.Join(have, ", "), ErrPlatformNotFound)
 }
 
 func checkDescriptor(d *v1.Descriptor) error {
@@ -248,7 +249,7 @@ func (s *Store) build(ctx context.Context, src source, named, md v1.Hash, m *v1.
 	defer unlock()
 	if img, err := s.get(md.Hex); err == nil {
 		if img.Platform != o.Platform.String() {
-			return nil, false, fmt.Errorf("image %s is for %s, not %s; choose its platform with --platform: %w", md, img.Platform, o.Platform, errdefs.ErrNotFound)
+			return nil, false, fmt.Errorf("image %s is for %s, not %s: %w", md, img.Platform, o.Platform, ErrPlatformNotFound)
 		}
 		s.touch(md.Hex)
 		return img, true, s.writeAlias(named, o.Platform, img)
@@ -276,7 +277,7 @@ func (s *Store) build(ctx context.Context, src source, named, md v1.Hash, m *v1.
 		return nil, false, err
 	}
 	if got := (Platform{OS: cfg.OS, Architecture: cfg.Architecture, Variant: cfg.Variant}).normalize(); got != o.Platform {
-		return nil, false, fmt.Errorf("image %s is for %s, not %s; choose its platform with --platform: %w", md, got, o.Platform, errdefs.ErrNotFound)
+		return nil, false, fmt.Errorf("image %s is for %s, not %s: %w", md, got, o.Platform, ErrPlatformNotFound)
 	}
 	if len(cfg.RootFS.DiffIDs) != len(m.Layers) {
 		return nil, false, fmt.Errorf("image %s has %d layers but its config lists %d diff_ids: %w", md, len(m.Layers), len(cfg.RootFS.DiffIDs), errdefs.ErrInvalidArgument)

@@ -206,8 +206,8 @@ func TestPrewarmByIndexDigestThenOffline(t *testing.T) {
 		t.Fatalf("not a clean cache hit: %+v, %d requests", res2, r.requests.Load()-before)
 	}
 	// The arm64 variant v8 normalises to arm64, but it is not cached.
-	if _, err := s.Prewarm(ctx, ref, &PullOptions{Platform: Platform{OS: "linux", Architecture: "arm64"}, Offline: true}); !errors.Is(err, errdefs.ErrNotFound) {
-		t.Fatalf("offline miss: want not found, got %v", err)
+	if _, err := s.Prewarm(ctx, ref, &PullOptions{Platform: Platform{OS: "linux", Architecture: "arm64"}, Offline: true}); !errors.Is(err, ErrNotCached) || !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("offline miss: want not cached, got %v", err)
 	}
 }
 
@@ -224,7 +224,7 @@ func TestPrewarmPlatforms(t *testing.T) {
 		t.Fatalf("arm64 pull: %+v %v", res, err)
 	}
 	_, err = s.Prewarm(context.Background(), ref, &PullOptions{Platform: Platform{OS: "linux", Architecture: "s390x"}})
-	if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "linux/amd64, linux/arm64") {
+	if !errors.Is(err, ErrPlatformNotFound) || !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "linux/amd64, linux/arm64") {
 		t.Fatalf("missing platform: %v", err)
 	}
 }
@@ -235,7 +235,7 @@ func TestPrewarmTagAndOffline(t *testing.T) {
 	tag := strings.Split(ref, "@")[0] + ":latest"
 	s := newTestStore(t)
 	ctx := context.Background()
-	if _, err := s.Prewarm(ctx, tag, &PullOptions{Platform: amd64, Offline: true}); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := s.Prewarm(ctx, tag, &PullOptions{Platform: amd64, Offline: true}); !errors.Is(err, ErrNotCached) || !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("offline before any resolution: %v", err)
 	}
 	res, err := s.Prewarm(ctx, tag, &PullOptions{Platform: amd64})
@@ -291,7 +291,7 @@ func TestPrewarmWrongDigestReference(t *testing.T) {
 	}
 	// A single-manifest image for another platform is refused.
 	_, err = s.Prewarm(context.Background(), strings.Split(ref, "@")[0]+"@"+md.String(), &PullOptions{Platform: Platform{OS: "linux", Architecture: "arm64"}})
-	if !errors.Is(err, errdefs.ErrNotFound) {
+	if !errors.Is(err, ErrPlatformNotFound) || !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("platform mismatch of a single manifest: %v", err)
 	}
 }
@@ -435,7 +435,7 @@ func TestRemoveLeaseAndGC(t *testing.T) {
 	if err := s.Lease(ctx, res.ManifestDigest, "sb1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Remove(ctx, res.IndexDigest); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "sb1") {
+	if _, err := s.Remove(ctx, res.IndexDigest); !errors.Is(err, ErrInUse) || !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "sb1") {
 		t.Fatalf("remove of a leased image: %v", err)
 	}
 	zero := int64(0)
@@ -508,7 +508,8 @@ func TestHTTPGuard(t *testing.T) {
 	} {
 		req, _ := http.NewRequest(http.MethodGet, tc.url, nil)
 		_, err := g.RoundTrip(req)
-		if tc.refused != errors.Is(err, errdefs.ErrPermissionDenied) {
+		var pe *PlainHTTPError
+		if tc.refused != errors.Is(err, errdefs.ErrPermissionDenied) || tc.refused != (errors.As(err, &pe) && pe.Host == req.URL.Host) {
 			t.Errorf("%s: %v", tc.url, err)
 		}
 	}

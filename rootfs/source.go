@@ -227,8 +227,7 @@ type httpGuard struct {
 
 func (g *httpGuard) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL.Scheme == "http" && !isLoopback(req.URL.Hostname()) && !slices.Contains(g.insecure, req.URL.Host) {
-		return nil, fmt.Errorf("refusing plain HTTP to %s: only loopback registries may use HTTP; pass --insecure-registry %s if you trust the network: %w",
-			req.URL.Host, req.URL.Host, errdefs.ErrPermissionDenied)
+		return nil, &PlainHTTPError{Host: req.URL.Host}
 	}
 	return g.next.RoundTrip(req)
 }

@@ -145,7 +145,8 @@ func (s *Store) resolveAlias(named v1.Hash, p Platform) (*Image, error) {
 
 // Get returns the cached image that IMAGE (a digest reference, or a tag or
 // layout with its last resolution) leads to on platform p, without any
-// network access. It fails with errdefs.ErrNotFound when it is not cached.
+// network access. It fails with ErrNotCached (errdefs.ErrNotFound) when it
+// is not cached.
 func (s *Store) Get(image string, p Platform) (*Image, error) {
 	ref, err := ParseReference(image)
 	if err != nil {
@@ -159,7 +160,7 @@ func (s *Store) Get(image string, p Platform) (*Image, error) {
 	}
 	img, err := s.resolveAlias(named, p)
 	if err != nil {
-		return nil, fmt.Errorf("image %s for %s is not cached; run flmbox prewarm %s: %w", image, p, image, errdefs.ErrNotFound)
+		return nil, fmt.Errorf("image %s for %s is not cached: %w", image, p, ErrNotCached)
 	}
 	return img, nil
 }
@@ -167,7 +168,7 @@ func (s *Store) Get(image string, p Platform) (*Image, error) {
 func (s *Store) lastResolution(ref Reference) (v1.Hash, error) {
 	var rec refRecord
 	if err := readJSON(s.refPath(ref.tagKey()), &rec); err != nil {
-		return v1.Hash{}, fmt.Errorf("%s was never resolved on this worker; run flmbox prewarm without --offline: %w", ref, errdefs.ErrNotFound)
+		return v1.Hash{}, fmt.Errorf("%s was never resolved on this worker: %w", ref, ErrNotCached)
 	}
 	return parseDigest(rec.Digest)
 }
@@ -318,7 +319,7 @@ type Removed struct {
 // index digest, a digest reference or a tag removes every platform entry it
 // leads to, and its aliases. Nothing cached under that name is not an error
 // (Remove is idempotent). An entry leased by a sandbox is kept and the call
-// fails with errdefs.ErrFailedPrecondition.
+// fails with ErrInUse (errdefs.ErrFailedPrecondition).
 func (s *Store) Remove(ctx context.Context, image string) ([]Removed, error) {
 	var named v1.Hash
 	var tagPath string
@@ -388,8 +389,7 @@ func (s *Store) discard(hex string) (*Removed, error) {
 		r.SizeBytes = img.SizeBytes
 	}
 	if h, _ := s.holders(hex); len(h) > 0 {
-		return nil, fmt.Errorf("image %s is used by %s; remove those sandboxes first (flmbox sandbox rm): %w",
-			r.ManifestDigest, strings.Join(h, ", "), errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("image %s is used by %s: %w", r.ManifestDigest, strings.Join(h, ", "), ErrInUse)
 	}
 	trash, err := os.MkdirTemp(filepath.Join(s.dir, "trash"), hex+"-")
 	if err != nil {

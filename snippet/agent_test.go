@@ -242,8 +242,8 @@ func TestCallVersionMismatch(t *testing.T) {
 	// A newer agent: its result may not even parse as ours.
 	socket := fakeAgent(t, fmt.Sprintf(`{"version": %d, "exit_code": "something else", "error": "whatever"}`, other))
 	_, err := wire.Call(context.Background(), socket, request(wire.LanguageShell, "true"))
-	want := fmt.Sprintf("agent speaks protocol %d, flmbox speaks %d: recreate the sandbox", other, wire.ProtocolVersion)
-	if err == nil || !strings.Contains(err.Error(), want) || !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	want := fmt.Sprintf("agent speaks protocol %d, this client %d: the sandbox was made by another flmbox", other, wire.ProtocolVersion)
+	if err == nil || !strings.Contains(err.Error(), want) || !errors.Is(err, errdefs.ErrFailedPrecondition) || !errors.Is(err, wire.ErrProtocolVersion) {
 		t.Fatalf("Call = %v", err)
 	}
 
@@ -279,14 +279,14 @@ func TestCallAgentNotAnswering(t *testing.T) {
 	for _, tc := range []struct{ name, socket, want string }{
 		{"no socket", filepath.Join(dir, "missing.sock"), "no such file or directory"},
 		{"stale socket", stale, "connection refused"},
-		{"agent hangs up", fakeAgent(t, ""), "the sandbox's agent hung up without an answer: the sandbox died? (flmbox sandbox ls)"},
+		{"agent hangs up", fakeAgent(t, ""), "the sandbox's agent hung up without an answer: "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := wire.Call(context.Background(), tc.socket, request(wire.LanguageShell, "true"))
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, errdefs.ErrUnavailable) {
 				t.Fatalf("Call = %v, want an error containing %q", err, tc.want)
 			}
-			if tc.name != "agent hangs up" && !strings.Contains(err.Error(), "the sandbox's agent is not answering: the sandbox is dead? (flmbox sandbox ls)") {
+			if tc.name != "agent hangs up" && !strings.Contains(err.Error(), "the sandbox's agent is not answering: ") {
 				t.Fatalf("Call = %v", err)
 			}
 		})

@@ -10,7 +10,8 @@
 // environment. flmbox-core implements all of flmbox, warm calls included. A
 // call is handed over too whenever anything goes wrong before its request is
 // sent (no such sandbox, a dead one, a bad flag), so that flmbox-core says
-// what is wrong: nothing has run by then.
+// what is wrong: nothing has run by then. Before handing over, flmbox checks
+// that flmbox-core is of its own build (a mismatch exits 125).
 package main
 
 import (
@@ -47,6 +48,9 @@ func execCore(args []string) error {
 		return fmt.Errorf("find %s: %w", coreName, err)
 	}
 	core := filepath.Join(filepath.Dir(self), coreName)
+	if err := sameBuild(core); err != nil {
+		return fmt.Errorf("run %s: %w; install flmbox, flmbox-core and flmbox-agent of one build in one directory (make build puts them in bin/)", coreName, err)
+	}
 	err = syscall.Exec(core, args, os.Environ())
 	return fmt.Errorf("run %s: %w; install flmbox, flmbox-core and flmbox-agent in one directory (make build puts them in bin/)", core, err)
 }

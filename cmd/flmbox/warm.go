@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -10,7 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/flmbox/flmbox/internal/warmcall"
+	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
+	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
@@ -24,35 +24,67 @@ type warmCall struct {
 	reset, json             bool
 }
 
-// parseWarmCall recognizes the command lines that flmbox runs itself:
-//
-//	flmbox [--root DIR] [--runsc PATH] run --sandbox NAME [--language L]
-//	    [--timeout D] [--max-output BYTES] [--reset] [--json] (-c CODE | FILE)
-//
-// with flags written as -f, --f, -f=V or --f=V, run's flags before or after
-// FILE, and "--" ending them, as flmbox-core reads them. It returns false for
-// anything else (other commands or flags, code on stdin, help), which
-// flmbox-core then runs. --max-output is taken here only as a plain number
-// of bytes; sizes such as 1MiB are flmbox-core's to parse.
+// flagSet is what the warm-call parser knows of a table of flags: each
+// name and alias, whether it takes a value, and its flag.
+type flagSet map[string]runcmd.Flag
+
+// warmFlags returns the Warm flags of table by name and alias.
+func warmFlags(table []runcmd.Flag) flagSet {
+	set := flagSet{}
+	for _, f := range table {
+		if f.Warm {
+			for _, n := range f.Names() {
+				set[n] = f
+			}
+		}
+	}
+	return set
+}
+
+var (
+	globalWarmFlags = warmFlags(runcmd.GlobalFlags)
+	runWarmFlags    = warmFlags(runcmd.RunFlags)
+)
+
+// parseWarmCall recognizes the command lines that flmbox runs itself: run
+// --sandbox NAME with (-c CODE | FILE) and only the flags runcmd's tables
+// mark Warm, global ones before run, written as -f, --f, -f=V or --f=V,
+// run's flags before or after FILE, and "--" ending them, as flmbox-core
+// reads them. It returns false for anything else (other commands or flags,
+// code on stdin, help, a global flag set only through its environment
+// variable), which flmbox-core then runs. A Size is taken here only as a
+// plain number of bytes; sizes such as 1MiB are flmbox-core's to parse.
 func parseWarmCall(args []string, lookupEnv func(string) (string, bool)) (*warmCall, bool) {
-	w := &warmCall{root: warmcall.DefaultRoot, language: wire.LanguagePython, timeout: 30 * time.Second, maxOutput: wire.DefaultMaxOutput}
-	if r, ok := lookupEnv("FLMBOX_ROOT"); ok {
-		w.root = r // set, even empty, it is flmbox-core's root
+	w := &warmCall{}
+	for _, table := range [][]runcmd.Flag{runcmd.GlobalFlags, runcmd.RunFlags} {
+		for _, f := range table {
+			if f.Warm && f.Default != "" && !w.set(f.Name, f.Default) {
+				panic("flag --" + f.Name + ": its default is not a warm call's value")
+			}
+		}
 	}
-	if d, _ := lookupEnv("FLMBOX_DEBUG"); d != "" {
-		return nil, false // flmbox-core's to read (and to refuse if it is not a boolean)
+	for _, f := range runcmd.GlobalFlags {
+		for _, env := range f.EnvVars {
+			v, ok := lookupEnv(env)
+			switch {
+			case !ok || (!f.Warm && v == ""):
+			case !f.Warm:
+				return nil, false // flmbox-core's to read (and to refuse if it is bad)
+			case !w.set(f.Name, v):
+				return nil, false
+			}
+		}
 	}
-	// Global flags, up to the command.
 	for {
 		if len(args) == 0 {
 			return nil, false
 		}
-		name, value, rest, ok := nextFlag(args, map[string]bool{"root": true, "runsc": true})
+		name, value, rest, ok := nextFlag(args, globalWarmFlags)
 		if !ok {
 			break
 		}
-		if name == "root" {
-			w.root = value
+		if !w.set(name, value) {
+			return nil, false
 		}
 		args = rest
 	}
@@ -61,7 +93,6 @@ func parseWarmCall(args []string, lookupEnv func(string) (string, bool)) (*warmC
 	}
 	args = args[1:]
 	var positional []string
-	takesValue := map[string]bool{"sandbox": true, "language": true, "l": true, "timeout": true, "code": true, "c": true, "max-output": true, "reset": false, "json": false}
 	for len(args) > 0 {
 		if args[0] == "--" {
 			if len(positional) > 0 {
@@ -75,14 +106,11 @@ func parseWarmCall(args []string, lookupEnv func(string) (string, bool)) (*warmC
 			args = args[1:]
 			continue
 		}
-		name, value, rest, ok := nextFlag(args, takesValue)
-		if !ok {
+		name, value, rest, ok := nextFlag(args, runWarmFlags)
+		if !ok || !w.set(name, value) {
 			return nil, false
 		}
 		args = rest
-		if !w.set(name, value) {
-			return nil, false
-		}
 	}
 	switch {
 	case w.sandbox == "":
@@ -96,14 +124,18 @@ func parseWarmCall(args []string, lookupEnv func(string) (string, bool)) (*warmC
 	return w, true
 }
 
-// set sets flag name of run to value; false if value is not valid for it.
+// set sets the flag named name (not an alias) to value; false if value is
+// not one a warm call takes for it.
 func (w *warmCall) set(name, value string) bool {
 	switch name {
+	case "root":
+		w.root = value
+	case "runsc": // a call to a running sandbox needs no runsc
 	case "sandbox":
 		w.sandbox = value
-	case "language", "l":
+	case "language":
 		w.language = value
-	case "code", "c":
+	case "code":
 		w.code, w.hasCode = value, true
 	case "timeout":
 		d, err := time.ParseDuration(value)
@@ -112,6 +144,10 @@ func (w *warmCall) set(name, value string) bool {
 		}
 		w.timeout = d
 	case "max-output":
+		if value == runcmd.DefaultMaxOutput {
+			w.maxOutput = wire.DefaultMaxOutput
+			return true
+		}
 		n, err := strconv.ParseInt(value, 10, 64)
 		if err != nil || n <= 0 || strings.TrimLeft(value, "0123456789") != "" {
 			return false
@@ -127,39 +163,43 @@ func (w *warmCall) set(name, value string) bool {
 		} else {
 			w.json = b
 		}
+	default:
+		return false
 	}
 	return true
 }
 
-// nextFlag reads the flag at args[0] if it is one of known (name → takes a
-// value), with its value ("true" for a boolean written alone), and returns
-// the arguments after it.
-func nextFlag(args []string, known map[string]bool) (name, value string, rest []string, ok bool) {
+// nextFlag reads the flag at args[0] if it is one of known, with its value
+// ("true" for a boolean written alone), and returns its name (not an
+// alias) and the arguments after it.
+func nextFlag(args []string, known flagSet) (name, value string, rest []string, ok bool) {
 	a := args[0]
 	if !strings.HasPrefix(a, "-") || a == "-" || a == "--" {
 		return "", "", nil, false
 	}
 	name = strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-")
 	name, value, hasValue := strings.Cut(name, "=")
-	takes, isKnown := known[name]
+	f, isKnown := known[name]
 	switch {
 	case !isKnown:
 		return "", "", nil, false
 	case hasValue:
-		return name, value, args[1:], true
-	case !takes:
-		return name, "true", args[1:], true
+		return f.Name, value, args[1:], true
+	case f.Kind == runcmd.Bool:
+		return f.Name, "true", args[1:], true
 	case len(args) < 2:
 		return "", "", nil, false
 	}
-	return name, args[1], args[2:], true
+	return f.Name, args[1], args[2:], true
 }
 
 // run makes the call and prints its result as flmbox-core would. handled is
-// false when the call failed before its request was sent, or because the
-// agent hung up (then with warmcall.HungUpEnv set, so that flmbox-core
-// explains without calling again): the caller then hands the command line to
-// flmbox-core, which explains the failure.
+// false when the call failed before its request was sent (a bad request,
+// no such sandbox, one not running, or an agent that does not answer): the
+// caller then hands the command line to flmbox-core, which says why.
+// Once the request is sent, every failure is reported here, by the same
+// client (package record) and words (package runcmd) as flmbox-core's: the
+// agent may have run the snippet, so it is never sent again.
 func (w *warmCall) run(ctx context.Context, stdout, stderr io.Writer) (code int, handled bool) {
 	req := &wire.Request{Version: wire.ProtocolVersion, Language: w.language, Code: w.code,
 		TimeoutMS: w.timeout.Milliseconds(), MaxOutput: w.maxOutput, Reset: w.reset}
@@ -173,31 +213,26 @@ func (w *warmCall) run(ctx context.Context, stdout, stderr io.Writer) (code int,
 	if req.Validate() != nil {
 		return 0, false
 	}
-	sb, err := warmcall.Open(w.root, w.sandbox)
-	if err != nil {
+	rec, err := record.Read(w.root, w.sandbox)
+	if err != nil || rec.Callable() != nil {
 		return 0, false
 	}
-	req.Limits = warmcall.SnippetLimits(sb.Limits.MemoryBytes, sb.Limits.Pids)
-	warmcall.Touch(sb.Dir)
-	conn, err := wire.Dial(ctx, warmcall.SocketPath(sb.Dir))
+	conn, err := rec.Dial(ctx)
 	if err != nil {
 		return 0, false // dead, or its socket replaced
 	}
 	defer conn.Close()
-	res, err := wire.CallConn(ctx, conn, req)
-	if errors.Is(err, wire.ErrHungUp) && ctx.Err() == nil {
-		// The agent may have run the snippet: flmbox-core only explains
-		// (the sandbox died, most likely), told so by HungUpEnv.
-		os.Setenv(warmcall.HungUpEnv, err.Error())
-		return 0, false
-	}
+	res, err := rec.CallConn(ctx, conn, req)
 	if err != nil {
 		fmt.Fprintf(stderr, "flmbox: %s\n", err)
-		return warmcall.ExitFlmboxFailed, true
+		if h := runcmd.CallHint(err, w.sandbox); h != "" {
+			fmt.Fprintf(stderr, "flmbox: %s\n", h)
+		}
+		return runcmd.ExitFlmboxFailed, true
 	}
-	code, msg, err := warmcall.Print(stdout, stderr, res, w.json, w.timeout)
+	code, msg, err := runcmd.Print(stdout, stderr, res, w.json, w.timeout)
 	if err != nil {
-		msg, code = err.Error(), warmcall.ExitFlmboxFailed
+		msg, code = err.Error(), runcmd.ExitFlmboxFailed
 	}
 	if msg != "" {
 		fmt.Fprintf(stderr, "flmbox: %s\n", msg)

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flmbox/flmbox/internal/warmcall"
+	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
@@ -22,7 +22,7 @@ func TestParseWarmCall(t *testing.T) {
 	}
 	none := env(nil)
 	def := func(edit func(w *warmCall)) *warmCall {
-		w := &warmCall{root: warmcall.DefaultRoot, sandbox: "sb", language: wire.LanguagePython, timeout: 30 * time.Second,
+		w := &warmCall{root: runcmd.DefaultRoot, sandbox: "sb", language: wire.LanguagePython, timeout: 30 * time.Second,
 			maxOutput: wire.DefaultMaxOutput, code: "print(1)", hasCode: true}
 		edit(w)
 		return w
@@ -95,10 +95,12 @@ func TestWarmCallHandsOver(t *testing.T) {
 	if err := os.MkdirAll(dead, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	rec, _ := json.Marshal(map[string]any{"name": "dead", "limits": map[string]int64{"memory_bytes": 1 << 29, "pids": 256}})
+	rec, _ := json.Marshal(map[string]any{"name": "dead", "state": "running", "limits": map[string]int64{"memory_bytes": 1 << 29, "pids": 256}})
 	if err := os.WriteFile(filepath.Join(dead, "sandbox.json"), rec, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	fakeAgent(t, root, "creating", func([]byte) []byte { t.Error("a sandbox being created was called"); return nil })
+	setState(t, root, "creating", "creating")
 	for _, tc := range []struct{ name, args string }{
 		{"no such sandbox", "run --sandbox nosuch -c 1"},
 		{"a bad name", "run --sandbox ../x -c 1"},
@@ -107,6 +109,7 @@ func TestWarmCallHandsOver(t *testing.T) {
 		{"a file that is not a regular file (read once)", "run --sandbox dead /dev/null"},
 		{"an unknown language", "run --sandbox dead -l ruby -c 1"},
 		{"a zero timeout", "run --sandbox dead --timeout 0s -c 1"},
+		{"a sandbox being created", "run --sandbox creating -c 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w, ok := parseWarmCall(append([]string{"--root", root}, strings.Fields(tc.args)...), func(string) (string, bool) { return "", false })
@@ -123,13 +126,13 @@ func TestWarmCallHandsOver(t *testing.T) {
 
 // fakeAgent serves one sandbox's socket under root: answer is called with
 // each request read and returns what to write back (nothing: hang up).
-func fakeAgent(t *testing.T, root, name string, answer func(req []byte) []byte) {
+func fakeAgent(t *testing.T, root, name string, answer func(req []byte) []byte) net.Listener {
 	t.Helper()
 	dir := filepath.Join(root, "sandboxes", name)
 	if err := os.MkdirAll(filepath.Join(dir, "run"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	rec, _ := json.Marshal(map[string]any{"name": name, "limits": map[string]int64{"memory_bytes": 1 << 29, "pids": 256}})
+	rec, _ := json.Marshal(map[string]any{"name": name, "state": "running", "limits": map[string]int64{"memory_bytes": 1 << 29, "pids": 256}})
 	if err := os.WriteFile(filepath.Join(dir, "sandbox.json"), rec, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -149,6 +152,7 @@ func fakeAgent(t *testing.T, root, name string, answer func(req []byte) []byte) 
 			c.Close()
 		}
 	}()
+	return ln
 }
 
 // TestWarmCallAnswered: a call is made here, with the sandbox's limits, and
@@ -174,20 +178,60 @@ func TestWarmCallAnswered(t *testing.T) {
 	}
 }
 
-// TestWarmCallHungUp: an agent that reads the request and hangs up may have
-// run it, so the call is handed to flmbox-core with HungUpEnv set: it
-// explains the failure and never sends the request again.
-func TestWarmCallHungUp(t *testing.T) {
-	root := t.TempDir()
-	fakeAgent(t, root, "sb", func([]byte) []byte { return nil })
-	t.Setenv(warmcall.HungUpEnv, "")
-	os.Unsetenv(warmcall.HungUpEnv)
-	w, _ := parseWarmCall([]string{"--root", root, "run", "--sandbox", "sb", "-c", "1"}, func(string) (string, bool) { return "", false })
-	var stdout, stderr bytes.Buffer
-	if _, handled := w.run(t.Context(), &stdout, &stderr); handled || stdout.Len()+stderr.Len() != 0 {
-		t.Fatalf("handled %v, printed %q %q", handled, stdout.String(), stderr.String())
+// setState rewrites the state in sandbox name's record.
+func setState(t *testing.T, root, name, state string) {
+	t.Helper()
+	p := filepath.Join(root, "sandboxes", name, "sandbox.json")
+	var rec map[string]any
+	b, _ := os.ReadFile(p)
+	if err := json.Unmarshal(b, &rec); err != nil {
+		t.Fatal(err)
 	}
-	if msg, ok := os.LookupEnv(warmcall.HungUpEnv); !ok || !strings.Contains(msg, "hung up") {
-		t.Fatalf("%s = %q, %v", warmcall.HungUpEnv, msg, ok)
+	rec["state"] = state
+	b, _ = json.Marshal(rec)
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWarmCallHungUp: an agent that reads the request and hangs up may have
+// run it, so flmbox reports the failure itself, as flmbox-core would, and
+// never hands the call over (which would send it again): the sandbox is
+// dead if its agent no longer accepts connections.
+func TestWarmCallHungUp(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		dies   bool
+		stderr []string
+	}{
+		{"alive", false, []string{"hung up without an answer", "flmbox: flmbox sandbox ls shows its state"}},
+		{"dead", true, []string{"the sandbox is dead", "flmbox: remove it with flmbox sandbox rm sb and create another"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			calls := 0
+			var ln net.Listener
+			ln = fakeAgent(t, root, "sb", func(req []byte) []byte {
+				if len(req) == 0 {
+					return nil // a connection that only checks the agent accepts
+				}
+				calls++
+				if tc.dies {
+					ln.Close()
+				}
+				return nil
+			})
+			w, _ := parseWarmCall([]string{"--root", root, "run", "--sandbox", "sb", "-c", "1"}, func(string) (string, bool) { return "", false })
+			var stdout, stderr bytes.Buffer
+			code, handled := w.run(t.Context(), &stdout, &stderr)
+			if !handled || code != runcmd.ExitFlmboxFailed || stdout.Len() != 0 || calls != 1 {
+				t.Fatalf("handled %v, exit %d, %d calls, printed %q %q", handled, code, calls, stdout.String(), stderr.String())
+			}
+			for _, want := range tc.stderr {
+				if !strings.Contains(stderr.String(), want) {
+					t.Errorf("stderr %q: want %q", stderr.String(), want)
+				}
+			}
+		})
 	}
 }

@@ -43,7 +43,7 @@ func Dial(ctx context.Context, path string) (*os.File, error) {
 		return nil, fmt.Errorf("dial unix %s: %w", path, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
-		return nil, fmt.Errorf("the agent's socket %s is not a socket (a snippet replaced it?); remove the sandbox: %w", path, errdefs.ErrPermissionDenied)
+		return nil, fmt.Errorf("the agent's socket %s is not a socket (a snippet replaced it?): %w", path, errdefs.ErrPermissionDenied)
 	}
 	s, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -104,7 +104,7 @@ func Call(ctx context.Context, socketPath string, req *Request) (*Result, error)
 		if errors.Is(err, errdefs.ErrPermissionDenied) {
 			return nil, err
 		}
-		return nil, fmt.Errorf("the sandbox's agent is not answering: the sandbox is dead? (flmbox sandbox ls): %w: %w", err, errdefs.ErrUnavailable)
+		return nil, fmt.Errorf("the sandbox's agent is not answering: %w: %w", err, errdefs.ErrUnavailable)
 	}
 	defer conn.Close()
 	return CallConn(ctx, conn, req)
@@ -126,8 +126,8 @@ func CallConn(ctx context.Context, conn *os.File, req *Request) (*Result, error)
 		return nil, err
 	}
 	if res.Version != ProtocolVersion {
-		return nil, fmt.Errorf("the sandbox's agent speaks protocol %d, flmbox speaks %d: recreate the sandbox with this flmbox (flmbox sandbox rm, then flmbox sandbox create): %w",
-			res.Version, ProtocolVersion, errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("the sandbox's agent speaks protocol %d, this client %d: %w",
+			res.Version, ProtocolVersion, ErrProtocolVersion)
 	}
 	return res, nil
 }
@@ -155,7 +155,7 @@ func exchange(conn *os.File, req *Request) (*Result, error) {
 			return nil, fmt.Errorf("read the agent's answer: over %d bytes", limit)
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return nil, fmt.Errorf("the sandbox's agent did not answer in time (the snippet's timeout plus %s); the sandbox is wedged? (flmbox sandbox ls): %w",
+			return nil, fmt.Errorf("the sandbox's agent did not answer in time (the snippet's timeout plus %s): %w",
 				answerGrace, errdefs.ErrUnavailable)
 		}
 		return nil, agentGone("read the answer", err)
@@ -197,6 +197,11 @@ func maxResultSize(req *Request) int64 {
 	return 2*data + 64<<10
 }
 
+// ErrProtocolVersion is in the error of a call whose agent speaks another
+// version of the protocol: its sandbox was made by another flmbox. It is
+// errdefs.ErrFailedPrecondition.
+var ErrProtocolVersion = fmt.Errorf("the sandbox was made by another flmbox: %w", errdefs.ErrFailedPrecondition)
+
 // ErrHungUp is in the error of a call whose agent closed the connection
 // without answering. The agent answers every request it reads, even a bad
 // one, so it died, and a sandbox ends with its agent (its first process).
@@ -206,7 +211,7 @@ var ErrHungUp = errors.New("the sandbox's agent hung up without an answer")
 // died during the call, usually with its whole sandbox.
 func agentGone(doing string, err error) error {
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) {
-		return fmt.Errorf("%s: %w: the sandbox died? (flmbox sandbox ls): %w: %w", doing, ErrHungUp, err, errdefs.ErrUnavailable)
+		return fmt.Errorf("%s: %w: %w: %w", doing, ErrHungUp, err, errdefs.ErrUnavailable)
 	}
 	return fmt.Errorf("%s: %w", doing, err)
 }

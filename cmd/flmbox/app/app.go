@@ -10,34 +10,36 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/flmbox/flmbox/internal/warmcall"
+	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
 	"github.com/flmbox/flmbox/rootfs"
+	"github.com/flmbox/flmbox/sandbox"
 )
 
 // exitFlmboxFailed is the exit status when flmbox itself failed, as docker
 // and podman use it.
-const exitFlmboxFailed = warmcall.ExitFlmboxFailed
-
-// DefaultRoot is the default state root.
-const DefaultRoot = warmcall.DefaultRoot
+const exitFlmboxFailed = runcmd.ExitFlmboxFailed
 
 // Run runs the flmbox CLI on args (os.Args) and returns the process's exit
-// code.
+// code. A failure is printed as "flmbox: ERROR", and on a second line what
+// to do about it when the CLI knows.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	app := newApp(stdout, stderr)
 	err := app.RunContext(ctx, hoistFlags(app, args))
 	if err == nil {
 		return 0
 	}
+	code := exitFlmboxFailed
 	var ec cli.ExitCoder
 	if errors.As(err, &ec) {
-		if msg := err.Error(); msg != "" {
-			fmt.Fprintf(stderr, "flmbox: %s\n", msg)
-		}
-		return ec.ExitCode()
+		code = ec.ExitCode()
 	}
-	fmt.Fprintf(stderr, "flmbox: %s\n", err)
-	return exitFlmboxFailed
+	if msg := err.Error(); msg != "" {
+		fmt.Fprintf(stderr, "flmbox: %s\n", msg)
+	}
+	if h := adviseOn(err); h != "" {
+		fmt.Fprintf(stderr, "flmbox: %s\n", h)
+	}
+	return code
 }
 
 func newApp(stdout, stderr io.Writer) *cli.App {
@@ -46,15 +48,11 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Usage:     "run untrusted Python and shell snippets in gVisor sandboxes",
 		Writer:    stdout,
 		ErrWriter: stderr,
-		// Errors are printed and turned into exit codes by run, not by cli.
+		// Errors are printed and turned into exit codes by Run, not by cli.
 		ExitErrHandler:       func(*cli.Context, error) {},
 		HideHelpCommand:      true,
 		EnableBashCompletion: false,
-		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "root", Value: DefaultRoot, EnvVars: []string{"FLMBOX_ROOT"}, Usage: "state root: image cache and sandboxes"},
-			&cli.StringFlag{Name: "runsc", EnvVars: []string{"FLMBOX_RUNSC"}, Usage: "runsc binary (default: runsc on PATH)"},
-			&cli.BoolFlag{Name: "debug", EnvVars: []string{"FLMBOX_DEBUG"}, Usage: "print debugging details"},
-		},
+		Flags:                tableFlags(runcmd.GlobalFlags),
 		Commands: []*cli.Command{
 			prewarmCommand(),
 			imagesCommand(),
@@ -67,16 +65,80 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 	}
 }
 
-// openStore opens the image cache under the state root.
-func openStore(c *cli.Context) (*rootfs.Store, error) {
+// ensureRoot creates the state root.
+func ensureRoot(c *cli.Context) (string, error) {
 	root := c.String("root")
 	if err := os.MkdirAll(root, 0o700); err != nil {
-		return nil, fmt.Errorf("create state root %s: %w; choose another with --root or FLMBOX_ROOT", root, err)
+		return "", advise(fmt.Errorf("create state root %s: %w", root, err), "choose another with --root or FLMBOX_ROOT")
+	}
+	return root, nil
+}
+
+// openManager opens the sandboxes under the state root.
+func openManager(c *cli.Context) (*sandbox.Manager, error) {
+	root, err := ensureRoot(c)
+	if err != nil {
+		return nil, err
+	}
+	return sandbox.Open(root, sandbox.WithRunsc(c.String("runsc")),
+		sandbox.WithWarnf(func(f string, a ...any) { warnf(c, f, a...) }))
+}
+
+// openStore opens the image cache under the state root.
+func openStore(c *cli.Context) (*rootfs.Store, error) {
+	root, err := ensureRoot(c)
+	if err != nil {
+		return nil, err
 	}
 	return rootfs.OpenStore(filepath.Join(root, "images"))
+}
+
+// openReconciledStore opens the image cache after releasing the leases of
+// sandboxes that do not exist (see sandbox.Manager.Reconcile), so that what
+// a killed flmbox left does not keep images.
+func openReconciledStore(c *cli.Context) (*rootfs.Store, error) {
+	m, err := openManager(c)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Reconcile(c.Context); err != nil {
+		warnf(c, "%v", err)
+	}
+	return m.Images()
 }
 
 // warnf prints a warning to the app's error writer.
 func warnf(c *cli.Context, format string, args ...any) {
 	fmt.Fprintf(c.App.ErrWriter, "flmbox: warning: "+format+"\n", args...)
+}
+
+// advised is an error with what to do about it, for Run to print.
+type advised struct {
+	error
+	advice string
+}
+
+func (a *advised) Unwrap() error { return a.error }
+
+// advise adds to err what a person can do about it ("" adds nothing).
+func advise(err error, advice string) error {
+	if err == nil || advice == "" {
+		return err
+	}
+	return &advised{err, advice}
+}
+
+// adviseOn returns what a person can do about err: the advice its command
+// gave, else what the CLI knows of its kind.
+func adviseOn(err error) string {
+	var a *advised
+	switch {
+	case errors.As(err, &a):
+		return a.advice
+	case errors.Is(err, sandbox.ErrNoAgent):
+		return "install flmbox, flmbox-core and flmbox-agent in one directory (make build puts them in bin/)"
+	case errors.Is(err, sandbox.ErrPip):
+		return "add the wheels to the cache first (flmbox pipcache add or flmbox pipcache fetch)"
+	}
+	return hint(err)
 }

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/flmbox/flmbox/runtime"
+	"github.com/flmbox/flmbox/sandbox"
 )
 
 // minFreeBytes is the free space below which doctor warns: room for a few
@@ -32,7 +33,7 @@ func doctorCommand() *cli.Command {
 		Usage: "check that this worker can run flmbox, and say how to fix what is missing",
 		Flags: []cli.Flag{jsonFlag},
 		Action: func(c *cli.Context) error {
-			checks := []check{checkRunsc(c), checkAgent(), checkRoot(), checkOpenat2(), checkCgroups(), checkSpace(c.String("root"))}
+			checks := []check{checkRunsc(c), checkAgent(c), checkRoot(), checkOpenat2(), checkCgroups(), checkSpace(c.String("root"))}
 			failed := 0
 			for _, ch := range checks {
 				if !ch.OK {
@@ -76,8 +77,12 @@ func checkRunsc(c *cli.Context) check {
 	return check{Name: "runsc", OK: true, Detail: fmt.Sprintf("%s (version %s, default platform %s; kvm hangs on some VMs, prefer systrap or ptrace)", path, info.Version, info.DefaultPlatform)}
 }
 
-func checkAgent() check {
-	p, err := agentPath()
+func checkAgent(c *cli.Context) check {
+	m, err := sandbox.Open(c.String("root"))
+	if err != nil {
+		return check{Name: "agent", Detail: err.Error()}
+	}
+	p, err := m.Agent()
 	if err != nil {
 		return check{Name: "agent", Detail: err.Error(), Fix: "run `make build`, and install bin/flmbox, bin/flmbox-core and bin/flmbox-agent in one directory"}
 	}

@@ -3,13 +3,40 @@ package app
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/docker/go-units"
 	"github.com/urfave/cli/v2"
 
+	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
 	"github.com/flmbox/flmbox/rootfs"
 	"github.com/flmbox/flmbox/runtime"
+	"github.com/flmbox/flmbox/sandbox"
 )
+
+// tableFlags are urfave/cli's flags for a table of runcmd's.
+func tableFlags(table []runcmd.Flag) []cli.Flag {
+	var out []cli.Flag
+	for _, f := range table {
+		switch f.Kind {
+		case runcmd.String, runcmd.Size:
+			out = append(out, &cli.StringFlag{Name: f.Name, Aliases: f.Aliases, Value: f.Default, EnvVars: f.EnvVars, Usage: f.Usage})
+		case runcmd.Bool:
+			out = append(out, &cli.BoolFlag{Name: f.Name, Aliases: f.Aliases, EnvVars: f.EnvVars, Usage: f.Usage})
+		case runcmd.Duration:
+			d, err := time.ParseDuration(f.Default)
+			if err != nil {
+				panic(fmt.Sprintf("flag --%s: default %q is not a duration", f.Name, f.Default))
+			}
+			out = append(out, &cli.DurationFlag{Name: f.Name, Aliases: f.Aliases, Value: d, EnvVars: f.EnvVars, Usage: f.Usage})
+		case runcmd.Int:
+			out = append(out, &cli.IntFlag{Name: f.Name, Aliases: f.Aliases, EnvVars: f.EnvVars, Usage: f.Usage})
+		default:
+			panic(fmt.Sprintf("flag --%s: unknown kind %d", f.Name, f.Kind))
+		}
+	}
+	return out
+}
 
 // pullFlags select and bound what an image pull fetches.
 func pullFlags() []cli.Flag {
@@ -46,22 +73,14 @@ func pullOptions(c *cli.Context) (*rootfs.PullOptions, error) {
 // jsonFlag makes a command print JSON.
 var jsonFlag = &cli.BoolFlag{Name: "json", Usage: "print JSON"}
 
-// Sandbox defaults (issue 3): the whole sandbox's cgroup backstop.
-const (
-	defaultMemory  = "512MiB"
-	defaultCPUs    = 1.0
-	defaultPids    = 256
-	defaultTmpSize = "256MiB"
-)
-
 // sandboxFlags configure a new sandbox.
 func sandboxFlags() []cli.Flag {
 	return append(pullFlags(),
 		&cli.StringFlag{Name: "network", Value: "none", Usage: "network: none or host"},
-		&cli.StringFlag{Name: "memory", Value: defaultMemory, Usage: "memory of the sandbox's processes and /tmp together; a snippet that would exceed it is killed (its cgroup allows a quarter more, for gVisor)"},
-		&cli.Float64Flag{Name: "cpus", Value: defaultCPUs, Usage: "CPU limit of the sandbox"},
-		&cli.Int64Flag{Name: "pids", Value: defaultPids, Usage: "process limit of the sandbox"},
-		&cli.StringFlag{Name: "tmp-size", Value: defaultTmpSize, Usage: "size of the sandbox's writable /tmp"},
+		&cli.StringFlag{Name: "memory", Value: units.BytesSize(float64(sandbox.DefaultLimits.MemoryBytes)), Usage: "memory of the sandbox's processes and /tmp together; a snippet that would exceed it is killed (its cgroup allows a quarter more, for gVisor)"},
+		&cli.Float64Flag{Name: "cpus", Value: sandbox.DefaultLimits.CPUs, Usage: "CPU limit of the sandbox"},
+		&cli.Int64Flag{Name: "pids", Value: sandbox.DefaultLimits.Pids, Usage: "process limit of the sandbox"},
+		&cli.StringFlag{Name: "tmp-size", Value: units.BytesSize(sandbox.DefaultTmpBytes), Usage: "size of the sandbox's writable /tmp"},
 		&cli.StringSliceFlag{Name: "env", Aliases: []string{"e"}, Usage: "set `K=V` in the sandbox's environment"},
 		&cli.StringFlag{Name: "gvisor-platform", Usage: "gVisor platform: systrap, ptrace or kvm (default: runsc's)"},
 		&cli.GenericFlag{Name: "pip", Value: &stringList{}, Usage: "preinstall `REQUIREMENT` from the wheel cache when the sandbox is created (repeatable)"},
@@ -75,42 +94,42 @@ type stringList []string
 func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 func (l *stringList) String() string     { return strings.Join(*l, " ") }
 
-// sandboxOptionsFrom reads sandboxFlags.
-func sandboxOptionsFrom(c *cli.Context) (sandboxOptions, error) {
-	o := sandboxOptions{image: c.String("image"), platform: c.String("gvisor-platform"), env: c.StringSlice("env")}
+// specFrom reads sandboxFlags and --image into a sandbox spec.
+func specFrom(c *cli.Context) (sandbox.Spec, error) {
+	s := sandbox.Spec{Image: c.String("image"), Platform: c.String("gvisor-platform"), Env: c.StringSlice("env")}
 	var err error
-	if o.pull, err = pullOptions(c); err != nil {
-		return o, err
+	if s.Pull, err = pullOptions(c); err != nil {
+		return s, err
 	}
-	if o.network, err = runtime.ParseNetwork(c.String("network")); err != nil {
-		return o, err
+	if s.Network, err = runtime.ParseNetwork(c.String("network")); err != nil {
+		return s, err
 	}
-	if o.limits.MemoryBytes, err = parseSize("--memory", c.String("memory")); err != nil {
-		return o, err
+	if s.Limits.MemoryBytes, err = parseSize("--memory", c.String("memory")); err != nil {
+		return s, err
 	}
-	if o.tmpBytes, err = parseSize("--tmp-size", c.String("tmp-size")); err != nil {
-		return o, err
+	if s.TmpBytes, err = parseSize("--tmp-size", c.String("tmp-size")); err != nil {
+		return s, err
 	}
-	o.limits.CPUs, o.limits.Pids = c.Float64("cpus"), c.Int64("pids")
-	if o.limits.CPUs <= 0 || o.limits.Pids <= 0 {
-		return o, fmt.Errorf("--cpus and --pids must be positive")
+	s.Limits.CPUs, s.Limits.Pids = c.Float64("cpus"), c.Int64("pids")
+	if s.Limits.CPUs <= 0 || s.Limits.Pids <= 0 {
+		return s, fmt.Errorf("--cpus and --pids must be positive")
 	}
 	if l, ok := c.Generic("pip").(*stringList); ok {
-		o.pip = *l
+		s.Pip = *l
 	}
-	if err := checkRequirements(o.pip); err != nil {
-		return o, err
+	if err := sandbox.CheckRequirements(s.Pip); err != nil {
+		return s, err
 	}
-	if len(o.pip) > 0 && c.IsSet("batch") {
-		// A batch resets its sandboxes between snippets, emptying /tmp.
-		return o, fmt.Errorf("--pip does not apply to --batch, whose snippets each start with an empty /tmp: install in the snippets (pip install NAME installs from the wheel cache)")
+	if len(s.Pip) > 0 && c.IsSet("batch") {
+		return s, advise(fmt.Errorf("--pip does not apply to --batch, whose snippets each start with an empty /tmp"),
+			"install in the snippets: pip install NAME installs from the wheel cache")
 	}
-	for _, kv := range o.env {
+	for _, kv := range s.Env {
 		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
-			return o, fmt.Errorf("--env %q: want K=V", kv)
+			return s, fmt.Errorf("--env %q: want K=V", kv)
 		}
 	}
-	return o, nil
+	return s, nil
 }
 
 func parseSize(flag, s string) (int64, error) {

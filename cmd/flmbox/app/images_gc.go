@@ -29,7 +29,7 @@ func imagesGCCommand() *cli.Command {
 				}
 				o.MaxBytes = &n
 			}
-			store, err := openStore(c)
+			store, err := openReconciledStore(c)
 			if err != nil {
 				return err
 			}

@@ -16,7 +16,7 @@ func imagesRmCommand() *cli.Command {
 			if c.NArg() == 0 {
 				return fmt.Errorf("images rm needs at least one REF or DIGEST")
 			}
-			store, err := openStore(c)
+			store, err := openReconciledStore(c)
 			if err != nil {
 				return err
 			}

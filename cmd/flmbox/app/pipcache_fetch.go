@@ -1,29 +1,13 @@
 package app
 
 import (
-	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/flmbox/flmbox/pipcache"
-	"github.com/flmbox/flmbox/runtime"
+	"github.com/flmbox/flmbox/sandbox"
 )
-
-// fetchMount is where pip download writes in the fetch sandbox: the
-// cache's inbox, a bounded tmpfs on the host.
-const fetchMount = "/dev/.flmbox/fetch"
-
-// fetchOptions is what pipcache fetch downloads, and how.
-type fetchOptions struct {
-	reqs        []string
-	indexURL    string
-	timeout     time.Duration
-	maxDownload int64
-	sandbox     sandboxOptions
-}
 
 func pipcacheFetchCommand() *cli.Command {
 	return &cli.Command{
@@ -42,7 +26,11 @@ func pipcacheFetchCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			wheels, err := fetchWheels(c.Context, c, o)
+			m, err := openManager(c)
+			if err != nil {
+				return err
+			}
+			wheels, err := m.FetchWheels(c.Context, c.Args().Slice(), o)
 			if err != nil {
 				return err
 			}
@@ -52,59 +40,20 @@ func pipcacheFetchCommand() *cli.Command {
 	}
 }
 
-func fetchOptionsFrom(c *cli.Context) (o fetchOptions, err error) {
-	o = fetchOptions{reqs: c.Args().Slice(), indexURL: c.String("index-url"), timeout: c.Duration("timeout")}
-	if len(o.reqs) == 0 {
+func fetchOptionsFrom(c *cli.Context) (o sandbox.FetchOptions, err error) {
+	if c.NArg() == 0 {
 		return o, fmt.Errorf("pipcache fetch needs at least one REQUIREMENT")
 	}
-	if err := checkRequirements(o.reqs); err != nil {
+	o = sandbox.FetchOptions{IndexURL: c.String("index-url"), Timeout: c.Duration("timeout"),
+		Sandbox: sandbox.Spec{Image: c.String("image")}}
+	if o.MaxDownloadBytes, err = parseSize("--max-download-size", c.String("max-download-size")); err != nil {
 		return o, err
 	}
-	if o.maxDownload, err = parseSize("--max-download-size", c.String("max-download-size")); err != nil {
+	if o.Sandbox.Limits.MemoryBytes, err = parseSize("--memory", c.String("memory")); err != nil {
 		return o, err
 	}
-	s := sandboxOptions{image: c.String("image"), network: runtime.NetworkHost, tmpBytes: 256 << 20}
-	s.limits = runtime.Limits{CPUs: defaultCPUs, Pids: defaultPids}
-	if s.limits.MemoryBytes, err = parseSize("--memory", c.String("memory")); err != nil {
+	if o.Sandbox.Pull, err = pullOptions(c); err != nil {
 		return o, err
 	}
-	if s.pull, err = pullOptions(c); err != nil {
-		return o, err
-	}
-	o.sandbox = s
 	return o, nil
-}
-
-// fetchWheels runs pip download (wheels only) in a fresh host-network
-// sandbox that writes into an inbox, removes the sandbox, then imports
-// the inbox through the same validation as pipcache add.
-func fetchWheels(ctx context.Context, c *cli.Context, o fetchOptions) ([]*pipcache.Wheel, error) {
-	cache, err := openPipcache(c)
-	if err != nil {
-		return nil, err
-	}
-	inbox, err := cache.NewInbox(o.maxDownload, sandboxUID, sandboxGID)
-	if err != nil {
-		return nil, err
-	}
-	defer inbox.Close()
-	o.sandbox.spec = []runtime.SpecOpt{runtime.WithBind(inbox.Dir, fetchMount, false)}
-	sb, err := createSandbox(ctx, c, o.sandbox)
-	if err != nil {
-		return nil, err
-	}
-	remove := func() error { return removeSandbox(context.WithoutCancel(ctx), c, sb.Name) }
-	defer remove() // on failure; a second removal is a no-op
-	args := []string{"download", "--only-binary=:all:", "--no-cache-dir", "--progress-bar=off", "--dest", fetchMount}
-	if o.indexURL != "" {
-		args = append(args, "--index-url", o.indexURL)
-	}
-	if err := runPip(ctx, sb, snippetLimits(o.sandbox.limits), o.timeout, append(append(args, "--"), o.reqs...)...); err != nil {
-		return nil, fmt.Errorf("fetch %s: %w", strings.Join(o.reqs, " "), err)
-	}
-	// Nothing may write the inbox while it is imported.
-	if err := remove(); err != nil {
-		return nil, err
-	}
-	return cache.AddInbox(ctx, inbox)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/flmbox/flmbox/pipcache/wheeltest"
+	"github.com/flmbox/flmbox/sandbox"
 )
 
 // flmboxCLI runs the CLI in-process and returns its exit code and output.
@@ -61,19 +62,19 @@ func TestPipcacheAddLsRm(t *testing.T) {
 }
 
 func TestPipFlag(t *testing.T) {
-	parse := func(args ...string) (sandboxOptions, error) {
-		var o sandboxOptions
+	parse := func(args ...string) (sandbox.Spec, error) {
+		var o sandbox.Spec
 		var err error
 		app := &cli.App{Flags: append(sandboxFlags(), &cli.StringFlag{Name: "batch"}), Writer: &bytes.Buffer{}, ErrWriter: &bytes.Buffer{},
-			Action: func(c *cli.Context) error { o, err = sandboxOptionsFrom(c); return nil }}
+			Action: func(c *cli.Context) error { o, err = specFrom(c); return nil }}
 		if rerr := app.Run(append([]string{"flmbox"}, args...)); rerr != nil {
 			t.Fatal(rerr)
 		}
 		return o, err
 	}
 	o, err := parse("--pip", "pandas>=2,<3", "--pip", "numpy")
-	if err != nil || !slices.Equal(o.pip, []string{"pandas>=2,<3", "numpy"}) {
-		t.Fatalf("--pip: %q %v", o.pip, err)
+	if err != nil || !slices.Equal(o.Pip, []string{"pandas>=2,<3", "numpy"}) {
+		t.Fatalf("--pip: %q %v", o.Pip, err)
 	}
 	if _, err := parse("--batch", "b.json", "--pip", "numpy"); err == nil || !strings.Contains(err.Error(), "--batch") {
 		t.Errorf("--pip with --batch: %v", err)

@@ -4,23 +4,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
-	"runtime"
 	"time"
 
 	"github.com/urfave/cli/v2"
-	"golang.org/x/sync/errgroup"
 
-	"github.com/flmbox/flmbox/internal/warmcall"
-	"github.com/flmbox/flmbox/snippet/wire"
+	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
+	"github.com/flmbox/flmbox/sandbox"
 )
 
-// Bounds of a batch.
+// Bounds of a batch's input.
 const (
-	maxBatch       = 64
 	maxBatchInput  = 80 << 20
 	maxTimeoutSecs = 24 * 60 * 60
 )
@@ -55,8 +51,68 @@ type batchResult struct {
 	Stderr   string `json:"stderr"`
 }
 
+// runBatch runs `flmbox run --batch FILE` and prints the results as one
+// JSON array, in input order.
+func runBatch(c *cli.Context) error {
+	if c.NArg() != 0 || c.IsSet("code") {
+		return fmt.Errorf("--batch takes its codes from FILE, not from -c or arguments")
+	}
+	if c.Bool("reset") {
+		return fmt.Errorf("--reset does not apply to --batch: with --image every snippet starts in a clean sandbox")
+	}
+	reqs, err := readBatch(c, c.String("batch"))
+	if err != nil {
+		return err
+	}
+	var target sandbox.Target
+	switch name, image := c.String("sandbox"), c.String("image"); {
+	case (name == "") == (image == ""):
+		return fmt.Errorf("give exactly one of --sandbox NAME and --image IMAGE")
+	case name != "":
+		target.Sandbox = name
+	default:
+		spec, err := specFrom(c)
+		if err != nil {
+			return err
+		}
+		target.Spec = &spec
+	}
+	m, err := openManager(c)
+	if err != nil {
+		return err
+	}
+	results, err := m.Batch(c.Context, target, reqs, c.Int("parallel"))
+	if err != nil {
+		return err
+	}
+	out := make([]batchResult, len(results))
+	for i, r := range results {
+		out[i] = batchElement(c.Context, r, reqs[i].Timeout)
+	}
+	enc := json.NewEncoder(c.App.Writer)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(out)
+}
+
+// batchElement is r as the output array shows it. A snippet flmbox failed
+// to run has exit_code -1 and the error in stderr; an element has no
+// timed_out field: its stderr says why flmbox killed it.
+func batchElement(ctx context.Context, r sandbox.BatchResult, timeout time.Duration) batchResult {
+	switch {
+	case !r.Ran:
+		return batchResult{ExitCode: -1, Stderr: fmt.Sprintf("flmbox: not run: %v", context.Cause(ctx))}
+	case r.Err != nil:
+		return batchResult{ExitCode: -1, Stderr: fmt.Sprintf("flmbox: %v", r.Err)}
+	}
+	j := runcmd.ToJSON(r.Result)
+	if r.Result.Error != "" {
+		return batchResult{ExitCode: -1, Stdout: j.Stdout, Stderr: j.Stderr}
+	}
+	return batchResult{ExitCode: r.Result.ExitCode, Stdout: j.Stdout, Stderr: j.Stderr + runcmd.KillNote(r.Result, timeout)}
+}
+
 // readBatch parses and validates a batch; nothing runs if any of it is bad.
-func readBatch(c *cli.Context, path string) ([]*wire.Request, error) {
+func readBatch(c *cli.Context, path string) ([]sandbox.Request, error) {
 	var r io.Reader = os.Stdin
 	if path != "-" {
 		f, err := os.Open(path)
@@ -79,16 +135,16 @@ func readBatch(c *cli.Context, path string) ([]*wire.Request, error) {
 	if err := dec.Decode(&in); err != nil {
 		return nil, fmt.Errorf(`parse batch: %w; want {"language": "python", "timeout": 30, "codes": ["...", ...]}`, err)
 	}
-	if n := len(in.Codes); n == 0 || n > maxBatch {
-		return nil, fmt.Errorf("a batch holds 1 to %d codes, this one %d", maxBatch, n)
+	if n := len(in.Codes); n == 0 || n > sandbox.MaxBatch {
+		return nil, fmt.Errorf("a batch holds 1 to %d codes, this one %d", sandbox.MaxBatch, n)
 	}
 	maxOut, err := parseSize("--max-output", c.String("max-output"))
 	if err != nil {
 		return nil, err
 	}
-	var reqs []*wire.Request
+	var reqs []sandbox.Request
 	for i, item := range in.Codes {
-		lang, timeout := firstNonZero(item.Language, in.Language, wire.LanguagePython), in.Timeout
+		lang, timeout := firstNonZero(item.Language, in.Language, "python"), in.Timeout
 		if item.Timeout != 0 {
 			timeout = item.Timeout
 		}
@@ -98,8 +154,7 @@ func readBatch(c *cli.Context, path string) ([]*wire.Request, error) {
 		if timeout <= 0 || timeout > maxTimeoutSecs {
 			return nil, fmt.Errorf("code %d: timeout %g s: want more than 0 and at most %d", i, timeout, maxTimeoutSecs)
 		}
-		req := &wire.Request{Version: wire.ProtocolVersion, Language: lang, Code: item.Code,
-			TimeoutMS: int64(timeout * 1000), MaxOutput: maxOut}
+		req := sandbox.Request{Language: lang, Code: item.Code, Timeout: time.Duration(timeout * float64(time.Second)), MaxOutput: maxOut}
 		if err := req.Validate(); err != nil {
 			return nil, fmt.Errorf("code %d: %w", i, err)
 		}
@@ -115,117 +170,4 @@ func firstNonZero(s ...string) string {
 		}
 	}
 	return ""
-}
-
-// runBatch runs the requests, at most parallel at once, and returns their
-// results in input order. A snippet flmbox fails to run gets exit_code -1 and
-// the error in stderr; the others still run.
-//
-// With --image, each of the parallel workers makes a sandbox and runs its
-// snippets there one after another, resetting the sandbox before each one
-// but the first (wire.Request.Reset: other processes killed, /tmp and
-// /dev/shm emptied), so that every snippet starts in a clean sandbox and
-// none sees another's /tmp, for the price of one sandbox creation per
-// worker. A worker whose sandbox failed makes a new one for its next
-// snippet. With --sandbox, the snippets run side by side in that sandbox and
-// share its /tmp, as its sequential calls do.
-func runBatch(c *cli.Context, reqs []*wire.Request, parallel int) []batchResult {
-	if parallel <= 0 {
-		parallel = runtime.NumCPU()
-	}
-	parallel = min(parallel, len(reqs))
-	out := make([]batchResult, len(reqs))
-	next := make(chan int)
-	go func() {
-		defer close(next)
-		for i := range reqs {
-			select {
-			case next <- i:
-			case <-c.Context.Done():
-				return
-			}
-		}
-	}()
-	var g errgroup.Group
-	for range parallel {
-		g.Go(func() error {
-			w := &batchWorker{c: c}
-			defer w.close()
-			for i := range next {
-				out[i] = w.run(reqs[i])
-			}
-			return nil
-		})
-	}
-	g.Wait()
-	for i := range out {
-		if out[i] == (batchResult{}) { // never started: interrupted
-			out[i] = batchResult{ExitCode: -1, Stderr: fmt.Sprintf("flmbox: not run: %v", context.Cause(c.Context))}
-		}
-	}
-	return out
-}
-
-// batchWorker runs batch snippets one at a time, in its own sandbox with
-// --image.
-type batchWorker struct {
-	c  *cli.Context
-	sb string // its sandbox (--image), once made
-}
-
-func (w *batchWorker) run(req *wire.Request) batchResult {
-	start := time.Now()
-	fail := func(err error) batchResult {
-		return batchResult{ExitCode: -1, Stderr: fmt.Sprintf("flmbox: %v (after %s)", err, time.Since(start).Round(time.Millisecond))}
-	}
-	name := w.c.String("sandbox")
-	if name == "" {
-		if w.sb == "" {
-			o, err := sandboxOptionsFrom(w.c)
-			if err != nil {
-				return fail(err)
-			}
-			sb, err := createSandbox(w.c.Context, w.c, o)
-			if err != nil {
-				return fail(err)
-			}
-			w.sb = sb.Name
-		} else {
-			req.Reset = true
-		}
-		name = w.sb
-	}
-	res, err := callSandbox(w.c.Context, w.c, name, req)
-	if err == nil && res.Error != "" && req.Reset {
-		err = errors.New(res.Error) // the reset failed: the sandbox is not clean
-	}
-	if err != nil {
-		w.close() // a new sandbox for the next snippet
-		return fail(err)
-	}
-	j := warmcall.ToJSON(res)
-	if res.Error != "" {
-		return batchResult{ExitCode: -1, Stdout: j.Stdout, Stderr: j.Stderr}
-	}
-	// An element has no timed_out field: its stderr says why it was killed.
-	j.Stderr += warmcall.KillNote(res, time.Duration(req.TimeoutMS)*time.Millisecond)
-	return batchResult{ExitCode: res.ExitCode, Stdout: j.Stdout, Stderr: j.Stderr}
-}
-
-// close removes the worker's sandbox, if it made one.
-func (w *batchWorker) close() {
-	if w.sb == "" {
-		return
-	}
-	if err := removeSandbox(context.WithoutCancel(w.c.Context), w.c, w.sb); err != nil {
-		warnf(w.c, "remove sandbox %s: %v", w.sb, err)
-	}
-	w.sb = ""
-}
-
-// printBatch writes the results as one JSON array, nothing else.
-func printBatch(c *cli.Context, results []batchResult) error {
-	enc := json.NewEncoder(c.App.Writer)
-	enc.SetEscapeHTML(false)
-	return enc.Encode(results)
 }

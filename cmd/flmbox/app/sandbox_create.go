@@ -1,8 +1,10 @@
 package app
 
 import (
+	"errors"
 	"fmt"
 
+	"github.com/containerd/errdefs"
 	"github.com/urfave/cli/v2"
 )
 
@@ -18,12 +20,19 @@ func sandboxCreateCommand() *cli.Command {
 			if c.NArg() != 0 {
 				return fmt.Errorf("sandbox create takes no arguments, got %q", c.Args().Slice())
 			}
-			o, err := sandboxOptionsFrom(c)
+			spec, err := specFrom(c)
 			if err != nil {
 				return err
 			}
-			o.name = c.String("name")
-			sb, err := createSandbox(c.Context, c, o)
+			spec.Name = c.String("name")
+			m, err := openManager(c)
+			if err != nil {
+				return err
+			}
+			sb, err := m.Create(c.Context, spec)
+			if errors.Is(err, errdefs.ErrAlreadyExists) && spec.Name != "" {
+				return advise(err, fmt.Sprintf("choose another name or remove it (flmbox sandbox rm %s)", spec.Name))
+			}
 			if err != nil {
 				return err
 			}

@@ -3,8 +3,6 @@ package app
 import (
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"text/tabwriter"
 	"time"
 
@@ -12,6 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/flmbox/flmbox/runtime"
+	"github.com/flmbox/flmbox/sandbox"
 )
 
 // sandboxInfo is a line of `sandbox ls`.
@@ -19,7 +18,7 @@ type sandboxInfo struct {
 	Name     string          `json:"name"`
 	Image    string          `json:"image"`
 	Network  runtime.Network `json:"network"`
-	State    runtime.State   `json:"state"`
+	State    sandbox.State   `json:"state"`
 	Created  time.Time       `json:"created"`
 	LastUsed time.Time       `json:"last_used"`
 }
@@ -31,22 +30,18 @@ func sandboxLsCommand() *cli.Command {
 		Usage:   "list sandboxes",
 		Flags:   []cli.Flag{jsonFlag},
 		Action: func(c *cli.Context) error {
-			rt, err := openRuntime(c)
+			m, err := openManager(c)
 			if err != nil {
 				return err
 			}
-			sbs, err := rt.List()
+			sbs, err := m.List(c.Context)
 			if err != nil {
 				return err
 			}
 			infos := []sandboxInfo{}
 			for _, sb := range sbs {
-				info := sandboxInfo{Name: sb.Name, Image: sb.Image, Network: sb.Network, State: sandboxState(c.Context, rt, sb),
-					Created: sb.Created, LastUsed: sb.Created}
-				if fi, err := os.Stat(filepath.Join(sb.Dir, "last-used")); err == nil {
-					info.LastUsed = fi.ModTime().UTC()
-				}
-				infos = append(infos, info)
+				infos = append(infos, sandboxInfo{Name: sb.Name, Image: sb.Image, Network: sb.Network, State: sb.State,
+					Created: sb.Created, LastUsed: sb.LastUsed})
 			}
 			if c.Bool("json") {
 				return json.NewEncoder(c.App.Writer).Encode(infos)

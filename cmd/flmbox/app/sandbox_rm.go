@@ -16,11 +16,13 @@ func sandboxRmCommand() *cli.Command {
 			if c.NArg() == 0 {
 				return fmt.Errorf("sandbox rm needs at least one NAME")
 			}
+			m, err := openManager(c)
+			if err != nil {
+				return err
+			}
 			var errs []error
 			for _, name := range c.Args().Slice() {
-				if err := removeSandbox(c.Context, c, name); err != nil {
-					errs = append(errs, fmt.Errorf("remove sandbox %s: %w", name, err))
-				}
+				errs = append(errs, m.Remove(c.Context, name))
 			}
 			return errors.Join(errs...)
 		},

@@ -1,4 +1,4 @@
-package warmcall
+package runcmd
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package app
+package bench
 
 import (
 	"context"
@@ -20,8 +20,8 @@ import (
 	"github.com/flmbox/flmbox/rootfs"
 )
 
-// benchRepo is the repository the image is served under.
-const benchRepo = "flmbox-bench/image"
+// registryRepo is the repository the image is served under.
+const registryRepo = "flmbox-bench/image"
 
 // loopbackRegistry is go-containerregistry's registry, in this process, on
 // 127.0.0.1 (blobs in memory), as a worker's nearby registry would be.
@@ -30,6 +30,7 @@ type loopbackRegistry struct {
 	repo name.Repository
 }
 
+// startRegistry serves an empty registry on a free port of 127.0.0.1.
 func startRegistry() (*loopbackRegistry, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -37,7 +38,7 @@ func startRegistry() (*loopbackRegistry, error) {
 	}
 	srv := &http.Server{Handler: registry.New(registry.Logger(log.New(io.Discard, "", 0))), ReadHeaderTimeout: time.Minute}
 	go srv.Serve(ln)
-	repo, err := name.NewRepository(ln.Addr().String() + "/" + benchRepo)
+	repo, err := name.NewRepository(ln.Addr().String() + "/" + registryRepo)
 	if err != nil {
 		srv.Close()
 		return nil, err

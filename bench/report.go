@@ -1,59 +1,68 @@
-package app
+package bench
 
 import (
+	"encoding/json"
+	"io"
 	"math"
 	"slices"
 	"time"
 )
 
-// benchReport is `flmbox bench --json`'s object (issue 4's schema). Keys may
-// be added; the issue's keep their meaning. Times are milliseconds unless a
-// key says otherwise (_s: seconds, _kib: KiB).
-type benchReport struct {
-	Allocation allocationReport `json:"allocation"`
-	Warm       []warmReport     `json:"warm"`
-	Batch      batchReport      `json:"batch"`
-	Prewarm    prewarmReport    `json:"prewarm"`
-	Memory     memoryReport     `json:"memory"`
-	Runsc      runscReport      `json:"runsc"`
+// Report is what Run measured; its JSON form (WriteJSON) is `flmbox bench
+// --json`'s object, issue 4's schema. Keys may be added; the issue's keep
+// their meaning. Times are milliseconds unless a key says otherwise (_s:
+// seconds, _kib: KiB).
+type Report struct {
+	Allocation Allocation `json:"allocation"`
+	// Warm has one entry per API (sandbox, batch) and language (python,
+	// shell), in that order: sandbox/python, batch/python, sandbox/shell,
+	// batch/shell.
+	Warm    []Warm  `json:"warm"`
+	Batch   Batch   `json:"batch"`
+	Prewarm Prewarm `json:"prewarm"`
+	Memory  Memory  `json:"memory"`
+	Runsc   Runsc   `json:"runsc"`
 	// Image is what was measured; Settings how often.
-	Image    imageReport    `json:"image"`
-	Settings settingsReport `json:"settings"`
+	Image    Image    `json:"image"`
+	Settings Settings `json:"settings"`
 }
 
-// benchStats summarizes measurements in milliseconds (issue 4's S).
-type benchStats struct {
+// Stats summarizes measurements in milliseconds (issue 4's S).
+type Stats struct {
 	Median float64 `json:"median"`
 	Min    float64 `json:"min"`
 	Max    float64 `json:"max"`
 	N      int     `json:"n"`
 }
 
-// allocationReport: a new sandbox until its first result is back.
-type allocationReport struct {
+// Allocation is a new sandbox until its first result is back.
+type Allocation struct {
 	// FreshMS is a whole `flmbox run --image` process, from its start until
 	// its output is back.
-	FreshMS benchStats `json:"fresh_ms"`
-	// RetainedMS is a new logical sandbox on a running gVisor sandbox; nil
-	// (null) while flmbox has no such path (see retainedAllocation).
-	RetainedMS *benchStats `json:"retained_ms"`
+	FreshMS Stats `json:"fresh_ms"`
+	// RetainedMS is a new logical sandbox on a running gVisor sandbox: a
+	// whole `flmbox run --sandbox NAME --reset` process. Run always sets
+	// it; the schema allows null (no such path).
+	RetainedMS *Stats `json:"retained_ms"`
 	// RawRunscMS is runsc create + start + exec of the same snippet.
-	RawRunscMS benchStats `json:"raw_runsc_ms"`
+	RawRunscMS Stats `json:"raw_runsc_ms"`
 	// FreshInprocessMS is the same as FreshMS through the Go API, in this
-	// process: no CLI start-up, and removal is not counted.
-	FreshInprocessMS benchStats `json:"fresh_inprocess_ms"`
+	// process (sandbox.Manager's Create, then Call): no CLI start-up, and
+	// removal is not counted.
+	FreshInprocessMS Stats `json:"fresh_inprocess_ms"`
 }
 
-// warmReport is one API and language of warm calls: medians and p95s are
-// the medians of the within-round medians and p95s.
-type warmReport struct {
+// Warm is one API and language of warm calls: medians and p95s are the
+// medians of the within-round medians and p95s.
+type Warm struct {
 	API      string `json:"api"`      // sandbox or batch
 	Language string `json:"language"` // python or shell
-	// MedianMS and P95MS: whole `flmbox run` processes.
+	// MedianMS and P95MS: whole `flmbox run --sandbox` processes, or
+	// `flmbox run --batch --sandbox` of one snippet.
 	MedianMS float64 `json:"median_ms"`
 	P95MS    float64 `json:"p95_ms"`
-	// Inprocess: the Go API in this process (wire.Call for sandbox, the
-	// CLI's batch runner for batch).
+	// Inprocess: the Go API in this process (sandbox.Manager.Call for
+	// sandbox, Manager.Batch of one snippet for batch).
 	InprocessMedianMS float64 `json:"inprocess_median_ms"`
 	InprocessP95MS    float64 `json:"inprocess_p95_ms"`
 	// RunscExec: runsc exec of the same command in the same sandbox.
@@ -66,8 +75,8 @@ type warmReport struct {
 	Calls int `json:"calls"`
 }
 
-// batchReport is the throughput of one `flmbox run --batch --image`.
-type batchReport struct {
+// Batch is the throughput of one `flmbox run --batch --image`.
+type Batch struct {
 	Snippets  int     `json:"snippets"`
 	Parallel  int     `json:"parallel"` // the default --parallel
 	SerialS   float64 `json:"serial_s"` // --parallel 1
@@ -76,8 +85,8 @@ type batchReport struct {
 	SnippetNativeS float64 `json:"snippet_native_s"`
 }
 
-// prewarmReport: whole `flmbox prewarm` processes.
-type prewarmReport struct {
+// Prewarm is whole `flmbox prewarm` processes.
+type Prewarm struct {
 	// ColdMS is the median of cold prewarms from a loopback registry.
 	ColdMS float64 `json:"cold_ms"`
 	// CraneTarMS is the median of crane export | tar -x of the same image
@@ -85,16 +94,16 @@ type prewarmReport struct {
 	CraneTarMS *float64 `json:"crane_tar_ms"`
 	// HitMS is the median of cache-hit prewarms by index digest, with the
 	// registry stopped.
-	HitMS    float64     `json:"hit_ms"`
-	Cold     benchStats  `json:"cold_stats"`
-	CraneTar *benchStats `json:"crane_tar_stats"`
-	Hit      benchStats  `json:"hit_stats"`
+	HitMS    float64 `json:"hit_ms"`
+	Cold     Stats   `json:"cold_stats"`
+	CraneTar *Stats  `json:"crane_tar_stats"`
+	Hit      Stats   `json:"hit_stats"`
 }
 
-// memoryReport is host memory of all the host processes of one idle
-// sandbox: sandbox_kib and bare_runsc_kib are PSS (shared pages split among
-// their users); RSS is reported too.
-type memoryReport struct {
+// Memory is host memory of all the host processes of one idle sandbox:
+// sandbox_kib and bare_runsc_kib are PSS (shared pages split among their
+// users); RSS is reported too.
+type Memory struct {
 	SandboxKiB         int64 `json:"sandbox_kib"`
 	BareRunscKiB       int64 `json:"bare_runsc_kib"`
 	SandboxRSSKiB      int64 `json:"sandbox_rss_kib"`
@@ -103,13 +112,16 @@ type memoryReport struct {
 	BareRunscProcesses int   `json:"bare_runsc_processes"`
 }
 
-type runscReport struct {
+// Runsc is the runsc measured: its path, version and gVisor platform.
+type Runsc struct {
 	Path     string `json:"path"`
 	Version  string `json:"version"`
 	Platform string `json:"platform"`
 }
 
-type imageReport struct {
+// Image is the image measured: as given (or picked), and what it resolved
+// to on this worker.
+type Image struct {
 	Ref            string `json:"ref"`
 	IndexDigest    string `json:"index_digest"`
 	ManifestDigest string `json:"manifest_digest"`
@@ -117,7 +129,9 @@ type imageReport struct {
 	SizeBytes      int64  `json:"size_bytes"`
 }
 
-type settingsReport struct {
+// Settings are the Options the figures were measured with, and the CPUs
+// of the machine.
+type Settings struct {
 	Pairs         int     `json:"pairs"`
 	Warmup        int     `json:"warmup"`
 	Rounds        int     `json:"rounds"`
@@ -127,16 +141,23 @@ type settingsReport struct {
 	CPUs          int     `json:"cpus"`
 }
 
+// WriteJSON writes the report as one line of JSON (`flmbox bench --json`).
+func (rep *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(rep)
+}
+
 // ms converts a duration to milliseconds, to the microsecond.
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // summarize returns the median, min, max and count of xs (ms).
-func summarize(xs []float64) benchStats {
+func summarize(xs []float64) Stats {
 	if len(xs) == 0 {
-		return benchStats{}
+		return Stats{}
 	}
 	s := slices.Sorted(slices.Values(xs))
-	return benchStats{Median: median(s), Min: s[0], Max: s[len(s)-1], N: len(s)}
+	return Stats{Median: median(s), Min: s[0], Max: s[len(s)-1], N: len(s)}
 }
 
 // median of sorted values: the mean of the middle two for an even count.

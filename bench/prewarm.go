@@ -1,4 +1,4 @@
-package app
+package bench
 
 import (
 	"context"
@@ -16,23 +16,23 @@ import (
 	"github.com/flmbox/flmbox/rootfs"
 )
 
-// prepareImage prewarms IMAGE into the private root from where it comes
-// (not measured): the sandboxes run on it, and it tells the index and
+// prepareImage prewarms the image into the private root from where it
+// comes (not measured): the sandboxes run on it, and it tells the index and
 // platform manifest digests the loopback registry must serve.
-func (b *bench) prepareImage(ctx context.Context) error {
-	b.logf("prewarm %s into %s", b.image, b.root)
-	store, err := openStore(b.cli)
+func (r *runner) prepareImage(ctx context.Context) error {
+	r.logf("prewarm %s into %s", r.image, r.root)
+	store, err := r.m.Images()
 	if err != nil {
 		return err
 	}
-	if b.img, err = store.Prewarm(ctx, b.image, nil); err != nil {
+	if r.img, err = store.Prewarm(ctx, r.image, nil); err != nil {
 		return err
 	}
-	cfg, err := store.Config(b.img.ManifestDigest)
+	cfg, err := store.Config(r.img.ManifestDigest)
 	if err != nil {
 		return err
 	}
-	b.imageEnv = cfg.Config.Env
+	r.imageEnv = cfg.Config.Env
 	return nil
 }
 
@@ -42,32 +42,32 @@ func (b *bench) prepareImage(ctx context.Context) error {
 // registry stopped, cache-hit prewarms by index digest. Trees are removed
 // only at the end: ext4 is slow to allocate inodes for a while after a large
 // removal, which would slow the next round.
-func (b *bench) measurePrewarm(ctx context.Context) (prewarmReport, error) {
-	var rep prewarmReport
+func (r *runner) measurePrewarm(ctx context.Context) (Prewarm, error) {
+	var rep Prewarm
 	reg, err := startRegistry()
 	if err != nil {
 		return rep, err
 	}
 	defer reg.close()
-	b.logf("prewarm: copy the image into a loopback registry")
-	if err := reg.push(ctx, b.image, b.img.IndexDigest, b.img.ManifestDigest); err != nil {
+	r.logf("prewarm: copy the image into a loopback registry")
+	if err := reg.push(ctx, r.image, r.img.IndexDigest, r.img.ManifestDigest); err != nil {
 		return rep, err
 	}
-	b.ref = reg.ref(b.img.IndexDigest)
+	r.ref = reg.ref(r.img.IndexDigest)
 	crane, craneErr := exec.LookPath("crane")
 	var cold, crn []float64
-	for i := range b.opts.prewarmRounds {
-		b.logf("prewarm: cold round %d of %d", i+1, b.opts.prewarmRounds)
+	for i := range r.opts.PrewarmRounds {
+		r.logf("prewarm: cold round %d of %d", i+1, r.opts.PrewarmRounds)
 		steps := []func() error{
 			func() error {
-				d, err := b.timePrewarm(ctx, filepath.Join(b.dir, "cold", strconv.Itoa(i)), false)
+				d, err := r.timePrewarm(ctx, filepath.Join(r.dir, "cold", strconv.Itoa(i)), false)
 				cold = append(cold, ms(d))
 				return err
 			},
 		}
 		if craneErr == nil {
 			steps = append(steps, func() error {
-				d, err := craneTar(ctx, crane, reg.ref(b.img.ManifestDigest), filepath.Join(b.dir, "crane", strconv.Itoa(i)))
+				d, err := craneTar(ctx, crane, reg.ref(r.img.ManifestDigest), filepath.Join(r.dir, "crane", strconv.Itoa(i)))
 				crn = append(crn, ms(d))
 				return err
 			})
@@ -83,10 +83,10 @@ func (b *bench) measurePrewarm(ctx context.Context) (prewarmReport, error) {
 		}
 	}
 	reg.close()
-	b.logf("prewarm: cache hits, registry stopped")
+	r.logf("prewarm: cache hits, registry stopped")
 	var hit []float64
-	for range max(10, 5*b.opts.prewarmRounds) {
-		d, err := b.timePrewarm(ctx, b.root, true)
+	for range max(10, 5*r.opts.PrewarmRounds) {
+		d, err := r.timePrewarm(ctx, r.root, true)
 		if err != nil {
 			return rep, err
 		}
@@ -103,8 +103,8 @@ func (b *bench) measurePrewarm(ctx context.Context) (prewarmReport, error) {
 
 // timePrewarm times one `flmbox prewarm --json` process by index digest
 // into root, and checks that it made (or, cached, found) the image.
-func (b *bench) timePrewarm(ctx context.Context, root string, cached bool) (time.Duration, error) {
-	d, out, err := timeCommand(b.flmboxIn(ctx, root, "prewarm", "--json", b.ref))
+func (r *runner) timePrewarm(ctx context.Context, root string, cached bool) (time.Duration, error) {
+	d, out, err := timeCommand(r.flmboxIn(ctx, root, "prewarm", "--json", r.ref))
 	if err != nil {
 		return d, err
 	}
@@ -112,9 +112,9 @@ func (b *bench) timePrewarm(ctx context.Context, root string, cached bool) (time
 	if err := json.Unmarshal(out, &res); err != nil {
 		return d, fmt.Errorf("check the output of flmbox prewarm: %w: %q", err, out)
 	}
-	if res.ManifestDigest != b.img.ManifestDigest || res.Cached != cached {
+	if res.ManifestDigest != r.img.ManifestDigest || res.Cached != cached {
 		return d, fmt.Errorf("check the output of flmbox prewarm: manifest %s, cached %t; want %s, cached %t",
-			res.ManifestDigest, res.Cached, b.img.ManifestDigest, cached)
+			res.ManifestDigest, res.Cached, r.img.ManifestDigest, cached)
 	}
 	return d, nil
 }

@@ -1,4 +1,4 @@
-package app
+package bench
 
 import (
 	"bufio"
@@ -16,19 +16,15 @@ import (
 // (its agent answering) and left idle for a while, then of a bare runsc
 // container running sleep on the same rootfs, measured the same way. One at
 // a time, so that neither shares pages with the other.
-func (b *bench) measureMemory(ctx context.Context) (memoryReport, error) {
-	var rep memoryReport
-	b.logf("memory: one idle sandbox, one bare runsc container")
-	o, err := b.sandboxOptions("bench-memory")
+func (r *runner) measureMemory(ctx context.Context) (Memory, error) {
+	var rep Memory
+	r.logf("memory: one idle sandbox, one bare runsc container")
+	sb, err := r.m.Create(ctx, r.spec("bench-memory"))
 	if err != nil {
 		return rep, err
 	}
-	sb, err := createSandbox(ctx, b.cli, o)
-	if err != nil {
-		return rep, err
-	}
-	mem, err := idleMemory(ctx, sb.Dir, b.opts.idle)
-	if rerr := removeSandbox(context.WithoutCancel(ctx), b.cli, sb.Name); err == nil {
+	mem, err := idleMemory(ctx, sb.Bundle, r.opts.Idle)
+	if rerr := r.m.Remove(context.WithoutCancel(ctx), sb.Name); err == nil {
 		err = rerr
 	}
 	if err != nil {
@@ -37,11 +33,11 @@ func (b *bench) measureMemory(ctx context.Context) (memoryReport, error) {
 	rep.SandboxKiB, rep.SandboxRSSKiB, rep.SandboxProcesses = mem.pss, mem.rss, mem.processes
 
 	id := newRawID()
-	defer b.deleteRaw(context.WithoutCancel(ctx), id)
-	if err := b.startRaw(ctx, id); err != nil {
+	defer r.deleteRaw(context.WithoutCancel(ctx), id)
+	if err := r.startRaw(ctx, id); err != nil {
 		return rep, err
 	}
-	if mem, err = idleMemory(ctx, b.rawBundle(), b.opts.idle); err != nil {
+	if mem, err = idleMemory(ctx, r.rawBundle(), r.opts.Idle); err != nil {
 		return rep, err
 	}
 	rep.BareRunscKiB, rep.BareRunscRSSKiB, rep.BareRunscProcesses = mem.pss, mem.rss, mem.processes

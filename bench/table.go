@@ -1,10 +1,11 @@
-package app
+package bench
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"text/tabwriter"
+
+	"github.com/docker/go-units"
 )
 
 // The reference system's figures (issue 4): its own cluster, gVisor, one
@@ -21,16 +22,13 @@ var refWarm = map[[2]string]string{
 	{"batch", "python"}: "23.64 ms (session)", {"batch", "shell"}: "8.67 ms (session)",
 }
 
-// printBench prints the report: one JSON object, or the table.
-func printBench(w io.Writer, rep *benchReport, asJSON bool) error {
-	if asJSON {
-		enc := json.NewEncoder(w)
-		enc.SetEscapeHTML(false)
-		return enc.Encode(rep)
-	}
+// WriteTable writes the report as the table `flmbox bench` prints: each
+// figure beside its baseline, their ratio, the target and the reference
+// system's figure, then how it was measured, the image and runsc.
+func (rep *Report) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "FIGURE\tFLMBOX\tBASELINE\tRATIO\tTARGET\tREFERENCE")
-	for _, r := range benchRows(rep) {
+	for _, r := range tableRows(rep) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.figure, r.flmbox, r.baseline, r.ratio, r.target, r.reference)
 	}
 	if err := tw.Flush(); err != nil {
@@ -42,18 +40,19 @@ func printBench(w io.Writer, rep *benchReport, asJSON bool) error {
 	}
 	fmt.Fprintf(w, "\nmedians; warm calls: median of %d rounds' medians (p95: of their p95s), %d calls per round (%s) after %d warm-up calls\n",
 		rep.Settings.Rounds, rep.Settings.Calls, pace, rep.Settings.Warmup)
-	fmt.Fprintf(w, "image:  %s (%s, %s)\n", rep.Image.Ref, rep.Image.Platform, humanSize(rep.Image.SizeBytes))
-	fmt.Fprintf(w, "runsc:  %s (%s, platform %s); %d CPUs\n", rep.Runsc.Path, rep.Runsc.Version, rep.Runsc.Platform, rep.Settings.CPUs)
-	return nil
+	fmt.Fprintf(w, "image:  %s (%s, %s)\n", rep.Image.Ref, rep.Image.Platform, units.BytesSize(float64(rep.Image.SizeBytes)))
+	_, err := fmt.Fprintf(w, "runsc:  %s (%s, platform %s); %d CPUs\n", rep.Runsc.Path, rep.Runsc.Version, rep.Runsc.Platform, rep.Settings.CPUs)
+	return err
 }
 
-// benchRow is one line of the table.
-type benchRow struct{ figure, flmbox, baseline, ratio, target, reference string }
+// row is one line of the table.
+type row struct{ figure, flmbox, baseline, ratio, target, reference string }
 
-func benchRows(rep *benchReport) []benchRow {
+// tableRows are the table's lines, in order.
+func tableRows(rep *Report) []row {
 	a := rep.Allocation
 	raw := "raw runsc " + fmtMS(a.RawRunscMS.Median)
-	rows := []benchRow{
+	rows := []row{
 		{"new sandbox → first result (flmbox run --image)", fmtMS(a.FreshMS.Median), raw, ratio(a.FreshMS.Median, a.RawRunscMS.Median), "≤ 1.0×", refFresh},
 		{"  in process (Go API)", fmtMS(a.FreshInprocessMS.Median), raw, ratio(a.FreshInprocessMS.Median, a.RawRunscMS.Median), "", ""},
 		{"retained sandbox → first result", "n/a", "", "", "", refRetained},
@@ -64,21 +63,21 @@ func benchRows(rep *benchReport) []benchRow {
 	for _, w := range rep.Warm {
 		exec := "runsc exec " + fmtMS(w.RunscExecMedianMS)
 		rows = append(rows,
-			benchRow{fmt.Sprintf("warm call, %s API, %s (flmbox run)", w.API, w.Language), fmtMS(w.MedianMS), exec,
+			row{fmt.Sprintf("warm call, %s API, %s (flmbox run)", w.API, w.Language), fmtMS(w.MedianMS), exec,
 				ratio(w.MedianMS, w.RunscExecMedianMS), "≤ 0.5×", refWarm[[2]string{w.API, w.Language}]},
-			benchRow{"  p95", fmtMS(w.P95MS), "runsc exec " + fmtMS(w.RunscExecP95MS), ratio(w.P95MS, w.RunscExecP95MS), "", ""},
-			benchRow{"  in process (Go API)", fmtMS(w.InprocessMedianMS), exec, ratio(w.InprocessMedianMS, w.RunscExecMedianMS), "≤ 0.5×", ""},
-			benchRow{"  against no sandbox", fmtMS(w.MedianMS), "chroot " + fmtMS(w.NativeMedianMS), ratio(w.MedianMS, w.NativeMedianMS), "", ""},
+			row{"  p95", fmtMS(w.P95MS), "runsc exec " + fmtMS(w.RunscExecP95MS), ratio(w.P95MS, w.RunscExecP95MS), "", ""},
+			row{"  in process (Go API)", fmtMS(w.InprocessMedianMS), exec, ratio(w.InprocessMedianMS, w.RunscExecMedianMS), "≤ 0.5×", ""},
+			row{"  against no sandbox", fmtMS(w.MedianMS), "chroot " + fmtMS(w.NativeMedianMS), ratio(w.MedianMS, w.NativeMedianMS), "", ""},
 		)
 	}
 	bt, p, m := rep.Batch, rep.Prewarm, rep.Memory
 	rows = append(rows,
-		benchRow{fmt.Sprintf("batch of %d CPU-bound snippets (%.2f s each), --parallel %d", bt.Snippets, bt.SnippetNativeS, bt.Parallel),
+		row{fmt.Sprintf("batch of %d CPU-bound snippets (%.2f s each), --parallel %d", bt.Snippets, bt.SnippetNativeS, bt.Parallel),
 			fmt.Sprintf("%.1f s", bt.ParallelS), fmt.Sprintf("--parallel 1 %.1f s", bt.SerialS), ratio(bt.ParallelS, bt.SerialS), "", ""},
-		benchRow{"cold prewarm from a loopback registry", fmtMS(p.ColdMS), "crane export | tar -x n/a", "", "≤ 0.8×", ""},
-		benchRow{"cache-hit prewarm by index digest", fmtMS(p.HitMS), "", "", "≤ 20 ms", ""},
-		benchRow{"host memory of an idle sandbox (PSS)", fmtKiB(m.SandboxKiB), "bare runsc sleep " + fmtKiB(m.BareRunscKiB), ratio(float64(m.SandboxKiB), float64(m.BareRunscKiB)), "", ""},
-		benchRow{"  RSS", fmtKiB(m.SandboxRSSKiB), "bare runsc sleep " + fmtKiB(m.BareRunscRSSKiB), ratio(float64(m.SandboxRSSKiB), float64(m.BareRunscRSSKiB)), "", ""},
+		row{"cold prewarm from a loopback registry", fmtMS(p.ColdMS), "crane export | tar -x n/a", "", "≤ 0.8×", ""},
+		row{"cache-hit prewarm by index digest", fmtMS(p.HitMS), "", "", "≤ 20 ms", ""},
+		row{"host memory of an idle sandbox (PSS)", fmtKiB(m.SandboxKiB), "bare runsc sleep " + fmtKiB(m.BareRunscKiB), ratio(float64(m.SandboxKiB), float64(m.BareRunscKiB)), "", ""},
+		row{"  RSS", fmtKiB(m.SandboxRSSKiB), "bare runsc sleep " + fmtKiB(m.BareRunscRSSKiB), ratio(float64(m.SandboxRSSKiB), float64(m.BareRunscRSSKiB)), "", ""},
 	)
 	if p.CraneTarMS != nil {
 		r := &rows[len(rows)-4]

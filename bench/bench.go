@@ -1,0 +1,149 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/flmbox/flmbox/sandbox"
+)
+
+// Options are what Run measures, how often, and with which binaries. Start
+// from Defaults and change what you need: a zero count is not "the
+// default" (Warmup 0 means no warm-up calls).
+type Options struct {
+	// Root is the state root beside which the bench works (the CLI's
+	// --root): Run makes a private directory Root/bench-XXXX, created
+	// with Root if need be, and removes it at the end. Required.
+	Root string
+	// Runsc is the runsc binary (the CLI's --runsc or FLMBOX_RUNSC).
+	// Default: runsc on PATH (runtime.FindRunsc).
+	Runsc string
+	// Flmbox is the `flmbox` command run as whole processes, as users run
+	// it (the front binary, not flmbox-core). The sandboxes Run makes in
+	// process run the agent flmbox-agent from the same directory.
+	// Required.
+	Flmbox string
+	// Image is the image to measure, as rootfs.ParseReference takes it
+	// (CLI: --image). Empty: the only image of the image cache under Root,
+	// by the reference or OCI layout it was prewarmed from (ErrNoImage if
+	// there is not exactly one, or it was prewarmed by digest only).
+	Image string
+	// Pairs is the number of measured rounds of allocations (CLI:
+	// --pairs; 1 to 10000): in each, a fresh sandbox by a whole process
+	// and in process, a retained one, and raw runsc, in rotating order,
+	// after one round that is not measured.
+	Pairs int
+	// Warmup is the number of warm calls of each method made before the
+	// measured rounds, not measured (CLI: --warmup; 0 to 10000).
+	Warmup int
+	// Rounds of Calls measured warm calls per method and language (CLI:
+	// --rounds and --calls; 1 to 10000 each).
+	Rounds, Calls int
+	// Pause is waited before each measured warm call, of every method
+	// alike, and not measured (CLI: --pause; 0 to 1s). 0: calls back to
+	// back. An agent's calls come with its model's think time between
+	// them, which lets the next spare process be ready.
+	Pause time.Duration
+	// PrewarmRounds is the number of cold prewarms, and of crane export |
+	// tar -x, from the loopback registry (1 to 10000; no flag). Cache-hit
+	// prewarms: five times as many, at least 10.
+	PrewarmRounds int
+	// BatchSnippets is the size of the throughput batch, CPU-bound Python
+	// snippets of about 0.2 s each (1 to sandbox.MaxBatch; no flag).
+	BatchSnippets int
+	// Idle is how long a new sandbox, and the bare runsc container, idle
+	// before their memory is measured (0 to 1 minute; no flag).
+	Idle time.Duration
+	// Progress gets a line per stage ("bench:   12s  allocation: pair 2
+	// of 12"). Default: none (the CLI passes its stderr, but none with
+	// --json).
+	Progress io.Writer
+	// Warnf gets warnings: a sandbox of a batch run in process that could
+	// not be removed. Default: none.
+	Warnf func(format string, args ...any)
+}
+
+// Defaults returns the settings of the full protocol, which takes a few
+// minutes on a 2-core machine: 12 pairs, 5 warm-up calls, 6 rounds of 50
+// calls, 5 prewarm rounds, a batch of 64, 2 s of idling. With quick, every
+// measurement is kept but repeated less, to finish within a minute: 3
+// pairs, 2 warm-up calls, 2 rounds of 10 calls, 2 prewarm rounds, a batch
+// of 16, 1 s of idling (the CLI's --quick; flags set explicitly still
+// win). Pause is 0; Root, Runsc, Flmbox, Image, Progress and Warnf are
+// left empty.
+func Defaults(quick bool) Options {
+	if quick {
+		return Options{Pairs: 3, Warmup: 2, Rounds: 2, Calls: 10, PrewarmRounds: 2, BatchSnippets: 16, Idle: time.Second}
+	}
+	return Options{Pairs: 12, Warmup: 5, Rounds: 6, Calls: 50, PrewarmRounds: 5, BatchSnippets: 64, Idle: 2 * time.Second}
+}
+
+// maxCount bounds every count of Options.
+const maxCount = 10000
+
+// validate reports what is wrong with o, if anything
+// (errdefs.ErrInvalidArgument).
+func (o Options) validate() error {
+	if o.Root == "" {
+		return fmt.Errorf("bench: no state root: %w", errdefs.ErrInvalidArgument)
+	}
+	if o.Flmbox == "" {
+		return fmt.Errorf("bench: no flmbox binary to measure: %w", errdefs.ErrInvalidArgument)
+	}
+	if o.Pause < 0 || o.Pause > time.Second {
+		return fmt.Errorf("bench: pause %s: want 0 to 1s: %w", o.Pause, errdefs.ErrInvalidArgument)
+	}
+	if o.Idle < 0 || o.Idle > time.Minute {
+		return fmt.Errorf("bench: idle %s: want 0 to 1m: %w", o.Idle, errdefs.ErrInvalidArgument)
+	}
+	for _, f := range []struct {
+		name     string
+		n        int
+		min, max int
+	}{
+		{"pairs", o.Pairs, 1, maxCount}, {"warmup", o.Warmup, 0, maxCount}, {"rounds", o.Rounds, 1, maxCount},
+		{"calls", o.Calls, 1, maxCount}, {"prewarm rounds", o.PrewarmRounds, 1, maxCount},
+		{"batch snippets", o.BatchSnippets, 1, sandbox.MaxBatch},
+	} {
+		if f.n < f.min || f.n > f.max {
+			return fmt.Errorf("bench: %s %d: want %d to %d: %w", f.name, f.n, f.min, f.max, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// ErrNotRoot is in the error of a bench run by another user than root: it
+// runs sandboxes and chroot. It is errdefs.ErrPermissionDenied.
+var ErrNotRoot = fmt.Errorf("the bench runs sandboxes and chroot, which need root: %w", errdefs.ErrPermissionDenied)
+
+// ErrNoImage is in the error of a bench given no image when the image cache
+// under Options.Root does not name exactly one image by its source. It is
+// errdefs.ErrFailedPrecondition.
+var ErrNoImage = fmt.Errorf("no image to measure: %w", errdefs.ErrFailedPrecondition)
+
+// Run measures this worker and returns the report. It works in a private
+// state root under o.Root and removes it before it returns, also when ctx
+// is cancelled: then the error says "bench interrupted" and wraps ctx's
+// cause. Invalid options fail with errdefs.ErrInvalidArgument before
+// anything is made; see also ErrNotRoot and ErrNoImage.
+func Run(ctx context.Context, o Options) (_ *Report, err error) {
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	r, err := newRunner(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("bench interrupted: %w", context.Cause(ctx))
+		}
+		err = errors.Join(err, r.close(context.WithoutCancel(ctx)))
+	}()
+	return r.run(ctx)
+}

@@ -1,0 +1,62 @@
+package bench
+
+import (
+	"context"
+	goruntime "runtime"
+
+	"github.com/flmbox/flmbox/runtime"
+	"github.com/flmbox/flmbox/sandbox"
+)
+
+// run measures everything, in an order that keeps each part from disturbing
+// the next: prewarm first (it fills the private cache the sandboxes run on),
+// then allocation and warm calls beside one persistent sandbox, batch
+// throughput, and memory last, with no other sandbox of the bench running.
+func (r *runner) run(ctx context.Context) (*Report, error) {
+	o := r.opts
+	rep := &Report{Settings: Settings{Pairs: o.Pairs, Warmup: o.Warmup, Rounds: o.Rounds, Calls: o.Calls, PauseMS: ms(o.Pause),
+		PrewarmRounds: o.PrewarmRounds, CPUs: goruntime.NumCPU()}}
+	info, err := runtime.InspectRunsc(ctx, r.runsc)
+	if err != nil {
+		return nil, err
+	}
+	rep.Runsc = Runsc{Path: r.runsc, Version: info.Version, Platform: info.DefaultPlatform}
+	if err := r.prepareImage(ctx); err != nil {
+		return nil, err
+	}
+	if rep.Prewarm, err = r.measurePrewarm(ctx); err != nil {
+		return nil, err
+	}
+	rep.Image = Image{Ref: r.image, IndexDigest: r.img.IndexDigest, ManifestDigest: r.img.ManifestDigest,
+		Platform: r.img.Platform, SizeBytes: r.img.SizeBytes}
+
+	warm, err := r.m.Create(ctx, r.spec("bench-warm"))
+	if err != nil {
+		return nil, err
+	}
+	if warm.Platform != "" {
+		rep.Runsc.Platform = warm.Platform
+	}
+	if rep.Allocation, err = r.measureAllocation(ctx); err != nil {
+		return nil, err
+	}
+	if rep.Warm, err = r.measureWarm(ctx, warm); err != nil {
+		return nil, err
+	}
+	if err := r.m.Remove(context.WithoutCancel(ctx), warm.Name); err != nil {
+		return nil, err
+	}
+	if rep.Batch, err = r.measureBatch(ctx); err != nil {
+		return nil, err
+	}
+	if rep.Memory, err = r.measureMemory(ctx); err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
+
+// spec is flmbox's defaults for a sandbox of the bench's image (from the
+// loopback registry, cached by then), named name ("": a random name).
+func (r *runner) spec(name string) sandbox.Spec {
+	return sandbox.Spec{Name: name, Image: r.ref}
+}

@@ -1,0 +1,69 @@
+package runcmd
+
+import "time"
+
+// Kind is how a flag's value is read.
+type Kind int
+
+// Kinds of flags.
+const (
+	String   Kind = iota
+	Bool          // no value, or =true/=false
+	Duration      // time.ParseDuration
+	Size          // a size such as 1MiB (the flmbox command takes plain byte counts only)
+	Int
+)
+
+// Flag is one flag of the table.
+type Flag struct {
+	Name    string
+	Aliases []string
+	Kind    Kind
+	// Default is the value when the flag is not given, as it would be
+	// written on the command line ("" for none).
+	Default string
+	// EnvVars set the flag when it is not given (global flags).
+	EnvVars []string
+	Usage   string
+	// Warm marks the flags that the flmbox command parses itself for a warm
+	// call; a command line with any other flag goes to flmbox-core.
+	Warm bool
+}
+
+// Names are the flag's name and its aliases.
+func (f Flag) Names() []string { return append([]string{f.Name}, f.Aliases...) }
+
+// DefaultRoot is the state root when neither --root nor FLMBOX_ROOT names
+// one.
+const DefaultRoot = "/var/lib/flmbox"
+
+// Defaults of run's flags.
+const (
+	DefaultTimeout   = 30 * time.Second
+	DefaultMaxOutput = "1MiB"
+)
+
+// GlobalFlags are flmbox's global flags.
+var GlobalFlags = []Flag{
+	{Name: "root", Kind: String, Default: DefaultRoot, EnvVars: []string{"FLMBOX_ROOT"}, Warm: true,
+		Usage: "state root: image cache and sandboxes"},
+	{Name: "runsc", Kind: String, EnvVars: []string{"FLMBOX_RUNSC"}, Warm: true,
+		Usage: "runsc binary (default: runsc on PATH)"},
+	{Name: "debug", Kind: Bool, EnvVars: []string{"FLMBOX_DEBUG"},
+		Usage: "print debugging details"},
+}
+
+// RunFlags are run's own flags (the flags that configure a new sandbox,
+// shared with sandbox create, are flmbox-core's).
+var RunFlags = []Flag{
+	{Name: "sandbox", Kind: String, Warm: true, Usage: "run in this persistent sandbox"},
+	{Name: "image", Kind: String, Usage: "run in a fresh sandbox from IMAGE, removed afterwards"},
+	{Name: "language", Aliases: []string{"l"}, Kind: String, Default: "python", Warm: true, Usage: "python or shell"},
+	{Name: "timeout", Kind: Duration, Default: DefaultTimeout.String(), Warm: true, Usage: "kill the snippet after this long (exit status 124)"},
+	{Name: "code", Aliases: []string{"c"}, Kind: String, Warm: true, Usage: "the code to run"},
+	{Name: "max-output", Kind: Size, Default: DefaultMaxOutput, Warm: true, Usage: "bytes of stdout and of stderr kept (head and tail)"},
+	{Name: "reset", Kind: Bool, Warm: true, Usage: "with --sandbox: first return the sandbox to a clean state (kill its processes, empty /tmp and /dev/shm)"},
+	{Name: "batch", Kind: String, Usage: "run a batch of 1 to 64 snippets from `FILE` (- for stdin) and print a JSON array of results in input order"},
+	{Name: "parallel", Kind: Int, Usage: "run at most N batch snippets at once (default: the number of CPUs)"},
+	{Name: "json", Kind: Bool, Warm: true, Usage: "print JSON"},
+}
