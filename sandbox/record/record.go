@@ -147,7 +147,14 @@ func (r *Record) LastUsed() time.Time {
 
 // ErrDead is in the error of a call to a sandbox whose agent is gone: its
 // first process, so the whole gVisor sandbox. It is errdefs.ErrUnavailable.
-var ErrDead = fmt.Errorf("the sandbox is dead: its agent is gone: %w", errdefs.ErrUnavailable)
+var ErrDead error = deadError{}
+
+type deadError struct{}
+
+func (deadError) Error() string {
+	return "the sandbox is dead (its agent, and so its gVisor sandbox, is gone)"
+}
+func (deadError) Is(target error) bool { return target == errdefs.ErrUnavailable }
 
 // Callable fails with errdefs.ErrFailedPrecondition unless the record is
 // Running: a sandbox being created or removed takes no calls but its
@@ -217,4 +224,3 @@ func (r *Record) Accepts(ctx context.Context) bool {
 	conn.Close()
 	return true
 }
-

@@ -67,3 +67,8 @@ var RunFlags = []Flag{
 	{Name: "parallel", Kind: Int, Usage: "run at most N batch snippets at once (default: the number of CPUs)"},
 	{Name: "json", Kind: Bool, Warm: true, Usage: "print JSON"},
 }
+
+// Build is a hash of the source the binary was built from, stamped by the
+// Makefile (-ldflags -X), so that two builds of different sources differ in
+// their build settings; empty in a plain go build.
+var Build string

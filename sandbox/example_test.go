@@ -1,0 +1,84 @@
+package sandbox_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"strings"
+
+	"github.com/flmbox/flmbox/sandbox"
+	"github.com/flmbox/flmbox/snippet/wire"
+)
+
+// The example's state root (image cache and sandboxes), the image its
+// sandboxes run (pulled into the cache on first use; an OCI layout on disk
+// works too: oci-layout:PATH@sha256:...) and the Manager's options. The
+// package's tests set them to a Debian-based Python test image.
+var (
+	root    = "/var/lib/flmbox"
+	image   = "python:3.12-slim@sha256:<index digest>"
+	options []sandbox.Option
+)
+
+// A persistent sandbox takes three calls that share its /tmp (each runs in a
+// new process), then a batch runs four snippets in clean sandboxes, results
+// in input order: a failing snippet never discards the others.
+func Example() {
+	ctx := context.Background()
+	m, err := sandbox.Open(root, options...)
+	if err != nil {
+		log.Fatal(err)
+	}
+	sb, err := m.Create(ctx, sandbox.Spec{Image: image})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer m.Remove(ctx, sb.Name)
+
+	for _, req := range []sandbox.Request{
+		{Language: wire.LanguageShell, Code: `mkdir -p /tmp/demo && printf 'region,revenue,cost\neast,120,75\nwest,80,55\n' > /tmp/demo/sales.csv`},
+		{Code: `import csv, json
+rows = list(csv.DictReader(open("/tmp/demo/sales.csv")))
+revenue = sum(int(r["revenue"]) for r in rows)
+summary = {"rows": len(rows), "revenue": revenue, "profit": revenue - sum(int(r["cost"]) for r in rows)}
+json.dump(summary, open("/tmp/demo/summary.json", "w"))`},
+		{Language: wire.LanguageShell, Code: "cat /tmp/demo/summary.json"},
+	} {
+		res, err := m.Call(ctx, sb.Name, req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("exit %d, stdout %q\n", res.ExitCode, res.Stdout.Data)
+	}
+
+	var batch []sandbox.Request
+	for _, discount := range []string{"0.0", "0.1", "0.2", "1.2"} {
+		batch = append(batch, sandbox.Request{Code: "discount = " + discount + `
+if not 0 <= discount <= 1:
+    raise ValueError("discount must be between 0 and 1")
+print(round(450 * (1 - discount), 2))`})
+	}
+	results, err := m.Batch(ctx, sandbox.Target{Spec: &sandbox.Spec{Image: image}}, batch, 2)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, r := range results {
+		switch {
+		case r.Err != nil:
+			fmt.Println("flmbox failed:", r.Err)
+		case r.Result.ExitCode != 0:
+			lines := strings.Split(strings.TrimSpace(string(r.Result.Stderr.Data)), "\n")
+			fmt.Printf("exit %d, stderr ends %q\n", r.Result.ExitCode, lines[len(lines)-1])
+		default:
+			fmt.Printf("exit 0, stdout %q\n", r.Result.Stdout.Data)
+		}
+	}
+	// Output:
+	// exit 0, stdout ""
+	// exit 0, stdout ""
+	// exit 0, stdout "{\"rows\": 2, \"revenue\": 200, \"profit\": 70}"
+	// exit 0, stdout "450.0\n"
+	// exit 0, stdout "405.0\n"
+	// exit 0, stdout "360.0\n"
+	// exit 1, stderr ends "ValueError: discount must be between 0 and 1"
+}

@@ -1,0 +1,69 @@
+package record
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+)
+
+func TestRecord(t *testing.T) {
+	root := t.TempDir()
+	dir, err := Dir(root, "sb-1")
+	if err != nil || dir != filepath.Join(root, "sandboxes", "sb-1") {
+		t.Fatalf("Dir: %q %v", dir, err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	want := &Record{Name: "sb-1", ID: "flmbox-0123", Network: "none", Limits: Limits{MemoryBytes: 3 << 28, CPUs: 1, Pids: 100},
+		State: Running, Created: time.Now().UTC().Truncate(time.Second), Dir: dir}
+	if err := Write(want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Read(root, "sb-1")
+	if err != nil || *got != *want {
+		t.Fatalf("Read = %+v, %v; want %+v", got, err, want)
+	}
+	if l := got.SnippetLimits(); l.MemoryBytes != 3<<27 || l.Procs != 25 {
+		t.Errorf("SnippetLimits = %+v", l)
+	}
+	if got.SocketPath() != filepath.Join(dir, "run", "agent.sock") {
+		t.Errorf("SocketPath = %s", got.SocketPath())
+	}
+	if err := got.Callable(); err != nil {
+		t.Errorf("a running sandbox is not callable: %v", err)
+	}
+	got.State = Creating
+	if err := got.Callable(); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("a sandbox being created is callable: %v", err)
+	}
+	if !got.LastUsed().Equal(want.Created) {
+		t.Errorf("LastUsed before any call = %v, want its creation", got.LastUsed())
+	}
+	got.Touch()
+	if !got.LastUsed().After(want.Created) {
+		t.Errorf("LastUsed after Touch = %v", got.LastUsed())
+	}
+	if _, err := Read(root, "nosuch"); !errdefs.IsNotFound(err) {
+		t.Errorf("Read of a missing sandbox: %v", err)
+	}
+	for _, bad := range []string{"", "../sb-1", "sb/1", ".hidden", "-x"} {
+		if _, err := Read(root, bad); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("Read(%q): %v", bad, err)
+		}
+	}
+	os.WriteFile(filepath.Join(dir, "sandbox.json"), []byte("{"), 0o600)
+	if _, err := Read(root, "sb-1"); !errdefs.IsDataLoss(err) {
+		t.Errorf("a damaged record: %v", err)
+	}
+}
+
+func TestErrDead(t *testing.T) {
+	if !errors.Is(ErrDead, errdefs.ErrUnavailable) || !errdefs.IsUnavailable(ErrDead) {
+		t.Fatal("ErrDead is not errdefs.ErrUnavailable")
+	}
+}

@@ -1,0 +1,245 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/flmbox/flmbox/sandbox/record"
+	"github.com/flmbox/flmbox/snippet/wire"
+)
+
+func TestEnvironment(t *testing.T) {
+	image := []string{"PATH=/usr/bin:/bin", "LANG=C", "PYTHONPATH=/image"}
+	for _, tc := range []struct {
+		name         string
+		image, extra []string
+		pythonpath   string
+	}{
+		{"none", []string{"PATH=/bin"}, nil, "/tmp/site-packages"},
+		{"the image's", image, nil, "/tmp/site-packages:/image"},
+		{"the caller's replaces the image's", image, []string{"PYTHONPATH=/x"}, "/tmp/site-packages:/x"},
+		{"the caller's last one", image, []string{"PYTHONPATH=/x", "PYTHONPATH=/y:/z"}, "/tmp/site-packages:/y:/z"},
+		{"the caller's empty one", image, []string{"PYTHONPATH="}, "/tmp/site-packages"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := Environment(tc.image, tc.extra)
+			var got []string
+			for _, kv := range env {
+				if v, ok := strings.CutPrefix(kv, "PYTHONPATH="); ok {
+					got = append(got, v)
+				}
+			}
+			if !slices.Equal(got, []string{tc.pythonpath}) {
+				t.Fatalf("PYTHONPATH settings %q, want exactly %q; environment %q", got, tc.pythonpath, env)
+			}
+		})
+	}
+	env := Environment(image, []string{"LANG=en_US.UTF-8", "HOME=/root"})
+	last := map[string]string{}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		last[k] = v
+	}
+	if last["LANG"] != "en_US.UTF-8" || last["HOME"] != "/root" || last["PIP_TARGET"] != "/tmp/site-packages" || last["PATH"] != "/usr/bin:/bin" {
+		t.Fatalf("later settings must win over earlier ones: %q", env)
+	}
+}
+
+func TestSpecDefaults(t *testing.T) {
+	s, err := Spec{Image: "img"}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Network != "none" || s.Limits != DefaultLimits || s.TmpBytes != DefaultTmpBytes {
+		t.Fatalf("defaults: %+v", s)
+	}
+	for _, bad := range []Spec{
+		{},
+		{Image: "img", Network: "bridge"},
+		{Image: "img", Platform: "xen"},
+		{Image: "img", Env: []string{"NOEQUALS"}},
+		{Image: "img", Env: []string{"=v"}},
+		{Image: "img", Pip: []string{"--index-url=http://evil"}},
+		{Image: "img", Pip: []string{"a\nb"}},
+		{Image: "img", TmpBytes: -1},
+	} {
+		if _, err := bad.withDefaults(); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("%+v: %v, want an invalid argument", bad, err)
+		}
+	}
+}
+
+func TestRequest(t *testing.T) {
+	w, err := Request{Code: "print(1)"}.wire()
+	if err != nil || w.Language != wire.LanguagePython || w.TimeoutMS != DefaultTimeout.Milliseconds() || w.Version != wire.ProtocolVersion {
+		t.Fatalf("defaults: %+v %v", w, err)
+	}
+	for _, bad := range []Request{
+		{Language: "ruby"},
+		{Timeout: time.Microsecond},
+		{Timeout: -time.Second},
+		{Code: "a\x00b"},
+		{MaxOutput: -1},
+	} {
+		if err := bad.Validate(); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("%+v: %v, want an invalid argument", bad, err)
+		}
+	}
+}
+
+// writeRecord makes a sandbox directory under root as Create leaves it.
+func writeRecord(t *testing.T, root string, rec record.Record) string {
+	t.Helper()
+	dir := filepath.Join(root, "sandboxes", rec.Name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	rec.Dir = dir
+	if err := record.Write(&rec); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestReconcile: what a killed Create or Remove left is removed, unless
+// its directory's lock is held (another process is at work on it); a
+// running sandbox is left alone.
+func TestReconcile(t *testing.T) {
+	root := t.TempDir()
+	m, err := Open(root, WithRunsc("/no/such/runsc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(root, "sandboxes", ".new-123")
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	killed := writeRecord(t, root, record.Record{Name: "killed", State: record.Creating})
+	removing := writeRecord(t, root, record.Record{Name: "removing", State: record.Removing})
+	norecord := filepath.Join(root, "sandboxes", "norecord")
+	os.MkdirAll(norecord, 0o700)
+	running := writeRecord(t, root, record.Record{Name: "running", State: record.Running})
+	busy := writeRecord(t, root, record.Record{Name: "busy", State: record.Creating})
+	l, err := tryLock(busy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.unlock()
+	if err := m.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, gone := range []string{tmp, killed, removing, norecord} {
+		if _, err := os.Stat(gone); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s is left: %v", gone, err)
+		}
+	}
+	for _, kept := range []string{running, busy} {
+		if _, err := os.Stat(kept); err != nil {
+			t.Errorf("%s was removed: %v", kept, err)
+		}
+	}
+	sbs, err := m.List(context.Background())
+	if err != nil || len(sbs) != 2 {
+		t.Fatalf("List: %v, %v", sbs, err)
+	}
+	for _, sb := range sbs {
+		want := map[string]State{"running": StateDead, "busy": StateCreating}[sb.Name] // no agent answers
+		if sb.State != want {
+			t.Errorf("%s is %s, want %s", sb.Name, sb.State, want)
+		}
+	}
+}
+
+// TestBatchResults: a batch says of each snippet whether it ran; one that
+// ran and failed to reach its sandbox has the error, the others still run.
+func TestBatchResults(t *testing.T) {
+	m, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := []Request{{Code: "x = 1"}, {Code: "import os"}, {Language: wire.LanguageShell, Code: "true"}}
+	res, err := m.Batch(context.Background(), Target{Sandbox: "nosuch"}, reqs, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if !r.Ran || !errdefs.IsNotFound(r.Err) || r.Result != nil {
+			t.Errorf("snippet %d: %+v", i, r)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	res, err = m.Batch(ctx, Target{Sandbox: "nosuch"}, reqs, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if r.Ran && !errdefs.IsNotFound(r.Err) {
+			t.Errorf("cancelled batch, snippet %d: %+v", i, r)
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		target Target
+		reqs   []Request
+	}{
+		{"no target", Target{}, reqs},
+		{"two targets", Target{Sandbox: "a", Spec: &Spec{Image: "i"}}, reqs},
+		{"empty", Target{Sandbox: "a"}, nil},
+		{"too many", Target{Sandbox: "a"}, make([]Request, MaxBatch+1)},
+		{"pip", Target{Spec: &Spec{Image: "i", Pip: []string{"six"}}}, reqs},
+		{"a bad snippet", Target{Sandbox: "a"}, []Request{{Code: "1"}, {Language: "ruby"}}},
+		{"reset", Target{Sandbox: "a"}, []Request{{Reset: true}}},
+	} {
+		if _, err := m.Batch(context.Background(), tc.target, tc.reqs, 0); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("%s: %v, want an invalid argument", tc.name, err)
+		}
+	}
+}
+
+func TestCallRefuses(t *testing.T) {
+	root := t.TempDir()
+	m, err := Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeRecord(t, root, record.Record{Name: "creating", State: record.Creating})
+	for _, tc := range []struct {
+		name string
+		is   func(error) bool
+	}{
+		{"nosuch", errdefs.IsNotFound},
+		{"../x", errdefs.IsInvalidArgument},
+		{"creating", errdefs.IsFailedPrecondition},
+	} {
+		if _, err := m.Call(context.Background(), tc.name, Request{Code: "1"}); !tc.is(err) {
+			t.Errorf("call %s: %v", tc.name, err)
+		}
+	}
+}
+
+func TestAgent(t *testing.T) {
+	dir := t.TempDir()
+	exe := filepath.Join(dir, AgentName)
+	os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755)
+	plain := filepath.Join(dir, "plain")
+	os.WriteFile(plain, nil, 0o644)
+	for _, tc := range []struct {
+		path string
+		ok   bool
+	}{{exe, true}, {plain, false}, {dir, false}, {filepath.Join(dir, "missing"), false}} {
+		m, _ := Open(dir, WithAgent(tc.path))
+		p, err := m.Agent()
+		if tc.ok != (err == nil) || (err != nil && !errors.Is(err, ErrNoAgent)) || (tc.ok && p != tc.path) {
+			t.Errorf("agent %s: %q, %v", tc.path, p, err)
+		}
+	}
+}
