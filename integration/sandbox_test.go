@@ -16,10 +16,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/flmbox/flmbox/runtime"
+	"github.com/flmbox/flmbox/sandbox"
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
-// newRuntime returns a Runtime under a temporary directory, unmounting what
-// runsc mounts there when the test ends.
+// newRuntime returns a Runtime whose runsc state is under a temporary
+// directory, unmounting what runsc mounts there when the test ends.
 func newRuntime(t *testing.T) *runtime.Runtime {
 	t.Helper()
 	dir := t.TempDir()
@@ -27,112 +29,256 @@ func newRuntime(t *testing.T) *runtime.Runtime {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { unix.Unmount(filepath.Join(dir, "runsc", "null-netns"), unix.MNT_DETACH) })
+	t.Cleanup(func() { unix.Unmount(filepath.Join(dir, "null-netns"), unix.MNT_DETACH) })
 	return rt
+}
+
+// newManager opens a Manager on a temporary state root with the tests'
+// runsc and agent. When the test ends it removes every sandbox left there
+// and unmounts runsc's null-netns.
+func newManager(t *testing.T) (*sandbox.Manager, string) {
+	t.Helper()
+	root := t.TempDir()
+	m, err := sandbox.Open(root, sandbox.WithRunsc(runscPath), sandbox.WithAgent(flmboxAgent),
+		sandbox.WithWarnf(func(f string, a ...any) { t.Logf("warning: "+f, a...) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		sbs, _ := m.List(ctx)
+		for _, sb := range sbs {
+			if err := m.Remove(ctx, sb.Name); err != nil {
+				t.Errorf("clean up: %v", err)
+			}
+		}
+		unix.Unmount(filepath.Join(root, "runsc", "null-netns"), unix.MNT_DETACH)
+	})
+	return m, root
 }
 
 // runscProcesses counts host processes whose command line names id.
 func runscProcesses(t *testing.T, id string) int {
+	t.Helper()
 	out, _ := exec.Command("pgrep", "-f", id).Output()
 	return len(strings.Fields(string(out)))
 }
 
-func TestSandboxLifecycle(t *testing.T) {
+// pollUntil checks cond every 50 ms until it holds, and fails the test
+// with what if it does not within d.
+func pollUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(d); !cond(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %s: %s", d, what)
+		}
+	}
+}
+
+// waitNoProcesses waits until no host process names id.
+func waitNoProcesses(t *testing.T, id string) {
+	t.Helper()
+	pollUntil(t, 20*time.Second, "no host process names "+id, func() bool { return runscProcesses(t, id) == 0 })
+}
+
+// TestRuntimeRunAliveDelete drives runsc through package runtime alone: a
+// container runs, is alive and has host processes; Delete leaves neither
+// and is idempotent; a container whose first process does not exist fails
+// to run and leaves nothing behind.
+func TestRuntimeRunAliveDelete(t *testing.T) {
 	reg := startRegistry(t)
 	res := prewarmJSON(t, t.TempDir(), "--platform", "linux/amd64", reg.digestRef())
 	rt := newRuntime(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cfg := runtime.Config{Name: "life", Image: reg.digestRef(), Spec: []runtime.SpecOpt{
-		runtime.WithRootfs(res.Rootfs), runtime.WithTmp(16 << 20), runtime.WithArgs("sleep", "infinity"),
-		runtime.WithEnv([]string{"PATH=/usr/bin:/bin"}),
-	}}
-	sb, err := rt.Create(ctx, cfg)
+
+	// run runs a container whose first process is args, in a bundle of its
+	// own; the container is deleted when the test ends.
+	run := func(args ...string) (runtime.Container, error) {
+		t.Helper()
+		spec, err := runtime.GenerateSpec(runtime.WithRootfs(res.Rootfs), runtime.WithTmp(16<<20),
+			runtime.WithArgs(args...), runtime.WithEnv([]string{"PATH=/usr/bin:/bin"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		bundle := t.TempDir()
+		log, err := os.Create(filepath.Join(t.TempDir(), "console.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer log.Close()
+		c := runtime.Container{ID: runtime.NewID(), Network: runtime.NetworkNone}
+		t.Cleanup(func() { rt.Delete(context.Background(), c) })
+		return c, rt.Run(ctx, c, bundle, spec, log)
+	}
+	// known reports whether runsc still has state of c.
+	known := func(c runtime.Container) bool {
+		return exec.CommandContext(ctx, rt.Runsc(), rt.Args(c, "state", c.ID)...).Run() == nil
+	}
+
+	c, err := run("sleep", "infinity")
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if !rt.Alive(ctx, c) {
+		t.Fatal("a running container is not alive")
+	}
+	if !known(c) {
+		t.Fatal("runsc state does not know the running container")
+	}
+	if n := runscProcesses(t, c.ID); n == 0 {
+		t.Fatal("no host process names the container's ID")
+	}
+	if err := rt.Delete(ctx, c); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	if rt.Alive(ctx, c) {
+		t.Fatal("a deleted container is alive")
+	}
+	if known(c) {
+		t.Fatal("runsc still has state of a deleted container")
+	}
+	waitNoProcesses(t, c.ID)
+	if err := rt.Delete(ctx, c); err != nil {
+		t.Fatalf("delete is not idempotent: %v", err)
+	}
+
+	// A first process that does not exist: Run fails, nothing is left.
+	c, err = run("/no/such/binary")
+	if err == nil {
+		t.Fatal("run with a missing first process succeeded")
+	}
+	t.Logf("run with a missing first process: %v", err)
+	if rt.Alive(ctx, c) {
+		t.Fatal("a failed run left a live container")
+	}
+	if known(c) {
+		t.Fatal("a failed run left runsc state")
+	}
+	waitNoProcesses(t, c.ID)
+}
+
+// TestManagerLifecycle drives a sandbox through package sandbox in this
+// process, as a Go program embedding flmbox would: create, refused
+// duplicates and bad names, calls sharing /tmp, death behind flmbox's back,
+// removal (idempotent) that leaves no directory, process or image lease.
+func TestManagerLifecycle(t *testing.T) {
+	reg := startRegistry(t)
+	m, root := newManager(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	image := reg.digestRef()
+
+	sb, err := m.Create(ctx, sandbox.Spec{Name: "life", Image: image})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	if sb.Name != "life" || sb.State != sandbox.StateRunning || sb.ID == "" || sb.Manifest == "" {
+		t.Fatalf("create returned %+v", sb)
+	}
+	if n := runscProcesses(t, sb.ID); n == 0 {
+		t.Fatal("no host process names the sandbox's ID")
+	}
+	store, err := m.Images()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st := rt.State(ctx, sb); st != runtime.StateRunning {
-		t.Fatalf("new sandbox is %s", st)
+	holders := func() []string {
+		t.Helper()
+		leases, err := store.Leases()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var hs []string
+		for _, l := range leases {
+			hs = append(hs, l.ManifestDigest+" "+l.Holder)
+		}
+		return hs
 	}
-	if n := runscProcesses(t, sb.ID); n == 0 {
-		t.Fatal("no runsc process names the sandbox's ID")
+	lease := sb.Manifest + " life"
+	if hs := holders(); len(hs) != 1 || hs[0] != lease {
+		t.Fatalf("leases after create: %q", hs)
 	}
-	if _, err := rt.Create(ctx, cfg); !errors.Is(err, errdefs.ErrAlreadyExists) {
+
+	if _, err := m.Create(ctx, sandbox.Spec{Name: "life", Image: image}); !errors.Is(err, errdefs.ErrAlreadyExists) {
 		t.Fatalf("a second sandbox with the same name: %v", err)
 	}
-	if st := rt.State(ctx, sb); st != runtime.StateRunning {
-		t.Fatalf("the failed duplicate create harmed the first sandbox: %s", st)
-	}
-	for _, bad := range []string{"../x", "a/b", "", ".hidden", strings.Repeat("n", 65)} {
-		if _, err := rt.Create(ctx, runtime.Config{Name: bad, Spec: cfg.Spec}); !errors.Is(err, errdefs.ErrInvalidArgument) && bad != "" {
+	for _, bad := range []string{"../x", "a/b", ".hidden", strings.Repeat("n", 65)} {
+		if _, err := m.Create(ctx, sandbox.Spec{Name: bad, Image: image}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("name %q: %v", bad, err)
 		}
 	}
-	list, _ := rt.List()
-	var names []string
-	for _, s := range list {
-		names = append(names, s.Name)
-		if s.Name != "life" {
-			rt.Remove(ctx, s.Name) // the generated-name create above
-		}
+	// The refused creates left the first sandbox, its lease, and nothing else.
+	if got, err := m.Get(ctx, "life"); err != nil || got.State != sandbox.StateRunning || got.ID != sb.ID {
+		t.Fatalf("after refused creates, get: %+v, %v", got, err)
 	}
-	if !strings.Contains(strings.Join(names, " "), "life") {
-		t.Fatalf("list: %v", names)
+	if hs := holders(); len(hs) != 1 || hs[0] != lease {
+		t.Fatalf("leases after refused creates: %q", hs)
+	}
+	ents, _ := os.ReadDir(filepath.Join(root, "sandboxes"))
+	if len(ents) != 1 || ents[0].Name() != "life" {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Fatalf("sandbox directories after refused creates: %q", names)
+	}
+	if _, err := os.Stat(filepath.Join(root, "x")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a create named ../x made %s: %v", filepath.Join(root, "x"), err)
+	}
+
+	// Calls run code; files under /tmp persist between them.
+	call := func(lang, code string) *wire.Result {
+		t.Helper()
+		res, err := m.Call(ctx, "life", sandbox.Request{Language: lang, Code: code})
+		if err != nil {
+			t.Fatalf("call %q: %v", code, err)
+		}
+		return res
+	}
+	if res := call(wire.LanguageShell, "mkdir -p /tmp/keep && echo kept > /tmp/keep/f && echo wrote"); res.ExitCode != 0 || string(res.Stdout.Data) != "wrote\n" {
+		t.Fatalf("shell call: exit %d stdout %q stderr %q error %q", res.ExitCode, res.Stdout.Data, res.Stderr.Data, res.Error)
+	}
+	if res := call(wire.LanguagePython, "print(open('/tmp/keep/f').read().strip())"); res.ExitCode != 0 || string(res.Stdout.Data) != "kept\n" {
+		t.Fatalf("python call: exit %d stdout %q stderr %q error %q", res.ExitCode, res.Stdout.Data, res.Stderr.Data, res.Error)
 	}
 
 	// Kill the sandbox's gVisor processes behind flmbox's back: dead.
 	exec.Command("pkill", "-9", "-f", sb.ID).Run()
-	deadline := time.Now().Add(10 * time.Second)
-	for rt.State(ctx, sb) != runtime.StateDead && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
+	var state sandbox.State
+	pollUntil(t, 20*time.Second, "the killed sandbox is dead", func() bool {
+		got, err := m.Get(ctx, "life")
+		if err != nil {
+			t.Fatalf("get a killed sandbox: %v", err)
+		}
+		state = got.State
+		return state == sandbox.StateDead
+	})
+	if _, err := m.Call(ctx, "life", sandbox.Request{Code: "print(1)"}); !errors.Is(err, sandbox.ErrDead) || !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("call a dead sandbox: %v", err)
 	}
-	if st := rt.State(ctx, sb); st != runtime.StateDead {
-		t.Fatalf("after its processes were killed the sandbox is %s", st)
-	}
-	if err := rt.Remove(ctx, "life"); err != nil {
+
+	if err := m.Remove(ctx, "life"); err != nil {
 		t.Fatalf("remove a dead sandbox: %v", err)
 	}
-	if err := rt.Remove(ctx, "life"); err != nil {
+	if err := m.Remove(ctx, "life"); err != nil {
 		t.Fatalf("remove is not idempotent: %v", err)
 	}
-	if _, err := os.Stat(sb.Dir); !os.IsNotExist(err) {
-		t.Fatalf("sandbox directory left: %v", err)
+	for _, dir := range []string{filepath.Join(root, "sandboxes", "life"), sb.Bundle} {
+		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("sandbox directory %s left: %v", dir, err)
+		}
 	}
-	if n := runscProcesses(t, sb.ID); n != 0 {
-		t.Fatalf("%d runsc processes left", n)
-	}
-}
-
-func TestSandboxRemoveStopsEverything(t *testing.T) {
-	reg := startRegistry(t)
-	res := prewarmJSON(t, t.TempDir(), "--platform", "linux/amd64", reg.digestRef())
-	rt := newRuntime(t)
-	ctx := context.Background()
-	sb, err := rt.Create(ctx, runtime.Config{Name: "rm-me", Spec: []runtime.SpecOpt{
-		runtime.WithRootfs(res.Rootfs), runtime.WithTmp(16 << 20), runtime.WithArgs("sleep", "infinity"),
-		runtime.WithEnv([]string{"PATH=/usr/bin:/bin"}),
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := rt.Remove(ctx, "rm-me"); err != nil {
-		t.Fatal(err)
-	}
-	if n := runscProcesses(t, sb.ID); n != 0 {
-		t.Fatalf("%d runsc processes left after remove", n)
-	}
-	if _, err := rt.Get("rm-me"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := m.Get(ctx, "life"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("get after remove: %v", err)
 	}
-	// A failed create leaves nothing: a first process that does not exist.
-	_, err = rt.Create(ctx, runtime.Config{Name: "broken", Spec: []runtime.SpecOpt{
-		runtime.WithRootfs(res.Rootfs), runtime.WithTmp(16 << 20), runtime.WithArgs("/no/such/binary"),
-	}})
-	if err == nil {
-		rt.Remove(ctx, "broken")
-		t.Fatal("create with a missing first process succeeded")
+	waitNoProcesses(t, sb.ID)
+	if hs := holders(); len(hs) != 0 {
+		t.Fatalf("leases after remove: %q", hs)
 	}
-	if _, err := rt.Get("broken"); !errors.Is(err, errdefs.ErrNotFound) {
-		t.Fatalf("a failed create left a sandbox: %v", err)
+	removed, err := store.Remove(ctx, image)
+	if err != nil || len(removed) == 0 {
+		t.Fatalf("remove the image after its sandbox: %v, %v", removed, err)
 	}
 }

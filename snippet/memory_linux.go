@@ -58,6 +58,9 @@ type memWatch struct {
 	procs map[*proc]int64 // running snippet → bytes used at the first read (-1 before)
 	dying []*proc         // killed, not yet gone: their memory is not back yet
 	timer *time.Timer     // nil when no read is due
+	// checks counts the checks done, read or not, each counted once it
+	// has acted: tests wait on it to know that the watch saw a change.
+	checks int
 }
 
 // watchMemory watches p while it runs; the returned function stops, after
@@ -139,6 +142,7 @@ func (a *Agent) checkMemory() {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.checks++
 	if len(w.procs) == 0 && len(w.dying) == 0 {
 		w.timer = nil
 		return

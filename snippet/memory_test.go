@@ -38,20 +38,27 @@ func (f fakeMemInfo) set(t *testing.T, avail int64) {
 // snippets.
 func waitFirstRead(t *testing.T, a *Agent, n int) {
 	t.Helper()
+	waitWatched(t, a, n, true)
+}
+
+// waitWatched waits until the watch watches n snippets; with read, until
+// it has read the memory for each of them.
+func waitWatched(t *testing.T, a *Agent, n int, read bool) {
+	t.Helper()
 	for deadline := time.Now().Add(guard); ; time.Sleep(5 * time.Millisecond) {
 		a.mem.mu.Lock()
-		read := 0
+		got := 0
 		for _, first := range a.mem.procs {
-			if first >= 0 {
-				read++
+			if first >= 0 || !read {
+				got++
 			}
 		}
 		a.mem.mu.Unlock()
-		if read == n {
+		if got == n {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the watch read the memory for %d snippets, want %d", read, n)
+			t.Fatalf("the watch watches %d snippets (read %v), want %d", got, read, n)
 		}
 	}
 }
@@ -74,10 +81,64 @@ func result(t *testing.T, done <-chan *wire.Result) *wire.Result {
 	}
 }
 
+// waitSpared waits until the watch has checked the memory three more times
+// while it watches n snippets: at least the last two checks read the memory
+// after waitSpared was called and acted on it, so that a change made before
+// (to the file, or a snippet gone) was seen. It fails if the watch stops
+// watching one of them, which it does when it kills it: the snippets must
+// not end by themselves meanwhile.
+func waitSpared(t *testing.T, a *Agent, n int) {
+	t.Helper()
+	a.mem.mu.Lock()
+	want := a.mem.checks + 3
+	a.mem.mu.Unlock()
+	for deadline := time.Now().Add(guard); ; time.Sleep(time.Millisecond) {
+		a.mem.mu.Lock()
+		checks, watched := a.mem.checks, len(a.mem.procs)
+		a.mem.mu.Unlock()
+		if watched != n {
+			t.Fatalf("the watch watches %d snippets, want %d: it killed one", watched, n)
+		}
+		if checks >= want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the watch checked the memory %d times, want %d", checks, want)
+		}
+	}
+}
+
+// untilFile is shell code that waits until file name exists in the
+// snippet's directory (the test creates it with release).
+func untilFile(name string) string {
+	return "until [ -e " + name + " ]; do sleep 0.01; done; "
+}
+
+// release creates file name in a's directory.
+func release(t *testing.T, a *Agent, name string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(a.Dir, name), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitFile waits until file name exists in a's directory.
+func waitFile(t *testing.T, a *Agent, name string) {
+	t.Helper()
+	for deadline := time.Now().Add(guard); ; time.Sleep(5 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(a.Dir, name)); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the snippet did not create %s", name)
+		}
+	}
+}
+
 // waitWatchIdle fails unless the watch stops its timer once no call runs.
 func waitWatchIdle(t *testing.T, a *Agent) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(guard); ; time.Sleep(5 * time.Millisecond) {
 		a.mem.mu.Lock()
 		idle := a.mem.timer == nil && len(a.mem.procs) == 0 && len(a.mem.dying) == 0
 		a.mem.mu.Unlock()
@@ -92,28 +153,33 @@ func waitWatchIdle(t *testing.T, a *Agent) {
 
 // TestMemoryWatchKillsGrowingSnippet: once the sandbox has less than the
 // reserve left, and uses more than at the snippet's first read, the snippet
-// is killed and reported out of memory, in both languages.
+// is killed and reported out of memory, in both languages, with what it
+// printed before.
 func TestMemoryWatchKillsGrowingSnippet(t *testing.T) {
 	for _, tc := range []struct{ lang, code string }{
-		{wire.LanguageShell, "echo started; sleep 20 & sleep 20"},
-		{wire.LanguagePython, "import time\nprint('started', flush=True)\ntime.sleep(20)"},
+		{wire.LanguageShell, "echo started; touch started; sleep 20 & sleep 20"},
+		{wire.LanguagePython, "import time\nprint('started', flush=True)\nopen('started', 'w').close()\ntime.sleep(20)"},
 	} {
 		t.Run(tc.lang, func(t *testing.T) {
 			mem := newFakeMemInfo(t, 400<<20)
 			a := &Agent{Python: hostPython(t), Dir: t.TempDir(), MemInfo: string(mem)}
-			start := time.Now()
 			done := startRun(a, request(tc.lang, tc.code))
+			waitFile(t, a, "started") // it printed
 			waitFirstRead(t, a, 1)
 			mem.set(t, 20<<20)
 			res := result(t, done)
 			if !res.OOMKilled || res.ExitCode != 137 || res.Signal != "SIGKILL" || res.TimedOut || res.Error != "" {
 				t.Fatalf("want killed out of memory, got %s (oom_killed %v)", dump(res), res.OOMKilled)
 			}
-			if string(res.Stdout.Data) != "started\n" || time.Since(start) > 10*time.Second {
-				t.Fatalf("after %s: %s", time.Since(start), dump(res))
+			if string(res.Stdout.Data) != "started\n" {
+				t.Fatalf("want what it printed: %s", dump(res))
 			}
 			// The next call runs: memory is short but does not shrink.
-			if res := run(t, a, request(wire.LanguageShell, "sleep 0.1; echo next")); res.OOMKilled || string(res.Stdout.Data) != "next\n" {
+			done = startRun(a, request(wire.LanguageShell, untilFile("next")+"echo next"))
+			waitFirstRead(t, a, 1)
+			waitSpared(t, a, 1)
+			release(t, a, "next")
+			if res := result(t, done); res.OOMKilled || string(res.Stdout.Data) != "next\n" {
 				t.Fatalf("the next call: %s (oom_killed %v)", dump(res), res.OOMKilled)
 			}
 			waitWatchIdle(t, a)
@@ -127,18 +193,23 @@ func TestMemoryWatchKillsGrowingSnippet(t *testing.T) {
 func TestMemoryWatchSparesSnippetsThatDoNotGrow(t *testing.T) {
 	mem := newFakeMemInfo(t, 400<<20)
 	a := &Agent{Dir: t.TempDir(), MemInfo: string(mem)}
-	if res := run(t, a, request(wire.LanguageShell, "sleep 0.1; echo plenty")); res.OOMKilled || res.ExitCode != 0 || string(res.Stdout.Data) != "plenty\n" {
+	done := startRun(a, request(wire.LanguageShell, untilFile("plenty")+"echo plenty"))
+	waitFirstRead(t, a, 1)
+	waitSpared(t, a, 1)
+	release(t, a, "plenty")
+	if res := result(t, done); res.OOMKilled || res.ExitCode != 0 || string(res.Stdout.Data) != "plenty\n" {
 		t.Fatalf("%s (oom_killed %v)", dump(res), res.OOMKilled)
 	}
 	// Short all along (the reserve of 512 MiB is 32 MiB): memory given back
 	// and used again, or a little more used, is no growth.
 	mem.set(t, 20<<20)
-	done := startRun(a, request(wire.LanguageShell, "sleep 0.4; echo short"))
+	done = startRun(a, request(wire.LanguageShell, untilFile("short")+"echo short"))
 	waitFirstRead(t, a, 1)
 	for _, avail := range []int64{30 << 20, 25 << 20, 17 << 20} {
 		mem.set(t, avail)
-		time.Sleep(20 * time.Millisecond) // some reads
+		waitSpared(t, a, 1)
 	}
+	release(t, a, "short")
 	if res := result(t, done); res.OOMKilled || res.ExitCode != 0 || string(res.Stdout.Data) != "short\n" {
 		t.Fatalf("%s (oom_killed %v)", dump(res), res.OOMKilled)
 	}
@@ -159,39 +230,23 @@ func TestMemoryWatchSparesSnippetsThatDoNotGrow(t *testing.T) {
 func TestMemoryWatchKillsTheBiggest(t *testing.T) {
 	mem := newFakeMemInfo(t, 400<<20)
 	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), MemInfo: string(mem)}
-	small := startRun(a, request(wire.LanguageShell, "sleep 1.5; echo small"))
-	big := startRun(a, request(wire.LanguagePython, "import time\nb = bytearray(64 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('big', flush=True)\ntime.sleep(20)"))
+	small := startRun(a, request(wire.LanguageShell, untilFile("small.go")+"echo small"))
+	// It says it is ready once it holds its 64 MiB and has printed.
+	big := startRun(a, request(wire.LanguagePython, "import time\nb = bytearray(64 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('big', flush=True)\nopen('big.ready', 'w').close()\ntime.sleep(20)"))
+	waitFile(t, a, "big.ready")
 	waitFirstRead(t, a, 2)
-	for deadline := time.Now().Add(guard); ; time.Sleep(10 * time.Millisecond) {
-		if rss := groupsRSS()[bigPID(t, a)]; rss > 64<<20 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the big snippet did not grow")
-		}
-	}
 	mem.set(t, 10<<20)
 	if res := result(t, big); !res.OOMKilled || string(res.Stdout.Data) != "big\n" {
 		t.Fatalf("the big snippet: %s (oom_killed %v)", dump(res), res.OOMKilled)
 	}
+	// The big one is gone and memory stays short: the small one is not
+	// blamed for what the big one took.
+	waitSpared(t, a, 1)
+	release(t, a, "small.go")
 	if res := result(t, small); res.OOMKilled || res.ExitCode != 0 || string(res.Stdout.Data) != "small\n" {
 		t.Fatalf("the small snippet: %s (oom_killed %v)", dump(res), res.OOMKilled)
 	}
 	waitWatchIdle(t, a)
-}
-
-// bigPID returns the pid of the Python snippet among those watched.
-func bigPID(t *testing.T, a *Agent) int {
-	t.Helper()
-	a.mem.mu.Lock()
-	defer a.mem.mu.Unlock()
-	for p := range a.mem.procs {
-		if p.cmd.codeInGate && !p.cmd.stdinGate {
-			return p.pid
-		}
-	}
-	t.Fatal("no Python snippet is watched")
-	return 0
 }
 
 // TestMemoryWatchBudget: with a budget under MemTotal (the cgroup's limit is
@@ -203,12 +258,7 @@ func TestMemoryWatchBudget(t *testing.T) {
 	done := startRun(a, request(wire.LanguageShell, "sleep 20"))
 	waitFirstRead(t, a, 1)
 	mem.set(t, 300<<20) // 212 used: 44 MiB left of the budget, over its reserve of 16
-	time.Sleep(50 * time.Millisecond)
-	select {
-	case res := <-done:
-		t.Fatalf("killed with memory left: %s", dump(res))
-	default:
-	}
+	waitSpared(t, a, 1)
 	mem.set(t, 270<<20) // 242 used: 14 left
 	if res := result(t, done); !res.OOMKilled || res.ExitCode != 137 {
 		t.Fatalf("%s (oom_killed %v)", dump(res), res.OOMKilled)
@@ -219,7 +269,11 @@ func TestMemoryWatchBudget(t *testing.T) {
 // never a failed call.
 func TestMemoryWatchUnreadableFile(t *testing.T) {
 	a := &Agent{Dir: t.TempDir(), MemInfo: filepath.Join(t.TempDir(), "missing")}
-	if res := run(t, a, request(wire.LanguageShell, "sleep 0.1; echo ok")); res.OOMKilled || string(res.Stdout.Data) != "ok\n" {
+	done := startRun(a, request(wire.LanguageShell, untilFile("go")+"echo ok"))
+	waitWatched(t, a, 1, false)
+	waitSpared(t, a, 1) // it keeps trying
+	release(t, a, "go")
+	if res := result(t, done); res.OOMKilled || string(res.Stdout.Data) != "ok\n" {
 		t.Fatalf("%s", dump(res))
 	}
 	waitWatchIdle(t, a)
@@ -240,7 +294,9 @@ func TestReadMemInfo(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "meminfo")
-			os.WriteFile(path, []byte(tc.data), 0o644)
+			if err := os.WriteFile(path, []byte(tc.data), 0o644); err != nil {
+				t.Fatal(err)
+			}
 			total, avail, ok := readMemInfo(path)
 			if ok != tc.ok || ok && (total != tc.total || avail != tc.avail) {
 				t.Fatalf("got %d %d %v, want %d %d %v", total, avail, ok, tc.total, tc.avail, tc.ok)

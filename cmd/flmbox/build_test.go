@@ -35,4 +35,3 @@ func TestBuildDiff(t *testing.T) {
 		})
 	}
 }
-
