@@ -63,8 +63,10 @@ type Options struct {
 	// of 12"). Default: none (the CLI passes its stderr, but none with
 	// --json).
 	Progress io.Writer
-	// Warnf gets warnings: a sandbox of a batch run in process that could
-	// not be removed. Default: none.
+	// Warnf gets the warnings of the bench's sandbox.Manager (see
+	// sandbox.WithWarnf): a sandbox of an in-process batch that could not
+	// be removed, one an interrupted flmbox process left that the clean-up
+	// removes. Default: none.
 	Warnf func(format string, args ...any)
 }
 

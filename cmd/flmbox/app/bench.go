@@ -1,12 +1,102 @@
 package app
 
 import (
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/flmbox/flmbox/bench"
 )
 
-// benchCommand is a placeholder until package bench lands.
 func benchCommand() *cli.Command {
-	return &cli.Command{Name: "bench", Action: func(*cli.Context) error { return fmt.Errorf("not yet") }}
+	full := bench.Defaults(false)
+	return &cli.Command{
+		Name:  "bench",
+		Usage: "measure this worker: sandbox allocation, warm calls, batch throughput, prewarm, memory, each beside its baseline",
+		Description: `Every figure comes with a baseline measured in the same run (raw runsc, runsc exec, the same
+command under chroot, crane export | tar) and the reference system's number where there is one.
+
+The bench works in a private state root, a directory bench-XXXX under --root that it removes at the
+end (also when interrupted): it never touches the sandboxes or the image cache of --root. IMAGE is
+copied into an in-process registry on 127.0.0.1 and prewarmed from there. Without --image, the
+image cache of --root must hold exactly one image whose source it knows (a tag or an OCI layout).`,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "image", Usage: "image to measure, as prewarm takes it (default: the cache's only image)"},
+			&cli.IntFlag{Name: "pairs", Value: full.Pairs, Usage: "allocation pairs (fresh sandbox, raw runsc)"},
+			&cli.IntFlag{Name: "warmup", Value: full.Warmup, Usage: "warm calls of each kind not measured"},
+			&cli.IntFlag{Name: "rounds", Value: full.Rounds, Usage: "rounds of measured warm calls"},
+			&cli.IntFlag{Name: "calls", Value: full.Calls, Usage: "measured warm calls per round"},
+			&cli.DurationFlag{Name: "pause", Usage: "pause before each warm call, for every method alike (default: back to back)"},
+			&cli.BoolFlag{Name: "quick", Usage: "fewer pairs, rounds and calls (under a minute); explicit flags still win"},
+			jsonFlag,
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 0 {
+				return fmt.Errorf("bench takes no arguments, got %q; name the image with --image", c.Args().Slice())
+			}
+			o, err := benchOptionsFrom(c)
+			if err != nil {
+				return err
+			}
+			rep, err := bench.Run(c.Context, o)
+			switch {
+			case errors.Is(err, bench.ErrNotRoot):
+				return advise(err, "run it as root")
+			case errors.Is(err, bench.ErrNoImage):
+				return advise(err, "name the image to measure with --image IMAGE (flmbox images ls lists them)")
+			case err != nil:
+				return err
+			}
+			if c.Bool("json") {
+				return rep.WriteJSON(c.App.Writer)
+			}
+			return rep.WriteTable(c.App.Writer)
+		},
+	}
+}
+
+// benchOptionsFrom reads bench's flags: --quick picks the quick preset, and
+// flags set explicitly override it. bench.Run checks the values.
+func benchOptionsFrom(c *cli.Context) (bench.Options, error) {
+	o := bench.Defaults(c.Bool("quick"))
+	for _, f := range []struct {
+		name string
+		dst  *int
+	}{{"pairs", &o.Pairs}, {"warmup", &o.Warmup}, {"rounds", &o.Rounds}, {"calls", &o.Calls}} {
+		if c.IsSet(f.name) {
+			*f.dst = c.Int(f.name)
+		}
+	}
+	o.Image, o.Pause, o.Root, o.Runsc = c.String("image"), c.Duration("pause"), c.String("root"), c.String("runsc")
+	self, err := userBinary()
+	if err != nil {
+		return o, err
+	}
+	o.Flmbox = self
+	if !c.Bool("json") {
+		o.Progress = c.App.ErrWriter
+	}
+	o.Warnf = func(format string, args ...any) { warnf(c, format, args...) }
+	return o, nil
+}
+
+// userBinary returns the flmbox command that users run: flmbox next to this
+// flmbox-core (flmbox makes warm calls itself and execs flmbox-core for the
+// rest), or this binary if it is not flmbox-core.
+func userBinary() (string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("find the flmbox binary to measure: %w", err)
+	}
+	if filepath.Base(self) != "flmbox-core" {
+		return self, nil
+	}
+	front := filepath.Join(filepath.Dir(self), "flmbox")
+	if _, err := os.Stat(front); err != nil {
+		return "", advise(fmt.Errorf("find the flmbox command next to %s: %w", self, err), "install flmbox, flmbox-core and flmbox-agent in one directory (make build puts them in bin/)")
+	}
+	return front, nil
 }

@@ -1,0 +1,191 @@
+package bench
+
+import (
+	"errors"
+	"math/big"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/flmbox/flmbox/runtime"
+	"github.com/flmbox/flmbox/sandbox"
+	"github.com/flmbox/flmbox/snippet/wire"
+)
+
+func TestThroughputWant(t *testing.T) {
+	for _, n := range []int64{0, 1, 2, 10, 12345} {
+		var sum big.Int
+		for i := int64(0); i < n; i++ {
+			sum.Add(&sum, big.NewInt(i*i))
+		}
+		if got, want := throughputWant(n), sum.String()+"\n"; got != want {
+			t.Errorf("throughputWant(%d) = %q, want %q", n, got, want)
+		}
+	}
+	if got := throughputCode(5); got != "print(sum(i * i for i in range(5)))" {
+		t.Errorf("throughputCode = %q", got)
+	}
+}
+
+// TestWriteBatch checks the batch file against `flmbox run --batch`'s
+// input format: {"language", "timeout", "codes": [{"code"}...]}, no other
+// key (the CLI refuses unknown ones).
+func TestWriteBatch(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "b.json")
+	if err := writeBatch(file, wire.LanguageShell, 0, "echo a", "echo b"); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(data), `{"language":"shell","codes":[{"code":"echo a"},{"code":"echo b"}]}`; got != want {
+		t.Errorf("got %s, want %s", got, want)
+	}
+	if err := writeBatch(file, wire.LanguagePython, 300, "print(1)"); err != nil {
+		t.Fatal(err)
+	}
+	data, _ = os.ReadFile(file)
+	if got, want := string(data), `{"language":"python","timeout":300,"codes":[{"code":"print(1)"}]}`; got != want {
+		t.Errorf("got %s, want %s", got, want)
+	}
+}
+
+func TestCheckResults(t *testing.T) {
+	ok := &wire.Result{Stdout: wire.Output{Data: []byte(wantOutput)}}
+	for _, tc := range []struct {
+		name string
+		res  *wire.Result
+		err  string
+	}{
+		{"ok", ok, ""},
+		{"exit 1", &wire.Result{ExitCode: 1, Stdout: ok.Stdout}, "exit 1"},
+		{"stderr", &wire.Result{Stdout: ok.Stdout, Stderr: wire.Output{Data: []byte("warning")}}, `stderr "warning"`},
+		{"agent error", &wire.Result{ExitCode: -1, Error: "no python3"}, "no python3"},
+		{"output", &wire.Result{Stdout: wire.Output{Data: []byte("agent-perf-ok")}}, "check the output"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkResult("x", tc.res)
+			if (err == nil) != (tc.err == "") || err != nil && !strings.Contains(err.Error(), tc.err) {
+				t.Fatalf("checkResult: %v, want %q", err, tc.err)
+			}
+			err = checkBatchResult("x", []sandbox.BatchResult{{Ran: true, Result: tc.res}})
+			if (err == nil) != (tc.err == "") || err != nil && !strings.Contains(err.Error(), tc.err) {
+				t.Fatalf("checkBatchResult: %v, want %q", err, tc.err)
+			}
+		})
+	}
+	failed := errors.New("sandbox died")
+	if err := checkBatchResult("x", []sandbox.BatchResult{{Ran: true, Err: failed}}); !errors.Is(err, failed) {
+		t.Errorf("a snippet flmbox failed to run: %v", err)
+	}
+	if err := checkBatchResult("x", []sandbox.BatchResult{{}}); err == nil || !strings.Contains(err.Error(), "did not run") {
+		t.Errorf("a snippet that did not run: %v", err)
+	}
+	if err := checkBatchResult("x", nil); err == nil {
+		t.Error("no result")
+	}
+}
+
+// TestRawSpec checks that the raw runsc baseline gets what a sandbox gets
+// by default: limits, /tmp, user, environment, no network.
+func TestRawSpec(t *testing.T) {
+	s, err := runtime.GenerateSpec(rawSpec("/rootfs", []string{"PATH=/usr/bin", "PYTHONPATH=/opt"})...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := s.Linux.Resources
+	if r.Pids == nil || *r.Pids.Limit != sandbox.DefaultLimits.Pids {
+		t.Errorf("pids %+v", r.Pids)
+	}
+	if want := sandbox.DefaultLimits.MemoryBytes + runtime.MemoryHeadroom(sandbox.DefaultLimits.MemoryBytes); r.Memory == nil || *r.Memory.Limit != want {
+		t.Errorf("memory %+v, want %d", r.Memory, want)
+	}
+	if r.CPU == nil || *r.CPU.Quota != int64(sandbox.DefaultLimits.CPUs*100_000) {
+		t.Errorf("cpu %+v", r.CPU)
+	}
+	if s.Root.Path != "/rootfs" || !s.Root.Readonly {
+		t.Errorf("root %+v", s.Root)
+	}
+	if u := s.Process.User; u.UID != sandbox.UID || u.GID != sandbox.GID {
+		t.Errorf("user %+v", u)
+	}
+	if !slices.Equal(s.Process.Args, []string{"sleep", "infinity"}) {
+		t.Errorf("args %q", s.Process.Args)
+	}
+	if !slices.Equal(s.Process.Env, sandbox.Environment([]string{"PATH=/usr/bin", "PYTHONPATH=/opt"}, nil)) {
+		t.Errorf("env %q", s.Process.Env)
+	}
+	var tmp string
+	for _, m := range s.Mounts {
+		if m.Destination == "/tmp" {
+			tmp = strings.Join(m.Options, ",")
+		}
+	}
+	if !strings.Contains(tmp, "size=268435456") {
+		t.Errorf("/tmp options %q", tmp)
+	}
+	netns := false
+	for _, ns := range s.Linux.Namespaces {
+		netns = netns || ns.Type == "network"
+	}
+	if !netns {
+		t.Error("no network namespace")
+	}
+}
+
+// TestTimeToOutput times a command until its output, not until it exits.
+func TestTimeToOutput(t *testing.T) {
+	d, err := timeToOutput(exec.Command("sh", "-c", "echo agent-perf-ok; exec sleep 1"), wantOutput)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d <= 0 || d >= time.Second {
+		t.Errorf("%s until the output, want less than the 1 s the command takes", d)
+	}
+	if _, err := timeToOutput(exec.Command("sh", "-c", "echo agent-perf-ok; echo more"), wantOutput); err == nil || !strings.Contains(err.Error(), "check the output") {
+		t.Errorf("more output: %v", err)
+	}
+	if _, err := timeToOutput(exec.Command("sh", "-c", "echo agent-perf-ok; echo oops >&2; exit 3"), wantOutput); err == nil || !strings.Contains(err.Error(), "oops") {
+		t.Errorf("a failure: %v", err)
+	}
+}
+
+// TestCommandFailed checks that a command's exit status is described, not
+// wrapped (a front would exit with it), and its stderr quoted.
+func TestCommandFailed(t *testing.T) {
+	_, _, err := timeCommand(exec.Command("sh", "-c", "echo one >&2; echo two >&2; exit 7"))
+	var ee *exec.ExitError
+	if err == nil || errors.As(err, &ee) || !strings.Contains(err.Error(), "exit status 7") || !strings.Contains(err.Error(), "one\ntwo") {
+		t.Fatalf("got %v", err)
+	}
+	d, err := checkedCommand(exec.Command("sh", "-c", "echo agent-perf-ok"))
+	if err != nil || d <= 0 {
+		t.Fatalf("checkedCommand: %s, %v", d, err)
+	}
+	if got := commandLine(exec.Command("a", "1", "2", "3", "4", "5", "6", "7", "8", "9")); got != "a 1 2 3 4 5 6 7 …" {
+		t.Errorf("commandLine = %q", got)
+	}
+	if got := lastLines("a\nb\nc\n", 2); got != "b\nc" {
+		t.Errorf("lastLines = %q", got)
+	}
+}
+
+func TestRequest(t *testing.T) {
+	for _, s := range []snippet{pythonSnippet, shellSnippet} {
+		req := s.request()
+		if err := req.Validate(); err != nil {
+			t.Errorf("%s: %v", s.language, err)
+		}
+		if req.Timeout != 30*time.Second || req.MaxOutput != wire.DefaultMaxOutput || req.Reset {
+			t.Errorf("%s: %+v", s.language, req)
+		}
+		if s.argv[len(s.argv)-1] != s.code {
+			t.Errorf("%s: runsc exec and chroot run %q, not the snippet %q", s.language, s.argv, s.code)
+		}
+	}
+}

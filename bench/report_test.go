@@ -1,0 +1,265 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestStats(t *testing.T) {
+	for _, tc := range []struct {
+		in      []float64
+		want    Stats
+		wantP95 float64
+	}{
+		{in: []float64{3, 1, 2}, want: Stats{Median: 2, Min: 1, Max: 3, N: 3}, wantP95: 3},
+		{in: []float64{4, 1, 3, 2}, want: Stats{Median: 2.5, Min: 1, Max: 4, N: 4}, wantP95: 4},
+		{in: []float64{7}, want: Stats{Median: 7, Min: 7, Max: 7, N: 1}, wantP95: 7},
+	} {
+		if got := summarize(tc.in); got != tc.want {
+			t.Errorf("summarize(%v) = %+v, want %+v", tc.in, got, tc.want)
+		}
+		if got := p95(slices.Sorted(slices.Values(tc.in))); got != tc.wantP95 {
+			t.Errorf("p95(%v) = %v, want %v", tc.in, got, tc.wantP95)
+		}
+	}
+	// p95 by nearest rank: of 1..100 it is 95, of 1..20 it is 19.
+	var hundred, twenty []float64
+	for i := 1; i <= 100; i++ {
+		hundred = append(hundred, float64(i))
+		if i <= 20 {
+			twenty = append(twenty, float64(i))
+		}
+	}
+	if got := p95(hundred); got != 95 {
+		t.Errorf("p95(1..100) = %v", got)
+	}
+	if got := p95(twenty); got != 19 {
+		t.Errorf("p95(1..20) = %v", got)
+	}
+	// Medians and p95s within rounds, then their medians.
+	med, p := roundSummary([][]float64{{1, 2, 3, 100}, {2, 3, 4, 5}, {10, 3, 4, 5}})
+	if med != 3.5 || p != 10 {
+		t.Errorf("roundSummary: median %v, p95 %v; want 3.5 and 10", med, p)
+	}
+	if got := summarize(nil); got != (Stats{}) {
+		t.Errorf("summarize(nil) = %+v", got)
+	}
+	if got := ms(1500 * time.Microsecond); got != 1.5 {
+		t.Errorf("ms = %v", got)
+	}
+}
+
+// sampleReport is a report as a run fills it.
+func sampleReport(retained bool, crane bool) *Report {
+	s := func(m float64) Stats { return Stats{Median: m, Min: m - 1, Max: m + 1, N: 3} }
+	rep := &Report{
+		Allocation: Allocation{FreshMS: s(170), RawRunscMS: s(120), FreshInprocessMS: s(140)},
+		Batch:      Batch{Snippets: 64, Parallel: 2, SerialS: 40, ParallelS: 21, SnippetNativeS: 0.2},
+		Prewarm:    Prewarm{ColdMS: 1100, HitMS: 3, Cold: s(1100), Hit: s(3)},
+		Memory:     Memory{SandboxKiB: 60000, BareRunscKiB: 30000, SandboxRSSKiB: 120000, BareRunscRSSKiB: 65000, SandboxProcesses: 9, BareRunscProcesses: 6},
+		Runsc:      Runsc{Path: "/usr/local/bin/runsc", Version: "v1", Platform: "systrap"},
+		Image:      Image{Ref: "oci-layout:/x@sha256:1", Platform: "linux/amd64", SizeBytes: 1 << 20},
+		Settings:   Settings{Pairs: 3, Warmup: 2, Rounds: 2, Calls: 10, PrewarmRounds: 2, CPUs: 2},
+	}
+	for _, api := range []string{"sandbox", "batch"} {
+		for _, lang := range []string{"python", "shell"} {
+			rep.Warm = append(rep.Warm, Warm{API: api, Language: lang, MedianMS: 19, P95MS: 29, InprocessMedianMS: 16,
+				RunscExecMedianMS: 26, NativeMedianMS: 14, Calls: 20})
+		}
+	}
+	if retained {
+		r := s(80)
+		rep.Allocation.RetainedMS = &r
+	}
+	if crane {
+		c := s(1400)
+		rep.Prewarm.CraneTar, rep.Prewarm.CraneTarMS = &c, &c.Median
+	}
+	return rep
+}
+
+// TestJSONSchema checks issue 4's schema: every key, its type, and null
+// exactly where the issue allows it.
+func TestJSONSchema(t *testing.T) {
+	for _, tc := range []struct{ retained, crane bool }{{false, true}, {true, false}} {
+		t.Run(fmt.Sprintf("retained=%t,crane=%t", tc.retained, tc.crane), func(t *testing.T) {
+			var buf bytes.Buffer
+			if err := sampleReport(tc.retained, tc.crane).WriteJSON(&buf); err != nil {
+				t.Fatal(err)
+			}
+			if n := strings.Count(strings.TrimSpace(buf.String()), "\n"); n != 0 {
+				t.Fatalf("want one JSON line, got %d more", n)
+			}
+			var obj map[string]any
+			dec := json.NewDecoder(&buf)
+			dec.UseNumber()
+			if err := dec.Decode(&obj); err != nil {
+				t.Fatal(err)
+			}
+			if err := validateJSON(obj, tc.retained, tc.crane); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestJSONKeys pins every key of the JSON object, so that renaming a Go
+// field cannot change the schema unnoticed.
+func TestJSONKeys(t *testing.T) {
+	data, err := json.Marshal(sampleReport(true, true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var obj map[string]any
+	if err := json.Unmarshal(data, &obj); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]string{
+		"allocation": {"fresh_inprocess_ms", "fresh_ms", "raw_runsc_ms", "retained_ms"},
+		"batch":      {"parallel", "parallel_s", "serial_s", "snippet_native_s", "snippets"},
+		"prewarm":    {"cold_ms", "cold_stats", "crane_tar_ms", "crane_tar_stats", "hit_ms", "hit_stats"},
+		"memory":     {"bare_runsc_kib", "bare_runsc_processes", "bare_runsc_rss_kib", "sandbox_kib", "sandbox_processes", "sandbox_rss_kib"},
+		"runsc":      {"path", "platform", "version"},
+		"image":      {"index_digest", "manifest_digest", "platform", "ref", "size_bytes"},
+		"settings":   {"calls", "cpus", "pairs", "pause_ms", "prewarm_rounds", "rounds", "warmup"},
+		"warm[0]": {"api", "calls", "inprocess_median_ms", "inprocess_p95_ms", "language", "median_ms", "native_median_ms",
+			"native_p95_ms", "p95_ms", "runsc_exec_median_ms", "runsc_exec_p95_ms"},
+		"allocation.fresh_ms": {"max", "median", "min", "n"},
+	}
+	keys := func(v any) []string {
+		m, _ := v.(map[string]any)
+		var out []string
+		for k := range m {
+			out = append(out, k)
+		}
+		slices.Sort(out)
+		return out
+	}
+	if got := keys(obj); !slices.Equal(got, []string{"allocation", "batch", "image", "memory", "prewarm", "runsc", "settings", "warm"}) {
+		t.Errorf("top-level keys %v", got)
+	}
+	for path, w := range want {
+		var v any
+		switch path {
+		case "warm[0]":
+			v = obj["warm"].([]any)[0]
+		case "allocation.fresh_ms":
+			v = obj["allocation"].(map[string]any)["fresh_ms"]
+		default:
+			v = obj[path]
+		}
+		if got := keys(v); !slices.Equal(got, w) {
+			t.Errorf("%s: keys %v, want %v", path, got, w)
+		}
+	}
+}
+
+// validateJSON checks the schema of `flmbox bench --json`. The integration
+// test has its own copy, against a real run.
+func validateJSON(obj map[string]any, retained, crane bool) error {
+	isStats := func(v any) error {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return fmt.Errorf("not an object: %v", v)
+		}
+		for _, k := range []string{"median", "min", "max", "n"} {
+			if _, ok := m[k].(json.Number); !ok {
+				return fmt.Errorf("%s: not a number: %v", k, m[k])
+			}
+		}
+		return nil
+	}
+	section := func(name string) map[string]any { m, _ := obj[name].(map[string]any); return m }
+	numbers := func(m map[string]any, keys ...string) error {
+		for _, k := range keys {
+			if _, ok := m[k].(json.Number); !ok {
+				return fmt.Errorf("%s: not a number: %v", k, m[k])
+			}
+		}
+		return nil
+	}
+	alloc := section("allocation")
+	for _, k := range []string{"fresh_ms", "raw_runsc_ms"} {
+		if err := isStats(alloc[k]); err != nil {
+			return fmt.Errorf("allocation.%s: %w", k, err)
+		}
+	}
+	if v, ok := alloc["retained_ms"]; !ok || (v == nil) == retained {
+		return fmt.Errorf("allocation.retained_ms: %v (present %t)", v, ok)
+	}
+	warm, _ := obj["warm"].([]any)
+	if len(warm) != 4 {
+		return fmt.Errorf("warm: %d entries, want 4", len(warm))
+	}
+	seen := map[string]bool{}
+	for _, w := range warm {
+		m, _ := w.(map[string]any)
+		api, _ := m["api"].(string)
+		lang, _ := m["language"].(string)
+		if (api != "sandbox" && api != "batch") || (lang != "python" && lang != "shell") {
+			return fmt.Errorf("warm: api %q, language %q", api, lang)
+		}
+		seen[api+"/"+lang] = true
+		if err := numbers(m, "median_ms", "p95_ms", "inprocess_median_ms", "runsc_exec_median_ms", "native_median_ms"); err != nil {
+			return fmt.Errorf("warm %s/%s: %w", api, lang, err)
+		}
+	}
+	if len(seen) != 4 {
+		return fmt.Errorf("warm: %v, want every api and language", seen)
+	}
+	if err := numbers(section("batch"), "snippets", "parallel", "serial_s", "parallel_s"); err != nil {
+		return fmt.Errorf("batch: %w", err)
+	}
+	pw := section("prewarm")
+	if err := numbers(pw, "cold_ms", "hit_ms"); err != nil {
+		return fmt.Errorf("prewarm: %w", err)
+	}
+	if v, ok := pw["crane_tar_ms"]; !ok || (v == nil) == crane {
+		return fmt.Errorf("prewarm.crane_tar_ms: %v (present %t)", v, ok)
+	}
+	if err := numbers(section("memory"), "sandbox_kib", "bare_runsc_kib"); err != nil {
+		return fmt.Errorf("memory: %w", err)
+	}
+	rs := section("runsc")
+	for _, k := range []string{"path", "version", "platform"} {
+		if s, _ := rs[k].(string); s == "" {
+			return fmt.Errorf("runsc.%s: %v", k, rs[k])
+		}
+	}
+	return nil
+}
+
+func TestTable(t *testing.T) {
+	var buf bytes.Buffer
+	if err := sampleReport(false, true).WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	for _, want := range []string{
+		"FIGURE", "REFERENCE", "raw runsc 120 ms", "1.42×", "191 ms", "82 ms", "n/a",
+		"warm call, sandbox API, python", "25.16 ms", "runsc exec 26.0 ms", "chroot 14.0 ms",
+		"--parallel 1 40.0 s", "crane export | tar -x 1400 ms", "0.79×", "≤ 20 ms", "58.6 MiB", "systrap",
+		"10 calls per round (back to back)", "(linux/amd64, 1MiB)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the table lacks %q:\n%s", want, out)
+		}
+	}
+	buf.Reset()
+	sampleReport(true, false).WriteTable(&buf)
+	if out := buf.String(); !strings.Contains(out, "crane export | tar -x n/a") || !strings.Contains(out, "80.0 ms") {
+		t.Errorf("without crane, with retained:\n%s", out)
+	}
+	paced := sampleReport(false, true)
+	paced.Settings.PauseMS = 20
+	buf.Reset()
+	paced.WriteTable(&buf)
+	if out := buf.String(); !strings.Contains(out, "(each after a 20 ms pause)") {
+		t.Errorf("paced warm calls:\n%s", out)
+	}
+}
