@@ -155,7 +155,7 @@ func lookPath(name string, env []string) (string, error) {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("find %s in PATH %q: %w; the sandbox's image has no Python? run shell snippets (--language shell) or use an image with python3",
+	return "", fmt.Errorf("find %s in PATH %q (the image has no Python?): %w",
 		name, path, exec.ErrNotFound)
 }
 
