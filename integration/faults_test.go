@@ -790,7 +790,7 @@ func TestFaultsSandboxNames(t *testing.T) {
 	for _, tc := range []struct{ name, message string }{
 		{"../x", `sandbox name "../x": use 1 to 64 letters`},
 		{"a/b", `sandbox name "a/b": use 1 to 64 letters`},
-		{"taken", `sandbox "taken" already exists; choose another name or remove it`},
+		{"taken", "sandbox \"taken\" already exists\nflmbox: choose another name or remove it (flmbox sandbox rm taken)"},
 	} {
 		res := flmbox(t, root, "sandbox", "create", "--name", tc.name, "--image", reg.digestRef())
 		if res.code != 125 || res.stdout != "" || !strings.Contains(res.stderr, "flmbox: "+tc.message) {

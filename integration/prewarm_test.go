@@ -375,19 +375,14 @@ func TestPrewarmKilledAnyMomentRecovers(t *testing.T) {
 
 func TestImagesLsRmGCWithLease(t *testing.T) {
 	reg := startRegistry(t)
-	root := t.TempDir()
+	root := sandboxRoot(t, reg)
 	res := prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef())
 	ls := mustFlmbox(t, root, "images", "ls")
 	if !strings.Contains(ls, res.ManifestDigest[7:19]) || !strings.Contains(ls, img.IndexDigest.String()) {
 		t.Fatalf("images ls:\n%s", ls)
 	}
-	store, err := rootfs.OpenStore(filepath.Join(root, "images"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Lease(context.Background(), res.ManifestDigest, "sandbox-1"); err != nil {
-		t.Fatal(err)
-	}
+	// A sandbox leases the image it runs.
+	mustFlmbox(t, root, "sandbox", "create", "--name", "sandbox-1", "--image", reg.digestRef())
 	if r := flmbox(t, root, "images", "rm", img.IndexDigest.String()); r.code != 125 || !strings.Contains(r.stderr, "sandbox-1") {
 		t.Fatalf("rm of an image in use: exit %d %s", r.code, r.stderr)
 	}
@@ -397,7 +392,16 @@ func TestImagesLsRmGCWithLease(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(res.Rootfs, "usr/bin/python3")); err != nil {
 		t.Fatal(err)
 	}
-	store.Release(context.Background(), res.ManifestDigest, "sandbox-1")
+	mustFlmbox(t, root, "sandbox", "rm", "sandbox-1")
+	// A lease whose sandbox does not exist (a killed flmbox's) keeps nothing:
+	// images rm reconciles leases with sandboxes first.
+	store, err := rootfs.OpenStore(filepath.Join(root, "images"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Lease(context.Background(), res.ManifestDigest, "ghost"); err != nil {
+		t.Fatal(err)
+	}
 	if out := mustFlmbox(t, root, "images", "rm", reg.tagRef(), img.IndexDigest.String()); !strings.Contains(out, "Deleted: "+res.ManifestDigest) {
 		t.Fatalf("rm:\n%s", out)
 	}

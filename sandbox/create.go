@@ -62,6 +62,16 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err != nil {
 		return nil, err
 	}
+	if spec.Name == "" {
+		spec.Name = "sb-" + randomHex(6)
+	}
+	dir, err := record.Dir(m.root, spec.Name)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Lstat(dir); err == nil && !m.reconcileDir(ctx, dir) {
+		return nil, fmt.Errorf("sandbox %q %w", spec.Name, errdefs.ErrAlreadyExists) // before pulling anything
+	}
 	rt, err := m.runtime()
 	if err != nil {
 		return nil, err
@@ -73,9 +83,6 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	cfg, err := m.store.Config(img.ManifestDigest)
 	if err != nil {
 		return nil, err
-	}
-	if spec.Name == "" {
-		spec.Name = "sb-" + randomHex(6)
 	}
 	rec := &record.Record{Name: spec.Name, ID: runtime.NewID(), Image: spec.Image, Manifest: img.ManifestDigest,
 		Network: string(spec.Network), Platform: spec.Platform, Limits: recordLimits(spec.Limits), State: record.Creating,
@@ -196,7 +203,7 @@ func (m *Manager) claim(ctx context.Context, rec *record.Record) (*dirLock, erro
 	lock.unlock()
 	os.RemoveAll(tmp)
 	if errors.Is(err, os.ErrExist) || errors.Is(err, unix.ENOTEMPTY) {
-		return nil, fmt.Errorf("create sandbox %q: a sandbox of that name exists: %w", rec.Name, errdefs.ErrAlreadyExists)
+		return nil, fmt.Errorf("sandbox %q %w", rec.Name, errdefs.ErrAlreadyExists)
 	}
 	return nil, fmt.Errorf("create sandbox %q: %w", rec.Name, err)
 }

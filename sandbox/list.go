@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox/record"
 )
@@ -70,11 +71,15 @@ func (m *Manager) alive(ctx context.Context, rec *record.Record) bool {
 }
 
 // Get describes sandbox name, its state checked (errdefs.ErrNotFound if
-// there is no such sandbox).
+// there is no such sandbox). What a killed Create or Remove left of it is
+// removed first (see Reconcile).
 func (m *Manager) Get(ctx context.Context, name string) (*Sandbox, error) {
 	rec, err := record.Read(m.root, name)
 	if err != nil {
 		return nil, err
+	}
+	if rec.State != record.Running && m.reconcileDir(ctx, rec.Dir) {
+		return nil, fmt.Errorf("no sandbox %q: %w", name, errdefs.ErrNotFound)
 	}
 	return m.sandbox(ctx, rec, true), nil
 }

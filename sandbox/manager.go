@@ -135,25 +135,40 @@ const AgentName = "flmbox-agent"
 
 // ErrNoAgent is in the error of a Manager that cannot find its agent
 // binary; it is errdefs.ErrNotFound.
-var ErrNoAgent = fmt.Errorf("no agent binary (%s): %w", AgentName, errdefs.ErrNotFound)
+var ErrNoAgent error = noAgentError{}
+
+type noAgentError struct{}
+
+func (noAgentError) Error() string        { return "no agent binary" }
+func (noAgentError) Is(target error) bool { return target == errdefs.ErrNotFound }
+
+// agentError is a failure to find the agent: its message says where it was
+// looked for and why it failed; it is ErrNoAgent.
+type agentError struct {
+	msg string
+	err error
+}
+
+func (e *agentError) Error() string   { return e.msg }
+func (e *agentError) Unwrap() []error { return []error{e.err, ErrNoAgent} }
 
 // Agent returns the agent binary every sandbox runs, after checking that it
 // is an executable file (ErrNoAgent otherwise).
 func (m *Manager) Agent() (string, error) {
-	p := m.o.agent
+	p, where := m.o.agent, "at "+m.o.agent
 	if p == "" {
 		self, err := os.Executable()
 		if err != nil {
-			return "", fmt.Errorf("find the agent next to this program: %w: %w", err, ErrNoAgent)
+			return "", &agentError{fmt.Sprintf("find %s, the sandboxes' agent: %v", AgentName, err), err}
 		}
-		p = filepath.Join(filepath.Dir(self), AgentName)
+		p, where = filepath.Join(filepath.Dir(self), AgentName), "next to "+self
 	}
 	fi, err := os.Stat(p)
 	if err == nil && (!fi.Mode().IsRegular() || fi.Mode()&0o111 == 0) {
 		err = errors.New("not an executable file")
 	}
 	if err != nil {
-		return "", fmt.Errorf("find the agent %s: %w: %w", p, err, ErrNoAgent)
+		return "", &agentError{fmt.Sprintf("find %s, the sandboxes' agent, %s: %v", AgentName, where, err), err}
 	}
 	return p, nil
 }

@@ -1,0 +1,264 @@
+//go:build integration
+
+package integration
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/flmbox/flmbox/rootfs"
+)
+
+// Issue "An embeddable core": what moving sandboxes into package sandbox
+// fixed, through the CLI binaries.
+
+// TestBatchOfSilentSnippets: a batch snippet that succeeds without printing
+// anything comes back as exit 0 with empty output, in fresh sandboxes
+// (--image) and in an existing one (--sandbox); a failing one next to them
+// still fails. (flmbox once took an empty result for a snippet that never
+// ran, and reported "exit_code -1, flmbox: not run: <nil>".)
+func TestBatchOfSilentSnippets(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	mustFlmbox(t, root, "sandbox", "create", "--name", "quiet", "--image", reg.digestRef())
+	in := []byte(`{"codes": [
+		"x = 1",
+		"import os",
+		{"language": "shell", "code": "mkdir -p /tmp/a"},
+		"raise ValueError('loud')",
+		{"language": "shell", "code": "true"}
+	]}`)
+	for _, target := range [][]string{{"--image", reg.digestRef()}, {"--sandbox", "quiet"}} {
+		t.Run(target[0][2:], func(t *testing.T) {
+			results := runBatch(t, root, in, 5, target...)
+			for i, r := range results {
+				if i == 3 {
+					if r.ExitCode != 1 || r.Stdout != "" || !strings.Contains(r.Stderr, "ValueError: loud") {
+						t.Errorf("failing snippet %d: %+v", i, r)
+					}
+					continue
+				}
+				if r != (batchElement{}) {
+					t.Errorf("silent snippet %d: %+v, want exit 0 and no output", i, r)
+				}
+			}
+		})
+	}
+	// The shell snippet ran in the sandbox: its directory is there.
+	if out := mustFlmbox(t, root, "run", "--sandbox", "quiet", "-l", "shell", "-c", "test -d /tmp/a && echo yes"); out != "yes\n" {
+		t.Errorf("after the batch in sandbox quiet: %q", out)
+	}
+}
+
+// TestEnvPythonPathKeepsSitePackages: --env PYTHONPATH=/x adds /x after
+// /tmp/site-packages, where pip installs, instead of replacing it: what
+// --pip preinstalled still imports. (flmbox once let the caller's
+// PYTHONPATH override its own, so nothing pip installed imported.)
+func TestEnvPythonPathKeepsSitePackages(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	mustFlmbox(t, root, "pipcache", "add", writeTestWheel(t, t.TempDir(), "flmbox-pp", "1.0"))
+	mustFlmbox(t, root, "sandbox", "create", "--name", "pp", "--image", reg.digestRef(), "--env", "PYTHONPATH=/x", "--pip", "flmbox-pp")
+	out := mustFlmbox(t, root, "run", "--sandbox", "pp", "-c", `
+import json, os, sys
+import flmbox_pp
+print(json.dumps({"greeting": flmbox_pp.GREETING, "pythonpath": os.environ.get("PYTHONPATH"), "path": sys.path}))
+`)
+	var got struct {
+		Greeting, Pythonpath string
+		Path                 []string
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("the call printed %q: %v", out, err)
+	}
+	if got.Greeting != "hello from flmbox-pp 1.0" {
+		t.Errorf("greeting %q", got.Greeting)
+	}
+	if got.Pythonpath != "/tmp/site-packages:/x" {
+		t.Errorf("PYTHONPATH %q, want /tmp/site-packages:/x", got.Pythonpath)
+	}
+	index := func(p string) int {
+		for i, q := range got.Path {
+			if q == p {
+				return i
+			}
+		}
+		return -1
+	}
+	if site, x := index("/tmp/site-packages"), index("/x"); site < 0 || x < 0 || site > x {
+		t.Errorf("sys.path %q: want /tmp/site-packages, then /x", got.Path)
+	}
+}
+
+// slowRunsc writes a runsc wrapper that runs the real runsc with its
+// arguments and, after a runsc run (whose exit status it writes into the
+// file mark), hangs: the flmbox that called it waits for it forever.
+func slowRunsc(t *testing.T, mark string) string {
+	t.Helper()
+	script := fmt.Sprintf(`#!/bin/sh
+%q "$@"
+rc=$?
+for a in "$@"; do
+	if [ "$a" = run ]; then
+		echo $rc > %q.tmp && mv %q.tmp %q
+		exec sleep infinity
+	fi
+done
+exit $rc
+`, runscPath, mark, mark, mark)
+	p := filepath.Join(t.TempDir(), "runsc")
+	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// killedCreate runs flmbox-core sandbox create --name name in root with a
+// runsc that hangs once its runsc run has returned, kills flmbox-core's
+// whole process group at that moment (after the lease, with the runsc
+// container running, before the agent was waited for), and returns the
+// runsc container ID its record held.
+func killedCreate(t *testing.T, root, image, name string) string {
+	t.Helper()
+	mark := filepath.Join(t.TempDir(), "ran")
+	cmd := exec.Command(flmboxCore, "--root", root, "--runsc", slowRunsc(t, mark), "sandbox", "create", "--name", name, "--image", image)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	killed := false
+	kill := func() {
+		if !killed {
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-exited
+			killed = true
+		}
+	}
+	t.Cleanup(kill)
+	var rc []byte
+	pollUntil(t, 2*time.Minute, "runsc run returned under flmbox-core", func() bool {
+		select {
+		case err := <-exited:
+			killed = true
+			t.Fatalf("flmbox-core exited before it was killed: %v\n%s", err, out.Bytes())
+		default:
+		}
+		var err error
+		rc, err = os.ReadFile(mark)
+		return err == nil
+	})
+	if strings.TrimSpace(string(rc)) != "0" {
+		kill()
+		t.Fatalf("runsc run failed (exit %s) under flmbox-core:\n%s", bytes.TrimSpace(rc), out.Bytes())
+	}
+	var rec struct{ ID, State string }
+	b, err := os.ReadFile(filepath.Join(root, "sandboxes", name, "sandbox.json"))
+	if err != nil || json.Unmarshal(b, &rec) != nil || rec.ID == "" || rec.State != "creating" {
+		kill()
+		t.Fatalf("record of the sandbox being created: %q: %v", b, err)
+	}
+	if runscProcesses(t, rec.ID) == 0 {
+		kill()
+		t.Fatalf("no host process names the container %s that runsc run started", rec.ID)
+	}
+	kill()
+	t.Logf("killed flmbox-core after runsc run; %d host processes of %s remain", runscProcesses(t, rec.ID), rec.ID)
+	return rec.ID
+}
+
+// leases lists the image leases under root, without reconciling them.
+func leases(t *testing.T, root string) []rootfs.Lease {
+	t.Helper()
+	store, err := rootfs.OpenStore(filepath.Join(root, "images"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := store.Leases()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ls
+}
+
+// sandboxNames are the sandboxes sandbox ls --json lists, with their states.
+func sandboxNames(t *testing.T, root string) map[string]string {
+	t.Helper()
+	var sbs []struct{ Name, State string }
+	out := mustFlmbox(t, root, "sandbox", "ls", "--json")
+	if err := json.Unmarshal([]byte(out), &sbs); err != nil {
+		t.Fatalf("sandbox ls --json printed %q: %v", out, err)
+	}
+	names := map[string]string{}
+	for _, sb := range sbs {
+		names[sb.Name] = sb.State
+	}
+	return names
+}
+
+// TestCreateKilledAfterItsLease: a sandbox create killed once it had
+// leased its image and runsc had started its container leaves nothing that
+// keeps the image or the name: the next sandbox ls reconciles it away
+// (container, lease, directory), and so does the next create of the same
+// name by itself. (flmbox once left a sandbox that ls listed as running, a
+// lease no sandbox would release, and a name no create could take.)
+func TestCreateKilledAfterItsLease(t *testing.T) {
+	reg := startRegistry(t)
+	image := reg.digestRef()
+
+	t.Run("ls first", func(t *testing.T) {
+		root := sandboxRoot(t, reg)
+		id := killedCreate(t, root, image, "same")
+		if names := sandboxNames(t, root); len(names) != 0 {
+			t.Fatalf("sandbox ls after the killed create: %v", names)
+		}
+		if ls := leases(t, root); len(ls) != 0 {
+			t.Fatalf("leases left after sandbox ls: %+v", ls)
+		}
+		if _, err := os.Stat(filepath.Join(root, "sandboxes", "same")); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("the killed sandbox's directory is left: %v", err)
+		}
+		waitNoProcesses(t, id)
+		if out := mustFlmbox(t, root, "images", "rm", image); !strings.Contains(out, "Deleted: ") {
+			t.Fatalf("images rm printed %q", out)
+		}
+		if out := mustFlmbox(t, root, "sandbox", "create", "--name", "same", "--image", image); out != "same\n" {
+			t.Fatalf("sandbox create printed %q", out)
+		}
+		faultAlive(t, root, "same")
+		if newID := faultSandboxID(t, root, "same"); newID == id {
+			t.Fatalf("the new sandbox has the killed one's container ID %s", id)
+		}
+	})
+
+	t.Run("create first", func(t *testing.T) {
+		root := sandboxRoot(t, reg)
+		id := killedCreate(t, root, image, "same")
+		if out := mustFlmbox(t, root, "sandbox", "create", "--name", "same", "--image", image); out != "same\n" {
+			t.Fatalf("sandbox create printed %q", out)
+		}
+		waitNoProcesses(t, id)
+		faultAlive(t, root, "same")
+		if newID := faultSandboxID(t, root, "same"); newID == id {
+			t.Fatalf("the new sandbox has the killed one's container ID %s", id)
+		}
+		if names := sandboxNames(t, root); len(names) != 1 || names["same"] != "running" {
+			t.Fatalf("sandbox ls: %v", names)
+		}
+		if ls := leases(t, root); len(ls) != 1 || ls[0].Holder != "same" {
+			t.Fatalf("leases: %+v", ls)
+		}
+	})
+}
