@@ -59,8 +59,9 @@ func (r Request) Validate() error {
 }
 
 // Call runs req in sandbox name and returns its result: the snippet's exit
-// code (124 is not used: a timed-out snippet has TimedOut set), its output,
-// and Error if the agent could not run it. A call fails with
+// code (a snippet killed on timeout has TimedOut set, one killed because the
+// sandbox ran short of memory OOMKilled), its output, and Error if the agent
+// could not run it. A call fails with
 // errdefs.ErrNotFound if there is no such sandbox, errdefs.ErrFailedPrecondition
 // if it is being created or removed, and ErrDead if it is dead. Calls of one
 // sandbox may run at once; they share its /tmp.

@@ -49,7 +49,7 @@ type Mount struct {
 	ReadOnly            bool
 }
 
-// Defaults of a Spec.
+// DefaultLimits are a Spec's default limits.
 var DefaultLimits = runtime.Limits{MemoryBytes: 512 << 20, CPUs: 1, Pids: 256}
 
 // DefaultTmpBytes is the default size of a sandbox's /tmp.
@@ -122,8 +122,8 @@ const sitePackages = "/tmp/site-packages"
 
 // Environment is a sandbox's environment: the image's, then flmbox's, then
 // extra (pip's settings, the caller's); later entries win. PYTHONPATH is
-// sitePackages, followed by the last PYTHONPATH that the caller or else the
-// image sets, so that what pip installs always imports.
+// /tmp/site-packages, followed by the last PYTHONPATH that the caller or
+// else the image sets, so that what pip installs always imports.
 func Environment(image, extra []string) []string {
 	pythonpath := sitePackages
 	var env []string
