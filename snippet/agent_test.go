@@ -175,7 +175,7 @@ func TestServeCall(t *testing.T) {
 		{"shell", request(wire.LanguageShell, "echo hello"), "hello\n", 0},
 		{"non-UTF-8 bytes", request(wire.LanguageShell, `printf '\377\000\200ok'`), "\xff\x00\x80ok", 0},
 		{"capped", request(wire.LanguageShell, "printf 0123456789abcdefghij", func(r *wire.Request) { r.MaxOutput = 10 }), "01234\n[flmbox: 10 bytes omitted]\nfghij", 0},
-		{"timeout", request(wire.LanguageShell, "echo started; sleep 100", func(r *wire.Request) { r.TimeoutMS = 200 }), "started\n", 137},
+		{"timeout", request(wire.LanguageShell, "echo started; sleep 100", func(r *wire.Request) { r.TimeoutMS = printGrace.Milliseconds() }), "started\n", 137},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := call(t, socket, tc.req)
@@ -419,7 +419,7 @@ func TestServeReapsOrphans(t *testing.T) {
 		call(t, h.socket, request(wire.LanguageShell, "sleep 1000 & sleep 1000 & sh -c 'sleep 1000 &' ; echo $!"))
 		call(t, h.socket, request(wire.LanguagePython, "import os, time\nif os.fork() == 0:\n    time.sleep(1000)\n"))
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(guard)
 	for {
 		kids := childrenOf(t, h.cmd.Process.Pid)
 		if len(kids) == 0 {

@@ -46,7 +46,7 @@ func ExampleAgent_Serve() {
 		Version:   wire.ProtocolVersion,
 		Language:  wire.LanguageShell,
 		Code:      "printf '%s\\n' one two three; sleep 100",
-		TimeoutMS: 500,
+		TimeoutMS: 2000, // ample time to print first, even on a busy machine
 		MaxOutput: 8,
 	})
 	if err != nil {

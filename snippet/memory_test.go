@@ -2,6 +2,7 @@ package snippet
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -45,22 +46,17 @@ func waitFirstRead(t *testing.T, a *Agent, n int) {
 // it has read the memory for each of them.
 func waitWatched(t *testing.T, a *Agent, n int, read bool) {
 	t.Helper()
-	for deadline := time.Now().Add(guard); ; time.Sleep(5 * time.Millisecond) {
+	waitUntil(t, fmt.Sprintf("the watch to watch %d snippets (read the memory for each: %v)", n, read), func() bool {
 		a.mem.mu.Lock()
+		defer a.mem.mu.Unlock()
 		got := 0
 		for _, first := range a.mem.procs {
 			if first >= 0 || !read {
 				got++
 			}
 		}
-		a.mem.mu.Unlock()
-		if got == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the watch watches %d snippets (read %v), want %d", got, read, n)
-		}
-	}
+		return got == n
+	})
 }
 
 // startRun runs req in the background; the result comes on the channel.
@@ -125,30 +121,20 @@ func release(t *testing.T, a *Agent, name string) {
 // waitFile waits until file name exists in a's directory.
 func waitFile(t *testing.T, a *Agent, name string) {
 	t.Helper()
-	for deadline := time.Now().Add(guard); ; time.Sleep(5 * time.Millisecond) {
-		if _, err := os.Stat(filepath.Join(a.Dir, name)); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the snippet did not create %s", name)
-		}
-	}
+	waitUntil(t, "the snippet to create "+name, func() bool {
+		_, err := os.Stat(filepath.Join(a.Dir, name))
+		return err == nil
+	})
 }
 
 // waitWatchIdle fails unless the watch stops its timer once no call runs.
 func waitWatchIdle(t *testing.T, a *Agent) {
 	t.Helper()
-	for deadline := time.Now().Add(guard); ; time.Sleep(5 * time.Millisecond) {
+	waitUntil(t, "the memory watch to stop with no call", func() bool {
 		a.mem.mu.Lock()
-		idle := a.mem.timer == nil && len(a.mem.procs) == 0 && len(a.mem.dying) == 0
-		a.mem.mu.Unlock()
-		if idle {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the memory watch still runs with no call")
-		}
-	}
+		defer a.mem.mu.Unlock()
+		return a.mem.timer == nil && len(a.mem.procs) == 0 && len(a.mem.dying) == 0
+	})
 }
 
 // TestMemoryWatchKillsGrowingSnippet: once the sandbox has less than the

@@ -1,12 +1,12 @@
 package snippet
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/flmbox/flmbox/snippet/wire"
 )
@@ -19,14 +19,20 @@ func TestReset(t *testing.T) {
 	t.Setenv(helperSparesEnv, "1")
 	t.Setenv(helperKeepStraysEnv, "1")
 	h := startHelper(t, true, 0)
-	mess := `import os
+	// A directory outside, which a reset that followed symlinks would empty.
+	outside := t.TempDir()
+	kept := filepath.Join(outside, "kept")
+	if err := os.WriteFile(kept, []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mess := fmt.Sprintf(`import os
 os.makedirs('locked/deep', exist_ok=True)
 open('locked/deep/f', 'w').write('x')
 open('top', 'w').write('y')
-os.symlink('/etc/passwd', 'link')
+os.symlink(%q, 'link')
 os.chmod('locked/deep', 0)
 os.chmod('locked', 0o500)
-` + pyDaemon
+`, outside) + pyDaemon
 	res := call(t, h.socket, request(wire.LanguagePython, mess))
 	daemon, err := strconv.Atoi(strings.TrimSpace(string(res.Stdout.Data)))
 	if err != nil {
@@ -45,8 +51,8 @@ os.chmod('locked', 0o500)
 		t.Fatalf("after Reset the directory is not empty: %s", dump(res))
 	}
 	waitGone(t, daemon)
-	if _, err := os.Stat("/etc/passwd"); err != nil {
-		t.Fatalf("the reset followed a symlink: %v", err)
+	if b, err := os.ReadFile(kept); err != nil || string(b) != "kept" {
+		t.Fatalf("the reset followed a symlink: %q, %v", b, err)
 	}
 	if ents, _ := os.ReadDir(h.dir); len(ents) != 0 {
 		t.Fatalf("left in %s: %v", h.dir, ents)
@@ -61,22 +67,31 @@ os.chmod('locked', 0o500)
 }
 
 // TestResetWaitsForCalls checks that a reset waits for a running call
-// instead of killing it.
+// instead of killing it. The agent runs in the test (its reset kills the
+// test's other child processes: there are none), which sees when the reset
+// waits: it holds the calls' lock for writing, and a writer waiting makes
+// TryRLock fail.
 func TestResetWaitsForCalls(t *testing.T) {
-	h := startHelper(t, true, 0)
-	slow := make(chan *wire.Result, 1)
-	go func() {
-		slow <- call(t, h.socket, request(wire.LanguageShell, "sleep 0.5; echo slow > slow.txt; echo slow"))
-	}()
-	time.Sleep(150 * time.Millisecond)
-	res := call(t, h.socket, request(wire.LanguageShell, "ls -A; echo reset", func(r *wire.Request) { r.Reset = true }))
-	if s := <-slow; string(s.Stdout.Data) != "slow\n" || s.ExitCode != 0 {
+	a := testAgent(t)
+	a.CleanDirs = []string{a.Dir}
+	slow := startRun(a, request(wire.LanguageShell, "touch started; "+untilFile("go")+"echo slow > slow.txt; echo slow"))
+	waitFile(t, a, "started")
+	reset := startRun(a, request(wire.LanguageShell, "ls -A; echo reset", func(r *wire.Request) { r.Reset = true }))
+	waitUntil(t, "the reset to wait for the lock", func() bool {
+		if a.calls.TryRLock() {
+			a.calls.RUnlock()
+			return false
+		}
+		return true
+	})
+	release(t, a, "go")
+	if s := result(t, slow); string(s.Stdout.Data) != "slow\n" || s.ExitCode != 0 {
 		t.Fatalf("the running call was disturbed: %s", dump(s))
 	}
-	if string(res.Stdout.Data) != "reset\n" {
-		t.Fatalf("the reset ran before the running call ended, or did not empty %s: %s", h.dir, dump(res))
+	if res := result(t, reset); string(res.Stdout.Data) != "reset\n" {
+		t.Fatalf("the reset ran before the running call ended, or did not empty %s: %s", a.Dir, dump(res))
 	}
-	if _, err := os.Stat(filepath.Join(h.dir, "slow.txt")); err == nil {
+	if _, err := os.Stat(filepath.Join(a.Dir, "slow.txt")); err == nil {
 		t.Fatal("slow.txt survived the reset")
 	}
 }
@@ -87,27 +102,64 @@ func TestResetWaitsForCalls(t *testing.T) {
 func TestResetKillsAProcessWithoutItsMainThread(t *testing.T) {
 	t.Setenv(helperKeepStraysEnv, "1")
 	h := startHelper(t, true, 0)
+	// The child leaves the snippet's group, starts a thread that writes
+	// alive.txt every 50 ms, and ends its main thread; the snippet prints
+	// the child's pid once the thread runs.
 	code := `import ctypes, os, threading, time
-if os.fork() == 0:
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
     os.setsid()
     def beat():
+        os.write(w, b'x')
         while True:
             with open('alive.txt', 'a') as f:
                 f.write('x')
             time.sleep(0.05)
     threading.Thread(target=beat).start()
-    time.sleep(0.2)
     ctypes.CDLL(None).syscall(60, 0)  # exit(2) of the main thread only
-print('left')
+os.read(r, 1)
+print(pid)
 `
-	call(t, h.socket, request(wire.LanguagePython, code))
-	time.Sleep(500 * time.Millisecond)
-	if _, err := os.Stat(filepath.Join(h.dir, "alive.txt")); err != nil {
-		t.Fatalf("the thread did not start: %v", err)
+	res := call(t, h.socket, request(wire.LanguagePython, code))
+	pid, err := strconv.Atoi(strings.TrimSpace(string(res.Stdout.Data)))
+	if err != nil {
+		t.Fatalf("no pid: %s", dump(res))
+	}
+	alive := filepath.Join(h.dir, "alive.txt")
+	waitUntil(t, "the thread to write", func() bool {
+		_, err := os.Stat(alive)
+		return err == nil
+	})
+	waitUntil(t, "the main thread to exit", func() bool {
+		state, _ := threadsOf(pid)
+		return state == "Z"
+	})
+	if state, threads := threadsOf(pid); threads < 2 {
+		t.Fatalf("process %d: state %s with %d threads, want its thread running", pid, state, threads)
 	}
 	call(t, h.socket, request(wire.LanguageShell, "true", func(r *wire.Request) { r.Reset = true }))
-	time.Sleep(300 * time.Millisecond)
-	if _, err := os.Stat(filepath.Join(h.dir, "alive.txt")); err == nil {
+	waitUntil(t, "the thread to die", func() bool {
+		state, threads := threadsOf(pid)
+		return state == "" || (state == "Z" || state == "X") && threads < 2
+	})
+	if _, err := os.Stat(alive); err == nil {
 		t.Fatal("a thread of a process whose main thread exited outlived the reset")
 	}
+}
+
+// threadsOf returns the state of process pid (of its main thread) and its
+// number of threads; "" if it is gone.
+func threadsOf(pid int) (state string, threads int) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return "", 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:]) // state, ppid, ..., num_threads (18th)
+	if len(f) < 18 {
+		return "", 0
+	}
+	threads, _ = strconv.Atoi(f[17])
+	return f[0], threads
 }

@@ -60,16 +60,24 @@ func request(lang, code string, edits ...func(*wire.Request)) *wire.Request {
 	return r
 }
 
-// run runs a request and fails the test if it does not return within guard.
+// run runs a request and fails the test if it does not return within its
+// timeout and guard more: then it hangs.
 func run(t *testing.T, a *Agent, req *wire.Request) *wire.Result {
 	t.Helper()
+	return runCtx(t, context.Background(), a, req)
+}
+
+// runCtx is run with ctx.
+func runCtx(t *testing.T, ctx context.Context, a *Agent, req *wire.Request) *wire.Result {
+	t.Helper()
 	done := make(chan *wire.Result, 1)
-	go func() { done <- a.Run(context.Background(), req) }()
+	go func() { done <- a.Run(ctx, req) }()
+	limit := time.Duration(req.TimeoutMS)*time.Millisecond + guard
 	select {
 	case res := <-done:
 		return res
-	case <-time.After(guard + 5*time.Second):
-		t.Fatalf("Run of %q did not return within %s", req.Code, guard+5*time.Second)
+	case <-time.After(limit):
+		t.Fatalf("Run of %q did not return within %s", req.Code, limit)
 		return nil
 	}
 }
@@ -250,6 +258,17 @@ func TestRunTimeout(t *testing.T) {
 	}
 }
 
+// waitUntil polls cond until it holds, and fails the test if it does not
+// within guard; what says what was awaited.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(guard); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %s for %s", guard, what)
+		}
+	}
+}
+
 // alive says whether process pid exists and is not a zombie.
 func alive(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
@@ -261,10 +280,11 @@ func alive(pid int) bool {
 	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }
 
-// waitGone fails the test unless process pid is gone (or a zombie) soon.
+// waitGone fails the test unless process pid is gone (or a zombie) within
+// guard.
 func waitGone(t *testing.T, pid int) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(guard)
 	for alive(pid) {
 		if time.Now().After(deadline) {
 			unix.Kill(pid, unix.SIGKILL)
@@ -288,21 +308,33 @@ func pids(t *testing.T, res *wire.Result) []int {
 	return out
 }
 
+// printGrace is the timeout of snippets that must print before their
+// timeout kills them: printing takes milliseconds, the rest is for a busy
+// machine. Tests that can do without use a cancellation they order instead.
+const printGrace = 2 * time.Second
+
 func TestRunKillsLeftovers(t *testing.T) {
 	a := testAgent(t)
-	for _, tc := range []struct{ name, lang, code string }{
-		{"shell background", wire.LanguageShell, "sleep 1000 & echo $!"},
-		{"shell background, pipes closed", wire.LanguageShell, "sleep 1000 >/dev/null 2>&1 & echo $!"},
-		{"shell nested", wire.LanguageShell, "sh -c 'sleep 1000 & echo $!; sleep 1000 & echo $!' &\nsleep 0.2"},
-		{"python subprocess", wire.LanguagePython, "import subprocess\nprint(subprocess.Popen(['sleep', '1000']).pid)"},
-		{"python double fork", wire.LanguagePython, "import os, sys, time\nif os.fork() == 0:\n    print(os.getpid(), flush=True)\n    time.sleep(1000)\n    sys.exit()\ntime.sleep(0.2)"},
-		{"on timeout", wire.LanguageShell, "sleep 1000 & echo $!; sleep 1000"},
+	for _, tc := range []struct {
+		name, lang, code string
+		timeout          time.Duration // the default when 0
+	}{
+		{"shell background", wire.LanguageShell, "sleep 1000 & echo $!", 0},
+		{"shell background, pipes closed", wire.LanguageShell, "sleep 1000 >/dev/null 2>&1 & echo $!", 0},
+		{"shell nested", wire.LanguageShell, "sh -c 'sleep 1000 & echo $!; sleep 1000 & echo $!' &\nwait", 0},
+		{"python subprocess", wire.LanguagePython, "import subprocess\nprint(subprocess.Popen(['sleep', '1000']).pid)", 0},
+		{"python fork", wire.LanguagePython, "import os, sys, time\nr, w = os.pipe()\nif os.fork() == 0:\n    print(os.getpid(), flush=True)\n    os.write(w, b'x')\n    time.sleep(1000)\n    sys.exit()\nos.read(r, 1)", 0},
+		{"on timeout", wire.LanguageShell, "sleep 1000 & echo $!; sleep 1000", printGrace},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res := run(t, a, request(tc.lang, tc.code, func(r *wire.Request) { r.TimeoutMS = 1000 }))
+			res := run(t, a, request(tc.lang, tc.code, func(r *wire.Request) {
+				if tc.timeout > 0 {
+					r.TimeoutMS = tc.timeout.Milliseconds()
+				}
+			}))
 			ps := pids(t, res)
-			if len(ps) == 0 {
-				t.Fatalf("no pid printed: %s", dump(res))
+			if len(ps) == 0 || res.TimedOut != (tc.timeout > 0) {
+				t.Fatalf("want pids, and a timeout only on timeout: %s", dump(res))
 			}
 			for _, pid := range ps {
 				waitGone(t, pid)
@@ -526,7 +558,10 @@ func TestRunCancelled(t *testing.T) {
 		t.Fatalf("got %s", dump(res))
 	}
 	b, _ := os.ReadFile(pidFile)
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
 	waitGone(t, pid)
 
 	// Already cancelled: nothing runs.

@@ -2,12 +2,15 @@ package snippet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,6 +29,16 @@ func warmUp(t testing.TB, a *Agent) {
 		t.Fatal("the zygote did not start")
 	}
 	t.Cleanup(func() { a.Close() })
+}
+
+// waitSpare waits until a has a spare of lang.
+func waitSpare(t *testing.T, a *Agent, lang string) {
+	t.Helper()
+	waitUntil(t, "a "+lang+" spare", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.spares[lang] != nil
+	})
 }
 
 // TestSpares runs the tests of Run again with spares, Python processes
@@ -97,7 +110,6 @@ func TestSparesNewProcessEachCall(t *testing.T) {
 				parents[ppid] = true
 			}
 		}
-		time.Sleep(20 * time.Millisecond) // let the spares start
 	}
 	z := a.zygote(false)
 	if z == nil {
@@ -115,7 +127,7 @@ func TestSparesState(t *testing.T) {
 	a.Spares, testSpares = true, false
 	warmUp(t, a)
 	run(t, a, request(wire.LanguagePython, "import os, json\nos.environ['LEAK'] = '1'\nos.chdir('/')\nLEAKED = 1"))
-	time.Sleep(50 * time.Millisecond)
+	waitSpare(t, a, wire.LanguagePython) // the next call takes it
 	res := run(t, a, request(wire.LanguagePython, "import os, sys\nprint('LEAKED' in globals(), 'json' in sys.modules, os.environ.get('LEAK'), os.getcwd())"))
 	if want := fmt.Sprintf("False False None %s\n", a.Dir); string(res.Stdout.Data) != want {
 		t.Fatalf("want %q, got %s", want, dump(res))
@@ -135,8 +147,12 @@ func TestSparesOtherLimits(t *testing.T) {
 	a := testAgent(t)
 	a.Spares = true
 	warmUp(t, a)
-	for _, mem := range []int64{300 << 20, 400 << 20, 400 << 20} {
-		time.Sleep(30 * time.Millisecond)
+	for i, mem := range []int64{300 << 20, 400 << 20, 400 << 20} {
+		if i > 0 {
+			// A spare with the last call's limits, refused by the second
+			// call and taken by the third.
+			waitSpare(t, a, wire.LanguagePython)
+		}
 		res := run(t, a, request(wire.LanguagePython, "import resource; print(resource.getrlimit(resource.RLIMIT_AS)[0])",
 			func(r *wire.Request) { r.Limits.MemoryBytes = mem }))
 		if want := fmt.Sprintf("%d\n", mem); string(res.Stdout.Data) != want {
@@ -168,19 +184,28 @@ func TestZygoteDies(t *testing.T) {
 		if string(res.Stdout.Data) != "ok\n" && !strings.Contains(res.Error, "zygote") {
 			t.Fatalf("after the zygote died: %s", dump(res))
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
 	// A call running when its zygote dies fails and says why.
 	done := make(chan *wire.Result, 1)
 	go func() {
-		done <- a.Run(context.Background(), request(wire.LanguagePython, "import time; time.sleep(30)"))
+		done <- a.Run(context.Background(), request(wire.LanguagePython,
+			"import os, time\nopen('running.tmp', 'w').write(str(os.getppid()))\nos.rename('running.tmp', 'running')\ntime.sleep(30)"))
 	}()
-	time.Sleep(300 * time.Millisecond)
+	var running []byte
+	waitUntil(t, "the call to start", func() bool {
+		var err error
+		running, err = os.ReadFile(filepath.Join(a.Dir, "running"))
+		return err == nil
+	})
+	parent, err := strconv.Atoi(string(running))
+	if err != nil {
+		t.Fatal(err)
+	}
 	a.mu.Lock()
 	z := a.zyg
 	a.mu.Unlock()
-	if z == nil {
-		t.Fatal("no new zygote")
+	if z == nil || z.process.Pid != parent {
+		t.Fatalf("the call does not run in a child of the new zygote (its parent is %d)", parent)
 	}
 	z.conn.Close() // the zygote exits when its socket closes
 	select {
@@ -245,9 +270,9 @@ func TestSparesSeeNewPathDirectories(t *testing.T) {
 	site := filepath.Join(dir, "site-packages")
 	a := &Agent{Python: hostPython(t), Dir: dir, Spares: true, Env: append(os.Environ(), "PYTHONPATH="+site)}
 	warmUp(t, a)
-	for i := range 3 { // spares from python3, then from the zygote
+	for i := range 3 {
 		run(t, a, request(wire.LanguagePython, "print('warm')"))
-		time.Sleep(50 * time.Millisecond)
+		waitSpare(t, a, wire.LanguagePython) // forked before the directory exists
 		mod := fmt.Sprintf("m%d", i)
 		run(t, a, request(wire.LanguageShell, fmt.Sprintf("mkdir -p %s && echo 'V = %d' > %s/%s.py", site, i, site, mod)))
 		res := run(t, a, request(wire.LanguagePython, fmt.Sprintf("import %s; print(%s.V)", mod, mod)))
@@ -269,42 +294,79 @@ func TestZygoteIgnoresSnippetModules(t *testing.T) {
 	}
 	a := &Agent{Python: hostPython(t), Dir: dir, Spares: true}
 	warmUp(t, a)
+	// A zygote stuck in their import would be killed, and the calls run
+	// by python3 instead: they must come from the zygote.
+	want := fmt.Sprintf("hi %d\n", a.zygote(false).process.Pid)
 	for range 3 {
-		res := run(t, a, request(wire.LanguagePython, "print('hi')", func(r *wire.Request) { r.TimeoutMS = 5000 }))
-		if string(res.Stdout.Data) != "hi\n" {
-			t.Fatalf("with shadowing modules in the working directory: %s", dump(res))
+		res := run(t, a, request(wire.LanguagePython, "import os; print('hi', os.getppid())"))
+		if string(res.Stdout.Data) != want {
+			t.Fatalf("with shadowing modules in the working directory: %s, want stdout %q", dump(res), want)
 		}
 	}
 }
 
+// cancelWhenFile returns a context that is cancelled once file name exists
+// in dir, and stops watching when the test ends.
+func cancelWhenFile(t *testing.T, dir, name string) context.Context {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+				cancel(errors.New("the test gave up"))
+				return
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	})
+	t.Cleanup(func() {
+		close(stop)
+		wg.Wait()
+		cancel(nil)
+	})
+	return ctx
+}
+
 // TestRunLeavesItsGroup checks that a snippet that joins another process
-// group is still killed on timeout.
+// group is still killed when its call ends early. A timeout kills as a
+// cancellation does (proc.kill); the cancellation comes once the snippet
+// has left its group, where a timeout could come before.
 func TestRunLeavesItsGroup(t *testing.T) {
 	for _, spares := range []bool{false, true} {
 		a := &Agent{Python: hostPython(t), Dir: t.TempDir(), Spares: spares}
 		if spares {
 			warmUp(t, a)
 		}
-		start := time.Now()
-		res := run(t, a, request(wire.LanguagePython, "import os, time\nos.setpgid(0, os.getpgid(os.getppid()))\ntime.sleep(5)\nprint('survived')",
-			func(r *wire.Request) { r.TimeoutMS = 300 }))
-		if !res.TimedOut || strings.Contains(string(res.Stdout.Data), "survived") || time.Since(start) > 3*time.Second {
-			t.Fatalf("spares %v: after %s: %s", spares, time.Since(start), dump(res))
+		ctx := cancelWhenFile(t, a.Dir, "left")
+		res := runCtx(t, ctx, a, request(wire.LanguagePython, "import os, time\nos.setpgid(0, os.getpgid(os.getppid()))\nprint(os.getpid(), flush=True)\nopen('left', 'w').close()\ntime.sleep(1000)"))
+		if res.ExitCode != -1 || !strings.Contains(res.Error, "snippet cancelled and killed") {
+			t.Fatalf("spares %v: %s", spares, dump(res))
+		}
+		for _, pid := range pids(t, res) {
+			waitGone(t, pid)
 		}
 	}
 }
 
 // TestZygoteStopped checks that a snippet that stops its zygote cannot
-// wedge the agent: its call ends, and the next calls run.
+// wedge the agent: its call, cancelled once the zygote is stopped (a
+// timeout kills as a cancellation does), returns (run fails if it hangs),
+// and the next calls run.
 func TestZygoteStopped(t *testing.T) {
 	a := testAgent(t)
 	a.Spares = true
 	warmUp(t, a)
-	start := time.Now()
-	res := a.Run(context.Background(), request(wire.LanguagePython, "import os, signal, time\nos.kill(os.getppid(), signal.SIGSTOP)\ntime.sleep(30)",
-		func(r *wire.Request) { r.TimeoutMS = 300 }))
-	if res.ExitCode != -1 && !res.TimedOut || time.Since(start) > zygoteDeadline+3*time.Second {
-		t.Fatalf("after %s: %s", time.Since(start), dump(res))
+	ctx := cancelWhenFile(t, a.Dir, "stopped")
+	res := runCtx(t, ctx, a, request(wire.LanguagePython, "import os, signal, time\n"+
+		"assert '_flmbox_zygote' in open('/proc/%d/cmdline' % os.getppid()).read(), 'not forked by the zygote'\n"+
+		"os.kill(os.getppid(), signal.SIGSTOP)\nopen('stopped', 'w').close()\ntime.sleep(30)"))
+	if res.ExitCode != -1 || !strings.Contains(res.Error, "snippet cancelled and killed") {
+		t.Fatalf("%s", dump(res))
 	}
 	for range 2 {
 		if res := run(t, a, request(wire.LanguagePython, "print('next')")); string(res.Stdout.Data) != "next\n" {
@@ -334,20 +396,51 @@ func TestStartupCodeOfSnippetsNeverRuns(t *testing.T) {
 		}
 	}
 	payload := "import os; open(os.path.join(%q, '%s-%%d' %% os.getpid()), 'w')\n"
-	os.WriteFile(filepath.Join(sitePackages, "sitecustomize.py"), []byte(fmt.Sprintf(payload, marker, "sitecustomize")), 0o644)
-	os.WriteFile(filepath.Join(sitePackages, "usercustomize.py"), []byte(fmt.Sprintf(payload, marker, "usercustomize")), 0o644)
-	os.WriteFile(filepath.Join(userSite, "x.pth"), []byte(fmt.Sprintf(payload, marker, "pth")), 0o644)
+	for file, kind := range map[string]string{
+		filepath.Join(sitePackages, "sitecustomize.py"): "sitecustomize",
+		filepath.Join(sitePackages, "usercustomize.py"): "usercustomize",
+		filepath.Join(userSite, "x.pth"):                "pth",
+	} {
+		if err := os.WriteFile(file, []byte(fmt.Sprintf(payload, marker, kind)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir, "PYTHONPATH=" + sitePackages, "LANG=C.UTF-8"}
 
+	// python3 runs all three: the check at the end can fail.
+	cmd := exec.Command(py, "-c", "pass")
+	cmd.Env, cmd.Dir = env, dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("python3: %v: %s", err, out)
+	}
+	ran, err := os.ReadDir(marker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, e := range ran {
+		kind, _, _ := strings.Cut(e.Name(), "-")
+		kinds = append(kinds, kind)
+	}
+	slices.Sort(kinds)
+	if !slices.Equal(kinds, []string{"pth", "sitecustomize", "usercustomize"}) {
+		t.Fatalf("python3 ran %q, want the three files' code", kinds)
+	}
+
 	// What python3 -s makes of sys.path with this environment.
-	cmd := exec.Command(py, "-s", "-c", "import sys; print(sys.path)")
+	cmd = exec.Command(py, "-s", "-c", "import sys; print(sys.path)")
 	cmd.Env, cmd.Dir = env, dir
 	want, err := cmd.Output()
 	if err != nil {
 		t.Fatal(err)
 	}
-	os.RemoveAll(marker) // python3 -s ran the sitecustomize
-	os.Mkdir(marker, 0o755)
+	// python3 -s ran the sitecustomize: start with no marker.
+	if err := os.RemoveAll(marker); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(marker, 0o755); err != nil {
+		t.Fatal(err)
+	}
 
 	a := &Agent{Python: py, Dir: dir, Env: env, Spares: true}
 	t.Cleanup(func() { a.Close() })
@@ -367,7 +460,7 @@ func TestStartupCodeOfSnippetsNeverRuns(t *testing.T) {
 			t.Fatalf("after the zygote died, call %d: %s, want %s", i, dump(res), want)
 		}
 	}
-	if ran, _ := os.ReadDir(marker); len(ran) != 0 {
-		t.Fatalf("startup code of the snippets' directories ran: %v", ran)
+	if ran, err := os.ReadDir(marker); err != nil || len(ran) != 0 {
+		t.Fatalf("startup code of the snippets' directories ran: %v (%v)", ran, err)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -180,9 +179,6 @@ func TestWriteTree(t *testing.T) {
 			}
 			if h.Typeflag != tar.TypeSymlink && !h.ModTime.Equal(treeTime) {
 				t.Errorf("mtime %s, want %s", h.ModTime, treeTime)
-			}
-			if strings.HasPrefix(h.Name, "/") {
-				t.Errorf("absolute name %q", h.Name)
 			}
 		})
 	}

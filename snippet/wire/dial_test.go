@@ -3,10 +3,12 @@ package wire
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 )
@@ -22,12 +24,18 @@ func TestDialRefusesAPlantedSymlink(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	accepted := make(chan struct{}, 1)
+	// The first connection the host socket accepts, by what it reads: the
+	// accept queue keeps the order of connections.
+	first := make(chan string, 1)
 	go func() {
-		if c, err := ln.Accept(); err == nil {
-			accepted <- struct{}{}
-			c.Close()
+		c, err := ln.Accept()
+		if err != nil {
+			first <- err.Error()
+			return
 		}
+		defer c.Close()
+		b, _ := io.ReadAll(c)
+		first <- string(b)
 	}()
 	planted := filepath.Join(dir, "agent.sock")
 	if err := os.Symlink(host, planted); err != nil {
@@ -41,15 +49,21 @@ func TestDialRefusesAPlantedSymlink(t *testing.T) {
 	if _, err := Dial(context.Background(), planted); !errors.Is(err, errdefs.ErrPermissionDenied) {
 		t.Fatalf("dial a regular file: %v", err)
 	}
-	select {
-	case <-accepted:
-		t.Fatal("the host socket was connected to")
-	default:
-	}
-	// The real socket works.
+	// The real socket works, and is the first to connect to it.
 	c, err := Dial(context.Background(), host)
 	if err != nil {
 		t.Fatalf("dial the real socket: %v", err)
 	}
+	if _, err := c.WriteString("real"); err != nil {
+		t.Fatal(err)
+	}
 	c.Close()
+	select {
+	case got := <-first:
+		if got != "real" {
+			t.Fatalf("the host socket was connected to before the real dial (it read %q)", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the real dial was not accepted")
+	}
 }
