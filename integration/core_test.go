@@ -257,7 +257,7 @@ func TestCreateKilledAfterItsLease(t *testing.T) {
 		if names := sandboxNames(t, root); len(names) != 1 || names["same"] != "running" {
 			t.Fatalf("sandbox ls: %v", names)
 		}
-		if ls := leases(t, root); len(ls) != 1 || ls[0].Holder != "same" {
+		if ls := leases(t, root); len(ls) != 1 || ls[0].Holder != "same."+faultSandboxID(t, root, "same") {
 			t.Fatalf("leases: %+v", ls)
 		}
 	})

@@ -196,7 +196,7 @@ func TestManagerLifecycle(t *testing.T) {
 		}
 		return hs
 	}
-	lease := sb.Manifest + " life"
+	lease := sb.Manifest + " life." + sb.ID // the holder names the sandbox and its container
 	if hs := holders(); len(hs) != 1 || hs[0] != lease {
 		t.Fatalf("leases after create: %q", hs)
 	}
@@ -255,7 +255,7 @@ func TestManagerLifecycle(t *testing.T) {
 		state = got.State
 		return state == sandbox.StateDead
 	})
-	if _, err := m.Call(ctx, "life", sandbox.Request{Code: "print(1)"}); !errors.Is(err, sandbox.ErrDead) || !errors.Is(err, errdefs.ErrUnavailable) {
+	if _, err := m.Call(ctx, "life", sandbox.Request{Code: "print(1)"}); !errors.Is(err, sandbox.ErrDead) || !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("call a dead sandbox: %v", err)
 	}
 

@@ -116,7 +116,11 @@ func (r *Runtime) Run(ctx context.Context, c Container, bundle string, spec *spe
 		}
 		defer unlock()
 	}
-	if _, err := r.runc(c).Run(ctx, c.ID, bundle, &runc.CreateOpts{IO: &fileIO{f: log}, Detach: true}); err != nil {
+	rc := r.runc(c)
+	// A runsc run that outlived a killed caller could finish making a
+	// container after the caller's clean-up looked for it.
+	rc.PdeathSignal = unix.SIGKILL
+	if _, err := rc.Run(ctx, c.ID, bundle, &runc.CreateOpts{IO: &fileIO{f: log}, Detach: true}); err != nil {
 		r.Delete(context.WithoutCancel(ctx), c)
 		return fmt.Errorf("run container with runsc: %w%s", err, logTail(log.Name()))
 	}
@@ -170,17 +174,35 @@ func alive(pid int) bool {
 }
 
 // Delete kills the container's processes and deletes runsc's state of it.
-// Deleting a container that does not exist is not an error.
+// Deleting a container that does not exist is not an error; a ctx done
+// before runsc said so is.
 func (r *Runtime) Delete(ctx context.Context, c Container) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("delete container %s: %w", c.ID, err)
+	}
 	rc := r.runc(c)
 	_ = rc.Kill(ctx, c.ID, int(unix.SIGKILL), &runc.KillOpts{All: true})
 	err := rc.Delete(ctx, c.ID, &runc.DeleteOpts{Force: true})
 	if err != nil && !strings.Contains(err.Error(), "does not exist") && !strings.Contains(err.Error(), "not found") {
-		if _, serr := rc.State(ctx, c.ID); serr == nil {
+		if _, serr := rc.State(ctx, c.ID); serr == nil || ctx.Err() != nil {
 			return fmt.Errorf("delete container %s with runsc: %w", c.ID, err)
 		}
 	}
 	return nil
+}
+
+// List returns the IDs of the containers runsc knows under the Runtime's
+// root.
+func (r *Runtime) List(ctx context.Context) ([]string, error) {
+	cs, err := (&runc.Runc{Command: r.runsc, Root: r.root}).List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list containers with runsc: %w", err)
+	}
+	ids := make([]string, 0, len(cs))
+	for _, c := range cs {
+		ids = append(ids, c.ID)
+	}
+	return ids, nil
 }
 
 // fileIO gives runsc run a file for the first process's stdout and

@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime"
 
@@ -52,6 +51,9 @@ func (m *Manager) Batch(ctx context.Context, target Target, reqs []Request, para
 	}
 	if n := len(reqs); n == 0 || n > MaxBatch {
 		return nil, fmt.Errorf("batch: a batch holds 1 to %d snippets, this one %d: %w", MaxBatch, n, errdefs.ErrInvalidArgument)
+	}
+	if target.Spec != nil && target.Spec.Name != "" {
+		return nil, fmt.Errorf("batch: the sandboxes of a batch are named by flmbox, not %q: %w", target.Spec.Name, errdefs.ErrInvalidArgument)
 	}
 	if target.Spec != nil && len(target.Spec.Pip) > 0 {
 		// A batch resets its sandboxes between snippets, emptying /tmp.
@@ -122,7 +124,8 @@ func (w *batchWorker) run(ctx context.Context, req *wire.Request) BatchResult {
 	}
 	res, err := w.m.callChecked(ctx, name, req)
 	if err == nil && res.Error != "" && req.Reset {
-		err = errors.New(res.Error) // the reset failed: the sandbox is not clean
+		// The reset failed: the sandbox is not clean.
+		err = fmt.Errorf("reset sandbox %q: %s: %w", name, res.Error, errdefs.ErrUnknown)
 	}
 	if err != nil {
 		w.close(ctx) // a new sandbox for the next snippet

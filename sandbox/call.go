@@ -31,7 +31,8 @@ type Request struct {
 const DefaultTimeout = 30 * time.Second
 
 // ErrDead is in the error of a call to a sandbox whose gVisor processes are
-// gone; it is errdefs.ErrUnavailable. A dead sandbox can only be removed.
+// gone; it is errdefs.ErrFailedPrecondition. A dead sandbox can only be
+// removed.
 var ErrDead = record.ErrDead
 
 // wire returns r as the agent's protocol carries it, or what is wrong with

@@ -69,8 +69,14 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := os.Lstat(dir); err == nil && !m.reconcileDir(ctx, dir) {
-		return nil, fmt.Errorf("sandbox %q %w", spec.Name, errdefs.ErrAlreadyExists) // before pulling anything
+	if _, err := os.Lstat(dir); err == nil {
+		gone, err := m.reconcileDir(ctx, dir)
+		if err != nil {
+			return nil, fmt.Errorf("create sandbox %q: remove what an interrupted flmbox left of it: %w", spec.Name, err)
+		}
+		if !gone {
+			return nil, fmt.Errorf("sandbox %q %w", spec.Name, errdefs.ErrAlreadyExists) // before pulling anything
+		}
 	}
 	rt, err := m.runtime()
 	if err != nil {
@@ -94,12 +100,14 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	defer lock.unlock()
 	defer func() {
 		if err != nil {
-			m.destroy(context.WithoutCancel(ctx), rec)
+			if derr := m.destroy(ctx, rec); derr != nil {
+				m.o.warnf("%v", derr)
+			}
 		}
 	}()
 	// The record is written: from here on, whatever is left behind by a
 	// crash, Reconcile finds and removes.
-	if err := m.store.Lease(ctx, img.ManifestDigest, rec.Name); err != nil {
+	if err := m.store.Lease(ctx, img.ManifestDigest, leaseHolder(rec)); err != nil {
 		return nil, err
 	}
 	opts, err := m.specOpts(spec, rec, img.Rootfs, cfg.Config.Env, agent)
@@ -178,10 +186,10 @@ func (m *Manager) claim(ctx context.Context, rec *record.Record) (*dirLock, erro
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox %q: %w", rec.Name, err)
 	}
-	lock, err := tryLock(tmp)
+	lock, err := tryLock(tmp) // Reconcile leaves .new-* directories alone for a minute
 	if err != nil {
 		os.RemoveAll(tmp)
-		return nil, err
+		return nil, fmt.Errorf("create sandbox %q: %w", rec.Name, err)
 	}
 	rec.Dir = tmp
 	if err := record.Write(rec); err != nil {
@@ -190,22 +198,40 @@ func (m *Manager) claim(ctx context.Context, rec *record.Record) (*dirLock, erro
 		return nil, err
 	}
 	for try := 0; ; try++ {
-		err = os.Rename(tmp, dir)
+		err = unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, dir, unix.RENAME_NOREPLACE)
 		if err == nil {
 			rec.Dir = dir
 			return lock, nil
 		}
-		if try == 0 && (errors.Is(err, os.ErrExist) || errors.Is(err, unix.ENOTEMPTY)) && m.reconcileDir(ctx, dir) {
-			continue // a killed flmbox left it: it is gone now
+		if try > 0 || !errors.Is(err, unix.EEXIST) {
+			break
 		}
-		break
+		if gone, _ := m.reconcileDir(ctx, dir); !gone {
+			break
+		}
+		// A killed flmbox left it: it is gone now.
 	}
 	lock.unlock()
 	os.RemoveAll(tmp)
-	if errors.Is(err, os.ErrExist) || errors.Is(err, unix.ENOTEMPTY) {
+	if errors.Is(err, unix.EEXIST) {
 		return nil, fmt.Errorf("sandbox %q %w", rec.Name, errdefs.ErrAlreadyExists)
 	}
 	return nil, fmt.Errorf("create sandbox %q: %w", rec.Name, err)
+}
+
+// leaseHolder is the holder of the sandbox's image lease: its name and its
+// runsc container's ID, so that a lease of a removed sandbox is never taken
+// for one of a new sandbox of the same name.
+func leaseHolder(rec *record.Record) string { return rec.Name + "." + rec.ID }
+
+// parseHolder returns the sandbox name and container ID of a lease holder,
+// false if holder is not one.
+func parseHolder(holder string) (name, id string, ok bool) {
+	i := strings.LastIndexByte(holder, '.')
+	if i < 0 || !strings.HasPrefix(holder[i+1:], "flmbox-") {
+		return "", "", false
+	}
+	return holder[:i], holder[i+1:], true
 }
 
 // container is what runsc knows of the sandbox.
@@ -277,7 +303,7 @@ func waitForAgent(ctx context.Context, rec *record.Record) error {
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return fmt.Errorf("start sandbox %q: wait for its agent: %w", rec.Name, context.Cause(ctx))
 		case <-time.After(time.Millisecond):
 		}
 	}

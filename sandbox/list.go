@@ -78,8 +78,12 @@ func (m *Manager) Get(ctx context.Context, name string) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	if rec.State != record.Running && m.reconcileDir(ctx, rec.Dir) {
-		return nil, fmt.Errorf("no sandbox %q: %w", name, errdefs.ErrNotFound)
+	if rec.State != record.Running {
+		if gone, err := m.reconcileDir(ctx, rec.Dir); err != nil {
+			return nil, err
+		} else if gone {
+			return nil, fmt.Errorf("no sandbox %q: %w", name, errdefs.ErrNotFound)
+		}
 	}
 	return m.sandbox(ctx, rec, true), nil
 }

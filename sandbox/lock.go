@@ -18,6 +18,8 @@ type dirLock struct{ fd int }
 var errLocked = errors.New("locked")
 
 // tryLock takes the lock of directory dir, or fails at once with errLocked.
+// The lock is of the directory at dir once it is held: one that its holder
+// removed (or renamed) meanwhile fails with unix.ENOENT.
 func tryLock(dir string) (*dirLock, error) {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -29,6 +31,15 @@ func tryLock(dir string) (*dirLock, error) {
 			return nil, errLocked
 		}
 		return nil, fmt.Errorf("lock %s: %w", dir, err)
+	}
+	var held, now unix.Stat_t
+	if err := unix.Fstat(fd, &held); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("lock %s: %w", dir, err)
+	}
+	if err := unix.Lstat(dir, &now); err != nil || now.Dev != held.Dev || now.Ino != held.Ino {
+		unix.Close(fd)
+		return nil, fmt.Errorf("lock %s: removed while locking: %w", dir, unix.ENOENT)
 	}
 	return &dirLock{fd: fd}, nil
 }
@@ -43,7 +54,7 @@ func lock(ctx context.Context, dir string) (*dirLock, error) {
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("wait for another flmbox process to finish creating or removing the sandbox: %w", context.Cause(ctx))
+			return nil, fmt.Errorf("wait for another process to finish creating or removing %s: %w", dir, context.Cause(ctx))
 		case <-time.After(10 * time.Millisecond):
 		}
 	}

@@ -26,13 +26,10 @@ type Manager struct {
 	root string
 	o    options
 
-	once     sync.Once
-	store    *rootfs.Store
-	wheels   *pipcache.Cache
-	rt       *runtime.Runtime
-	agent    string
-	openErr  error
-	runscErr error
+	mu     sync.Mutex // guards what open sets
+	store  *rootfs.Store
+	wheels *pipcache.Cache
+	rt     *runtime.Runtime
 }
 
 type options struct {
@@ -81,37 +78,50 @@ func Open(root string, opts ...Option) (*Manager, error) {
 // Root is the Manager's state root.
 func (m *Manager) Root() string { return m.root }
 
-// open opens the state root's caches and the runsc driver, once.
+// open opens the state root's caches, until it succeeds (a failure, such
+// as a full disk, is not remembered).
 func (m *Manager) open() error {
-	m.once.Do(func() {
-		if err := os.MkdirAll(filepath.Join(m.root, "sandboxes"), 0o700); err != nil {
-			m.openErr = fmt.Errorf("create the state root %s: %w", m.root, err)
-			return
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.store != nil {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Join(m.root, "sandboxes"), 0o700); err != nil {
+		return fmt.Errorf("create the state root %s: %w", m.root, err)
+	}
+	store, err := rootfs.OpenStore(filepath.Join(m.root, "images"))
+	if err != nil {
+		return err
+	}
+	wheels := m.o.wheels
+	if wheels == nil {
+		if wheels, err = pipcache.Open(filepath.Join(m.root, "pipcache"), nil); err != nil {
+			return err
 		}
-		if m.store, m.openErr = rootfs.OpenStore(filepath.Join(m.root, "images")); m.openErr != nil {
-			return
-		}
-		m.wheels = m.o.wheels
-		if m.wheels == nil {
-			if m.wheels, m.openErr = pipcache.Open(filepath.Join(m.root, "pipcache"), nil); m.openErr != nil {
-				return
-			}
-		}
-		runsc, err := runtime.FindRunsc(m.o.runsc)
-		if err == nil {
-			m.rt, err = runtime.NewRuntime(runsc, filepath.Join(m.root, "runsc"))
-		}
-		m.runscErr = err
-	})
-	return m.openErr
+	}
+	m.store, m.wheels = store, wheels
+	return nil
 }
 
-// runtime returns the runsc driver.
+// runtime returns the runsc driver, finding runsc until it is found (it may
+// be installed after the Manager was opened).
 func (m *Manager) runtime() (*runtime.Runtime, error) {
 	if err := m.open(); err != nil {
 		return nil, err
 	}
-	return m.rt, m.runscErr
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.rt != nil {
+		return m.rt, nil
+	}
+	runsc, err := runtime.FindRunsc(m.o.runsc)
+	if err != nil {
+		return nil, err
+	}
+	if m.rt, err = runtime.NewRuntime(runsc, filepath.Join(m.root, "runsc")); err != nil {
+		return nil, err
+	}
+	return m.rt, nil
 }
 
 // Images returns the image cache under the state root.

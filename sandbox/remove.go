@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"time"
 
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
 	"github.com/flmbox/flmbox/sandbox/record"
@@ -16,7 +19,8 @@ import (
 // Remove stops sandbox name and removes everything it holds: its
 // processes, its /tmp, its directory and its image lease. Removing a
 // sandbox that does not exist is not an error. A sandbox being created or
-// removed by another process is waited for until ctx is done.
+// removed by another process is waited for until ctx is done; once the
+// removal has begun, it is finished whatever ctx says.
 func (m *Manager) Remove(ctx context.Context, name string) error {
 	dir, err := record.Dir(m.root, name)
 	if err != nil {
@@ -31,9 +35,11 @@ func (m *Manager) Remove(ctx context.Context, name string) error {
 	}
 	defer l.unlock()
 	rec, err := record.Read(m.root, name)
-	if err != nil {
-		// Removed while we waited, or damaged: remove what is there;
-		// Reconcile releases a lease left without its sandbox.
+	switch {
+	case errdefs.IsNotFound(err):
+		rec = &record.Record{Name: name, Dir: dir} // a directory without its record: nothing else was made
+	case err != nil:
+		m.o.warnf("%v: removing its directory; its runsc container and image lease, if any, are left to the next reconcile", err)
 		rec = &record.Record{Name: name, Dir: dir}
 	}
 	return m.destroy(ctx, rec)
@@ -41,8 +47,9 @@ func (m *Manager) Remove(ctx context.Context, name string) error {
 
 // destroy removes what the sandbox of rec holds, in the reverse order of
 // Create: its runsc container, its run directory's mount, its lease, its
-// directory. The record says removing until the directory is gone.
-// The caller holds the directory's lock.
+// directory. The record says removing until the directory is gone; from
+// then on, ctx no longer stops it (a removal half done would leave a
+// container no record names). The caller holds the directory's lock.
 func (m *Manager) destroy(ctx context.Context, rec *record.Record) error {
 	if rec.State != record.Removing && rec.ID != "" {
 		rec.State = record.Removing
@@ -50,6 +57,7 @@ func (m *Manager) destroy(ctx context.Context, rec *record.Record) error {
 			return fmt.Errorf("remove sandbox %q: %w", rec.Name, err)
 		}
 	}
+	ctx = context.WithoutCancel(ctx)
 	if rec.ID != "" {
 		rt, err := m.runtime()
 		if err != nil {
@@ -67,7 +75,7 @@ func (m *Manager) destroy(ctx context.Context, rec *record.Record) error {
 		if err != nil {
 			return fmt.Errorf("remove sandbox %q: %w", rec.Name, err)
 		}
-		if err := store.Release(ctx, rec.Manifest, rec.Name); err != nil {
+		if err := store.Release(ctx, rec.Manifest, leaseHolder(rec)); err != nil {
 			return fmt.Errorf("remove sandbox %q: %w", rec.Name, err)
 		}
 	}
@@ -77,12 +85,17 @@ func (m *Manager) destroy(ctx context.Context, rec *record.Record) error {
 	return nil
 }
 
+// newDirGrace is how long Reconcile leaves a .new-* directory alone: Create
+// makes it, then locks it.
+const newDirGrace = time.Minute
+
 // Reconcile removes what killed flmbox processes left: sandboxes whose
 // Create or Remove did not finish (their directory's lock is free and their
-// record says creating or removing, or is missing), and image leases whose
-// sandbox does not exist. It costs a directory listing and a lock attempt
-// per sandbox; sandboxes other processes are creating or removing are left
-// alone.
+// record says creating or removing), runsc containers that no record names,
+// and image leases whose sandbox does not exist. It costs a directory
+// listing, a lock attempt per sandbox and one runsc list; sandboxes other
+// processes are creating or removing are left alone, and so is a directory
+// whose record cannot be read (it is reported).
 func (m *Manager) Reconcile(ctx context.Context) error {
 	if err := m.open(); err != nil {
 		return err
@@ -91,24 +104,83 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("reconcile sandboxes: %w", err)
 	}
+	var errs []error
+	ids := map[string]bool{} // the containers records name
 	for _, e := range ents {
-		if e.IsDir() {
-			m.reconcileDir(ctx, filepath.Join(m.root, "sandboxes", e.Name()))
+		if !e.IsDir() {
+			continue
+		}
+		dir := filepath.Join(m.root, "sandboxes", e.Name())
+		if _, err := m.reconcileDir(ctx, dir); err != nil {
+			errs = append(errs, err)
+		}
+		if rec, err := record.Read(m.root, e.Name()); err == nil {
+			ids[rec.ID] = true
 		}
 	}
+	errs = append(errs, m.reconcileContainers(ctx, ids), m.reconcileLeases(ctx))
+	return errors.Join(errs...)
+}
+
+// reconcileContainers deletes flmbox's runsc containers that no record
+// names: a Create killed while runsc was making its container, after its
+// clean-up looked for it. A record is written before its container exists,
+// so a container without one is never a sandbox being made.
+func (m *Manager) reconcileContainers(ctx context.Context, named map[string]bool) error {
+	rt, err := m.runtime()
+	if err != nil {
+		return nil // without runsc, no container could be made
+	}
+	ids, err := rt.List(ctx)
+	if err != nil {
+		return fmt.Errorf("reconcile containers: %w", err)
+	}
+	var errs []error
+	for _, id := range ids {
+		if !strings.HasPrefix(id, "flmbox-") || named[id] {
+			continue
+		}
+		// Listed before the records were read? Read them again.
+		if slices.Contains(m.recordedIDs(), id) {
+			continue
+		}
+		m.o.warnf("deleting runsc container %s, which no sandbox names", id)
+		if err := rt.Delete(ctx, container(&record.Record{ID: id, Network: "none"})); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// recordedIDs returns the container IDs every record names.
+func (m *Manager) recordedIDs() []string {
+	ents, _ := os.ReadDir(filepath.Join(m.root, "sandboxes"))
+	var ids []string
+	for _, e := range ents {
+		if rec, err := record.Read(m.root, e.Name()); err == nil {
+			ids = append(ids, rec.ID)
+		}
+	}
+	return ids
+}
+
+// reconcileLeases releases image leases whose sandbox does not exist. A
+// lease is taken after its sandbox's record names its container, and
+// released before the record is removed; its holder names the container,
+// so a new sandbox of the same name never loses its lease here.
+func (m *Manager) reconcileLeases(ctx context.Context) error {
 	leases, err := m.store.Leases()
 	if err != nil {
 		return fmt.Errorf("reconcile image leases: %w", err)
 	}
 	var errs []error
 	for _, l := range leases {
-		dir, err := record.Dir(m.root, l.Holder)
-		if err != nil {
+		name, id, ok := parseHolder(l.Holder)
+		if !ok {
 			continue // not a sandbox's lease
 		}
-		if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
-			// A lease is taken after its sandbox's directory exists, and
-			// released before it is removed.
+		rec, err := record.Read(m.root, name)
+		if errdefs.IsNotFound(err) || (err == nil && rec.ID != id) {
 			if err := m.store.Release(ctx, l.ManifestDigest, l.Holder); err != nil {
 				errs = append(errs, err)
 			}
@@ -119,30 +191,41 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 
 // reconcileDir removes the sandbox directory dir if a killed Create or
 // Remove left it, and reports whether it is gone.
-func (m *Manager) reconcileDir(ctx context.Context, dir string) bool {
-	l, err := tryLock(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return true
-	}
-	if err != nil {
-		return false // another process is at work on it
-	}
-	defer l.unlock()
+func (m *Manager) reconcileDir(ctx context.Context, dir string) (gone bool, err error) {
 	name := filepath.Base(dir)
 	if strings.HasPrefix(name, ".new-") {
 		// A Create killed before it renamed the directory to the
-		// sandbox's name: nothing else was made yet.
-		return os.RemoveAll(dir) == nil
+		// sandbox's name: nothing else was made yet. A new one is left to
+		// its Create, which locks it just after making it.
+		if fi, err := os.Lstat(dir); err != nil || time.Since(fi.ModTime()) < newDirGrace {
+			return err != nil, nil
+		}
+	}
+	l, err := tryLock(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return true, nil
+	}
+	if err != nil {
+		return false, nil // another process is at work on it
+	}
+	defer l.unlock()
+	if strings.HasPrefix(name, ".new-") {
+		return true, os.RemoveAll(dir)
 	}
 	rec, err := record.Read(m.root, name)
 	switch {
+	case errdefs.IsNotFound(err):
+		rec = &record.Record{Name: name, Dir: dir} // a directory without its record: nothing else was made
 	case err != nil:
-		rec = &record.Record{Name: name, Dir: dir} // no record, or damaged
+		return false, fmt.Errorf("reconcile sandbox %q: %w", name, err)
 	case rec.State == record.Running:
-		return false
+		return false, nil
 	}
 	m.o.warnf("removing sandbox %s, which an interrupted flmbox left %s", name, orUnknown(rec.State))
-	return m.destroy(ctx, rec) == nil
+	if err := m.destroy(ctx, rec); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 func orUnknown(s record.State) string {

@@ -118,8 +118,20 @@ func TestReconcile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmp := filepath.Join(root, "sandboxes", ".new-123")
+	tmp := filepath.Join(root, "sandboxes", ".new-123") // a killed Create's, an hour ago
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	hourAgo := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(tmp, hourAgo, hourAgo); err != nil {
+		t.Fatal(err)
+	}
+	fresh := filepath.Join(root, "sandboxes", ".new-456") // a Create's, about to lock it
+	if err := os.MkdirAll(fresh, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	damaged := writeRecord(t, root, record.Record{Name: "damaged", State: record.Creating})
+	if err := os.WriteFile(filepath.Join(damaged, "sandbox.json"), []byte("{"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	killed := writeRecord(t, root, record.Record{Name: "killed", State: record.Creating})
@@ -133,15 +145,15 @@ func TestReconcile(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.unlock()
-	if err := m.Reconcile(context.Background()); err != nil {
-		t.Fatal(err)
+	if err := m.Reconcile(context.Background()); !errdefs.IsDataLoss(err) || !strings.Contains(err.Error(), "damaged") {
+		t.Fatalf("Reconcile: %v, want the damaged record reported", err)
 	}
 	for _, gone := range []string{tmp, killed, removing, norecord} {
 		if _, err := os.Stat(gone); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s is left: %v", gone, err)
 		}
 	}
-	for _, kept := range []string{running, busy} {
+	for _, kept := range []string{running, busy, fresh, damaged} {
 		if _, err := os.Stat(kept); err != nil {
 			t.Errorf("%s was removed: %v", kept, err)
 		}
@@ -198,6 +210,7 @@ func TestBatchResults(t *testing.T) {
 		{"pip", Target{Spec: &Spec{Image: "i", Pip: []string{"six"}}}, reqs},
 		{"a bad snippet", Target{Sandbox: "a"}, []Request{{Code: "1"}, {Language: "ruby"}}},
 		{"reset", Target{Sandbox: "a"}, []Request{{Reset: true}}},
+		{"a named spec", Target{Spec: &Spec{Image: "i", Name: "one"}}, reqs},
 	} {
 		if _, err := m.Batch(context.Background(), tc.target, tc.reqs, 0); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("%s: %v, want an invalid argument", tc.name, err)

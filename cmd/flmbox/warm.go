@@ -14,6 +14,11 @@ import (
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
+// exitInterrupted is the exit status of a call interrupted (SIGINT,
+// SIGTERM) before its request was sent, as a shell reports a process that
+// SIGINT ended.
+const exitInterrupted = 130
+
 // warmCall is a plain `flmbox run --sandbox NAME` command line.
 type warmCall struct {
 	root, sandbox, language string
@@ -113,8 +118,8 @@ func parseWarmCall(args []string, lookupEnv func(string) (string, bool)) (*warmC
 		args = rest
 	}
 	switch {
-	case w.sandbox == "":
-		return nil, false
+	case w.sandbox == "", w.root == "":
+		return nil, false // an empty root is flmbox-core's to refuse
 	case w.hasCode && len(positional) == 0:
 	case !w.hasCode && len(positional) == 1 && positional[0] != "-":
 		w.file = positional[0]
@@ -218,6 +223,9 @@ func (w *warmCall) run(ctx context.Context, stdout, stderr io.Writer) (code int,
 		return 0, false
 	}
 	conn, err := rec.Dial(ctx)
+	if err != nil && ctx.Err() != nil {
+		return exitInterrupted, true // interrupted before the call: nothing to run, nothing to say
+	}
 	if err != nil {
 		return 0, false // dead, or its socket replaced
 	}

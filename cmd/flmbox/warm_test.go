@@ -40,7 +40,8 @@ func TestParseWarmCall(t *testing.T) {
 				w.root, w.language, w.timeout, w.reset, w.json = "/r", "shell", 2*time.Second, true, true
 			})},
 		{"root from the environment", "run --sandbox sb -c print(1)", env(map[string]string{"FLMBOX_ROOT": "/e"}), def(func(w *warmCall) { w.root = "/e" })},
-		{"an empty root from the environment", "run --sandbox sb -c print(1)", env(map[string]string{"FLMBOX_ROOT": ""}), def(func(w *warmCall) { w.root = "" })},
+		{"an empty root from the environment", "run --sandbox sb -c print(1)", env(map[string]string{"FLMBOX_ROOT": ""}), nil},
+		{"an empty root", "--root= run --sandbox sb -c print(1)", none, nil},
 		{"FLMBOX_DEBUG empty", "run --sandbox sb -c print(1)", env(map[string]string{"FLMBOX_DEBUG": ""}), def(func(*warmCall) {})},
 		{"--root wins over the environment", "--root=/f run --sandbox sb -c print(1)", env(map[string]string{"FLMBOX_ROOT": "/e"}), def(func(w *warmCall) { w.root = "/f" })},
 		{"a file", "run --sandbox sb code.py", none, def(func(w *warmCall) { w.code, w.hasCode, w.file = "", false, "code.py" })},

@@ -146,7 +146,9 @@ func (r *Record) LastUsed() time.Time {
 }
 
 // ErrDead is in the error of a call to a sandbox whose agent is gone: its
-// first process, so the whole gVisor sandbox. It is errdefs.ErrUnavailable.
+// first process, so the whole gVisor sandbox. It is
+// errdefs.ErrFailedPrecondition: a dead sandbox never comes back, it can
+// only be removed (a front end must not answer "try again").
 var ErrDead error = deadError{}
 
 type deadError struct{}
@@ -154,7 +156,7 @@ type deadError struct{}
 func (deadError) Error() string {
 	return "the sandbox is dead (its agent, and so its gVisor sandbox, is gone)"
 }
-func (deadError) Is(target error) bool { return target == errdefs.ErrUnavailable }
+func (deadError) Is(target error) bool { return target == errdefs.ErrFailedPrecondition }
 
 // Callable fails with errdefs.ErrFailedPrecondition unless the record is
 // Running: a sandbox being created or removed takes no calls but its

@@ -63,7 +63,7 @@ func TestRecord(t *testing.T) {
 }
 
 func TestErrDead(t *testing.T) {
-	if !errors.Is(ErrDead, errdefs.ErrUnavailable) || !errdefs.IsUnavailable(ErrDead) {
-		t.Fatal("ErrDead is not errdefs.ErrUnavailable")
+	if !errors.Is(ErrDead, errdefs.ErrFailedPrecondition) || !errdefs.IsFailedPrecondition(ErrDead) || errdefs.IsUnavailable(ErrDead) {
+		t.Fatal("ErrDead is not errdefs.ErrFailedPrecondition alone")
 	}
 }

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -31,6 +32,9 @@ func pipcacheFetchCommand() *cli.Command {
 				return err
 			}
 			wheels, err := m.FetchWheels(c.Context, c.Args().Slice(), o)
+			if errors.Is(err, sandbox.ErrPip) {
+				return advise(err, "check the requirements, the index (--index-url) and the network the sandbox reaches")
+			}
 			if err != nil {
 				return err
 			}

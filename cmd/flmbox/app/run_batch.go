@@ -151,6 +151,9 @@ func readBatch(c *cli.Context, path string) ([]sandbox.Request, error) {
 		if timeout == 0 {
 			timeout = c.Duration("timeout").Seconds()
 		}
+		if lang == "" {
+			return nil, fmt.Errorf("code %d: no language: want python or shell", i)
+		}
 		if timeout <= 0 || timeout > maxTimeoutSecs {
 			return nil, fmt.Errorf("code %d: timeout %g s: want more than 0 and at most %d", i, timeout, maxTimeoutSecs)
 		}
