@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -78,12 +79,12 @@ for p in sorted(os.listdir('/proc')):
     print(p, cmd)
 `
 
-// faultNoSnippetProcesses waits (5 s at most) until the sandbox runs nothing
+// faultNoSnippetProcesses waits (30 s at most) until the sandbox runs nothing
 // but its agent, and fails the test with what is left otherwise.
 func faultNoSnippetProcesses(t *testing.T, root, name string) {
 	t.Helper()
 	var left string
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		res := faultRun(t, root, name, faultListProcs)
 		if res.code != 0 {
 			t.Fatalf("list the sandbox's processes: exit %d %q", res.code, res.stderr)
@@ -214,8 +215,8 @@ func TestFaultsRunawayCodeIsStopped(t *testing.T) {
 		if res.code != 124 || !strings.Contains(res.stderr, "timed out") {
 			t.Fatalf("exit %d stderr %q, want 124 and a timeout message", res.code, res.stderr)
 		}
-		if took < 2*time.Second || took > 10*time.Second {
-			t.Errorf("a 2s timeout took %s", took)
+		if took < 2*time.Second { // not a premature stop
+			t.Errorf("a 2s timeout stopped the call after %s", took)
 		}
 		t.Logf("stopped after %s", took.Round(time.Millisecond))
 		faultAlive(t, root, name)
@@ -226,10 +227,9 @@ func TestFaultsRunawayCodeIsStopped(t *testing.T) {
 	// agent's) is not reached by the group kill: it is killed by its pid.
 	t.Run("infinite loop that left its process group", func(t *testing.T) {
 		for range 2 { // the first Python call is a python3 of its own, the next a zygote's child
-			start := time.Now()
 			res := faultRun(t, root, name, "import os\nos.setpgid(0, os.getpgid(os.getppid()))\nwhile True: pass", "--timeout", "1s")
-			if took := time.Since(start); res.code != 124 || took > 10*time.Second {
-				t.Fatalf("after %s: exit %d stderr %q, want 124", took, res.code, res.stderr)
+			if res.code != 124 || !strings.Contains(res.stderr, "timed out") {
+				t.Fatalf("exit %d stderr %q, want 124 and a timeout message", res.code, res.stderr)
 			}
 			faultAlive(t, root, name)
 			faultNoSnippetProcesses(t, root, name)
@@ -237,14 +237,11 @@ func TestFaultsRunawayCodeIsStopped(t *testing.T) {
 	})
 
 	t.Run("sleep left behind", func(t *testing.T) {
-		start := time.Now()
+		// A call that waited for its background process would hit the
+		// default timeout instead: exit 124.
 		res := faultRun(t, root, name, "sleep 1000 & echo started", "-l", "shell")
-		took := time.Since(start)
 		if res.code != 0 || res.stdout != "started\n" {
 			t.Fatalf("exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
-		}
-		if took > 5*time.Second {
-			t.Errorf("the call waited for its background process: %s", took)
 		}
 		faultAlive(t, root, name)
 		faultNoSnippetProcesses(t, root, name) // no "sleep 1000"
@@ -317,11 +314,14 @@ except OSError as e:
 		faultAlive(t, root, name)
 		faultNoSnippetProcesses(t, root, name)
 
-		// The classic shell bomb (dash spells it without ':'), kept running.
+		// The classic shell bomb (dash spells it without ':'), kept running
+		// until the timeout stops it all. The shell forks once, before the
+		// bomb fills the process limit, then loops in builtins: a fork that
+		// failed later would end it (dash exits 2 on "Cannot fork").
 		start := time.Now()
-		res = faultRun(t, root, name, "b(){ b|b& };b; sleep 30", "-l", "shell", "--timeout", "3s")
-		if res.code == 0 || time.Since(start) > 30*time.Second {
-			t.Fatalf("shell fork bomb: exit %d after %s", res.code, time.Since(start))
+		res = faultRun(t, root, name, "b(){ b|b& }; b & while :; do :; done", "-l", "shell", "--timeout", "3s")
+		if res.code != 124 || !strings.Contains(res.stderr, "timed out") {
+			t.Fatalf("shell fork bomb: exit %d stderr %q, want 124 and a timeout message", res.code, res.stderr)
 		}
 		t.Logf("shell: exit %d after %s", res.code, time.Since(start).Round(time.Millisecond))
 		faultAlive(t, root, name)
@@ -397,41 +397,48 @@ print('wrote /tmp/keep', flush=True)
 	})
 
 	t.Run("filling tmp", func(t *testing.T) {
-		host := filepath.Join(t.TempDir(), "host-file")
-		if err := os.WriteFile(host, []byte("host data"), 0o600); err != nil {
-			t.Fatal(err)
+		// Names of the test's own: the sandbox's /tmp must not be the
+		// host's, where they would then appear.
+		fill := fmt.Sprintf("flmbox-fill-%d-%d", os.Getpid(), time.Now().UnixNano())
+		fill2 := fill + "-2"
+		for _, f := range []string{fill, fill2} {
+			if _, err := os.Lstat(filepath.Join("/tmp", f)); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("the host's /tmp/%s before the test: %v", f, err)
+			}
 		}
 		sbDir := filepath.Join(root, "sandboxes", name)
 		before := faultDirBytes(t, sbDir)
-		res := faultRun(t, root, name, "dd if=/dev/zero of=/tmp/fill bs=1M 2>&1; stat -c %s /tmp/fill", "-l", "shell")
+		res := faultRun(t, root, name, fmt.Sprintf("dd if=/dev/zero of=/tmp/%[1]s bs=1M 2>&1; stat -c %%s /tmp/%[1]s", fill), "-l", "shell")
 		if !strings.Contains(res.stdout, "No space left on device") {
 			t.Fatalf("dd: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
 		}
 		lines := strings.Split(strings.TrimSpace(res.stdout), "\n")
 		size, _ := strconv.ParseInt(lines[len(lines)-1], 10, 64)
 		if size <= 0 || size > 64<<20 {
-			t.Fatalf("/tmp/fill is %d bytes with --tmp-size 64MiB", size)
+			t.Fatalf("/tmp/%s is %d bytes with --tmp-size 64MiB", fill, size)
 		}
-		res = faultRun(t, root, name, `
+		res = faultRun(t, root, name, fmt.Sprintf(`
 import errno
 try:
-    with open('/tmp/fill2', 'wb') as f:
+    with open('/tmp/%s', 'wb') as f:
         while True:
             f.write(b'x' * (1 << 20))
 except OSError as e:
     print(errno.errorcode[e.errno])
-`)
+`, fill2))
 		if res.code != 0 || res.stdout != "ENOSPC\n" {
 			t.Fatalf("python: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
 		}
 		faultAlive(t, root, name) // even with /tmp full
-		if b, err := os.ReadFile(host); err != nil || string(b) != "host data" {
-			t.Errorf("host file: %q %v", b, err)
+		for _, f := range []string{fill, fill2} {
+			if _, err := os.Lstat(filepath.Join("/tmp", f)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the sandbox's /tmp/%s is on the host's /tmp: %v", f, err)
+			}
 		}
 		if after := faultDirBytes(t, sbDir); after-before > 8<<20 {
 			t.Errorf("the sandbox's host directory grew by %d bytes while /tmp filled", after-before)
 		}
-		res = faultRun(t, root, name, "rm /tmp/fill /tmp/fill2 && echo ok > /tmp/ok && cat /tmp/ok", "-l", "shell")
+		res = faultRun(t, root, name, fmt.Sprintf("rm /tmp/%s /tmp/%s && echo ok > /tmp/ok && cat /tmp/ok", fill, fill2), "-l", "shell")
 		if res.code != 0 || res.stdout != "ok\n" {
 			t.Fatalf("after rm: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
 		}
@@ -550,7 +557,9 @@ for p in ['/usr/x', '/var/tmp/x', '/x', '/etc/x', '/usr/bin/python3']:
 
 	t.Run("host files are out of reach", func(t *testing.T) {
 		hostFile := filepath.Join(t.TempDir(), "secret.txt")
-		os.WriteFile(hostFile, []byte(secret+"\n"), 0o644)
+		if err := os.WriteFile(hostFile, []byte(secret+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
 		res := faultRun(t, root, name, "cat "+hostFile, "-l", "shell")
 		if res.code == 0 || strings.Contains(res.stdout+res.stderr, secret) {
 			t.Errorf("cat %s: exit %d stdout %q stderr %q", hostFile, res.code, res.stdout, res.stderr)
@@ -633,7 +642,22 @@ for p in ['/usr/x', '/var/tmp/x', '/x', '/etc/x', '/usr/bin/python3']:
 			t.Errorf("a snippet replaced the agent's socket: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
 		}
 		res = faultRun(t, root, name, "print('alive')")
-		if n := reached.Load(); n != 0 {
+		// flmbox has exited; a connection it made to the host socket is
+		// queued, if not yet counted. Connect after it: the listener accepts
+		// in order, and closes this connection once it has counted it, so
+		// by then it has counted flmbox's too.
+		probe, err := net.Dial("unix", hostSock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer probe.Close()
+		if err := probe.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := probe.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+			t.Fatalf("the host socket's listener did not close the test's own connection: %v", err)
+		}
+		if n := reached.Load() - 1; n != 0 {
 			t.Errorf("a snippet redirected flmbox's next call to the host socket %s (%d connections; the call: exit %d %q)", hostSock, n, res.code, res.stderr)
 		}
 		if res.code != 0 || res.stdout != "alive\n" {

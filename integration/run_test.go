@@ -4,6 +4,7 @@ package integration
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -12,8 +13,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/flmbox/flmbox/sandbox/record"
 )
 
 // sandboxRoot returns a state root with the test image prewarmed from reg,
@@ -119,28 +123,32 @@ func TestRunBadBatchesAreRefusedBeforeRunning(t *testing.T) {
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	dir := t.TempDir()
-	for name, body := range map[string]string{
-		"empty":     `{"codes": []}`,
-		"too many":  `{"codes": [` + strings.Repeat(`"print(1)",`, 64) + `"print(1)"]}`,
-		"language":  `{"language": "ruby", "codes": ["puts 1"]}`,
-		"timeout":   `{"timeout": -1, "codes": ["print(1)"]}`,
-		"absurd":    `{"timeout": 1e12, "codes": ["print(1)"]}`,
-		"malformed": `{"codes": ["print(1)"`,
+	for _, tc := range []struct{ name, body, reason string }{
+		{"empty", `{"codes": []}`, "a batch holds 1 to 64 codes, this one 0"},
+		{"too many", `{"codes": [` + strings.Repeat(`"print(1)",`, 64) + `"print(1)"]}`, "a batch holds 1 to 64 codes, this one 65"},
+		{"language", `{"language": "ruby", "codes": ["puts 1"]}`, `code 0: language "ruby": want python or shell`},
+		{"timeout", `{"timeout": -1, "codes": ["print(1)"]}`, "code 0: timeout -1 s: want more than 0 and at most 86400"},
+		{"absurd", `{"timeout": 1e12, "codes": ["print(1)"]}`, "code 0: timeout 1e+12 s: want more than 0 and at most 86400"},
+		{"malformed", `{"codes": ["print(1)"`, "parse batch: unexpected EOF"},
 	} {
-		p := filepath.Join(dir, strings.ReplaceAll(name, " ", "_"))
-		os.WriteFile(p, []byte(body), 0o600)
-		res := flmbox(t, root, "run", "--batch", p, "--image", reg.digestRef())
-		if res.code != 125 || res.stdout != "" || !strings.Contains(res.stderr, "flmbox: ") {
-			t.Errorf("%s: exit %d stdout %q stderr %q", name, res.code, res.stdout, res.stderr)
+		p := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_"))
+		if err := os.WriteFile(p, []byte(tc.body), 0o600); err != nil {
+			t.Fatal(err)
 		}
+		res := flmbox(t, root, "run", "--batch", p, "--image", reg.digestRef())
+		if res.code != 125 || res.stdout != "" || !strings.Contains(res.stderr, "flmbox: "+tc.reason) {
+			t.Errorf("%s: exit %d stdout %q stderr %q, want 125 and %q", tc.name, res.code, res.stdout, res.stderr, tc.reason)
+		}
+	}
+	if ls := mustFlmbox(t, root, "sandbox", "ls", "--json"); strings.TrimSpace(ls) != "[]" {
+		t.Errorf("sandboxes after refused batches: %s", ls)
 	}
 }
 
 func TestRunFreshSandboxTimeoutAndEnvironment(t *testing.T) {
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	os.Setenv("FLMBOX_TEST_SECRET", "hunter2")
-	defer os.Unsetenv("FLMBOX_TEST_SECRET")
+	t.Setenv("FLMBOX_TEST_SECRET", "hunter2")
 	out := mustFlmbox(t, root, "run", "--image", reg.digestRef(), "--env", "GREETING=hi", "-c",
 		"import os, sys; print(os.environ.get('GREETING'), os.environ.get('PYTHONPATH'), os.environ.get('HOME'), 'FLMBOX_TEST_SECRET' in os.environ, os.getuid())")
 	if out != "hi /tmp/site-packages /tmp False 65534\n" {
@@ -164,10 +172,33 @@ func TestRunOnADeadSandboxFailsAtOnce(t *testing.T) {
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	mustFlmbox(t, root, "sandbox", "create", "--name", "doomed", "--image", reg.digestRef())
-	var sb struct{ ID string }
-	b, _ := os.ReadFile(filepath.Join(root, "sandboxes", "doomed", "sandbox.json"))
-	json.Unmarshal(b, &sb)
-	exec.Command("pkill", "-9", "-f", sb.ID).Run()
+	// The ID is a pattern for pkill run as root: an empty one would match
+	// every process on the machine.
+	rec, err := record.Read(root, "doomed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.ID == "" {
+		t.Fatalf("sandbox doomed's record has no runsc container ID: %+v", rec)
+	}
+	if out, err := exec.Command("pkill", "-9", "-f", rec.ID).CombinedOutput(); err != nil {
+		t.Fatalf("pkill -9 -f %s (the sandbox's runsc processes): %v %s", rec.ID, err, out)
+	}
+	// SIGKILL is delivered asynchronously: wait until no runsc process
+	// names the ID any more (pgrep exits 1 when nothing matches).
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		out, err := exec.Command("pgrep", "-a", "-f", rec.ID).Output()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) && ee.ExitCode() == 1 {
+			break
+		}
+		if err != nil {
+			t.Fatalf("pgrep -f %s: %v", rec.ID, err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("runsc processes of sandbox doomed still alive 30s after SIGKILL:\n%s", out)
+		}
+	}
 	res := flmbox(t, root, "run", "--sandbox", "doomed", "-c", "print(1)")
 	if res.code != 125 || !strings.Contains(res.stderr, "dead") {
 		t.Fatalf("run on a dead sandbox: exit %d %q", res.code, res.stderr)
@@ -189,16 +220,22 @@ func TestNetworkNoneCannotReachTheHost(t *testing.T) {
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "host-ok") })}
 	go srv.Serve(ln)
 	defer srv.Close()
+	// The timeout only bounds a failure: with --network host the server
+	// answers, with --network none the connection is refused at once.
 	code := fmt.Sprintf(`
-import urllib.request
+import errno, urllib.error, urllib.request
 try:
-    print(urllib.request.urlopen("http://%s/", timeout=3).read().decode())
-except Exception as e:
-    print("unreachable", type(e).__name__)
+    print(urllib.request.urlopen("http://%s/", timeout=60).read().decode())
+except urllib.error.URLError as e:
+    print("unreachable", type(e.reason).__name__, errno.errorcode.get(getattr(e.reason, "errno", None)))
 `, ln.Addr())
-	if out := mustFlmbox(t, root, "run", "--image", reg.digestRef(), "-c", code); !strings.HasPrefix(out, "unreachable") {
-		t.Fatalf("--network none reached the host: %q", out)
+	// A connection error, not a timeout: nothing answers on the sandbox's
+	// own loopback, and there is no other interface.
+	out := mustFlmbox(t, root, "run", "--image", reg.digestRef(), "-c", code)
+	if out != "unreachable ConnectionRefusedError ECONNREFUSED\n" && !strings.HasSuffix(out, " ENETUNREACH\n") && !strings.HasSuffix(out, " EHOSTUNREACH\n") {
+		t.Fatalf("--network none: %q, want the connection to the host refused or unreachable", out)
 	}
+	t.Logf("--network none: %s", strings.TrimSpace(out))
 	if out := mustFlmbox(t, root, "run", "--image", reg.digestRef(), "--network", "host", "-c", code); out != "host-ok\n" {
 		t.Fatalf("--network host: %q", out)
 	}
@@ -211,9 +248,11 @@ func TestBatchSaysWhyASnippetWasKilled(t *testing.T) {
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "batch-kill")
-	in := `{"language": "python", "timeout": 30, "codes": [{"code": "import time\nprint('started', flush=True)\ntime.sleep(60)", "timeout": 0.5}, "print('next')"]}`
+	// The timeout is long enough for the snippet to print first, even on a
+	// loaded machine; the sleep is far past it.
+	in := `{"language": "python", "timeout": 30, "codes": [{"code": "import time\nprint('started', flush=True)\ntime.sleep(60)", "timeout": 3}, "print('next')"]}`
 	results := runBatch(t, root, []byte(in), 2, "--sandbox", "batch-kill")
-	if r := results[0]; r.ExitCode != 137 || r.Stdout != "started\n" || r.Stderr != "flmbox: the snippet timed out after 500ms and was killed\n" {
+	if r := results[0]; r.ExitCode != 137 || r.Stdout != "started\n" || r.Stderr != "flmbox: the snippet timed out after 3s and was killed\n" {
 		t.Errorf("the timed-out snippet: %+v", r)
 	}
 	if r := results[1]; r.ExitCode != 0 || r.Stdout != "next\n" {

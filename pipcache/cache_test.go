@@ -190,15 +190,22 @@ func TestAddRefusesOtherContentUnderAFilename(t *testing.T) {
 	if _, err := c.Add(ctx, []string{a}); err != nil {
 		t.Fatal(err)
 	}
-	before, _ := os.ReadFile(filepath.Join(c.WheelsDir(), filepath.Base(a)))
+	cached := filepath.Join(c.WheelsDir(), filepath.Base(a))
+	before, err := os.ReadFile(cached)
+	if err != nil || len(before) == 0 {
+		t.Fatalf("the cached wheel before the conflict: %d bytes, %v", len(before), err)
+	}
 	other := writeWheel(t, t.TempDir(), "other", "1.0", "", nil)
-	_, err := c.Add(ctx, []string{other, b})
+	_, err = c.Add(ctx, []string{other, b})
 	var ce *ConflictError
 	if !errors.Is(err, errdefs.ErrAlreadyExists) || !errors.As(err, &ce) || ce.Name != "hello" || ce.Version != "1.0" ||
 		ce.Filename != filepath.Base(b) || !strings.Contains(err.Error(), filepath.Base(b)) {
 		t.Fatalf("got %v", err)
 	}
-	after, _ := os.ReadFile(filepath.Join(c.WheelsDir(), filepath.Base(a)))
+	after, err := os.ReadFile(cached)
+	if err != nil {
+		t.Fatalf("the cached wheel after the conflict: %v", err)
+	}
 	if string(before) != string(after) {
 		t.Fatal("the cached wheel was replaced")
 	}
@@ -214,12 +221,20 @@ func TestAddSweepsLeftovers(t *testing.T) {
 	// A killed import's staging file, a killed import's blob that was never
 	// linked, and a live import's fresh staging file.
 	stale := filepath.Join(c.tmpDir(), "add-1.whl")
-	os.WriteFile(stale, []byte("partial"), 0o600)
-	os.Chtimes(stale, old, old)
+	if err := os.WriteFile(stale, []byte("partial"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(stale, old, old); err != nil {
+		t.Fatal(err)
+	}
 	orphan := c.blobPath(strings.Repeat("ab", 32))
-	os.WriteFile(orphan, []byte("unlinked"), 0o644)
+	if err := os.WriteFile(orphan, []byte("unlinked"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	fresh := filepath.Join(c.tmpDir(), "add-2.whl")
-	os.WriteFile(fresh, []byte("being written"), 0o600)
+	if err := os.WriteFile(fresh, []byte("being written"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := c.Add(ctx, []string{writeWheel(t, t.TempDir(), "hello", "1.0", "", helloFiles)}); err != nil {
 		t.Fatal(err)
 	}

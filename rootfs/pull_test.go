@@ -153,22 +153,31 @@ func newTestStore(t *testing.T) *Store {
 
 var amd64 = Platform{OS: "linux", Architecture: "amd64"}
 
-// assertClean fails if the store holds any entry, staging or trash.
+// assertClean fails if the store holds any entry, staging or trash. OpenStore
+// makes every directory it reads, so a missing one is a failure too.
 func assertClean(t *testing.T, s *Store) {
 	t.Helper()
 	for _, d := range []string{"rootfs", "tmp", "trash"} {
-		ents, _ := os.ReadDir(filepath.Join(s.dir, d))
-		if len(ents) != 0 {
+		ents, err := os.ReadDir(filepath.Join(s.dir, d))
+		if err != nil {
+			t.Errorf("%s/: %v", d, err)
+		} else if len(ents) != 0 {
 			t.Errorf("%s/ is not empty: %v", d, ents)
 		}
 	}
 	// Empty alias directories may stay; alias files may not.
-	filepath.WalkDir(filepath.Join(s.dir, "aliases"), func(p string, d os.DirEntry, err error) error {
-		if err == nil && !d.IsDir() {
+	err := filepath.WalkDir(filepath.Join(s.dir, "aliases"), func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() {
 			t.Errorf("alias %s is left", p)
 		}
 		return nil
 	})
+	if err != nil {
+		t.Errorf("aliases/: %v", err)
+	}
 }
 
 func TestPrewarmByIndexDigestThenOffline(t *testing.T) {
@@ -479,13 +488,29 @@ func TestGCRemovesLeftoversAndOldImages(t *testing.T) {
 	}
 	hex := strings.TrimPrefix(res.ManifestDigest, "sha256:")
 	// A killed pull's staging directory and a half-removed entry.
-	os.MkdirAll(filepath.Join(s.dir, "tmp", hex+"-123", "rootfs", "etc"), 0o700)
-	os.MkdirAll(filepath.Join(s.dir, "trash", hex+"-456", "entry"), 0o700)
+	for _, p := range []string{filepath.Join(s.dir, "tmp", hex+"-123", "rootfs", "etc"), filepath.Join(s.dir, "trash", hex+"-456", "entry")} {
+		if err := os.MkdirAll(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	leftovers := func(d string) []os.DirEntry {
+		t.Helper()
+		ents, err := os.ReadDir(filepath.Join(s.dir, d))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ents
+	}
+	for _, d := range []string{"tmp", "trash"} {
+		if ents := leftovers(d); len(ents) != 1 {
+			t.Fatalf("%s before gc: %v, want the leftover", d, ents)
+		}
+	}
 	if removed, err := s.GC(ctx, GCOptions{}); err != nil || len(removed) != 0 {
 		t.Fatalf("gc without rules removed images: %v %v", removed, err)
 	}
 	for _, d := range []string{"tmp", "trash"} {
-		if ents, _ := os.ReadDir(filepath.Join(s.dir, d)); len(ents) != 0 {
+		if ents := leftovers(d); len(ents) != 0 {
 			t.Errorf("%s not cleaned: %v", d, ents)
 		}
 	}
@@ -605,12 +630,16 @@ func TestDamagedEntryIsRebuiltAndRemovable(t *testing.T) {
 	}
 	// What a power loss without fsync can leave: an empty image.json.
 	meta := filepath.Join(filepath.Dir(res.Rootfs), "image.json")
-	os.WriteFile(meta, nil, 0o600)
+	if err := os.WriteFile(meta, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	again, err := s.Prewarm(ctx, strings.Split(ref, "@")[0]+":latest", &PullOptions{Platform: amd64})
 	if err != nil || again.Cached || again.ManifestDigest != res.ManifestDigest {
 		t.Fatalf("prewarm over a damaged entry: %+v %v", again, err)
 	}
-	os.WriteFile(meta, nil, 0o600)
+	if err := os.WriteFile(meta, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	removed, err := s.Remove(ctx, res.ManifestDigest)
 	if err != nil || len(removed) != 1 {
 		t.Fatalf("remove a damaged entry: %v %v", removed, err)
