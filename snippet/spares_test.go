@@ -464,3 +464,25 @@ func TestStartupCodeOfSnippetsNeverRuns(t *testing.T) {
 		t.Fatalf("startup code of the snippets' directories ran: %v (%v)", ran, err)
 	}
 }
+
+// TestZygoteReportsAChildItWasGiven: a snippet can make itself a child of
+// the zygote (clone(CLONE_PARENT)); the zygote reports its exit like any
+// other child's, and that must not be taken for a broken zygote (which
+// failed the call running at the time).
+func TestZygoteReportsAChildItWasGiven(t *testing.T) {
+	running := &proc{done: make(chan struct{})}
+	z := &zygote{forks: map[int]*zygoteFork{}, procs: map[int]*proc{42: running}}
+	if err := z.handle([]string{"X", "46", "9"}); err != nil {
+		t.Fatalf("the exit of a child it was given: %v", err)
+	}
+	select {
+	case <-running.done:
+		t.Fatal("another child's exit ended the running one")
+	default:
+	}
+	for _, bad := range [][]string{{"X", "46", "nine"}, {"X", "x", "9"}, {"P", "7", "46"}, {"Q", "1", "2"}} {
+		if err := z.handle(bad); err == nil {
+			t.Errorf("%q was taken", bad)
+		}
+	}
+}

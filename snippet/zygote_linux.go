@@ -174,9 +174,15 @@ func (z *zygote) handle(msg []string) error {
 		f.done <- fmt.Errorf("start a Python process in the zygote: %s", strings.Join(msg[2:], " "))
 	case "X": // exited: PID STATUS
 		status, err := strconv.ParseUint(msg[2], 10, 32)
-		p := z.procs[n]
-		if err != nil || p == nil {
+		if err != nil {
 			return fmt.Errorf("the Python zygote said %q", msg)
+		}
+		p := z.procs[n]
+		if p == nil {
+			// A child the zygote did not fork for a request: a snippet
+			// gave it one with clone(CLONE_PARENT), and the stray sweep
+			// killed it. Nothing waits for it.
+			return nil
 		}
 		delete(z.procs, n)
 		p.setReaped(nil)
