@@ -348,9 +348,13 @@ while True:
 		const small = "small-memory"
 		faultSandbox(t, root, reg, small, "--memory", "256MiB", "--tmp-size", "256MiB")
 		defer flmbox(t, root, "sandbox", "rm", small)
-		// Two processes of 80 MiB each, under RLIMIT_AS (128 MiB).
+		// Two processes of 80 MiB each, under RLIMIT_AS (128 MiB), that
+		// hold their memory once they have it, so that both are at their
+		// peak together however the machine schedules them (a child that
+		// exited before the other grew left nothing to kill under load).
+		// Only the memory watch ends them: without it, the timeout would.
 		const grow = `
-import os
+import os, time
 for i in range(2):
     if os.fork() == 0:
         chunks = []
@@ -358,10 +362,10 @@ for i in range(2):
             chunks.append(bytearray(16 << 20))
             for j in range(0, len(chunks[-1]), 4096):
                 chunks[-1][j] = 1
-        os._exit(0)
+        while True:
+            time.sleep(1)
 for i in range(2):
     os.wait()
-print('all allocated')
 `
 		res := faultRun(t, root, small, `
 with open('/tmp/keep', 'wb') as f:
