@@ -1,6 +1,9 @@
 package main
 
 import (
+	"debug/buildinfo"
+	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -33,5 +36,34 @@ func TestBuildDiff(t *testing.T) {
 				t.Fatalf("buildDiff = %q, want it to name %q", d, tc.want)
 			}
 		})
+	}
+}
+
+// TestReadBuildInfo: the build information read from a binary's file is
+// what debug/buildinfo reads (the test binary compared with itself), and a
+// file without any is refused.
+func TestReadBuildInfo(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := readBuildInfo(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := buildinfo.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.String() != want.String() {
+		t.Fatalf("read\n%s\nwant\n%s", got, want)
+	}
+	if d := buildDiff(want, got); d != "" {
+		t.Fatalf("buildDiff of one binary: %s", d)
+	}
+	plain := filepath.Join(t.TempDir(), "plain")
+	os.WriteFile(plain, []byte("#!/bin/sh\n"), 0o755)
+	if _, err := readBuildInfo(plain); err == nil {
+		t.Fatal("a file without build information was read")
 	}
 }
