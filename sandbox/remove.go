@@ -105,28 +105,23 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		return fmt.Errorf("reconcile sandboxes: %w", err)
 	}
 	var errs []error
-	ids := map[string]bool{} // the containers records name
 	for _, e := range ents {
-		if !e.IsDir() {
-			continue
-		}
-		dir := filepath.Join(m.root, "sandboxes", e.Name())
-		if _, err := m.reconcileDir(ctx, dir); err != nil {
-			errs = append(errs, err)
-		}
-		if rec, err := record.Read(m.root, e.Name()); err == nil {
-			ids[rec.ID] = true
+		if e.IsDir() {
+			if _, err := m.reconcileDir(ctx, filepath.Join(m.root, "sandboxes", e.Name())); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
-	errs = append(errs, m.reconcileContainers(ctx, ids), m.reconcileLeases(ctx))
+	errs = append(errs, m.reconcileContainers(ctx), m.reconcileLeases(ctx))
 	return errors.Join(errs...)
 }
 
 // reconcileContainers deletes flmbox's runsc containers that no record
 // names: a Create killed while runsc was making its container, after its
 // clean-up looked for it. A record is written before its container exists,
-// so a container without one is never a sandbox being made.
-func (m *Manager) reconcileContainers(ctx context.Context, named map[string]bool) error {
+// and the records are read after runsc listed the containers, so a container
+// without one is never a sandbox being made.
+func (m *Manager) reconcileContainers(ctx context.Context) error {
 	rt, err := m.runtime()
 	if err != nil {
 		return nil // without runsc, no container could be made
@@ -135,13 +130,10 @@ func (m *Manager) reconcileContainers(ctx context.Context, named map[string]bool
 	if err != nil {
 		return fmt.Errorf("reconcile containers: %w", err)
 	}
+	named := m.recordedIDs()
 	var errs []error
 	for _, id := range ids {
-		if !strings.HasPrefix(id, "flmbox-") || named[id] {
-			continue
-		}
-		// Listed before the records were read? Read them again.
-		if slices.Contains(m.recordedIDs(), id) {
+		if !strings.HasPrefix(id, "flmbox-") || slices.Contains(named, id) {
 			continue
 		}
 		m.o.warnf("deleting runsc container %s, which no sandbox names", id)
