@@ -59,6 +59,12 @@ func (m *Manager) Batch(ctx context.Context, target Target, reqs []Request, para
 		// A batch resets its sandboxes between snippets, emptying /tmp.
 		return nil, fmt.Errorf("batch: preinstalled pip requirements do not apply to a batch, whose snippets each start with an empty /tmp: %w", errdefs.ErrInvalidArgument)
 	}
+	if target.Spec != nil {
+		// A bad spec fails the batch, not each snippet.
+		if _, err := target.Spec.withDefaults(); err != nil {
+			return nil, fmt.Errorf("batch: %w", err)
+		}
+	}
 	wreqs := make([]*wire.Request, len(reqs))
 	for i, r := range reqs {
 		if r.Reset {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+
 	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox/record"
 )

@@ -211,6 +211,7 @@ func TestBatchResults(t *testing.T) {
 		{"a bad snippet", Target{Sandbox: "a"}, []Request{{Code: "1"}, {Language: "ruby"}}},
 		{"reset", Target{Sandbox: "a"}, []Request{{Reset: true}}},
 		{"a named spec", Target{Spec: &Spec{Image: "i", Name: "one"}}, reqs},
+		{"a bad spec", Target{Spec: &Spec{Image: "i", Env: []string{"NOEQUALS"}}}, reqs},
 	} {
 		if _, err := m.Batch(context.Background(), tc.target, tc.reqs, 0); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("%s: %v, want an invalid argument", tc.name, err)
