@@ -109,13 +109,11 @@ func (r *Runtime) Run(ctx context.Context, c Container, bundle string, spec *spe
 	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
 		return fmt.Errorf("write the container's bundle: %w", err)
 	}
-	if c.Network == NetworkNone {
-		unlock, err := r.lockNullNetns()
-		if err != nil {
-			return err
-		}
-		defer unlock()
+	unlock, err := r.lockCreate()
+	if err != nil {
+		return err
 	}
+	defer unlock()
 	rc := r.runc(c)
 	// A runsc run that outlived a killed caller could finish making a
 	// container after the caller's clean-up looked for it.
@@ -127,23 +125,76 @@ func (r *Runtime) Run(ctx context.Context, c Container, bundle string, spec *spe
 	return nil
 }
 
-// lockNullNetns serializes container creation until runsc has made its
-// shared network namespace for --network=none (a "null-netns" mount in its
-// root): runsc creates it on first use, and two first uses at once stack
-// two mounts, one of which leaks. Once it exists, creation runs in parallel.
-func (r *Runtime) lockNullNetns() (func(), error) {
-	if isNsfs(filepath.Join(r.root, "null-netns")) {
-		return func() {}, nil
-	}
-	fd, err := unix.Open(filepath.Join(r.root, ".null-netns.lock"), unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+// createLock is the lock file that container creation holds shared and
+// Prune exclusively.
+const createLock = ".null-netns.lock"
+
+// lockCreate locks runsc's root for a container's creation: shared, so
+// that creations run in parallel and Prune waits, but exclusive until
+// runsc has made its shared network namespace for --network=none (a
+// "null-netns" mount in its root): runsc creates it on first use, and two
+// first uses at once stack two mounts, one of which leaks.
+func (r *Runtime) lockCreate() (func(), error) {
+	fd, err := unix.Open(filepath.Join(r.root, createLock), unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("lock runsc's network namespace: %w", err)
+		return nil, fmt.Errorf("lock runsc's state directory: %w", err)
 	}
-	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("lock runsc's network namespace: %w", err)
+	how := unix.LOCK_SH
+	for {
+		if err := unix.Flock(fd, how); err != nil {
+			unix.Close(fd)
+			return nil, fmt.Errorf("lock runsc's state directory: %w", err)
+		}
+		if how == unix.LOCK_EX || isNsfs(filepath.Join(r.root, "null-netns")) {
+			return func() { unix.Close(fd) }, nil
+		}
+		how = unix.LOCK_EX // converted, not atomically: two converting at once is fine
 	}
-	return func() { unix.Close(fd) }, nil
+}
+
+// Prune removes what runsc leaves in its root once its last container is
+// gone, so that the root can be removed: the null-netns mount and file, and
+// lock files and sockets of containers whose state is gone. It does so only
+// if idle, called with creation locked out, says that no container can be
+// made or running (its caller's records say so), and only if no container
+// state is left in the root; it does nothing while a container is being
+// created.
+func (r *Runtime) Prune(idle func() bool) error {
+	fd, err := unix.Open(filepath.Join(r.root, createLock), unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("prune runsc's state directory: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return nil // a creation runs: there is a container
+	}
+	if !idle() {
+		return nil
+	}
+	ents, err := os.ReadDir(r.root)
+	if err != nil {
+		return fmt.Errorf("prune runsc's state directory: %w", err)
+	}
+	for _, e := range ents {
+		if strings.HasSuffix(e.Name(), ".state") {
+			return nil // runsc knows a container: leave its files
+		}
+	}
+	netns := filepath.Join(r.root, "null-netns")
+	if isNsfs(netns) {
+		if err := unix.Unmount(netns, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("unmount runsc's network namespace: %w", err)
+		}
+	}
+	for _, e := range ents {
+		n := e.Name()
+		if n == "null-netns" || n != createLock && (strings.HasSuffix(n, ".lock") || strings.HasSuffix(n, ".sock")) {
+			if err := os.Remove(filepath.Join(r.root, n)); err != nil && !os.IsNotExist(err) {
+				return fmt.Errorf("prune runsc's state directory: %w", err)
+			}
+		}
+	}
+	return nil
 }
 
 // isNsfs reports whether p is a mounted namespace file.

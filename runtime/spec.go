@@ -113,6 +113,22 @@ func WithUser(uid, gid uint32) SpecOpt {
 	}
 }
 
+// WithCapabilities gives the sandbox's first process the capabilities caps
+// (bounding, effective and permitted; none inheritable or ambient). With
+// root as the user, the processes it execs keep them too.
+func WithCapabilities(caps ...string) SpecOpt {
+	return func(s *specs.Spec) error {
+		for _, c := range caps {
+			if !strings.HasPrefix(c, "CAP_") {
+				return fmt.Errorf("capability %q: want a name like CAP_KILL: %w", c, errdefs.ErrInvalidArgument)
+			}
+		}
+		c := append([]string(nil), caps...)
+		s.Process.Capabilities = &specs.LinuxCapabilities{Bounding: c, Effective: c, Permitted: c}
+		return nil
+	}
+}
+
 // WithArgs sets the sandbox's first process.
 func WithArgs(args ...string) SpecOpt {
 	return func(s *specs.Spec) error {

@@ -35,6 +35,15 @@ const DefaultTimeout = 30 * time.Second
 // removed.
 var ErrDead = record.ErrDead
 
+// ErrUnresponsive is in the error of a call to a sandbox whose agent does
+// not answer (its gVisor sandbox is stopped or starved): the call fails
+// within seconds. It is errdefs.ErrUnavailable.
+var ErrUnresponsive = record.ErrUnresponsive
+
+// ErrRemoved is in the error of a call whose sandbox was removed while it
+// ran. It is errdefs.ErrNotFound.
+var ErrRemoved = record.ErrRemoved
+
 // wire returns r as the agent's protocol carries it, or what is wrong with
 // it (errdefs.ErrInvalidArgument).
 func (r Request) wire() (*wire.Request, error) {

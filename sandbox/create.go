@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/flmbox/flmbox/runtime"
@@ -32,13 +31,20 @@ const (
 	pipcacheMount = "/dev/.flmbox/wheels"
 )
 
-// UID and GID are the user that snippets and the agent run as in every
-// sandbox.
+// UID and GID are the user that snippets run as in every sandbox. The
+// agent runs as root (of gVisor's user namespace: nothing on the host) with
+// agentCapabilities only, so that no snippet can signal, trace or reach it
+// (see package snippet's Agent.User).
 const UID, GID = 65534, 65534
 
-// runDirOptions bound ROOT/sandboxes/NAME/run, a tmpfs of its own: it is
-// writable from inside the sandbox until sealed, and on the host's disk
-// otherwise.
+// agentCapabilities are all the agent needs: to kill snippets, start them as
+// UID (setuid, setgid, their rlimits), and empty /tmp of their files.
+var agentCapabilities = []string{"CAP_KILL", "CAP_SETUID", "CAP_SETGID", "CAP_SYS_RESOURCE", "CAP_DAC_OVERRIDE", "CAP_FOWNER"}
+
+// runDirOptions bound ROOT/sandboxes/NAME/run, a tmpfs of its own: the agent
+// (root) makes its socket there, and it would be on the host's disk
+// otherwise. Its mode keeps the snippets' user out: the socket cannot be
+// reached from inside but by root.
 const runDirOptions = "size=64k,nr_inodes=64,mode=0700"
 
 // agentTimeout bounds the wait for a new sandbox's agent.
@@ -132,9 +138,6 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err := waitForAgent(ctx, rec); err != nil {
 		return nil, err
 	}
-	if err := sealRunDir(rec); err != nil {
-		return nil, err
-	}
 	if err := m.preinstall(ctx, rec, spec.Pip); err != nil {
 		return nil, err
 	}
@@ -157,11 +160,12 @@ func (m *Manager) specOpts(spec Spec, rec *record.Record, rootfsDir string, imag
 	opts := []runtime.SpecOpt{
 		runtime.WithRootfs(rootfsDir),
 		runtime.WithTmp(spec.TmpBytes),
-		runtime.WithUser(UID, GID),
+		runtime.WithUser(0, 0),
+		runtime.WithCapabilities(agentCapabilities...),
 		runtime.WithEnv(Environment(imageEnv, append(pipEnv, spec.Env...))),
 		runtime.WithBind(agent, agentBinary, true),
 		runtime.WithBind(m.wheels.WheelsDir(), pipcacheMount, true),
-		runtime.WithArgs(agentBinary, "--socket", agentSocket, "--limits", string(spareLimits),
+		runtime.WithArgs(agentBinary, "--socket", agentSocket, "--user", fmt.Sprintf("%d:%d", UID, GID), "--limits", string(spareLimits),
 			"--memory-budget", strconv.FormatInt(spec.Limits.MemoryBytes, 10)),
 	}
 	for _, mt := range spec.Mounts {
@@ -260,29 +264,9 @@ func mountRunDir(rec *record.Record) error {
 	return nil
 }
 
-// withRunDir mounts the run directory at agentRunDir, owned by the user the
-// spec's processes run as, so that the agent can make its socket there.
+// withRunDir mounts the run directory (root's, mode 0700) at agentRunDir.
 func withRunDir(rec *record.Record) runtime.SpecOpt {
-	return func(s *specs.Spec) error {
-		if err := os.Chown(rec.RunDir(), int(s.Process.User.UID), int(s.Process.User.GID)); err != nil {
-			return fmt.Errorf("chown sandbox %q's run directory: %w", rec.Name, err)
-		}
-		return runtime.WithBind(rec.RunDir(), agentRunDir, false)(s)
-	}
-}
-
-// sealRunDir makes the run directory read-only for the sandbox's processes
-// once the agent has made its socket there: root's, mode 0755, so that no
-// snippet can replace the socket with its own and receive the next calls'
-// code.
-func sealRunDir(rec *record.Record) error {
-	if err := os.Chown(rec.RunDir(), 0, 0); err != nil {
-		return fmt.Errorf("seal sandbox %q's run directory: %w", rec.Name, err)
-	}
-	if err := os.Chmod(rec.RunDir(), 0o755); err != nil {
-		return fmt.Errorf("seal sandbox %q's run directory: %w", rec.Name, err)
-	}
-	return nil
+	return runtime.WithBind(rec.RunDir(), agentRunDir, false)
 }
 
 // waitForAgent waits until the agent accepts connections (agentTimeout at

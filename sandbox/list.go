@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -26,6 +27,10 @@ const (
 	StateRunning State = "running"
 	// StateDead: its gVisor processes are gone; it can only be removed.
 	StateDead State = "dead"
+	// StateUnresponsive: its agent accepts connections but does not answer
+	// (its gVisor sandbox is stopped or starved); calls fail within seconds
+	// (sandbox/record's ErrUnresponsive). It may come back.
+	StateUnresponsive State = "unresponsive"
 	// StateRemoving: Remove is at work (or was killed: Reconcile finishes).
 	StateRemoving State = "removing"
 )
@@ -55,20 +60,26 @@ func (m *Manager) sandbox(ctx context.Context, rec *record.Record, check bool) *
 	sb := &Sandbox{Name: rec.Name, Image: rec.Image, Manifest: rec.Manifest, Network: runtime.Network(rec.Network),
 		Platform: rec.Platform, Limits: runtimeLimits(rec.Limits), State: State(rec.State), Created: rec.Created,
 		LastUsed: rec.LastUsed(), ID: rec.ID, Bundle: rec.Dir}
-	if check && sb.State == StateRunning && !m.alive(ctx, rec) {
-		sb.State = StateDead
+	if check && sb.State == StateRunning {
+		sb.State = m.check(ctx, rec)
 	}
 	return sb
 }
 
-// alive reports whether runsc says the sandbox's processes run and its
-// agent accepts a connection.
-func (m *Manager) alive(ctx context.Context, rec *record.Record) bool {
-	rt, err := m.runtime()
-	if err != nil {
-		return rec.Accepts(ctx) // without runsc, the agent's word alone
+// check returns the state of a running sandbox: dead unless runsc says its
+// processes run and its agent accepts a connection, unresponsive unless the
+// agent answers a ping.
+func (m *Manager) check(ctx context.Context, rec *record.Record) State {
+	if rt, err := m.runtime(); err == nil && !rt.Alive(ctx, container(rec)) {
+		return StateDead // without runsc, the agent's word alone
 	}
-	return rt.Alive(ctx, container(rec)) && rec.Accepts(ctx)
+	switch err := rec.Ping(ctx); {
+	case err == nil:
+		return StateRunning
+	case errors.Is(err, record.ErrUnresponsive):
+		return StateUnresponsive
+	}
+	return StateDead
 }
 
 // Get describes sandbox name, its state checked (errdefs.ErrNotFound if

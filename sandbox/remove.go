@@ -82,7 +82,27 @@ func (m *Manager) destroy(ctx context.Context, rec *record.Record) error {
 	if err := os.RemoveAll(rec.Dir); err != nil {
 		return fmt.Errorf("remove sandbox %q's files: %w", rec.Name, err)
 	}
+	m.pruneRunsc()
 	return nil
+}
+
+// pruneRunsc removes what runsc leaves in its state directory (its
+// null-netns mount, stale files) once no sandbox is left, so that a state
+// root without sandboxes can be removed with rm -rf. A sandbox being created
+// has its directory from before runsc runs (Create's claim), and runsc's
+// creations hold a lock that Prune does not wait for.
+func (m *Manager) pruneRunsc() {
+	rt, err := m.runtime()
+	if err != nil {
+		return
+	}
+	idle := func() bool {
+		ents, err := os.ReadDir(filepath.Join(m.root, "sandboxes"))
+		return err == nil && len(ents) == 0
+	}
+	if err := rt.Prune(idle); err != nil {
+		m.o.warnf("%v", err)
+	}
 }
 
 // newDirGrace is how long Reconcile leaves a .new-* directory alone: Create
@@ -113,6 +133,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		}
 	}
 	errs = append(errs, m.reconcileContainers(ctx), m.reconcileLeases(ctx))
+	m.pruneRunsc()
 	return errors.Join(errs...)
 }
 

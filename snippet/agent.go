@@ -89,6 +89,12 @@ type Agent struct {
 	// every process there: processes that others start (runsc exec) are
 	// killed too.
 	KillStrays bool
+	// User is the user that snippets run as; nil (the default): the
+	// agent's own. In a sandbox the agent runs as root (of gVisor's user
+	// namespace, with a few capabilities) and snippets as the sandbox's
+	// user, so that no snippet can signal, trace or connect to the agent,
+	// its zygote or its Python spares (see user_linux.go).
+	User *User
 
 	once        sync.Once
 	python      string // resolved Python, or "" with pythonErr
@@ -109,6 +115,12 @@ type Agent struct {
 	mem            memWatch
 	sweeps         bool        // KillStrays, and orphans come back to the agent
 	leftovers      atomic.Bool // a call ran code since the last sweep
+	pyEnv          []string    // env for Python processes (see pythonEnv)
+	// codeRuns counts the starts and ends of snippets' code: a spare that
+	// the snippets' user can reach is used only if no code ran since it
+	// started (see spareUsable).
+	codeRuns atomic.Int64
+	running  atomic.Int32 // snippets running now
 }
 
 // init fills in the defaults and resolves the interpreters, once.
@@ -122,6 +134,7 @@ func (a *Agent) init() {
 		a.shell = cmp.Or(a.Shell, "/bin/sh")
 		a.shellIsDash = isDash(a.shell)
 		a.python, a.pythonErr = lookPath(cmp.Or(a.Python, "python3"), a.env)
+		a.pyEnv = pythonEnv(a.env)
 		a.sweeps = a.KillStrays && reapsOrphans()
 	})
 }

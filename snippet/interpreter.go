@@ -40,10 +40,14 @@ const gateFD = 3
 // snippetFilename is the file name of Python snippets in tracebacks.
 const snippetFilename = "<snippet>"
 
-// pythonBootstrap is the program that python3 -c runs. Its own frames are
-// those of file "<string>"; they are dropped from the snippet's tracebacks.
-// Nothing it defines stays in __main__.
-const pythonBootstrap = pythonSiteDef + "_flmbox_site(())\n" + pythonBootstrapDef + "_flmbox_bootstrap(False)\n"
+// pythonBootstrap returns the program that python3 -c runs, whose
+// snippet runs as user (nil: the interpreter's own; see user_linux.go). Its
+// own frames are those of file "<string>"; they are dropped from the
+// snippet's tracebacks. Nothing it defines stays in __main__.
+func pythonBootstrap(user *User) string {
+	return pythonSiteDef + "_flmbox_front = _flmbox_site(())\n" + pythonBootstrapDef +
+		"_flmbox_bootstrap(False, _flmbox_front, " + user.python() + ")\n"
+}
 
 // pythonSiteDef defines _flmbox_site(modules), which imports site as python3
 // does at startup, and then modules, but with sys.path cut
@@ -54,25 +58,33 @@ const pythonBootstrap = pythonSiteDef + "_flmbox_site(())\n" + pythonBootstrapDe
 // under HOME=/tmp and its .pth files would otherwise run at the start of the
 // next spare, before its limits are set, and in a zygote, which has none: a
 // snippet could plant a fork bomb there and kill the zygote to have it run.
-// The snippets' directories then go back in front of sys.path, where
-// PYTHONPATH puts them. Differences from python3 -c that a snippet can see:
+// The agent starts Python with PYTHONPATH renamed FLMBOX_PYTHONPATH, so
+// that it takes no part in the interpreter's own start either (the
+// encodings module is imported from sys.path before any -c code runs).
+// _flmbox_site returns the snippets' directories: the bootstrap puts them
+// back in front of sys.path, where python3 puts them ('', unless
+// PYTHONSAFEPATH, then PYTHONPATH's entries made absolute, an empty one
+// being the working directory), once the process is the snippet's user.
+// Differences from python3 -c that a snippet can see:
 // sys.flags.no_site and no_user_site are 1, no user site directory is on
 // sys.path (pip installs into /tmp/site-packages, PIP_TARGET), and a
 // sitecustomize or usercustomize found only through PYTHONPATH is not run,
 // even one of the image's own (PYTHONPATH=/app, say).
 const pythonSiteDef = `def _flmbox_site(modules):
     import sys, os
-    path = sys.path[:]
-    # Under -S, sys.path is '' (python3 -c's working directory), PYTHONPATH,
-    # then the standard library.
-    theirs = {''} | set(os.environ.get('PYTHONPATH', '').split(os.pathsep))
-    sys.path[:] = [p for p in path if p not in theirs]
+    # Under -S, sys.path is '' (python3 -c's working directory) unless
+    # PYTHONSAFEPATH, then the standard library (PYTHONPATH is renamed).
+    front = sys.path[:1] if sys.path[:1] == [''] else []
+    del sys.path[:len(front)]
     import site
     site.main()
     for m in modules:
         __import__(m)
-    sys.path[:0] = [p for p in path if p in theirs]
+    pp = os.environ.get('FLMBOX_PYTHONPATH')
+    if pp is not None:
+        front += [os.path.abspath(p) for p in pp.split(os.pathsep)]
     del sys.modules['__main__']._flmbox_site
+    return front
 `
 
 // pythonBootstrapDef defines the bootstrap. With fast_exit (a zygote's
@@ -87,12 +99,24 @@ const pythonSiteDef = `def _flmbox_site(modules):
 // and stderr flushed (120 if that fails, as Python does). What it skips is
 // what Python does not promise: __del__ of objects still alive elsewhere
 // (in other modules) at exit.
-const pythonBootstrapDef = `def _flmbox_bootstrap(fast_exit):
-    import sys
+const pythonBootstrapDef = `def _flmbox_bootstrap(fast_exit, front, user):
+    import sys, os
     main = sys.modules['__main__']
-    del main._flmbox_bootstrap
+    del main._flmbox_bootstrap, main._flmbox_front
     with open(3, 'rb') as gate:
         source = gate.read()
+    if user is not None:
+        try:
+            os.setgroups([])
+            os.setgid(user[1])
+            os.setuid(user[0])
+        except OSError as e:
+            os.write(2, b'flmbox: run the snippet as user %d: %s\n' % (user[0], str(e).encode()))
+            os._exit(125)
+    pp = os.environ.pop('FLMBOX_PYTHONPATH', None)
+    if pp is not None:
+        os.environ['PYTHONPATH'] = pp
+    sys.path[:0] = front
     # A spare started before an earlier call made a directory of sys.path
     # (pip's /tmp/site-packages) remembers it as missing: forget that.
     for path, finder in list(sys.path_importer_cache.items()):
@@ -215,7 +239,12 @@ const maxShellScript = 4096
 // bootstrap, as python3 -c pythonBootstrap would. Its modules are imported
 // by _flmbox_site, from the standard library only: what the zygote imports
 // runs unlimited and lives on in every child.
-const pythonZygote = pythonSiteDef + "_flmbox_site(('gc', 'select', 'resource', '_signal', '_socket'))\n" + `def _flmbox_zygote():
+func pythonZygote(user *User) string {
+	return pythonSiteDef + "_flmbox_front = _flmbox_site(('gc', 'select', 'resource', '_signal', '_socket'))\n" +
+		pythonZygoteDef + pythonBootstrapDef + "_flmbox_bootstrap(True, _flmbox_front, " + user.python() + ")\n"
+}
+
+const pythonZygoteDef = `def _flmbox_zygote():
     import sys, gc, os, select, resource, _signal, _socket
     del sys.modules['__main__']._flmbox_zygote
     ctl = _socket.socket(fileno=3)
@@ -304,7 +333,7 @@ const pythonZygote = pythonSiteDef + "_flmbox_site(('gc', 'select', 'resource', 
                 pass
             send(b'P %s %d' % (word[1], pid))
 _flmbox_zygote()
-` + pythonBootstrapDef + "_flmbox_bootstrap(True)\n"
+`
 
 // command is how an interpreter is started; its code goes through the gate
 // once its limits are set.
@@ -326,13 +355,13 @@ func (c command) gateData(code string) []byte {
 }
 
 // pythonCommand runs code with the bootstrap; the code goes through the gate.
-func pythonCommand() command {
-	return command{args: []string{"python3", "-S", "-s", "-c", pythonBootstrap}, codeInGate: true}
+func pythonCommand(user *User) command {
+	return command{args: []string{"python3", "-S", "-s", "-c", pythonBootstrap(user)}, codeInGate: true}
 }
 
 // zygoteCommand starts the Python zygote.
-func zygoteCommand() command {
-	return command{args: []string{"python3", "-S", "-s", "-c", pythonZygote}}
+func zygoteCommand(user *User) command {
+	return command{args: []string{"python3", "-S", "-s", "-c", pythonZygote(user)}}
 }
 
 // shellCommand runs code with sh -c; the gate carries a newline.

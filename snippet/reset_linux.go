@@ -22,8 +22,7 @@ const resetTimeout = 5 * time.Second
 // other process descended from the agent (every process of the sandbox when
 // the agent is its PID 1: processes that left their group or their parent
 // too), empties CleanDirs, and, as PID 1, removes the System V IPC objects
-// (shared memory, semaphores, message queues) that the agent's user may
-// remove.
+// (shared memory, semaphores, message queues) of the snippets' user.
 //
 // What Reset does not undo is documented with Agent.CleanDirs.
 func (a *Agent) Reset(ctx context.Context) error {
@@ -47,7 +46,9 @@ func (a *Agent) Reset(ctx context.Context) error {
 	if os.Getpid() == 1 {
 		// Only then is the IPC namespace the sandbox's own: elsewhere
 		// these objects are the host's.
-		return removeSysvIPC()
+		// As the snippets' user: only an object's owner (or CAP_SYS_ADMIN,
+		// which the agent lacks) may remove it.
+		return asUser(a.User, removeSysvIPC)
 	}
 	return nil
 }

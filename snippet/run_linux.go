@@ -42,6 +42,9 @@ func (a *Agent) Run(ctx context.Context, req *wire.Request) *wire.Result {
 // req's code, so that one should be started.
 func (a *Agent) run(ctx context.Context, req *wire.Request) (res *wire.Result, ran bool) {
 	a.init()
+	if req != nil && req.Ping {
+		return &wire.Result{Version: wire.ProtocolVersion}, false
+	}
 	if err := req.Validate(); err != nil {
 		return errorResult(err), false
 	}
@@ -75,8 +78,12 @@ func (a *Agent) run(ctx context.Context, req *wire.Request) (res *wire.Result, r
 // its gate: none of the snippet's code has run yet.
 type proc struct {
 	pid               int
+	lang              string
 	cmd               command
 	limits            wire.Limits
+	// runs and idleStart are the agent's spareMark when p started.
+	runs      int64
+	idleStart bool
 	outR, errR, gateW *os.File
 	// done is closed once the process has exited, the rest of its process
 	// group has been killed and it has been reaped; then status, or err,
@@ -168,22 +175,31 @@ func (p *proc) close() {
 // zygote when the agent has one running, or when wait is set after starting
 // one; otherwise it is a new python3.
 func (a *Agent) start(lang, code string, limits wire.Limits, wait bool) (*proc, error) {
+	runs, idle := a.spareMark()
+	p, err := a.startLang(lang, code, limits, wait)
+	if err == nil {
+		p.lang, p.runs, p.idleStart = lang, runs, idle
+	}
+	return p, err
+}
+
+func (a *Agent) startLang(lang, code string, limits wire.Limits, wait bool) (*proc, error) {
 	if lang == wire.LanguageShell {
 		c := shellScriptCommand()
 		if len(code) > maxShellScript || !a.shellIsDash {
 			c = shellCommand(code)
 		}
 		c.args[0] = filepath.Base(a.shell) // $0, and bash's POSIX mode only as sh
-		return a.startExec(a.shell, c, limits)
+		return a.startExec(a.shell, c, a.env, a.User.credential(), limits)
 	}
 	if z := a.zygote(wait); z != nil {
 		if p, err := z.fork(limits); err == nil {
 			return p, nil
 		}
 	}
-	c := pythonCommand()
+	c := pythonCommand(a.User)
 	c.args[0] = a.python // Python finds its prefix from argv[0]
-	return a.startExec(a.python, c, limits)
+	return a.startExec(a.python, c, a.pyEnv, nil, limits) // it becomes a.User itself
 }
 
 // pipes are the snippet's ends and the agent's ends of its three pipes.
@@ -253,8 +269,8 @@ func (p *pipes) proc(c command, limits wire.Limits) *proc {
 }
 
 // startExec starts c as a child of the agent, in its own process group,
-// and sets its limits.
-func (a *Agent) startExec(path string, c command, limits wire.Limits) (*proc, error) {
+// with env, as user cred (nil: the agent's), and sets its limits.
+func (a *Agent) startExec(path string, c command, env []string, cred *syscall.Credential, limits wire.Limits) (*proc, error) {
 	pp, err := newPipes()
 	if err != nil {
 		return nil, err
@@ -263,10 +279,10 @@ func (a *Agent) startExec(path string, c command, limits wire.Limits) (*proc, er
 		Path:        path,
 		Args:        c.args,
 		Dir:         a.dir,
-		Env:         a.env,
+		Env:         env,
 		Stdout:      pp.outW, // *os.File: the child gets the pipe itself, no copying goroutine
 		Stderr:      pp.errW,
-		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true, Credential: cred},
 	}
 	if c.stdinGate {
 		cmd.Stdin = pp.gateR
@@ -320,6 +336,8 @@ func (a *Agent) runProc(ctx context.Context, req *wire.Request, p *proc) *wire.R
 	readers.Go(func() { capturePipe(stderr, p.errR) })
 
 	start := time.Now()
+	a.codeStarted()
+	defer a.codeEnded()
 	var gate sync.WaitGroup
 	gate.Go(func() {
 		p.gateW.Write(p.cmd.gateData(req.Code)) // fails only if the snippet died: its status says why

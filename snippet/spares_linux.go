@@ -48,7 +48,7 @@ func (a *Agent) takeSpare(ctx context.Context, req *wire.Request) *proc {
 		p, r := a.spares[req.Language], a.refilling[req.Language]
 		switch {
 		case p == nil:
-		case p.limits != req.Limits || p.exited():
+		case p.limits != req.Limits || p.exited() || !a.spareUsable(p):
 			delete(a.spares, req.Language)
 			p.discard()
 			p = nil

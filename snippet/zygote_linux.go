@@ -52,12 +52,12 @@ func (a *Agent) startZygote() (*zygote, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start the Python zygote: %w", err)
 	}
-	c := zygoteCommand()
+	c := zygoteCommand(a.User)
 	c.args[0] = a.python
 	// Its stderr is /dev/null: the zygote runs as the snippets' user, who
 	// could write to anything it holds open (the agent's own stderr is a
 	// file on the host's disk).
-	cmd := &exec.Cmd{Path: a.python, Args: c.args, Dir: a.dir, Env: a.env,
+	cmd := &exec.Cmd{Path: a.python, Args: c.args, Dir: a.dir, Env: a.pyEnv,
 		ExtraFiles: []*os.File{theirs}} // fd 3
 	pid, startErr := startChild(cmd)
 	if startErr != nil {
@@ -80,7 +80,7 @@ func (z *zygote) fork(limits wire.Limits) (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &zygoteFork{p: pp.proc(pythonCommand(), limits), done: make(chan error, 1)}
+	f := &zygoteFork{p: pp.proc(pythonCommand(nil), limits), done: make(chan error, 1)} // only its gate matters
 	z.mu.Lock()
 	if z.err != nil {
 		z.mu.Unlock()

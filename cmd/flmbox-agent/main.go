@@ -38,7 +38,7 @@ func main() {
 	}
 }
 
-const usage = "usage: flmbox-agent --socket PATH [--limits JSON] [--memory-budget BYTES] [--spares=false] [--meminfo FILE] [--clean-dir DIR]..."
+const usage = "usage: flmbox-agent --socket PATH [--limits JSON] [--memory-budget BYTES] [--user UID:GID] [--spares=false] [--meminfo FILE] [--clean-dir DIR]..."
 
 // dirs is a flag that may be given several times.
 type dirs []string
@@ -57,6 +57,7 @@ func run(args []string) error {
 	limits := fs.String("limits", "", "the limits of the first spare, as JSON (wire.Limits)")
 	meminfo := fs.String("meminfo", "/proc/meminfo", "where the sandbox's memory use is read while snippets run; empty: no memory watch")
 	budget := fs.Int64("memory-budget", 0, "the bytes that snippets and /tmp may use together (default: MemTotal)")
+	user := fs.String("user", "", "UID:GID that snippets run as (default: the agent's own user); the agent then needs CAP_SETUID, CAP_SETGID, CAP_KILL and CAP_SYS_RESOURCE")
 	var clean dirs
 	fs.Var(&clean, "clean-dir", "a directory that a reset empties (repeatable; default /tmp and /dev/shm)")
 	fs.SetOutput(io.Discard) // errors are returned, and printed once
@@ -76,13 +77,20 @@ func run(args []string) error {
 		clean = dirs{"/tmp", "/dev/shm"}
 	}
 	a := &snippet.Agent{Spares: *spares, CleanDirs: clean, MemInfo: *meminfo, MemoryBudget: *budget, KillStrays: true}
+	if *user != "" {
+		u, err := snippet.ParseUser(*user)
+		if err != nil {
+			return fmt.Errorf("--user: %w", err)
+		}
+		a.User = u
+	}
 	if *limits != "" {
 		if err := json.Unmarshal([]byte(*limits), &a.SpareLimits); err != nil {
 			return fmt.Errorf("--limits: %w", err)
 		}
 	}
-	// Snippets run as the agent's user: they must not be able to trace it
-	// or read its memory.
+	// Snippets must not be able to trace the agent or read its memory,
+	// even when they run as its user (no --user).
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("make the agent non-dumpable: %w", err)
 	}

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -158,6 +159,37 @@ func (deadError) Error() string {
 }
 func (deadError) Is(target error) bool { return target == errdefs.ErrFailedPrecondition }
 
+// ErrUnresponsive is in the error of a call to a sandbox whose agent
+// accepts connections but does not answer a ping within PingTimeout: its
+// gVisor sandbox is stopped or starved. It is errdefs.ErrUnavailable: it may
+// come back.
+var ErrUnresponsive error = unresponsiveError{}
+
+type unresponsiveError struct{}
+
+func (unresponsiveError) Error() string {
+	return fmt.Sprintf("the sandbox is unresponsive (its agent accepts connections but did not answer within %s)", PingTimeout)
+}
+func (unresponsiveError) Is(target error) bool { return target == errdefs.ErrUnavailable }
+
+// ErrRemoved is in the error of a call whose sandbox was removed while it
+// ran. It is errdefs.ErrNotFound.
+var ErrRemoved error = removedError{}
+
+type removedError struct{}
+
+func (removedError) Error() string        { return "the sandbox was removed during the call" }
+func (removedError) Is(target error) bool { return target == errdefs.ErrNotFound }
+
+// PingTimeout bounds the wait for the agent's answer to a ping: an agent
+// answers one at once, whatever its calls are doing.
+const PingTimeout = 3 * time.Second
+
+// watchdogPeriod is how often a call pings its agent, from this long after
+// it starts: a call to an unresponsive agent fails within watchdogPeriod +
+// PingTimeout, not at its own timeout.
+const watchdogPeriod = 2 * time.Second
+
 // Callable fails with errdefs.ErrFailedPrecondition unless the record is
 // Running: a sandbox being created or removed takes no calls but its
 // owner's.
@@ -182,14 +214,95 @@ func (r *Record) Dial(ctx context.Context) (*os.File, error) {
 // CallConn makes one call on conn, from Dial, and marks the sandbox used.
 // The request's limits are the sandbox's snippet limits. A call whose agent
 // hung up fails with ErrDead if the agent no longer accepts connections.
+//
+// While the call runs, the agent is pinged every watchdogPeriod on a
+// connection of its own: a call to an agent that does not answer its ping
+// fails with ErrUnresponsive (or ErrDead) within seconds.
 func (r *Record) CallConn(ctx context.Context, conn *os.File, req *wire.Request) (*wire.Result, error) {
 	req.Limits = r.SnippetLimits()
 	r.Touch()
-	res, err := wire.CallConn(ctx, conn, req)
+	callCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := r.watchdog(callCtx, cancel)
+	res, err := wire.CallConn(callCtx, conn, req)
+	stop()
 	if err != nil {
+		if cause := context.Cause(callCtx); ctx.Err() == nil && cause != nil {
+			return nil, fmt.Errorf("call sandbox %q: %w", r.Name, cause)
+		}
 		return nil, r.explain(ctx, err)
 	}
 	return res, nil
+}
+
+// watchdog pings the agent every watchdogPeriod until stop is called or ctx
+// ends, and cancels the call with the ping's error if it fails.
+func (r *Record) watchdog(ctx context.Context, cancel context.CancelCauseFunc) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTimer(watchdogPeriod)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if err := r.Ping(ctx); err != nil && ctx.Err() == nil {
+				cancel(err)
+				return
+			}
+			t.Reset(watchdogPeriod)
+		}
+	})
+	return func() {
+		close(done)
+		wg.Wait()
+	}
+}
+
+// Ping checks that the sandbox's agent answers: ErrDead if it refuses
+// connections, ErrRemoved if the sandbox is gone, ErrUnresponsive if it
+// does not answer within PingTimeout.
+func (r *Record) Ping(ctx context.Context) error {
+	pctx, cancel := context.WithTimeout(ctx, PingTimeout)
+	defer cancel()
+	conn, err := wire.Dial(pctx, r.SocketPath())
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if r.removed() {
+			return ErrRemoved
+		}
+		if pctx.Err() != nil {
+			return ErrUnresponsive // its accept queue stays full
+		}
+		return fmt.Errorf("%w: %w", ErrDead, err)
+	}
+	defer conn.Close()
+	if _, err := wire.CallConn(pctx, conn, wire.PingRequest()); err != nil && !errors.Is(err, wire.ErrProtocolVersion) {
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case r.removed():
+			return ErrRemoved
+		case pctx.Err() != nil:
+			return ErrUnresponsive
+		}
+		return fmt.Errorf("%w: %w", ErrDead, err)
+	}
+	return nil
+}
+
+// removed says whether the sandbox was removed (or is being removed, or
+// another of its name replaced it) since r was read.
+func (r *Record) removed() bool {
+	now, err := Read(filepath.Dir(filepath.Dir(r.Dir)), r.Name)
+	return errors.Is(err, errdefs.ErrNotFound) || err == nil && (now.ID != r.ID || now.State == Removing)
 }
 
 // Call dials the agent and makes one call.
@@ -207,6 +320,9 @@ func (r *Record) Call(ctx context.Context, req *wire.Request) (*wire.Result, err
 func (r *Record) explain(ctx context.Context, err error) error {
 	if ctx.Err() != nil || errors.Is(err, errdefs.ErrPermissionDenied) {
 		return fmt.Errorf("call sandbox %q: %w", r.Name, err)
+	}
+	if r.removed() {
+		return fmt.Errorf("call sandbox %q: %w: %w", r.Name, ErrRemoved, err)
 	}
 	if !r.Accepts(ctx) {
 		return fmt.Errorf("call sandbox %q: %w: %w", r.Name, ErrDead, err)

@@ -68,7 +68,15 @@ type Request struct {
 	// CleanDirs (/tmp and /dev/shm in a sandbox) are emptied (see
 	// Agent.Reset). Calls running at the time finish first.
 	Reset bool `json:"reset,omitempty"`
+	// Ping asks the agent only to answer, at once, with an empty Result (exit
+	// status 0), whatever the calls running: the host's check that the agent
+	// is responsive. The other fields are ignored. (An agent that predates
+	// it answers an error Result, which is an answer too.)
+	Ping bool `json:"ping,omitempty"`
 }
+
+// PingRequest returns a Ping request.
+func PingRequest() *Request { return &Request{Version: ProtocolVersion, Ping: true} }
 
 // Limits are resource limits (rlimits) set on a snippet's process before
 // any of its code runs, and inherited by the processes it starts. A zero

@@ -14,6 +14,10 @@ import (
 // after the error.
 func CallHint(err error, name string) string {
 	switch {
+	case errors.Is(err, record.ErrRemoved):
+		return "create it again with flmbox sandbox create --name " + name
+	case errors.Is(err, record.ErrUnresponsive):
+		return "its gVisor sandbox may be stopped or starved of CPU; flmbox sandbox ls shows its state, flmbox sandbox rm " + name + " removes it"
 	case errors.Is(err, record.ErrDead):
 		return "remove it with flmbox sandbox rm " + name + " and create another"
 	case errors.Is(err, wire.ErrProtocolVersion):
