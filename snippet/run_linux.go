@@ -77,13 +77,13 @@ func (a *Agent) run(ctx context.Context, req *wire.Request) (res *wire.Result, r
 // proc is a snippet's process, started with its limits set and blocked on
 // its gate: none of the snippet's code has run yet.
 type proc struct {
-	pid               int
-	lang              string
-	cmd               command
-	limits            wire.Limits
+	pid    int
+	lang   string
+	cmd    command
+	limits wire.Limits
 	// runs and idleStart are the agent's spareMark when p started.
-	runs      int64
-	idleStart bool
+	runs              int64
+	idleStart         bool
 	outR, errR, gateW *os.File
 	// done is closed once the process has exited, the rest of its process
 	// group has been killed and it has been reaped; then status, or err,
@@ -198,7 +198,7 @@ func (a *Agent) startLang(lang, code string, limits wire.Limits, wait bool) (*pr
 		}
 	}
 	c := pythonCommand(a.User)
-	c.args[0] = a.python // Python finds its prefix from argv[0]
+	c.args[0] = a.python                                  // Python finds its prefix from argv[0]
 	return a.startExec(a.python, c, a.pyEnv, nil, limits) // it becomes a.User itself
 }
 
