@@ -62,7 +62,7 @@ func pythonBootstrap(user *User) string {
 // that it takes no part in the interpreter's own start either (the
 // encodings module is imported from sys.path before any -c code runs).
 // _flmbox_site returns the snippets' directories: the bootstrap puts them
-// back in front of sys.path, where python3 puts them (”, unless
+// back in front of sys.path, where python3 puts them (the empty entry, unless
 // PYTHONSAFEPATH, then PYTHONPATH's entries made absolute, an empty one
 // being the working directory), once the process is the snippet's user.
 // Differences from python3 -c that a snippet can see:
