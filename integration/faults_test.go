@@ -55,10 +55,10 @@ func faultAlive(t *testing.T, root, name string) {
 
 // faultListProcs prints the processes of the sandbox other than the agent
 // (PID 1), its zygote, its spares and the listing itself, one "PID cmdline"
-// a line. A spare is a process the agent started ahead of the next call:
-// sh -s or the Python bootstrap, leader of its own process group in the
+// a line. The agent, its zygote and its Python spares run as root, snippets
+// as 65534; a shell spare is sh -s, leader of its own process group in the
 // agent's session (a snippet's process that escaped with setsid leads its
-// own session), a Python one still holding its gate (fd 3).
+// own session).
 const faultListProcs = `
 import os
 me = os.getpid()
@@ -69,12 +69,12 @@ for p in sorted(os.listdir('/proc')):
         cmd = open('/proc/%s/cmdline' % p, 'rb').read().replace(b'\0', b' ').decode(errors='replace').strip()
         stat = open('/proc/%s/stat' % p).read()
         ppid, pgrp, sid = (int(x) for x in stat[stat.rindex(')') + 2:].split()[1:4])
-        gate = os.path.exists('/proc/%s/fd/3' % p)
-    except OSError:
+        uid = [l.split()[1] for l in open('/proc/%s/status' % p) if l.startswith('Uid:')][0]
+    except (OSError, IndexError):
         continue
-    if '_flmbox_zygote' in cmd and ppid == 1:
+    if uid == '0':
         continue
-    if pgrp == int(p) and sid != int(p) and (cmd == 'sh -s' or '_flmbox_bootstrap' in cmd and gate):
+    if pgrp == int(p) and sid != int(p) and cmd == 'sh -s':
         continue
     print(p, cmd)
 `
