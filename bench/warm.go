@@ -149,7 +149,9 @@ func checkBatchResult(what string, res []sandbox.BatchResult) error {
 // runscExec returns runsc exec of argv in sb, with the sandbox's own runsc
 // root and global flags.
 func (r *runner) runscExec(ctx context.Context, sb *sandbox.Sandbox, argv []string) (*exec.Cmd, error) {
-	runsc, args, err := r.m.RunscArgs(sb, append([]string{"exec", sb.ID}, argv...)...)
+	// As the snippets' user: the sandbox's first process, the agent, is root.
+	user := fmt.Sprintf("--user=%d:%d", sandbox.UID, sandbox.GID)
+	runsc, args, err := r.m.RunscArgs(sb, append([]string{"exec", user, sb.ID}, argv...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,112 @@
+//go:build integration
+
+package integration
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// soakMemory is the soak sandbox's --memory: the smallest flmbox accepts.
+const soakMemory = "128MiB"
+
+// soakCalls is how many calls the soak makes.
+const soakCalls = 200
+
+// TestSoakHostileAndOrdinaryCalls makes 200 calls on one small sandbox, a
+// hostile snippet (of this issue and of issue 3's fault list) every third
+// call, ordinary ones between: every ordinary call answers correctly, no
+// hostile one makes flmbox fail (exit 125: the sandbox dead or wedged), the
+// sandbox's /tmp keeps its first file, and its cgroup never met its memory
+// limit.
+func TestSoakHostileAndOrdinaryCalls(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	const name = "soak"
+	faultSandbox(t, root, reg, name, "--memory", soakMemory, "--tmp-size", "16MiB")
+	if res := faultRun(t, root, name, "echo kept > /tmp/keep", "-l", "shell"); res.code != 0 {
+		t.Fatalf("write /tmp/keep: %+v", res)
+	}
+	hostile := []struct {
+		name, lang, code, timeout string
+	}{
+		{"many small files", "python", "import os\nos.makedirs('/tmp/h', exist_ok=True)\nfor i in range(1000000): open('/tmp/h/f%d' % i, 'w').close()", "20s"},
+		{"files removed", "shell", "rm -rf /tmp/h /tmp/fill", "20s"},
+		{"SIGSTOP of pid 1", "python", "import os, signal\nos.kill(1, signal.SIGSTOP)", "5s"},
+		{"SIGKILL of pid 1", "python", "import os, signal\nos.kill(1, signal.SIGKILL)", "5s"},
+		{"kill -9 -1", "shell", "kill -STOP -1; kill -9 -1", "5s"},
+		{"the agent's socket", "python", agentAttempts, "20s"},
+		{"memory hog", "python", "x = []\nwhile True: x.append(bytearray(4 << 20))", "10s"},
+		{"forked memory hogs", "python", "import os\nfor _ in range(6):\n    if os.fork() == 0:\n        x = []\n        while True: x.append(bytearray(4 << 20))\nos.wait()", "10s"},
+		{"fork bomb", "shell", "b(){ b|b& }; b & while :; do :; done", "3s"},
+		{"/tmp filled", "shell", "head -c 100000000 /dev/zero > /tmp/fill", "10s"},
+		{"output flood", "shell", "yes flood", "2s"},
+		{"infinite loop", "python", "while True: pass", "1s"},
+		{"setsid daemon", "shell", "setsid sh -c 'while :; do :; done' & echo started", "5s"},
+	}
+	ordinary := []struct {
+		lang, code, want string
+	}{
+		{"python", "print(sum(range(1000)))", "499500\n"},
+		{"shell", "cat /tmp/keep", "kept\n"},
+	}
+	for i := range soakCalls {
+		if i%3 == 2 {
+			h := hostile[(i/3)%len(hostile)]
+			res := faultRun(t, root, name, h.code, "-l", h.lang, "--timeout", h.timeout, "--max-output", "64KiB")
+			if res.code == 125 || res.code < 0 {
+				t.Fatalf("call %d, %s: flmbox failed: exit %d\n%s", i, h.name, res.code, res.stderr)
+			}
+			continue
+		}
+		o := ordinary[i%len(ordinary)]
+		if res := faultRun(t, root, name, o.code, "-l", o.lang); res.code != 0 || res.stdout != o.want {
+			t.Fatalf("call %d, an ordinary one after %q: exit %d stdout %q stderr %q", i, hostile[((i/3)+len(hostile)-1)%len(hostile)].name, res.code, res.stdout, res.stderr)
+		}
+	}
+	if got := sandboxState(t, root, name); got != "running" {
+		t.Fatalf("after the soak sandbox ls says %q", got)
+	}
+	// The host's memory cgroup of the sandbox never hit its limit.
+	if n := sandboxOOMKills(t, root, name); n != 0 {
+		t.Fatalf("the sandbox's memory cgroup counted %d OOM kills", n)
+	}
+}
+
+// sandboxOOMKills returns the oom_kill count of sandbox name's memory
+// cgroup on the host (cgroup v2).
+func sandboxOOMKills(t *testing.T, root, name string) int {
+	t.Helper()
+	id := faultSandboxID(t, root, name)
+	out, err := exec.Command(runscPath, "--root", filepath.Join(root, "runsc"), "state", id).Output()
+	if err != nil {
+		t.Fatalf("runsc state: %v", err)
+	}
+	i := strings.Index(string(out), `"pid":`)
+	if i < 0 {
+		t.Fatalf("runsc state printed %s", out)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(strings.Split(strings.Split(string(out[i+6:]), ",")[0], "\n")[0]))
+	cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(string(cg)), "0::"))
+	events, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", path, "memory.events"))
+	if err != nil {
+		t.Fatalf("the sandbox's memory cgroup (%s): %v", path, err)
+	}
+	for _, l := range strings.Split(string(events), "\n") {
+		if v, ok := strings.CutPrefix(l, "oom_kill "); ok {
+			n, _ := strconv.Atoi(v)
+			return n
+		}
+	}
+	t.Fatalf("no oom_kill in %s", events)
+	return 0
+}
