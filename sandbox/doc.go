@@ -19,7 +19,10 @@
 //
 //	creating ──▶ running ──▶ removing ──▶ (gone)
 //	    │           │
-//	    │           └──▶ dead (its gVisor processes died; only Remove)
+//	    │           ├──▶ dead (its gVisor processes died; only Remove)
+//	    │           └──▶ unresponsive (its agent does not answer a ping:
+//	    │                 stopped or starved; checked, not recorded, and it
+//	    │                 may come back)
 //	    └──▶ (gone: a failed Create removes what it made; a killed one is
 //	          left to Reconcile)
 //

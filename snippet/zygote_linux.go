@@ -101,7 +101,8 @@ func (z *zygote) fork(limits wire.Limits) (*proc, error) {
 	select {
 	case err = <-f.done:
 	case <-time.After(zygoteDeadline):
-		// A snippet can stop the zygote (SIGSTOP: same user): give up on it.
+		// A zygote starved of CPU, or stopped where it runs as the
+		// snippets' user (no Agent.User): give up on it.
 		z.kill(fmt.Errorf("the Python zygote did not answer within %s", zygoteDeadline))
 		err = <-f.done
 	}

@@ -93,9 +93,10 @@ type Limits struct {
 	// programs, OpenBLAS with many threads) need a generous value.
 	MemoryBytes int64 `json:"memory_bytes"`
 	// Procs is RLIMIT_NPROC: fork fails with EAGAIN once the snippet's user
-	// has this many processes (threads included) in the whole sandbox. In a
-	// sandbox the agent runs as the same user, so its own threads and the
-	// other snippets running at the same time count too. Root ignores it.
+	// has this many processes (threads included) in the whole sandbox: the
+	// other snippets running at the same time count too (in flmbox's
+	// sandboxes the agent, its zygote and its Python spares run as another
+	// user and do not). Root ignores it.
 	Procs int64 `json:"procs"`
 	// FileBytes is RLIMIT_FSIZE: the largest file a process may write.
 	// Writing past it fails with EFBIG in Python and kills a process that
