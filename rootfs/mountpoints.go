@@ -55,7 +55,8 @@ func WithMountPoints(points ...MountPoint) StoreOption {
 
 // checkMountPoints validates points and returns them without duplicates,
 // sorted by path (a parent before its children). A path named with two
-// types fails with errdefs.ErrInvalidArgument.
+// types, or below a file's mount point, fails with
+// errdefs.ErrInvalidArgument.
 func checkMountPoints(points []MountPoint) ([]MountPoint, error) {
 	out := make([]MountPoint, 0, len(points))
 	for _, mp := range points {
@@ -71,6 +72,16 @@ func checkMountPoints(points []MountPoint) ([]MountPoint, error) {
 		out = append(out, mp)
 	}
 	slices.SortFunc(out, func(a, b MountPoint) int { return strings.Compare(a.Path, b.Path) })
+	for _, f := range out {
+		if f.Type != MountPointFile {
+			continue
+		}
+		for _, mp := range out {
+			if strings.HasPrefix(mp.Path, f.Path+"/") {
+				return nil, fmt.Errorf("mount point %s is below %s, a file's mount point: %w", mp.Path, f.Path, errdefs.ErrInvalidArgument)
+			}
+		}
+	}
 	return out, nil
 }
 

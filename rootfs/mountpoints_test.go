@@ -364,6 +364,7 @@ func TestCheckMountPoints(t *testing.T) {
 		{{Path: "/" + strings.Repeat("n", 256), Type: MountPointDir}},
 		{{Path: "/dev/x", Type: "socket"}},
 		{{Path: "/dev/x", Type: MountPointDir}, {Path: "/dev/x", Type: MountPointFile}},
+		{{Path: "/dev/x/y", Type: MountPointDir}, {Path: "/dev/x", Type: MountPointFile}},
 	} {
 		if _, err := checkMountPoints(bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("%q: %v, want an invalid argument", bad, err)
