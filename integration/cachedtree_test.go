@@ -207,8 +207,8 @@ func TestSpecMountsDestinationIsMadeOnceAndRecorded(t *testing.T) {
 	}
 	run("mounts-1")
 	rec := readEntry(t, res.Rootfs)
-	if got := rec.MountPoints[len(rec.MountPoints)-1]; len(rec.MountPoints) != len(recBefore.MountPoints)+1 || got != (rootfs.MountPoint{Path: "/mnt/flmbox-data", Type: rootfs.MountPointDir}) {
-		t.Errorf("recorded mount points %v", rec.MountPoints)
+	if want := append(slices.Clone(recBefore.MountPoints), rootfs.MountPoint{Path: "/mnt/flmbox-data", Type: rootfs.MountPointDir}); !slices.Equal(rec.MountPoints, want) {
+		t.Errorf("recorded mount points %v, want %v", rec.MountPoints, want)
 	}
 	if !slices.Equal(rec.Added, append(slices.Clone(recBefore.Added), "/mnt/flmbox-data")) {
 		t.Errorf("recorded additions %q", rec.Added)
