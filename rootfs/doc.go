@@ -13,5 +13,13 @@
 // Unpacking is done by [Unpacker], which treats the layers as hostile: every
 // path is resolved inside the tree with chroot semantics (openat2
 // RESOLVE_IN_ROOT), final path components are never followed, and sizes and
-// entry counts are bounded. See docs/ARCHITECTURE.md for the on-disk layout.
+// entry counts are bounded.
+//
+// A Store can be told of mount points that every tree must have
+// ([WithMountPoints], [PullOptions].MountPoints): a runtime that found one
+// missing would make it in the tree that every sandbox shares. They are made
+// after the last layer, before the entry is published, and recorded in the
+// entry; an entry that lacks one gets it, recorded, under its lock, the only
+// change ever made to a published tree. See docs/ARCHITECTURE.md for the
+// on-disk layout.
 package rootfs

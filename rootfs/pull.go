@@ -40,6 +40,11 @@ type PullOptions struct {
 	Progress Progress
 	// Unpack bounds what the layers may unpack to.
 	Unpack UnpackOptions
+	// MountPoints are mount points the entry must have besides the Store's
+	// (WithMountPoints): a new entry gets them before it is published, a
+	// cached one that lacks one gets it before Prewarm returns. Default:
+	// none.
+	MountPoints []MountPoint
 }
 
 func (o *PullOptions) withDefaults() *PullOptions {
@@ -105,10 +110,15 @@ type Result struct {
 // Prewarm makes IMAGE available as an unpacked rootfs in the cache and
 // returns where it is. A digest reference whose platform was prewarmed before
 // is answered from the disk alone; a tag is resolved at the registry (or, with
-// Offline, from its last resolution).
+// Offline, from its last resolution). The tree has the Store's and the
+// pull's mount points when Prewarm returns.
 func (s *Store) Prewarm(ctx context.Context, image string, opts *PullOptions) (*Result, error) {
 	o := opts.withDefaults()
 	ref, err := ParseReference(image)
+	if err != nil {
+		return nil, err
+	}
+	points, err := s.requiredMountPoints(o)
 	if err != nil {
 		return nil, err
 	}
@@ -119,8 +129,8 @@ func (s *Store) Prewarm(ctx context.Context, image string, opts *PullOptions) (*
 		}
 	}
 	if named.Hex != "" {
-		if res, err := s.cached(named, o.Platform); err == nil {
-			return res, nil
+		if res, found, err := s.cached(ctx, named, o.Platform, points); found {
+			return res, err
 		}
 		if o.Offline {
 			return nil, fmt.Errorf("image %s for %s is not cached, and an offline pull fetches nothing: %w", image, o.Platform, ErrNotCached)
@@ -148,8 +158,8 @@ func (s *Store) Prewarm(ctx context.Context, image string, opts *PullOptions) (*
 		if err := writeJSONAtomic(s.refPath(ref.tagKey()), rec); err != nil {
 			return nil, fmt.Errorf("record resolution of %s: %w", image, err)
 		}
-		if res, err := s.cached(topDigest, o.Platform); err == nil {
-			return res, nil
+		if res, found, err := s.cached(ctx, topDigest, o.Platform, points); found {
+			return res, err
 		}
 	}
 
@@ -180,7 +190,7 @@ func (s *Store) Prewarm(ctx context.Context, image string, opts *PullOptions) (*
 	if err != nil {
 		return nil, fmt.Errorf("parse manifest %s: %w: %w", manifestDigest, err, errdefs.ErrInvalidArgument)
 	}
-	img, cached, err := s.build(ctx, src, topDigest, manifestDigest, m, o)
+	img, cached, err := s.build(ctx, src, topDigest, manifestDigest, m, o, points)
 	if err != nil {
 		return nil, err
 	}
@@ -188,16 +198,27 @@ func (s *Store) Prewarm(ctx context.Context, image string, opts *PullOptions) (*
 		Rootfs: img.Rootfs, SizeBytes: img.SizeBytes, Cached: cached}, nil
 }
 
-// cached answers a Prewarm from the alias of (named, p), with no network.
-func (s *Store) cached(named v1.Hash, p Platform) (*Result, error) {
+// cached answers a Prewarm from the alias of (named, p), with no network,
+// once the entry has the mount points. found is false when the alias leads
+// to no entry.
+func (s *Store) cached(ctx context.Context, named v1.Hash, p Platform, points []MountPoint) (_ *Result, found bool, _ error) {
 	img, err := s.resolveAlias(named, p)
 	if err != nil {
-		return nil, err
+		return nil, false, nil
 	}
-	m, _ := parseDigest(img.ManifestDigest)
+	m, err := parseDigest(img.ManifestDigest)
+	if err != nil {
+		return nil, false, nil
+	}
+	if img, err = s.ensureMountPoints(ctx, m.Hex, img, points); err != nil {
+		if errors.Is(err, ErrNotCached) {
+			return nil, false, nil // removed meanwhile
+		}
+		return nil, true, err
+	}
 	s.touch(m.Hex)
 	return &Result{IndexDigest: named.String(), Platform: p.String(), ManifestDigest: img.ManifestDigest,
-		Rootfs: img.Rootfs, SizeBytes: img.SizeBytes, Cached: true}, nil
+		Rootfs: img.Rootfs, SizeBytes: img.SizeBytes, Cached: true}, true, nil
 }
 
 // pickManifest returns the first image manifest of the index for p, as
@@ -239,9 +260,10 @@ func checkDescriptor(d *v1.Descriptor) error {
 const maxLayers = 512
 
 // build unpacks the image with manifest m into the cache unless it is there,
-// and records the alias (named, platform) -> m, all under the entry's lock.
-// It reports whether the entry was already cached.
-func (s *Store) build(ctx context.Context, src source, named, md v1.Hash, m *v1.Manifest, o *PullOptions) (_ *Image, cached bool, err error) {
+// gives it the mount points, and records the alias (named, platform) -> m,
+// all under the entry's lock. It reports whether the entry was already
+// cached.
+func (s *Store) build(ctx context.Context, src source, named, md v1.Hash, m *v1.Manifest, o *PullOptions, points []MountPoint) (_ *Image, cached bool, err error) {
 	unlock, err := s.lock(ctx, md.Hex)
 	if err != nil {
 		return nil, false, err
@@ -250,6 +272,9 @@ func (s *Store) build(ctx context.Context, src source, named, md v1.Hash, m *v1.
 	if img, err := s.get(md.Hex); err == nil {
 		if img.Platform != o.Platform.String() {
 			return nil, false, fmt.Errorf("image %s is for %s, not %s: %w", md, img.Platform, o.Platform, ErrPlatformNotFound)
+		}
+		if img, err = s.addMountPoints(md.Hex, img, points); err != nil {
+			return nil, false, err
 		}
 		s.touch(md.Hex)
 		return img, true, s.writeAlias(named, o.Platform, img)
@@ -304,8 +329,14 @@ func (s *Store) build(ctx context.Context, src source, named, md v1.Hash, m *v1.
 	if err != nil {
 		return nil, false, err
 	}
+	// After the last layer, before the entry is published: the tree is
+	// never changed in place while sandboxes may use it.
+	mountPoints, added, err := prepareMountPoints(filepath.Join(staging, "rootfs"), points)
+	if err != nil {
+		return nil, false, fmt.Errorf("prepare the mount points of image %s: %w", md, err)
+	}
 	img := &Image{ManifestDigest: md.String(), Platform: o.Platform.String(), ConfigDigest: m.Config.Digest.String(),
-		SizeBytes: size, Created: time.Now().UTC()}
+		SizeBytes: size, Created: time.Now().UTC(), MountPoints: mountPoints, Added: added}
 	for _, l := range m.Layers {
 		img.Layers = append(img.Layers, l.Digest.String())
 	}

@@ -36,8 +36,15 @@ import (
 //	locks/HEX.lock       flock(2) lock of entry HEX
 //	tmp/HEX-RANDOM/      an entry being built; removed if its builder died
 //	trash/               entries being removed
+//
+// A tree is what its image's layers make, plus the mount points that the
+// Store was asked for (WithMountPoints, PullOptions.MountPoints), made after
+// the last layer and recorded in image.json with every path made for them.
+// Making a mount point that an entry's record lacks is the only change ever
+// made to a published tree.
 type Store struct {
-	dir string
+	dir         string
+	mountPoints []MountPoint
 }
 
 // Image describes a cached, unpacked image: one platform manifest.
@@ -54,6 +61,17 @@ type Image struct {
 	SizeBytes int64 `json:"size_bytes"`
 	// Created is when the tree was unpacked.
 	Created time.Time `json:"created"`
+	// MountPoints are the mount points the tree has been given (made after
+	// its last layer, or found there with their type), sorted by path
+	// within each preparation. An entry cached by an earlier flmbox has
+	// none recorded.
+	MountPoints []MountPoint `json:"mount_points,omitempty"`
+	// Added are the paths the Store created in the tree for MountPoints,
+	// resolved in the tree, parents first: the mount points the image
+	// lacked and their missing parents. They are all that the Store adds to
+	// what the layers made; the directories they were made in keep their
+	// times.
+	Added []string `json:"added,omitempty"`
 	// Rootfs is the unpacked tree's path (not stored; filled on read).
 	Rootfs string `json:"rootfs"`
 	// LastUsed is when a prewarm or a sandbox last used it (not stored).
@@ -79,9 +97,17 @@ type refRecord struct {
 	Resolved time.Time `json:"resolved"`
 }
 
-// OpenStore opens (creating if needed) the image cache in dir.
-func OpenStore(dir string) (*Store, error) {
+// OpenStore opens (creating if needed) the image cache in dir. Invalid
+// options fail with errdefs.ErrInvalidArgument.
+func OpenStore(dir string, opts ...StoreOption) (*Store, error) {
 	s := &Store{dir: dir}
+	for _, opt := range opts {
+		opt(s)
+	}
+	var err error
+	if s.mountPoints, err = checkMountPoints(s.mountPoints); err != nil {
+		return nil, fmt.Errorf("open image store: %w", err)
+	}
 	for _, d := range []string{"", "rootfs", "aliases", "refs", "leases", "locks", "tmp", "trash"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("open image store: %w", err)

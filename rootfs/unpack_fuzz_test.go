@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -128,6 +129,10 @@ func expandLayer(raw []byte, expand func(string) string) []byte {
 	return buf.Bytes()
 }
 
+// fuzzMountPoints are made in every tree FuzzUnpack unpacks.
+var fuzzMountPoints = append(slices.Clone(sandboxPoints),
+	MountPoint{Path: "/etc/mp", Type: MountPointDir}, MountPoint{Path: "/a/b/mp", Type: MountPointFile})
+
 func FuzzUnpack(f *testing.F) {
 	for _, s := range fuzzSeeds() {
 		f.Add(encodeFuzzInput(f, s.layers))
@@ -152,6 +157,9 @@ func FuzzUnpack(f *testing.F) {
 				break
 			}
 		}
+		// Mount points are made in whatever the layers left, confined as
+		// the layers' entries are.
+		prepareMountPoints(e.root, fuzzMountPoints)
 		e.checkSentinel(t)
 		// Nothing outside root but the sentinel.
 		err = filepath.WalkDir(e.tmp, func(p string, d fs.DirEntry, err error) error {

@@ -506,20 +506,7 @@ func timespec(t time.Time) unix.Timespec {
 // the tree with chroot semantics and opens it as a directory with flags
 // (O_PATH or O_RDONLY).
 func (u *Unpacker) openDir(p string, flags uint64) (int, error) {
-	if p == "" {
-		p = "."
-	}
-	how := unix.OpenHow{
-		Flags:   flags | unix.O_DIRECTORY | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
-	}
-	for {
-		fd, err := unix.Openat2(u.root, p, &how)
-		if err == unix.EAGAIN || err == unix.EINTR {
-			continue
-		}
-		return fd, err
-	}
+	return openDirIn(u.root, p, flags)
 }
 
 // mkdirAll opens directory p inside the tree, creating it and its missing

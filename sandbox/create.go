@@ -21,9 +21,9 @@ import (
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
-// Paths inside every sandbox, all under /dev, the sandbox's own tmpfs:
-// runsc creates missing mount points in the host rootfs even when it is
-// read-only, which would change the shared cached tree.
+// Paths inside every sandbox, all under /dev, the sandbox's own tmpfs. The
+// image cache makes the mount points in the cached tree when it unpacks it
+// (mountPoints): runsc would otherwise make them there, tmpfs or not.
 const (
 	agentBinary   = "/dev/.flmbox/bin/flmbox-agent"
 	agentRunDir   = "/dev/.flmbox/run"
@@ -88,7 +88,11 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err != nil {
 		return nil, err
 	}
-	img, err := m.store.Prewarm(ctx, spec.Image, spec.Pull)
+	pull, err := pullOptions(spec)
+	if err != nil {
+		return nil, err
+	}
+	img, err := m.store.Prewarm(ctx, spec.Image, pull)
 	if err != nil {
 		return nil, err
 	}

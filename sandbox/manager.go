@@ -89,7 +89,7 @@ func (m *Manager) open() error {
 	if err := os.MkdirAll(filepath.Join(m.root, "sandboxes"), 0o700); err != nil {
 		return fmt.Errorf("create the state root %s: %w", m.root, err)
 	}
-	store, err := rootfs.OpenStore(filepath.Join(m.root, "images"))
+	store, err := rootfs.OpenStore(filepath.Join(m.root, "images"), rootfs.WithMountPoints(mountPoints...))
 	if err != nil {
 		return err
 	}
@@ -124,7 +124,9 @@ func (m *Manager) runtime() (*runtime.Runtime, error) {
 	return m.rt, nil
 }
 
-// Images returns the image cache under the state root.
+// Images returns the image cache under the state root. The trees it
+// unpacks have the mount points of sandboxes' bind mounts, so that runsc
+// never makes them in a tree that sandboxes share.
 func (m *Manager) Images() (*rootfs.Store, error) {
 	if err := m.open(); err != nil {
 		return nil, err

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 
 	"github.com/urfave/cli/v2"
 
@@ -84,13 +83,15 @@ func openManager(c *cli.Context) (*sandbox.Manager, error) {
 		sandbox.WithWarnf(func(f string, a ...any) { warnf(c, f, a...) }))
 }
 
-// openStore opens the image cache under the state root.
+// openStore opens the image cache under the state root as sandboxes use
+// it (sandbox.Manager.Images), so that prewarm makes the mount points that
+// sandboxes need when it unpacks a tree.
 func openStore(c *cli.Context) (*rootfs.Store, error) {
-	root, err := ensureRoot(c)
+	m, err := openManager(c)
 	if err != nil {
 		return nil, err
 	}
-	return rootfs.OpenStore(filepath.Join(root, "images"))
+	return m.Images()
 }
 
 // openReconciledStore opens the image cache after releasing the leases of
