@@ -127,7 +127,7 @@ func TestSandboxesLeaveTheCachedTreeUntouched(t *testing.T) {
 	}
 
 	mustFlmbox(t, root, "sandbox", "create", "--name", "tree", "--image", reg.digestRef())
-	if out := mustFlmbox(t, root, "run", "--sandbox", "tree", "-c", "import os; print(os.path.exists('/dev/.flmbox/run/agent.sock'))"); out != "True\n" {
+	if out := mustFlmbox(t, root, "run", "--sandbox", "tree", "-c", "import os; print(os.path.isdir('/dev/.flmbox/run'), os.path.isfile('/dev/.flmbox/bin/flmbox-agent'))"); out != "True True\n" {
 		t.Fatalf("python call printed %q", out)
 	}
 	if out := mustFlmbox(t, root, "run", "--sandbox", "tree", "-l", "shell", "-c", "echo x > /tmp/f && cat /tmp/f"); out != "x\n" {
