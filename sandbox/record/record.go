@@ -181,13 +181,15 @@ func (r *Record) Dial(ctx context.Context) (*os.File, error) {
 
 // CallConn makes one call on conn, from Dial, and marks the sandbox used.
 // The request's limits are the sandbox's snippet limits. A call whose agent
-// hung up fails with ErrDead if the agent no longer accepts connections.
+// hung up fails with ErrDead if the agent no longer accepts connections. An
+// interrupted call (ctx cancelled) returns the agent's answer, if any, with
+// an error matching wire.ErrInterrupted (see wire.Call).
 func (r *Record) CallConn(ctx context.Context, conn *os.File, req *wire.Request) (*wire.Result, error) {
 	req.Limits = r.SnippetLimits()
 	r.Touch()
 	res, err := wire.CallConn(ctx, conn, req)
 	if err != nil {
-		return nil, r.explain(ctx, err)
+		return res, r.explain(ctx, err)
 	}
 	return res, nil
 }
