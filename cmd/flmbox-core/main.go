@@ -7,7 +7,8 @@ import (
 	"context"
 	"os"
 
-	"github.com/flmbox/flmbox/cmd/flmbox/app")
+	"github.com/flmbox/flmbox/cmd/flmbox/app"
+)
 
 func main() {
 	ctx, stop := app.NotifyContext(context.Background())
