@@ -26,6 +26,9 @@ func runCommand() *cli.Command {
 			if c.String("batch") != "" {
 				return runBatch(c)
 			}
+			if c.IsSet("parallel") {
+				return fmt.Errorf("--parallel applies to --batch FILE only")
+			}
 			req, err := snippetRequest(c)
 			if err != nil {
 				return err
