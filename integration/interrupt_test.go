@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -112,6 +114,23 @@ func TestRunInterrupted(t *testing.T) {
 		})
 	}
 
+	// run --batch: the array, with what the interrupted snippet printed.
+	mustFlmbox(t, root, "run", "--sandbox", "work", "-l", "shell", "-c", "rm -f /tmp/started /tmp/pid")
+	batch := filepath.Join(t.TempDir(), "batch.json")
+	in, _ := json.Marshal(map[string]any{"codes": []string{interruptSnippet}})
+	if err := os.WriteFile(batch, in, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res := interruptedRun(t, flmboxBin, root, syscall.SIGINT, work, "run", "--batch", batch, "--sandbox", "work", "-l", "shell", "--timeout", "10m")
+	var elems []struct {
+		ExitCode    int    `json:"exit_code"`
+		Stdout      string `json:"stdout"`
+		Interrupted bool   `json:"interrupted"`
+	}
+	if err := json.Unmarshal([]byte(res.stdout), &elems); err != nil || res.code != 130 || len(elems) != 1 || !elems[0].Interrupted || elems[0].Stdout != "so far\n" || elems[0].ExitCode != 137 {
+		t.Errorf("run --batch: exit %d stdout %q stderr %q (%v)", res.code, res.stdout, res.stderr, err)
+	}
+
 	// run --image: the fresh sandbox is removed all the same.
 	fresh := func() string {
 		var sbs []struct{ Name string }
@@ -123,7 +142,7 @@ func TestRunInterrupted(t *testing.T) {
 		}
 		return ""
 	}
-	res := interruptedRun(t, flmboxBin, root, syscall.SIGINT, fresh, "run", "--image", reg.digestRef(), "--json", "-l", "shell", "-c", interruptSnippet)
+	res = interruptedRun(t, flmboxBin, root, syscall.SIGINT, fresh, "run", "--image", reg.digestRef(), "--json", "-l", "shell", "-c", interruptSnippet)
 	checkInterrupted(t, "run --image", res, syscall.SIGINT, true)
 	if name := fresh(); name != "" {
 		t.Errorf("run --image left sandbox %s", name)
