@@ -384,6 +384,30 @@ func TestCallInterrupted(t *testing.T) {
 	}
 }
 
+// TestServeOldClient: a client of before interrupts half-closes the
+// connection after its request; the agent runs the snippet to its end all
+// the same, and only a full hangup kills it.
+func TestServeOldClient(t *testing.T) {
+	socket := serve(t, testAgent(t))
+	conn, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	req := request(wire.LanguageShell, "sleep 0.2; echo done")
+	if err := json.NewEncoder(conn).Encode(req); err != nil {
+		t.Fatal(err)
+	}
+	conn.(*net.UnixConn).CloseWrite()
+	var res wire.Result
+	if err := json.NewDecoder(conn).Decode(&res); err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode != 0 || res.Interrupted || string(res.Stdout.Data) != "done\n" {
+		t.Fatalf("got %s", dump(&res))
+	}
+}
+
 // TestCallInterruptedOldAgent: an agent of before interrupts reads the
 // request and never answers the interrupt; Call gives up after a few
 // seconds, without a result (and its caller's close kills the snippet).
