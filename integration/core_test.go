@@ -47,7 +47,7 @@ func TestBatchOfSilentSnippets(t *testing.T) {
 					}
 					continue
 				}
-				if r != (batchElement{}) {
+				if r.ExitCode != 0 || r.Stdout != "" || r.Stderr != "" || r.StdoutBase64 != "" || r.StderrBase64 != "" {
 					t.Errorf("silent snippet %d: %+v, want exit 0 and no output", i, r)
 				}
 			}

@@ -173,9 +173,14 @@ func runFlmbox(t testing.TB, bin, root string, args ...string) result {
 // mustFlmbox runs flmbox and fails the test unless it exits 0.
 // batchElement is one element of flmbox run --batch's output.
 type batchElement struct {
-	ExitCode int    `json:"exit_code"`
-	Stdout   string `json:"stdout"`
-	Stderr   string `json:"stderr"`
+	ExitCode     int      `json:"exit_code"`
+	Stdout       string   `json:"stdout"`
+	Stderr       string   `json:"stderr"`
+	StdoutBase64 string   `json:"stdout_base64"`
+	StderrBase64 string   `json:"stderr_base64"`
+	TimedOut     *bool    `json:"timed_out"`
+	OOMKilled    *bool    `json:"oom_killed"`
+	DurationMS   *float64 `json:"duration_ms"`
 }
 
 // runBatch runs flmbox run --batch on input (JSON) with args, and returns

@@ -127,8 +127,9 @@ func TestRunBadBatchesAreRefusedBeforeRunning(t *testing.T) {
 		{"empty", `{"codes": []}`, "a batch holds 1 to 64 codes, this one 0"},
 		{"too many", `{"codes": [` + strings.Repeat(`"print(1)",`, 64) + `"print(1)"]}`, "a batch holds 1 to 64 codes, this one 65"},
 		{"language", `{"language": "ruby", "codes": ["puts 1"]}`, `code 0: language "ruby": want python or shell`},
-		{"timeout", `{"timeout": -1, "codes": ["print(1)"]}`, "code 0: timeout -1 s: want more than 0 and at most 86400"},
-		{"absurd", `{"timeout": 1e12, "codes": ["print(1)"]}`, "code 0: timeout 1e+12 s: want more than 0 and at most 86400"},
+		{"timeout", `{"timeout": -1, "codes": ["print(1)"]}`, `code 0: timeout -1: want a number of seconds or a duration such as "1.5s", more than 0 and at most 24h0m0s`},
+		{"absurd", `{"timeout": 1e12, "codes": ["print(1)"]}`, "code 0: timeout 1e12: want a number of seconds"},
+		{"duration", `{"codes": [{"code": "print(1)", "timeout": "1000000h"}]}`, `code 0: timeout "1000000h": want a number of seconds`},
 		{"malformed", `{"codes": ["print(1)"`, "parse batch: unexpected EOF"},
 	} {
 		p := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_"))
@@ -142,6 +143,11 @@ func TestRunBadBatchesAreRefusedBeforeRunning(t *testing.T) {
 	}
 	if ls := mustFlmbox(t, root, "sandbox", "ls", "--json"); strings.TrimSpace(ls) != "[]" {
 		t.Errorf("sandboxes after refused batches: %s", ls)
+	}
+	// A timeout over the bound is echoed as given, not in milliseconds.
+	res := flmbox(t, root, "run", "--sandbox", "none", "--timeout", "1000000h", "-c", "print(1)")
+	if want := "flmbox: timeout 1000000h0m0s: want more than 0 and at most 24h0m0s"; res.code != 125 || !strings.Contains(res.stderr, want) {
+		t.Errorf("--timeout 1000000h: exit %d stderr %q, want 125 and %q", res.code, res.stderr, want)
 	}
 }
 
@@ -241,9 +247,8 @@ except urllib.error.URLError as e:
 	}
 }
 
-// TestBatchSaysWhyASnippetWasKilled: a batch element carries no timed_out
-// field, so a snippet killed on timeout says so in its stderr, and the
-// others run.
+// TestBatchSaysWhyASnippetWasKilled: a snippet killed on timeout says so in
+// its stderr (and timed_out), and the others run.
 func TestBatchSaysWhyASnippetWasKilled(t *testing.T) {
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
@@ -257,5 +262,40 @@ func TestBatchSaysWhyASnippetWasKilled(t *testing.T) {
 	}
 	if r := results[1]; r.ExitCode != 0 || r.Stdout != "next\n" {
 		t.Errorf("the next snippet: %+v", r)
+	}
+}
+
+// TestBatchKeepsWhatSingleRunsKeep: a batch element has run --json's
+// timed_out, oom_killed, duration_ms and, for output that is not UTF-8,
+// stdout_base64/stderr_base64; timeouts are seconds or durations, and
+// --language and --timeout are the defaults of codes that set neither, in
+// the batch or in the code.
+func TestBatchKeepsWhatSingleRunsKeep(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	faultSandbox(t, root, reg, "batch-fields")
+	in := `{"timeout": "20s", "codes": [
+		{"language": "python", "code": "import sys; sys.stdout.buffer.write(b'\\xff\\xfeok'); sys.stderr.buffer.write(b'\\x80')"},
+		{"code": "sleep 60", "timeout": "1.5s"},
+		"echo shell $((6 * 7))"]}`
+	results := runBatch(t, root, []byte(in), 3, "--sandbox", "batch-fields", "--language", "shell", "--json")
+	for i, r := range results {
+		if r.TimedOut == nil || r.OOMKilled == nil || r.DurationMS == nil || *r.OOMKilled || (*r.TimedOut != (i == 1)) || *r.DurationMS <= 0 {
+			t.Errorf("element %d: timed_out %v oom_killed %v duration_ms %v", i, r.TimedOut, r.OOMKilled, r.DurationMS)
+		}
+	}
+	if r := results[0]; r.ExitCode != 0 || r.Stdout != "\uFFFDok" || r.StdoutBase64 != "//5vaw==" || r.StderrBase64 != "gA==" {
+		t.Errorf("non-UTF-8 output: %+v", r)
+	}
+	if r := results[1]; r.ExitCode != 137 || r.Stderr != "flmbox: the snippet timed out after 1.5s and was killed\n" || r.StdoutBase64 != "" {
+		t.Errorf("timed out: %+v", r)
+	}
+	if r := results[2]; r.ExitCode != 0 || r.Stdout != "shell 42\n" {
+		t.Errorf("--language shell: %+v", r)
+	}
+	// --timeout is the timeout of a batch that sets none.
+	results = runBatch(t, root, []byte(`{"codes": ["sleep 60"]}`), 1, "--sandbox", "batch-fields", "-l", "shell", "--timeout", "1s")
+	if r := results[0]; r.ExitCode != 137 || r.TimedOut == nil || !*r.TimedOut || r.Stderr != "flmbox: the snippet timed out after 1s and was killed\n" {
+		t.Errorf("--timeout: %+v", r)
 	}
 }

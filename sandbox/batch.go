@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 
@@ -25,7 +26,8 @@ type Target struct {
 // the snippet was sent to a sandbox at all; if it was, Result is its result
 // or Err why flmbox could not run it (the sandbox could not be made, or
 // died). A snippet that did not run (the batch was cancelled first) has
-// neither.
+// neither; one that the cancellation stopped has a Result that says
+// Interrupted, with what it printed until then.
 type BatchResult struct {
 	Ran    bool
 	Result *wire.Result
@@ -129,6 +131,9 @@ func (w *batchWorker) run(ctx context.Context, req *wire.Request) BatchResult {
 		name = w.sb
 	}
 	res, err := w.m.callChecked(ctx, name, req)
+	if errors.Is(err, wire.ErrInterrupted) && res != nil && res.Interrupted {
+		return BatchResult{Ran: true, Result: res} // what it printed until the batch was cancelled
+	}
 	if err == nil && res.Error != "" && req.Reset {
 		// The reset failed: the sandbox is not clean.
 		err = fmt.Errorf("reset sandbox %q: %s: %w", name, res.Error, errdefs.ErrUnknown)

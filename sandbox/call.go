@@ -71,7 +71,10 @@ func (r Request) Validate() error {
 // Call runs req in sandbox name and returns its result: the snippet's exit
 // code (a snippet killed on timeout has TimedOut set, one killed because the
 // sandbox ran short of memory OOMKilled), its output, and Error if the agent
-// could not run it. A call fails with
+// could not run it. Cancelling ctx interrupts the call: the snippet is
+// killed and Call returns what it printed so far (Result.Interrupted) with
+// an error matching wire.ErrInterrupted and ctx's cause (no result from an
+// agent of a sandbox made before interrupts existed). A call fails with
 // errdefs.ErrNotFound if there is no such sandbox, errdefs.ErrFailedPrecondition
 // if it is being created or removed, and ErrDead if it is dead. Calls of one
 // sandbox may run at once; they share its /tmp.
@@ -112,7 +115,10 @@ func (m *Manager) Reset(ctx context.Context, name string) error {
 // RunOnce runs req in a new sandbox made from spec, hands the result to
 // deliver, then removes the sandbox: deliver gets the result without
 // waiting for the removal. The error is the first of creating the
-// sandbox, calling it and removing it.
+// sandbox, calling it and removing it. An interrupted call (ctx cancelled
+// while the snippet runs) delivers what the snippet printed so far, as
+// Call returns it, and fails with wire.ErrInterrupted; the sandbox is
+// removed all the same.
 func (m *Manager) RunOnce(ctx context.Context, spec Spec, req Request, deliver func(*wire.Result)) error {
 	wreq, err := req.wire()
 	if err != nil {
@@ -126,7 +132,7 @@ func (m *Manager) RunOnce(ctx context.Context, spec Spec, req Request, deliver f
 		return err
 	}
 	res, err := m.callChecked(ctx, sb.Name, wreq)
-	if err == nil {
+	if res != nil {
 		deliver(res)
 	}
 	if rerr := m.Remove(context.WithoutCancel(ctx), sb.Name); err == nil {

@@ -109,6 +109,16 @@ func CheckRequirements(reqs []string) error {
 }
 
 // flmboxEnv is what flmbox adds to the image's environment.
+//
+// With PIP_TARGET, pip refuses --user ("Can not combine '--user' and
+// '--target'"), and it would whatever sets the target (a pip configuration
+// file too). A user install instead of a target one would go to the user
+// site, ~/.local/lib/pythonX.Y/site-packages, a path that holds the image's
+// Python version (unknown here) and that the agent's Python leaves off
+// sys.path (python3 -s, so that no .pth file under /tmp runs at its start:
+// see pythonSiteDef in package snippet). So plain pip install is the
+// sandbox user's install into /tmp/site-packages, and --user is refused by
+// pip, as the README says.
 var flmboxEnv = []string{
 	"PIP_TARGET=" + sitePackages, // not a system install: PEP 668 does not apply
 	"PIP_CACHE_DIR=/tmp/.cache/pip",

@@ -175,7 +175,9 @@ func lookPath(name string, env []string) (string, error) {
 // Serve accepts connections on ln until ctx is cancelled, and answers each
 // one concurrently: it reads one Request, runs it with Run, writes one Result
 // and closes the connection. A client that hangs up before the answer
-// cancels its snippet, which is killed.
+// cancels its snippet, which is killed; one that shuts down its sending
+// side during an Interruptible request interrupts it: the snippet is
+// killed and the answer carries what it printed (Result.Interrupted).
 //
 // When the agent is PID 1 (as in a sandbox) or a child subreaper, Serve also
 // reaps the orphaned processes that the kernel hands to it, so that killed
@@ -264,16 +266,34 @@ func (a *Agent) answer(ctx context.Context, conn net.Conn) (req *wire.Request, r
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	if uc, ok := conn.(*net.UnixConn); ok {
-		stop := watchHangup(uc, func() { cancel(errClientGone) })
+		stop := watchHangup(uc, req.Interruptible, func(interrupt bool) {
+			if interrupt {
+				cancel(errInterrupted)
+			} else {
+				cancel(errClientGone)
+			}
+		})
 		defer stop()
 	}
 	res, ran = a.run(ctx, req)
+	// A run that the interrupt stopped says so in its Error (run wraps
+	// ctx's cause); one that ended first, or failed otherwise, is
+	// answered as it is.
+	if errors.Is(context.Cause(ctx), errInterrupted) && strings.HasSuffix(res.Error, errInterrupted.Error()) {
+		res.Interrupted = true
+		if ran {
+			// run killed the snippet's process group (SIGKILL), as on
+			// timeout; its output is what it printed until then.
+			res.ExitCode, res.Signal, res.Error = 137, "SIGKILL", ""
+		}
+	}
 	return req, res, ran
 }
 
 // Causes of a cancelled call.
 var (
 	errClientGone    = errors.New("the client hung up")
+	errInterrupted   = errors.New("the client interrupted the call")
 	errAgentStopping = errors.New("the agent is stopping")
 )
 

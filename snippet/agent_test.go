@@ -229,7 +229,8 @@ func fakeAgent(t *testing.T, answer string) string {
 			if err != nil {
 				return
 			}
-			io.Copy(io.Discard, conn)
+			var req json.RawMessage // the client keeps sending open: no EOF
+			json.NewDecoder(conn).Decode(&req)
 			io.WriteString(conn, answer)
 			conn.Close()
 		}
@@ -340,6 +341,105 @@ func TestCallCancelKillsSnippet(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitGone(t, pid)
+}
+
+// TestCallInterrupted: a call whose context is cancelled interrupts its
+// snippet: the agent kills it and answers with what it printed so far, and
+// Call returns that with an error matching ErrInterrupted and the cause.
+func TestCallInterrupted(t *testing.T) {
+	a := testAgent(t)
+	socket := serve(t, a)
+	ctx, cancel := context.WithCancel(context.Background())
+	pidFile := filepath.Join(a.Dir, "pid")
+	go func() {
+		for ctx.Err() == nil {
+			if _, err := os.Stat(pidFile); err == nil {
+				cancel()
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	res, err := wire.Call(ctx, socket, request(wire.LanguageShell, "echo so far; echo err >&2; echo $$ > pid.tmp; mv pid.tmp pid; sleep 1000", func(r *wire.Request) { r.TimeoutMS = 60000 }))
+	if !errors.Is(err, wire.ErrInterrupted) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Call = %v, want ErrInterrupted and context.Canceled", err)
+	}
+	if res == nil || !res.Interrupted || res.ExitCode != 137 || res.Signal != "SIGKILL" || res.Error != "" ||
+		string(res.Stdout.Data) != "so far\n" || string(res.Stderr.Data) != "err\n" || res.TimedOut {
+		t.Fatalf("got %s", dump(res))
+	}
+	b, _ := os.ReadFile(pidFile)
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, pid)
+
+	// A snippet that ends before the interrupt is answered in full.
+	ctx, cancel = context.WithCancel(context.Background())
+	cancel()
+	res, err = wire.Call(ctx, socket, request(wire.LanguageShell, "true"))
+	if !errors.Is(err, wire.ErrInterrupted) || (res != nil && res.Error == "" && !res.Interrupted && res.ExitCode != 0) {
+		t.Fatalf("Call = %s, %v", dump(res), err)
+	}
+}
+
+// TestServeOldClient: a client of before interrupts half-closes the
+// connection after its request; the agent runs the snippet to its end all
+// the same, and only a full hangup kills it.
+func TestServeOldClient(t *testing.T) {
+	socket := serve(t, testAgent(t))
+	conn, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	req := request(wire.LanguageShell, "sleep 0.2; echo done")
+	if err := json.NewEncoder(conn).Encode(req); err != nil {
+		t.Fatal(err)
+	}
+	conn.(*net.UnixConn).CloseWrite()
+	var res wire.Result
+	if err := json.NewDecoder(conn).Decode(&res); err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode != 0 || res.Interrupted || string(res.Stdout.Data) != "done\n" {
+		t.Fatalf("got %s", dump(&res))
+	}
+}
+
+// TestCallInterruptedOldAgent: an agent of before interrupts reads the
+// request and never answers the interrupt; Call gives up after a few
+// seconds, without a result (and its caller's close kills the snippet).
+func TestCallInterruptedOldAgent(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	read := make(chan struct{})
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		var req json.RawMessage
+		json.NewDecoder(conn).Decode(&req)
+		close(read)
+		io.Copy(io.Discard, conn) // the interrupt's EOF, ignored
+		time.Sleep(time.Minute)
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-read
+		cancel()
+	}()
+	res, err := wire.Call(ctx, path, request(wire.LanguageShell, "sleep 1000"))
+	if res != nil || !errors.Is(err, wire.ErrInterrupted) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Call = %s, %v", dump(res), err)
+	}
 }
 
 // TestServeStops: cancelling Serve's context kills the running snippets,

@@ -7,16 +7,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// watchHangup calls gone when the client closes its end of conn, and stops
-// watching when stop is called.
+// watchHangup calls gone(false) when the client closes its end of conn, and,
+// if interruptible (wire.Request.Interruptible), gone(true) when the client
+// shuts down its sending side: the client interrupts the call and waits for
+// the answer. It stops watching when stop is called.
 //
-// The client half-closes the connection after its request, so the socket
-// reads EOF from then on and reading cannot tell a client that waits from a
-// client that left. poll can: a socket whose peer closed both directions
-// reports POLLHUP. The check runs in the runtime's network poller (edge
-// triggered), so watching costs no thread: it runs again only when the
-// socket's state changes.
-func watchHangup(conn *net.UnixConn, gone func()) (stop func()) {
+// A client of before interrupts half-closes the connection after its
+// request, so the socket reads EOF from then on and reading cannot tell a
+// client that waits from a client that left. poll can: a socket whose peer
+// closed both directions reports POLLHUP. An interruptible client keeps
+// sending open, so EOF is its interrupt; whatever else it sends after the
+// request (the encoder's newline) is read and dropped. The check runs in the
+// runtime's network poller (edge triggered), so watching costs no thread: it
+// runs again only when the socket's state changes.
+func watchHangup(conn *net.UnixConn, interruptible bool, gone func(interrupt bool)) (stop func()) {
 	rc, err := conn.SyscallConn()
 	if err != nil {
 		return func() {}
@@ -24,22 +28,48 @@ func watchHangup(conn *net.UnixConn, gone func()) (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		hungUp := false
+		hungUp, interrupted := false, false
 		err := rc.Read(func(fd uintptr) bool {
-			fds := []unix.PollFd{{Fd: int32(fd)}}
+			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 			if n, err := unix.Poll(fds, 0); err != nil || n == 0 {
 				return false
 			}
-			hungUp = fds[0].Revents&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0
-			return hungUp
+			if fds[0].Revents&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0 {
+				hungUp = true
+				return true
+			}
+			if interruptible && fds[0].Revents&unix.POLLIN != 0 {
+				interrupted = readToEOF(int(fd))
+			}
+			return interrupted
 		})
-		if err == nil && hungUp {
-			gone()
+		switch {
+		case err != nil:
+		case hungUp:
+			gone(false)
+		case interrupted:
+			gone(true)
 		}
 	}()
 	return func() {
 		conn.SetReadDeadline(time.Unix(1, 0)) // wakes rc.Read
 		<-done
 		conn.SetReadDeadline(time.Time{})
+	}
+}
+
+// readToEOF reads and drops what the non-blocking socket fd holds, and
+// says whether it reached EOF.
+func readToEOF(fd int) bool {
+	var buf [512]byte
+	for {
+		n, _, err := unix.Recvfrom(fd, buf[:], unix.MSG_DONTWAIT)
+		switch {
+		case err == unix.EINTR:
+		case err != nil:
+			return false // EAGAIN: nothing more for now
+		case n == 0:
+			return true
+		}
 	}
 }

@@ -520,7 +520,7 @@ func TestRunBadRequests(t *testing.T) {
 	}{
 		{"nil", a, nil, "no request"},
 		{"unknown language", a, request("ruby", "puts 1"), `language "ruby"`},
-		{"no timeout", a, request(wire.LanguageShell, "true", func(r *wire.Request) { r.TimeoutMS = 0 }), "timeout 0ms"},
+		{"no timeout", a, request(wire.LanguageShell, "true", func(r *wire.Request) { r.TimeoutMS = 0 }), "timeout 0s"},
 		{"other version", a, request(wire.LanguageShell, "true", func(r *wire.Request) { r.Version = 7 }), fmt.Sprintf("request speaks protocol 7, this side speaks %d", wire.ProtocolVersion)},
 		{"no python", &Agent{Python: "no-such-python-flmbox", Dir: t.TempDir()}, request(wire.LanguagePython, "print(1)"), "find no-such-python-flmbox in PATH"},
 		{"bad python path", &Agent{Python: "/no/such/python3", Dir: t.TempDir()}, request(wire.LanguagePython, "print(1)"), "start /no/such/python3"},

@@ -6,14 +6,12 @@ package main
 import (
 	"context"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/flmbox/flmbox/cmd/flmbox/app"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := app.NotifyContext(context.Background())
 	code := app.Run(ctx, os.Args, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)

@@ -18,9 +18,10 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"syscall"
+
+	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
 )
 
 // coreName is the binary that implements every command, next to flmbox.
@@ -28,7 +29,7 @@ const coreName = "flmbox-core"
 
 func main() {
 	if call, ok := parseWarmCall(os.Args[1:], os.LookupEnv); ok {
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		ctx, stop := runcmd.NotifyContext(context.Background())
 		code, handled := call.run(ctx, os.Stdout, os.Stderr)
 		stop()
 		if handled {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -13,11 +14,6 @@ import (
 	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
-
-// exitInterrupted is the exit status of a call interrupted (SIGINT,
-// SIGTERM) before its request was sent, as a shell reports a process that
-// SIGINT ended.
-const exitInterrupted = 130
 
 // warmCall is a plain `flmbox run --sandbox NAME` command line.
 type warmCall struct {
@@ -224,13 +220,22 @@ func (w *warmCall) run(ctx context.Context, stdout, stderr io.Writer) (code int,
 	}
 	conn, err := rec.Dial(ctx)
 	if err != nil && ctx.Err() != nil {
-		return exitInterrupted, true // interrupted before the call: nothing to run, nothing to say
+		return runcmd.InterruptStatus(ctx), true // interrupted before the call: nothing to run, nothing to say
 	}
 	if err != nil {
 		return 0, false // dead, or its socket replaced
 	}
 	defer conn.Close()
 	res, err := rec.CallConn(ctx, conn, req)
+	if errors.Is(err, wire.ErrInterrupted) {
+		// Ctrl-C: what the snippet printed until then, and 130 (143 for
+		// SIGTERM), as flmbox-core does.
+		code, err := runcmd.PrintInterrupted(ctx, stdout, stderr, res, w.json)
+		if err != nil {
+			fmt.Fprintf(stderr, "flmbox: %s\n", err)
+		}
+		return code, true
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "flmbox: %s\n", err)
 		if h := runcmd.CallHint(err, w.sandbox); h != "" {

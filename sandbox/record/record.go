@@ -213,7 +213,9 @@ func (r *Record) Dial(ctx context.Context) (*os.File, error) {
 
 // CallConn makes one call on conn, from Dial, and marks the sandbox used.
 // The request's limits are the sandbox's snippet limits. A call whose agent
-// hung up fails with ErrDead if the agent no longer accepts connections.
+// hung up fails with ErrDead if the agent no longer accepts connections. An
+// interrupted call (ctx cancelled) returns the agent's answer, if any, with
+// an error matching wire.ErrInterrupted (see wire.Call).
 //
 // While the call runs, the agent is pinged every watchdogPeriod on a
 // connection of its own: a call to an agent that does not answer its ping
@@ -230,7 +232,7 @@ func (r *Record) CallConn(ctx context.Context, conn *os.File, req *wire.Request)
 		if cause := context.Cause(callCtx); ctx.Err() == nil && cause != nil {
 			return nil, fmt.Errorf("call sandbox %q: %w", r.Name, cause)
 		}
-		return nil, r.explain(ctx, err)
+		return res, r.explain(ctx, err)
 	}
 	return res, nil
 }
@@ -252,7 +254,7 @@ func (r *Record) watchdog(ctx context.Context, cancel context.CancelCauseFunc) (
 			case <-t.C:
 			}
 			if err := r.Ping(ctx); err != nil && ctx.Err() == nil {
-				cancel(err)
+				cancel(abandoned{err})
 				return
 			}
 			t.Reset(watchdogPeriod)
@@ -263,6 +265,15 @@ func (r *Record) watchdog(ctx context.Context, cancel context.CancelCauseFunc) (
 		wg.Wait()
 	}
 }
+
+// abandoned is the cause of a call that its watchdog ends: the call is
+// abandoned at once, not interrupted (its agent would not answer that
+// either).
+type abandoned struct{ err error }
+
+func (a abandoned) Error() string        { return a.err.Error() }
+func (a abandoned) Unwrap() error        { return a.err }
+func (a abandoned) Is(target error) bool { return target == wire.ErrAbandoned }
 
 // Ping checks that the sandbox's agent answers: ErrDead if it refuses
 // connections, ErrRemoved if the sandbox is gone, ErrUnresponsive if it

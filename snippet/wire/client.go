@@ -81,6 +81,13 @@ func connect(ctx context.Context, s int, sa unix.Sockaddr) error {
 	}
 }
 
+// interruptGrace is how long an interrupted call waits for the agent's
+// answer with what the snippet printed: the agent kills the snippet and
+// answers within its drain grace (half a second), unless it is of before
+// interrupts (Request.Interruptible), when the snippet runs on until the
+// connection closes.
+const interruptGrace = 5 * time.Second
+
 // Call runs req through the agent listening on the Unix socket socketPath
 // and returns its result.
 //
@@ -93,8 +100,12 @@ func connect(ctx context.Context, s int, sa unix.Sockaddr) error {
 // errdefs.ErrFailedPrecondition). A result is returned as the agent sent it,
 // including one that reports an infrastructure error (ExitCode -1 and Error).
 //
-// Cancelling ctx closes the connection at once; the agent then kills the
-// snippet.
+// Cancelling ctx interrupts the call (see Request.Interruptible, which Call
+// sets): the agent kills the snippet and answers with what it printed so
+// far, which Call returns (Result.Interrupted) with an error matching
+// ErrInterrupted and ctx's cause. Without an answer within a few seconds
+// (an agent of before interrupts) Call closes the connection, which kills
+// the snippet, and returns no result and that error.
 func Call(ctx context.Context, socketPath string, req *Request) (*Result, error) {
 	if err := req.Validate(); err != nil {
 		return nil, err
@@ -113,16 +124,31 @@ func Call(ctx context.Context, socketPath string, req *Request) (*Result, error)
 // CallConn is Call on conn, a connection from Dial, for a caller that handles
 // a failure to connect itself. req must be valid. It does not close conn.
 func CallConn(ctx context.Context, conn *os.File, req *Request) (*Result, error) {
-	// The deadline also serves ctx: a cancelled call fails its I/O at once.
+	// The deadline also serves ctx: once ctx is done, the answer to the
+	// interrupt is awaited for interruptGrace at most.
 	conn.SetDeadline(time.Now().Add(time.Duration(req.TimeoutMS)*time.Millisecond + answerGrace))
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	interruptible := !req.Ping // a ping is answered at once, or not at all
+	stop := context.AfterFunc(ctx, func() {
+		if !interruptible || errors.Is(context.Cause(ctx), ErrAbandoned) {
+			conn.SetDeadline(time.Unix(1, 0))
+			return
+		}
+		conn.SetDeadline(time.Now().Add(interruptGrace))
+		closeWrite(conn) // the interrupt; an agent that read no request yet reads it cut short
+	})
 	defer stop()
 
-	res, err := exchange(conn, req)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("call the sandbox's agent: %w", context.Cause(ctx))
+	r := *req
+	r.Interruptible = interruptible
+	res, err := exchange(conn, &r)
+	if ctx.Err() != nil {
+		err := fmt.Errorf("call the sandbox's agent: %w: %w", ErrInterrupted, context.Cause(ctx))
+		if res == nil || res.Version != ProtocolVersion {
+			return nil, err
 		}
+		return res, err
+	}
+	if err != nil {
 		return nil, err
 	}
 	if res.Version != ProtocolVersion {
@@ -132,7 +158,8 @@ func CallConn(ctx context.Context, conn *os.File, req *Request) (*Result, error)
 	return res, nil
 }
 
-// exchange writes req on conn, half-closes it and reads the result.
+// exchange writes req on conn and reads the result. Unless req is
+// Interruptible, it half-closes conn after the request.
 func exchange(conn *os.File, req *Request) (*Result, error) {
 	w := bufio.NewWriterSize(conn, 64<<10)
 	enc := json.NewEncoder(w)
@@ -143,8 +170,10 @@ func exchange(conn *os.File, req *Request) (*Result, error) {
 	if err := w.Flush(); err != nil {
 		return nil, agentGone("send the request", err)
 	}
-	if err := closeWrite(conn); err != nil {
-		return nil, agentGone("send the request", err)
+	if !req.Interruptible {
+		if err := closeWrite(conn); err != nil {
+			return nil, agentGone("send the request", err)
+		}
 	}
 
 	limit := maxResultSize(req)
@@ -177,7 +206,7 @@ func exchange(conn *os.File, req *Request) (*Result, error) {
 }
 
 // closeWrite shuts down the sending side of the socket conn: the agent reads
-// EOF after the request.
+// EOF after the request, which, in an Interruptible call, interrupts it.
 func closeWrite(conn *os.File) error {
 	rc, err := conn.SyscallConn()
 	if err != nil {
@@ -201,6 +230,20 @@ func maxResultSize(req *Request) int64 {
 // version of the protocol: its sandbox was made by another flmbox. It is
 // errdefs.ErrFailedPrecondition.
 var ErrProtocolVersion = fmt.Errorf("the sandbox was made by another flmbox: %w", errdefs.ErrFailedPrecondition)
+
+// ErrInterrupted is in the error of a call whose context was cancelled
+// after its request was sent, with the context's cause (which matches
+// context.Canceled or context.DeadlineExceeded). The call returns the
+// agent's answer to the interrupt with it, if one came: Result.Interrupted
+// if the snippet was killed, or its whole result if it ended first.
+var ErrInterrupted = errors.New("the call was interrupted")
+
+// ErrAbandoned, matched by the cause of a call's context, makes CallConn
+// give up at once rather than interrupt the call and wait for the agent's
+// answer: the connection's I/O fails at once, and the agent kills the
+// snippet when the connection is closed. For a caller that knows the agent
+// will not answer (it does not answer pings).
+var ErrAbandoned = errors.New("the call was abandoned")
 
 // ErrHungUp is in the error of a call whose agent closed the connection
 // without answering. The agent answers every request it reads, even a bad

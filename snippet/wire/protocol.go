@@ -73,6 +73,14 @@ type Request struct {
 	// is responsive. The other fields are ignored. (An agent that predates
 	// it answers an error Result, which is an answer too.)
 	Ping bool `json:"ping,omitempty"`
+	// Interruptible says that the client keeps its side of the connection
+	// open for writing after the request, and that shutting it down
+	// (SHUT_WR, the agent reads EOF) interrupts the call: the agent kills the
+	// snippet and answers with what it printed so far (Result.Interrupted).
+	// A client that closes the connection still just cancels the call. An
+	// agent of before this field ignores it: it kills the snippet only when
+	// the client closes the connection, and never answers an interrupt.
+	Interruptible bool `json:"interruptible,omitempty"`
 }
 
 // PingRequest returns a Ping request.
@@ -137,6 +145,12 @@ type Result struct {
 	// status 137) because the sandbox was running out of memory, its
 	// processes' and its /tmp's together; the CLI says so on stderr.
 	OOMKilled bool `json:"oom_killed,omitempty"`
+	// Interrupted says that the client interrupted the call
+	// (Request.Interruptible) before the snippet ended: the snippet was
+	// killed with SIGKILL (ExitCode 137, as on timeout), or never started
+	// (ExitCode -1 and Error), and Stdout and Stderr hold what it printed
+	// until then.
+	Interrupted bool `json:"interrupted,omitempty"`
 	// DurationMS is the wall time of the snippet's process, from its start
 	// to its exit, in milliseconds.
 	DurationMS float64 `json:"duration_ms"`
@@ -180,7 +194,7 @@ func (r *Request) validate() error {
 		return fmt.Errorf("code is not valid UTF-8; the protocol carries code as a JSON string")
 	}
 	if r.TimeoutMS <= 0 || r.TimeoutMS > MaxTimeout.Milliseconds() {
-		return fmt.Errorf("timeout %dms: want more than 0 and at most %s", r.TimeoutMS, MaxTimeout)
+		return fmt.Errorf("timeout %s: want more than 0 and at most %s", formatTimeoutMS(r.TimeoutMS), MaxTimeout)
 	}
 	if r.MaxOutput < 0 || r.MaxOutput > MaxMaxOutput {
 		return fmt.Errorf("max output %d bytes: want 0 (the default, %d) up to %d", r.MaxOutput, DefaultMaxOutput, MaxMaxOutput)
@@ -189,6 +203,15 @@ func (r *Request) validate() error {
 		return fmt.Errorf("limits must not be negative (0 sets none): memory %d, procs %d, file size %d", l.MemoryBytes, l.Procs, l.FileBytes)
 	}
 	return nil
+}
+
+// formatTimeoutMS writes a timeout of ms milliseconds as a duration
+// ("1000000h0m0s"), or in hours when a time.Duration cannot hold it.
+func formatTimeoutMS(ms int64) string {
+	if limit := int64(1<<63-1) / int64(time.Millisecond); ms > limit || ms < -limit {
+		return strconv.FormatInt(ms/int64(time.Hour/time.Millisecond), 10) + "h"
+	}
+	return (time.Duration(ms) * time.Millisecond).String()
 }
 
 // OutputLimit is the request's MaxOutput with the default filled in.

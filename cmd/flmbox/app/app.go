@@ -18,6 +18,13 @@ import (
 // and podman use it.
 const exitFlmboxFailed = runcmd.ExitFlmboxFailed
 
+// NotifyContext returns a copy of parent that the first SIGINT or SIGTERM
+// cancels, with a cause that tells Run which (run exits 130 or 143); later
+// signals are caught until stop is called.
+func NotifyContext(parent context.Context) (ctx context.Context, stop func()) {
+	return runcmd.NotifyContext(parent)
+}
+
 // Run runs the flmbox CLI on args (os.Args) and returns the process's exit
 // code. A failure is printed as "flmbox: ERROR", and on a second line what
 // to do about it when the CLI knows.

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -25,6 +26,9 @@ func runCommand() *cli.Command {
 			if c.String("batch") != "" {
 				return runBatch(c)
 			}
+			if c.IsSet("parallel") {
+				return fmt.Errorf("--parallel applies to --batch FILE only")
+			}
 			req, err := snippetRequest(c)
 			if err != nil {
 				return err
@@ -39,6 +43,9 @@ func runCommand() *cli.Command {
 				return fmt.Errorf("give exactly one of --sandbox NAME and --image IMAGE")
 			case name != "":
 				res, err := m.Call(c.Context, name, req)
+				if errors.Is(err, wire.ErrInterrupted) {
+					return printInterrupted(c, res)
+				}
 				if err != nil {
 					return advise(err, runcmd.CallHint(err, name))
 				}
@@ -49,8 +56,21 @@ func runCommand() *cli.Command {
 				return err
 			}
 			var printed error
-			err = m.RunOnce(c.Context, spec, req, func(res *wire.Result) { printed = printResult(c, res) })
-			if printed != nil {
+			delivered := false
+			err = m.RunOnce(c.Context, spec, req, func(res *wire.Result) {
+				delivered = true
+				if c.Context.Err() != nil {
+					printed = printInterrupted(c, res)
+				} else {
+					printed = printResult(c, res)
+				}
+			})
+			switch {
+			case errors.Is(err, wire.ErrInterrupted) && !delivered:
+				return printInterrupted(c, nil)
+			case errors.Is(err, wire.ErrInterrupted):
+				return printed
+			case printed != nil:
 				if err != nil {
 					warnf(c, "%v", err)
 				}
@@ -116,6 +136,17 @@ func readCode(c *cli.Context) (string, error) {
 		return string(b), nil
 	}
 	return "", fmt.Errorf("give the code once: -c CODE, a FILE, or - for stdin")
+}
+
+// printInterrupted prints what an interrupted call returned (res, or nil
+// if the agent did not answer the interrupt) and returns the exit status
+// of the signal: 130 for SIGINT, 143 for SIGTERM.
+func printInterrupted(c *cli.Context, res *wire.Result) error {
+	code, err := runcmd.PrintInterrupted(c.Context, c.App.Writer, c.App.ErrWriter, res, c.Bool("json"))
+	if err != nil {
+		return err
+	}
+	return cli.Exit("", code)
 }
 
 // printResult prints a result and returns the exit status: the snippet's,

@@ -13,27 +13,26 @@ import (
 
 	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
 	"github.com/flmbox/flmbox/sandbox"
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
-// Bounds of a batch's input.
-const (
-	maxBatchInput  = 80 << 20
-	maxTimeoutSecs = 24 * 60 * 60
-)
+// maxBatchInput bounds a batch's input.
+const maxBatchInput = 80 << 20
 
-// batchInput is `flmbox run --batch`'s input: codes share the batch's
-// language and timeout; items set their own.
+// batchInput is `flmbox run --batch`'s input. Each code takes its own
+// language and timeout, else the batch's, else --language's and --timeout's
+// (whose defaults are python and 30s).
 type batchInput struct {
-	Language string      `json:"language"`
-	Timeout  float64     `json:"timeout"` // seconds
-	Codes    []batchItem `json:"codes"`
+	Language string       `json:"language"`
+	Timeout  batchTimeout `json:"timeout"`
+	Codes    []batchItem  `json:"codes"`
 }
 
 // batchItem is a code string or {"language", "code", "timeout"}.
 type batchItem struct {
-	Language string  `json:"language"`
-	Code     string  `json:"code"`
-	Timeout  float64 `json:"timeout"`
+	Language string       `json:"language"`
+	Code     string       `json:"code"`
+	Timeout  batchTimeout `json:"timeout"`
 }
 
 func (b *batchItem) UnmarshalJSON(data []byte) error {
@@ -44,11 +43,52 @@ func (b *batchItem) UnmarshalJSON(data []byte) error {
 	return json.Unmarshal(data, (*plain)(b))
 }
 
-// batchResult is one element of the output array, in input order.
+// batchTimeout is a batch's "timeout": a number of seconds (30, 0.5) or a
+// string that time.ParseDuration reads ("1.5s", "2m"), as --timeout does.
+// Absent, null or 0, it is not set.
+type batchTimeout struct {
+	raw string // as written, for messages; "" if not set
+}
+
+func (b *batchTimeout) UnmarshalJSON(data []byte) error {
+	if s := string(data); s != "null" && s != "0" {
+		b.raw = s
+	}
+	return nil
+}
+
+// duration reads the timeout; it is checked against wire's bounds later.
+func (b batchTimeout) duration() (time.Duration, error) {
+	bad := fmt.Errorf("timeout %s: want a number of seconds or a duration such as \"1.5s\", more than 0 and at most %s", b.raw, wire.MaxTimeout)
+	var s string
+	if err := json.Unmarshal([]byte(b.raw), &s); err == nil {
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 || d > wire.MaxTimeout {
+			return 0, bad
+		}
+		return d, nil
+	}
+	var secs float64
+	if err := json.Unmarshal([]byte(b.raw), &secs); err != nil || secs <= 0 || secs > wire.MaxTimeout.Seconds() {
+		return 0, bad
+	}
+	return time.Duration(secs * float64(time.Second)), nil
+}
+
+// batchResult is one element of the output array, in input order: the
+// fields of run --json's object that a batch keeps. stderr ends with why
+// flmbox killed the snippet, if it did; output that is not valid UTF-8 is
+// also carried exactly in stdout_base64/stderr_base64, as by run --json.
 type batchResult struct {
-	ExitCode int    `json:"exit_code"`
-	Stdout   string `json:"stdout"`
-	Stderr   string `json:"stderr"`
+	ExitCode     int     `json:"exit_code"`
+	Stdout       string  `json:"stdout"`
+	Stderr       string  `json:"stderr"`
+	StdoutBase64 string  `json:"stdout_base64,omitempty"`
+	StderrBase64 string  `json:"stderr_base64,omitempty"`
+	TimedOut     bool    `json:"timed_out"`
+	OOMKilled    bool    `json:"oom_killed"`
+	Interrupted  bool    `json:"interrupted"`
+	DurationMS   float64 `json:"duration_ms"`
 }
 
 // runBatch runs `flmbox run --batch FILE` and prints the results as one
@@ -60,6 +100,7 @@ func runBatch(c *cli.Context) error {
 	if c.Bool("reset") {
 		return fmt.Errorf("--reset does not apply to --batch: with --image every snippet starts in a clean sandbox")
 	}
+	// --json is allowed: a batch prints JSON anyway.
 	reqs, err := readBatch(c, c.String("batch"))
 	if err != nil {
 		return err
@@ -91,12 +132,18 @@ func runBatch(c *cli.Context) error {
 	}
 	enc := json.NewEncoder(c.App.Writer)
 	enc.SetEscapeHTML(false)
-	return enc.Encode(out)
+	if err := enc.Encode(out); err != nil {
+		return err
+	}
+	if c.Context.Err() != nil { // Ctrl-C: what ran until then is printed
+		return cli.Exit("", runcmd.InterruptStatus(c.Context))
+	}
+	return nil
 }
 
 // batchElement is r as the output array shows it. A snippet flmbox failed
-// to run has exit_code -1 and the error in stderr; an element has no
-// timed_out field: its stderr says why flmbox killed it.
+// to run has exit_code -1 and the error in stderr; the stderr of one that
+// flmbox killed ends with why (as timed_out or oom_killed say).
 func batchElement(ctx context.Context, r sandbox.BatchResult, timeout time.Duration) batchResult {
 	switch {
 	case !r.Ran:
@@ -105,10 +152,15 @@ func batchElement(ctx context.Context, r sandbox.BatchResult, timeout time.Durat
 		return batchResult{ExitCode: -1, Stderr: fmt.Sprintf("flmbox: %v", r.Err)}
 	}
 	j := runcmd.ToJSON(r.Result)
+	out := batchResult{ExitCode: j.ExitCode, Stdout: j.Stdout, Stderr: j.Stderr, StdoutBase64: j.StdoutBase64,
+		StderrBase64: j.StderrBase64, TimedOut: j.TimedOut, OOMKilled: j.OOMKilled, Interrupted: j.Interrupted,
+		DurationMS: j.DurationMS}
 	if r.Result.Error != "" {
-		return batchResult{ExitCode: -1, Stdout: j.Stdout, Stderr: j.Stderr}
+		out.ExitCode = -1
+	} else {
+		out.Stderr += runcmd.KillNote(r.Result, timeout)
 	}
-	return batchResult{ExitCode: r.Result.ExitCode, Stdout: j.Stdout, Stderr: j.Stderr + runcmd.KillNote(r.Result, timeout)}
+	return out
 }
 
 // readBatch parses and validates a batch; nothing runs if any of it is bad.
@@ -133,7 +185,7 @@ func readBatch(c *cli.Context, path string) ([]sandbox.Request, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&in); err != nil {
-		return nil, fmt.Errorf(`parse batch: %w; want {"language": "python", "timeout": 30, "codes": ["...", ...]}`, err)
+		return nil, fmt.Errorf(`parse batch: %w; want {"language": "python", "timeout": 30, "codes": ["...", {"code": "...", "timeout": "1.5s"}, ...]}`, err)
 	}
 	if n := len(in.Codes); n == 0 || n > sandbox.MaxBatch {
 		return nil, fmt.Errorf("a batch holds 1 to %d codes, this one %d", sandbox.MaxBatch, n)
@@ -142,22 +194,24 @@ func readBatch(c *cli.Context, path string) ([]sandbox.Request, error) {
 	if err != nil {
 		return nil, err
 	}
+	if c.Duration("timeout") <= 0 {
+		return nil, fmt.Errorf("--timeout %s: want a positive timeout", c.Duration("timeout"))
+	}
 	var reqs []sandbox.Request
 	for i, item := range in.Codes {
-		lang, timeout := firstNonZero(item.Language, in.Language, "python"), in.Timeout
-		if item.Timeout != 0 {
-			timeout = item.Timeout
-		}
-		if timeout == 0 {
-			timeout = c.Duration("timeout").Seconds()
+		lang := firstNonZero(item.Language, in.Language, c.String("language"))
+		timeout := c.Duration("timeout")
+		for _, t := range []batchTimeout{in.Timeout, item.Timeout} {
+			if t.raw != "" {
+				if timeout, err = t.duration(); err != nil {
+					return nil, fmt.Errorf("code %d: %w", i, err)
+				}
+			}
 		}
 		if lang == "" {
 			return nil, fmt.Errorf("code %d: no language: want python or shell", i)
 		}
-		if timeout <= 0 || timeout > maxTimeoutSecs {
-			return nil, fmt.Errorf("code %d: timeout %g s: want more than 0 and at most %d", i, timeout, maxTimeoutSecs)
-		}
-		req := sandbox.Request{Language: lang, Code: item.Code, Timeout: time.Duration(timeout * float64(time.Second)), MaxOutput: maxOut}
+		req := sandbox.Request{Language: lang, Code: item.Code, Timeout: timeout, MaxOutput: maxOut}
 		if err := req.Validate(); err != nil {
 			return nil, fmt.Errorf("code %d: %w", i, err)
 		}

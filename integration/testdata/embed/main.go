@@ -125,11 +125,16 @@ type batchInput struct {
 	Codes    []string `json:"codes"`
 }
 
-// batchElement is one element of flmbox run --batch's output.
+// batchElement is one element of flmbox run --batch's output (the demo's
+// output is UTF-8: no base64 fields).
 type batchElement struct {
-	ExitCode int    `json:"exit_code"`
-	Stdout   string `json:"stdout"`
-	Stderr   string `json:"stderr"`
+	ExitCode    int     `json:"exit_code"`
+	Stdout      string  `json:"stdout"`
+	Stderr      string  `json:"stderr"`
+	TimedOut    bool    `json:"timed_out"`
+	OOMKilled   bool    `json:"oom_killed"`
+	Interrupted bool    `json:"interrupted"`
+	DurationMS  float64 `json:"duration_ms"`
 }
 
 // demo2 runs the batch of file, each snippet in a clean sandbox of image,
@@ -158,11 +163,15 @@ func demo2(ctx context.Context, m *sandbox.Manager, image, file string, stdout i
 			out[i] = batchElement{ExitCode: -1, Stderr: fmt.Sprintf("flmbox: not run: %v", context.Cause(ctx))}
 		case r.Err != nil:
 			out[i] = batchElement{ExitCode: -1, Stderr: fmt.Sprintf("flmbox: %v", r.Err)}
-		case r.Result.Error != "":
-			out[i] = batchElement{ExitCode: -1, Stdout: text(r.Result.Stdout), Stderr: text(r.Result.Stderr) + r.Result.Error}
 		default:
-			out[i] = batchElement{ExitCode: r.Result.ExitCode, Stdout: text(r.Result.Stdout), Stderr: text(r.Result.Stderr)}
-			if r.Result.TimedOut {
+			res := r.Result
+			out[i] = batchElement{ExitCode: res.ExitCode, Stdout: text(res.Stdout), Stderr: text(res.Stderr),
+				TimedOut: res.TimedOut, OOMKilled: res.OOMKilled, Interrupted: res.Interrupted, DurationMS: res.DurationMS}
+			switch {
+			case res.Error != "":
+				out[i].ExitCode = -1
+				out[i].Stderr += res.Error
+			case res.TimedOut:
 				out[i].Stderr += fmt.Sprintf("flmbox: the snippet timed out after %s and was killed\n", reqs[i].Timeout)
 			}
 		}

@@ -34,6 +34,7 @@ type JSON struct {
 	StderrTruncated bool    `json:"stderr_truncated"`
 	TimedOut        bool    `json:"timed_out"`
 	OOMKilled       bool    `json:"oom_killed"`
+	Interrupted     bool    `json:"interrupted"`
 	Signal          string  `json:"signal,omitempty"`
 	DurationMS      float64 `json:"duration_ms"`
 }
@@ -44,7 +45,7 @@ func ToJSON(res *wire.Result) JSON {
 	out := JSON{ExitCode: res.ExitCode, Stdout: strings.ToValidUTF8(string(res.Stdout.Data), "\uFFFD"),
 		Stderr: strings.ToValidUTF8(string(res.Stderr.Data), "\uFFFD"), StdoutBytes: res.Stdout.Total,
 		StderrBytes: res.Stderr.Total, StdoutTruncated: res.Stdout.Truncated, StderrTruncated: res.Stderr.Truncated,
-		TimedOut: res.TimedOut, OOMKilled: res.OOMKilled, Signal: res.Signal, DurationMS: res.DurationMS}
+		TimedOut: res.TimedOut, OOMKilled: res.OOMKilled, Interrupted: res.Interrupted, Signal: res.Signal, DurationMS: res.DurationMS}
 	if !utf8.Valid(res.Stdout.Data) {
 		out.StdoutBase64 = base64.StdEncoding.EncodeToString(res.Stdout.Data)
 	}
@@ -60,8 +61,9 @@ func ToJSON(res *wire.Result) JSON {
 // Print writes res to stdout and stderr, as JSON if asJSON, and returns
 // flmbox run's exit status: the snippet's (137 if it was killed because the
 // sandbox ran out of memory, said on stderr), ExitTimeout if it timed out
-// (after timeout), ExitFlmboxFailed if flmbox could not run it. msg, if not
-// empty, is for the caller to print as "flmbox: msg".
+// (after timeout), ExitFlmboxFailed if flmbox could not run it,
+// ExitInterrupted if it was interrupted (PrintInterrupted has the signal's
+// status). msg, if not empty, is for the caller to print as "flmbox: msg".
 func Print(stdout, stderr io.Writer, res *wire.Result, asJSON bool, timeout time.Duration) (code int, msg string, err error) {
 	if asJSON {
 		enc := json.NewEncoder(stdout)
@@ -72,6 +74,9 @@ func Print(stdout, stderr io.Writer, res *wire.Result, asJSON bool, timeout time
 	} else {
 		stdout.Write(res.Stdout.Data)
 		stderr.Write(res.Stderr.Data)
+	}
+	if res.Interrupted {
+		return ExitInterrupted, "", nil // as a shell says nothing of a Ctrl-C
 	}
 	if res.Error != "" {
 		return ExitFlmboxFailed, "run snippet: " + res.Error, nil
