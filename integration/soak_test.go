@@ -13,7 +13,7 @@ import (
 )
 
 // soakMemory is the soak sandbox's --memory: the smallest flmbox accepts.
-const soakMemory = "128MiB"
+const soakMemory = "256MiB"
 
 // soakCalls is how many calls the soak makes.
 const soakCalls = 200
