@@ -38,7 +38,7 @@ func main() {
 	}
 }
 
-const usage = "usage: flmbox-agent --socket PATH [--limits JSON] [--memory-budget BYTES] [--spares=false] [--meminfo FILE] [--clean-dir DIR]..."
+const usage = "usage: flmbox-agent --socket PATH [--limits JSON] [--memory-budget BYTES] [--inode-bytes BYTES] [--spares=false] [--meminfo FILE] [--clean-dir DIR]..."
 
 // dirs is a flag that may be given several times.
 type dirs []string
@@ -57,6 +57,7 @@ func run(args []string) error {
 	limits := fs.String("limits", "", "the limits of the first spare, as JSON (wire.Limits)")
 	meminfo := fs.String("meminfo", "/proc/meminfo", "where the sandbox's memory use is read while snippets run; empty: no memory watch")
 	budget := fs.Int64("memory-budget", 0, "the bytes that snippets and /tmp may use together (default: MemTotal)")
+	inodeBytes := fs.Int64("inode-bytes", 0, "what the memory watch counts for each inode used in the --clean-dir directories (default: nothing)")
 	var clean dirs
 	fs.Var(&clean, "clean-dir", "a directory that a reset empties (repeatable; default /tmp and /dev/shm)")
 	fs.SetOutput(io.Discard) // errors are returned, and printed once
@@ -75,7 +76,7 @@ func run(args []string) error {
 	if len(clean) == 0 {
 		clean = dirs{"/tmp", "/dev/shm"}
 	}
-	a := &snippet.Agent{Spares: *spares, CleanDirs: clean, MemInfo: *meminfo, MemoryBudget: *budget, KillStrays: true}
+	a := &snippet.Agent{Spares: *spares, CleanDirs: clean, MemInfo: *meminfo, MemoryBudget: *budget, InodeBytes: *inodeBytes, KillStrays: true}
 	if *limits != "" {
 		if err := json.Unmarshal([]byte(*limits), &a.SpareLimits); err != nil {
 			return fmt.Errorf("--limits: %w", err)
