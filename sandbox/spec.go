@@ -60,10 +60,12 @@ const DefaultTmpBytes = 256 << 20
 // what its snippets can do (docs/ARCHITECTURE.md, "The memory watch").
 const (
 	// MinMemoryBytes is the smallest Limits.MemoryBytes: with less, gVisor's
-	// own memory and what the memory watch lets grow before it kills a
-	// snippet no longer fit in the cgroup's headroom (runtime.MemoryHeadroom),
-	// and the host kills the whole sandbox.
-	MinMemoryBytes = 128 << 20
+	// own memory and what snippets grow by before the memory watch has
+	// killed them no longer fit in the cgroup's headroom
+	// (runtime.MemoryHeadroom), and the host kills the whole sandbox. Six
+	// processes growing at once in a sandbox of 128 MiB got it killed in 1
+	// run of 10; with 256 MiB, in none of 20.
+	MinMemoryBytes = 256 << 20
 	// MinPids is the smallest Limits.Pids. The host's pids cgroup counts
 	// gVisor's own threads (some 30 in an idle sandbox) and about two more
 	// for each process inside, and a snippet may start Pids/4 (RLIMIT_NPROC,
