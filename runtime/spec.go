@@ -2,7 +2,6 @@ package runtime
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -199,27 +198,14 @@ func MemoryHeadroom(memoryBytes int64) int64 { return min(max(memoryBytes/4, 128
 // each (docs/ARCHITECTURE.md, "The memory watch"): an empty file 2.0 KiB,
 // 2.4 KiB with a 255-byte name, a directory 1.9 KiB, a symlink with a
 // 4095-byte target 8.4 KiB, 8.9 KiB once the sentry also made garbage; so
-// 10 KiB, the worst case a snippet can choose, with margin.
+// 10 KiB, the worst case a snippet can choose, with margin. The agent's
+// memory watch counts each inode of /tmp and /dev/shm at this cost
+// (flmbox-agent --inode-bytes). Their number is not bounded otherwise: runsc
+// passes only mode, size, uid and gid of a tmpfs mount's options to gVisor
+// (tmpfsAllowedData in runsc/boot/vfs.go) and drops nr_inodes.
 const InodeBytes = 10 << 10
 
-// Inodes is the number of inodes that the tmpfs mounts on /tmp and
-// /dev/shm together allow a sandbox of memoryBytes: as many as cost
-// memoryBytes at InodeBytes each, so that files alone, however small,
-// never cost gVisor more than the budget; the agent's memory watch counts
-// them at that cost (flmbox-agent --inode-bytes). /dev/shm gets a
-// sixteenth of them, /tmp the rest (ShmInodes, TmpInodes).
-func Inodes(memoryBytes int64) int64 { return memoryBytes / InodeBytes }
-
-// ShmInodes is /dev/shm's part of Inodes(memoryBytes).
-func ShmInodes(memoryBytes int64) int64 { return Inodes(memoryBytes) / 16 }
-
-// TmpInodes is /tmp's part of Inodes(memoryBytes).
-func TmpInodes(memoryBytes int64) int64 { return Inodes(memoryBytes) - ShmInodes(memoryBytes) }
-
-// WithLimits sets the sandbox's cgroup limits and, with a memory limit,
-// bounds the inodes of the tmpfs mounts on /tmp (TmpInodes) and /dev/shm
-// (ShmInodes), whose metadata is gVisor's own memory, charged to the
-// cgroup but bounded by no size option. Apply it after WithTmp.
+// WithLimits sets the sandbox's cgroup limits.
 func WithLimits(l Limits) SpecOpt {
 	return func(s *specs.Spec) error {
 		if l.MemoryBytes < 0 || l.CPUs < 0 || l.Pids < 0 {
@@ -229,14 +215,6 @@ func WithLimits(l Limits) SpecOpt {
 		if l.MemoryBytes > 0 {
 			m := l.MemoryBytes + MemoryHeadroom(l.MemoryBytes)
 			r.Memory = &specs.LinuxMemory{Limit: &m}
-			inodes := map[string]int64{"/tmp": TmpInodes(l.MemoryBytes), "/dev/shm": ShmInodes(l.MemoryBytes)}
-			for i, mt := range s.Mounts {
-				if n, ok := inodes[mt.Destination]; ok && mt.Type == "tmpfs" {
-					s.Mounts[i].Options = append(slices.DeleteFunc(slices.Clone(mt.Options), func(o string) bool {
-						return strings.HasPrefix(o, "nr_inodes=")
-					}), fmt.Sprintf("nr_inodes=%d", max(n, 1)))
-				}
-			}
 		}
 		if l.CPUs > 0 {
 			period := uint64(100_000)

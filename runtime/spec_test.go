@@ -93,39 +93,3 @@ func TestWithLimits(t *testing.T) {
 	}
 }
 
-// The metadata of files in /tmp and /dev/shm is gVisor's own memory, which no
-// size option bounds: their inodes are, by the memory limit.
-func TestWithLimitsBoundsTmpfsInodes(t *testing.T) {
-	const mem = 512 << 20
-	s, err := GenerateSpec(WithTmp(256<<20), WithLimits(Limits{MemoryBytes: mem}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]string{"/tmp": "nr_inodes=49152", "/dev/shm": "nr_inodes=3276"}
-	for _, m := range s.Mounts {
-		if w, ok := want[m.Destination]; ok {
-			if !slices.Contains(m.Options, w) {
-				t.Errorf("%s options %q: want %s", m.Destination, m.Options, w)
-			}
-			delete(want, m.Destination)
-		} else if slices.ContainsFunc(m.Options, func(o string) bool { return len(o) > 10 && o[:10] == "nr_inodes=" }) {
-			t.Errorf("%s options %q: only /tmp and /dev/shm are bounded here", m.Destination, m.Options)
-		}
-	}
-	if len(want) != 0 {
-		t.Errorf("mounts not found: %v", want)
-	}
-	if got := (TmpInodes(mem) + ShmInodes(mem)) * InodeBytes; got > mem {
-		t.Errorf("inodes at their worst cost %d bytes, over the memory %d", got, mem)
-	}
-	// No memory limit, no inode limit (gVisor's default).
-	s, err = GenerateSpec(WithTmp(256<<20), WithLimits(Limits{Pids: 64}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range s.Mounts {
-		if slices.ContainsFunc(m.Options, func(o string) bool { return len(o) > 10 && o[:10] == "nr_inodes=" }) {
-			t.Errorf("%s options %q without a memory limit", m.Destination, m.Options)
-		}
-	}
-}

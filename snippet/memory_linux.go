@@ -61,6 +61,7 @@ type memWatch struct {
 	procs map[*proc]int64 // running snippet → bytes used at the first read (-1 before)
 	dying []*proc         // killed, not yet gone: their memory is not back yet
 	timer *time.Timer     // nil when no read is due
+	short bool            // the last read found less than twice the reserve left
 	// checks counts the checks done, read or not, each counted once it
 	// has acted: tests wait on it to know that the watch saw a change.
 	checks int
@@ -113,12 +114,19 @@ func (a *Agent) checkMemory() {
 		if left < 2*reserve {
 			next = memPollShort
 		}
+		var spares []*proc
+		if left < reserve {
+			spares = a.dropSparesForMemory()
+		}
 		w.mu.Lock()
+		w.short = left < 2*reserve
 		dying := len(w.dying)
 		w.dying = slices.DeleteFunc(w.dying, (*proc).exited)
 		// Once the killed ones are gone, the others are blamed only for
-		// what they use from now on.
-		rebase := dying > 0 && len(w.dying) == 0
+		// what they use from now on. So too once the spares are killed,
+		// which go first: a spare that started next to a call (after the
+		// previous call's answer) made the call look as if it grew.
+		rebase := dying > 0 && len(w.dying) == 0 || len(spares) > 0
 		var grown []*proc
 		for p, first := range w.procs {
 			switch {
@@ -153,6 +161,61 @@ func (a *Agent) checkMemory() {
 	w.timer.Reset(next)
 }
 
+// dropSparesForMemory kills the agent's spares, once memory runs short, and
+// returns them. The zygote stays: it was there before the calls started.
+// (Their memory comes back once they are gone; the calls are not blamed for
+// it meanwhile, since they are blamed only for what they grow by.)
+func (a *Agent) dropSparesForMemory() []*proc {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var ps []*proc
+	for lang, p := range a.spares {
+		delete(a.spares, lang)
+		p.discard()
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+// memoryShort says whether the sandbox has less than twice the reserve
+// left: then no spare is started, whose memory the next call would be
+// blamed for (it would start next to it), and which the watch would kill.
+// Only when the watch's last read found memory short is it read again, so
+// that calls pay nothing for it otherwise.
+func (a *Agent) memoryShort() bool {
+	w := &a.mem
+	w.mu.Lock()
+	short := w.short
+	w.mu.Unlock()
+	if !short {
+		return false
+	}
+	total, avail, ok := readMemInfo(a.MemInfo)
+	if ok {
+		budget := total
+		if a.MemoryBudget > 0 && a.MemoryBudget < total {
+			budget = a.MemoryBudget
+		}
+		short = budget-(total-avail+a.filesBytes()) < 2*memReserve(budget)
+	}
+	w.mu.Lock()
+	w.short = short && ok
+	w.mu.Unlock()
+	return short && ok
+}
+
+// usedInodes is the number of inodes used on the file system of dir, or 0;
+// tests replace it.
+var usedInodes = usedInodesStatfs
+
+func usedInodesStatfs(dir string) int64 {
+	var st unix.Statfs_t
+	if unix.Statfs(dir, &st) != nil || st.Files < st.Ffree {
+		return 0
+	}
+	return int64(st.Files - st.Ffree)
+}
+
 // filesBytes is what the files in CleanDirs cost gVisor beyond their data:
 // their inodes (statfs) at InodeBytes each. Their metadata is gVisor's own
 // memory, which /proc/meminfo does not show, charged to the sandbox's memory
@@ -164,10 +227,7 @@ func (a *Agent) filesBytes() int64 {
 	}
 	var n int64
 	for _, dir := range a.CleanDirs {
-		var st unix.Statfs_t
-		if unix.Statfs(dir, &st) == nil && st.Files >= st.Ffree {
-			n += int64(st.Files - st.Ffree)
-		}
+		n += usedInodes(dir)
 	}
 	return n * a.InodeBytes
 }
