@@ -92,4 +92,3 @@ func TestWithLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 }
-

@@ -200,11 +200,11 @@ func TestMemoryWatchSparesSnippetsThatDoNotGrow(t *testing.T) {
 	if res := result(t, done); res.OOMKilled || res.ExitCode != 0 || string(res.Stdout.Data) != "short\n" {
 		t.Fatalf("%s (oom_killed %v)", dump(res), res.OOMKilled)
 	}
-	// One MiB more than the tolerance of 4 MiB is growth.
+	// One MiB more than the tolerance of 16 MiB is growth.
 	mem.set(t, 20<<20)
 	done = startRun(a, request(wire.LanguageShell, "sleep 20"))
 	waitFirstRead(t, a, 1)
-	mem.set(t, 15<<20)
+	mem.set(t, 3<<20)
 	if res := result(t, done); !res.OOMKilled {
 		t.Fatalf("%s (oom_killed %v)", dump(res), res.OOMKilled)
 	}
@@ -290,7 +290,7 @@ func TestMemoryWatchKillsSparesFirst(t *testing.T) {
 	// A call that grows is still killed.
 	done = startRun(a, request(wire.LanguageShell, "sleep 20"))
 	waitFirstRead(t, a, 1)
-	mem.set(t, 10<<20)
+	mem.set(t, 2<<20) // 18 MiB more: over the tolerance of 16
 	if res := result(t, done); !res.OOMKilled {
 		t.Fatalf("the call that grew: %s (oom_killed %v)", dump(res), res.OOMKilled)
 	}
