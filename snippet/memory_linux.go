@@ -28,7 +28,10 @@ import (
 // one whose process group holds the most memory if there are several, one at
 // a time, none while a killed one is still going (once it is gone, the others
 // are blamed only for what they use from then on). It reports it out of
-// memory (Result.OOMKilled); the sandbox and its files survive. flmbox sets the
+// memory (Result.OOMKilled); the sandbox and its files survive. The spares go
+// before any call (dropSparesForMemory), and none starts while memory is
+// short (memoryShort): one that starts next to a call makes the call look as
+// if it grew. flmbox sets the
 // cgroup's limit above the budget (runtime.MemoryHeadroom), so that the
 // watch, which shares the sandbox's CPU with the snippets it watches, has time
 // to act. A snippet that started when memory was already short and does not
