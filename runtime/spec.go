@@ -188,7 +188,7 @@ type Limits struct {
 // quarter, 128 to 512 MiB. It holds gVisor's own memory (some 25 MiB in an
 // idle sandbox) and what snippets grow by before the agent's memory watch
 // has killed them: with 64 MiB, six processes growing at once in a 256 MiB
-// sandbox got it killed in 3 runs of 10, with 128 MiB in 1 of 20.
+// sandbox got it killed in 3 runs of 10, with 128 MiB in 2 of 40.
 func MemoryHeadroom(memoryBytes int64) int64 { return min(max(memoryBytes/4, 128<<20), 512<<20) }
 
 // InodeBytes is what one inode of a sandbox's tmpfs (/tmp, /dev/shm) may
