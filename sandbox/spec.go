@@ -64,8 +64,8 @@ const (
 	// killed them no longer fit in the cgroup's headroom
 	// (runtime.MemoryHeadroom), and the host kills the whole sandbox. Six
 	// processes growing at once in a sandbox of 128 MiB got it killed in 1
-	// run of 10; with 256 MiB, in 2 of 40 (the watch, sharing one CPU with
-	// them, did not act for tens of milliseconds: see docs/ARCHITECTURE.md).
+	// run of 10; with 256 MiB, in 2 of 40 (what the watch reads then lags
+	// by up to a quarter of a second: see docs/ARCHITECTURE.md).
 	MinMemoryBytes = 256 << 20
 	// MinPids is the smallest Limits.Pids. The host's pids cgroup counts
 	// gVisor's own threads (some 30 in an idle sandbox) and about two more

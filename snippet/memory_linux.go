@@ -166,8 +166,6 @@ func (a *Agent) checkMemory() {
 
 // dropSparesForMemory kills the agent's spares, once memory runs short, and
 // returns them. The zygote stays: it was there before the calls started.
-// (Their memory comes back once they are gone; the calls are not blamed for
-// it meanwhile, since they are blamed only for what they grow by.)
 func (a *Agent) dropSparesForMemory() []*proc {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -237,10 +235,11 @@ func (a *Agent) filesBytes() int64 {
 
 // memTolerance is the growth since a snippet's first read that does not
 // count: a clean-up call may start a process or import a module, and rm -rf
-// reads a whole directory before it deletes a file (some 140 bytes for each
-// of them: 3 MiB for the 22,000 empty files that fill a 256 MiB sandbox at
-// InodeBytes, 1.4% of any budget). Half the reserve, at least 8 MiB: with an
-// eighth of it, at least 4 MiB, rm -rf of such a directory was killed.
+// reads a whole directory before it deletes a file (an entry of some 140
+// bytes for each, by estimate: 3 MiB for the 22,000 empty files that fill a
+// 256 MiB sandbox at InodeBytes, 1.4% of any budget). Half the reserve, at
+// least 8 MiB: with an eighth of it, at least 4 MiB, rm -rf of such a
+// directory was killed.
 func memTolerance(reserve int64) int64 { return max(reserve/2, 8<<20) }
 
 // groupsRSS returns the resident memory of each process group, by its ID,
