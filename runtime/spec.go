@@ -201,8 +201,25 @@ type Limits struct {
 }
 
 // MemoryHeadroom is what a sandbox's cgroup allows above its MemoryBytes: a
-// quarter, 64 to 512 MiB.
-func MemoryHeadroom(memoryBytes int64) int64 { return min(max(memoryBytes/4, 64<<20), 512<<20) }
+// quarter, 128 to 512 MiB. It holds gVisor's own memory (some 25 MiB in an
+// idle sandbox) and what snippets grow by before the agent's memory watch
+// has killed them: with 64 MiB, six processes growing at once in a 256 MiB
+// sandbox got it killed in 3 runs of 10, with 128 MiB in 2 of 40.
+func MemoryHeadroom(memoryBytes int64) int64 { return min(max(memoryBytes/4, 128<<20), 512<<20) }
+
+// InodeBytes is what one inode of a sandbox's tmpfs (/tmp, /dev/shm) may
+// cost gVisor, in bytes of its own (Go heap) memory: a file's metadata is
+// not in the memory that the sandbox's /proc/meminfo shows, nor in the
+// tmpfs's size. Measured on the sandbox's host memory cgroup with 50,000 of
+// each (docs/ARCHITECTURE.md, "The memory watch"): an empty file 2.0 KiB,
+// 2.4 KiB with a 255-byte name, a directory 1.9 KiB, a symlink with a
+// 4095-byte target 8.4 KiB, 8.9 KiB once the sentry also made garbage; so
+// 10 KiB, the worst case a snippet can choose, with margin. The agent's
+// memory watch counts each inode of /tmp and /dev/shm at this cost
+// (flmbox-agent --inode-bytes). Their number is not bounded otherwise: runsc
+// passes only mode, size, uid and gid of a tmpfs mount's options to gVisor
+// (tmpfsAllowedData in runsc/boot/vfs.go) and drops nr_inodes.
+const InodeBytes = 10 << 10
 
 // WithLimits sets the sandbox's cgroup limits.
 func WithLimits(l Limits) SpecOpt {

@@ -170,7 +170,8 @@ func (m *Manager) specOpts(spec Spec, rec *record.Record, rootfsDir string, imag
 		runtime.WithBind(agent, agentBinary, true),
 		runtime.WithBind(m.wheels.WheelsDir(), pipcacheMount, true),
 		runtime.WithArgs(agentBinary, "--socket", agentSocket, "--user", fmt.Sprintf("%d:%d", UID, GID), "--limits", string(spareLimits),
-			"--memory-budget", strconv.FormatInt(spec.Limits.MemoryBytes, 10)),
+			"--memory-budget", strconv.FormatInt(spec.Limits.MemoryBytes, 10),
+			"--inode-bytes", strconv.FormatInt(runtime.InodeBytes, 10)),
 	}
 	for _, mt := range spec.Mounts {
 		opts = append(opts, runtime.WithBind(mt.Source, mt.Destination, mt.ReadOnly))

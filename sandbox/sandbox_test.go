@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
@@ -70,10 +72,36 @@ func TestSpecDefaults(t *testing.T) {
 		{Image: "img", Pip: []string{"--index-url=http://evil"}},
 		{Image: "img", Pip: []string{"a\nb"}},
 		{Image: "img", TmpBytes: -1},
+		{Image: "img", TmpBytes: MinTmpBytes - 1},
+		{Image: "img", Limits: runtime.Limits{MemoryBytes: MinMemoryBytes - 1}},
+		{Image: "img", Limits: runtime.Limits{Pids: MinPids - 1}},
+		{Image: "img", Limits: runtime.Limits{Pids: -1}},
+		{Image: "img", Limits: runtime.Limits{CPUs: MinCPUs / 2}},
+		{Image: "img", Limits: runtime.Limits{CPUs: math.NaN()}},
 	} {
 		if _, err := bad.withDefaults(); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("%+v: %v, want an invalid argument", bad, err)
 		}
+	}
+}
+
+// A refusal names each limit below its minimum, and the minimum.
+func TestSpecMinimumLimits(t *testing.T) {
+	min := Spec{Image: "img", Limits: runtime.Limits{MemoryBytes: MinMemoryBytes, CPUs: MinCPUs, Pids: MinPids}, TmpBytes: MinTmpBytes}
+	if _, err := min.withDefaults(); err != nil {
+		t.Fatalf("the minimum limits: %v", err)
+	}
+	_, err := Spec{Image: "img", Limits: runtime.Limits{Pids: 4}, TmpBytes: 16}.withDefaults()
+	if !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("pids 4: %v", err)
+	}
+	for _, want := range []string{"pids 4 is below the minimum of 64", "/tmp size 16 bytes is below the minimum of 1048576"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q: want %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "memory") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("error %q: want one line, naming only the limits too small", err)
 	}
 }
 

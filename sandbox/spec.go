@@ -55,6 +55,59 @@ var DefaultLimits = runtime.Limits{MemoryBytes: 512 << 20, CPUs: 1, Pids: 256}
 // DefaultTmpBytes is the default size of a sandbox's /tmp.
 const DefaultTmpBytes = 256 << 20
 
+// The smallest limits a sandbox gets; smaller ones are refused (Create,
+// RunOnce, Batch), since runsc would fail or the sandbox would not survive
+// what its snippets can do (docs/ARCHITECTURE.md, "The memory watch").
+const (
+	// MinMemoryBytes is the smallest Limits.MemoryBytes: with less, gVisor's
+	// own memory and what snippets grow by before the memory watch has
+	// killed them no longer fit in the cgroup's headroom
+	// (runtime.MemoryHeadroom), and the host kills the whole sandbox. Six
+	// processes growing at once in a sandbox of 128 MiB got it killed in 1
+	// run of 10; with 256 MiB, in 2 of 40 (what the watch reads then lags
+	// by up to a quarter of a second: see docs/ARCHITECTURE.md).
+	MinMemoryBytes = 256 << 20
+	// MinPids is the smallest Limits.Pids. The host's pids cgroup counts
+	// gVisor's own threads (some 30 in an idle sandbox) and about two more
+	// for each process inside, and a snippet may start Pids/4 (RLIMIT_NPROC,
+	// shared with the agent's threads, its spares and its zygote): with 32
+	// a fork loop made the sentry fail to make a thread and the sandbox
+	// died; with 16, runsc failed at create ("cannot read client sync
+	// file"), with 4 it crashed (its Go runtime could not start a thread).
+	// With 64, a fork loop, a shell fork bomb and a thread loop peaked at
+	// 54 tasks, and a snippet could still start 4 processes.
+	MinPids = 64
+	// MinCPUs is the smallest Limits.CPUs: with 0.1, a sandbox starts in
+	// about a second and a first Python call takes 0.8 s; with 0.05, 3 s
+	// and 2.6 s, close to the wait for a new sandbox's agent.
+	MinCPUs = 0.1
+	// MinTmpBytes is the smallest TmpBytes. A sandbox needs nothing in its
+	// /tmp; less than this is taken for a mistake of unit (--tmp-size 16).
+	MinTmpBytes = 1 << 20
+)
+
+// checkLimits refuses limits below what a sandbox needs, saying which and
+// the minimum.
+func checkLimits(l runtime.Limits, tmpBytes int64) error {
+	var bad []string
+	if l.MemoryBytes < MinMemoryBytes {
+		bad = append(bad, fmt.Sprintf("memory %d bytes is below the minimum of %d (%d MiB)", l.MemoryBytes, MinMemoryBytes, MinMemoryBytes>>20))
+	}
+	if l.Pids < MinPids {
+		bad = append(bad, fmt.Sprintf("pids %d is below the minimum of %d (gVisor's own threads count)", l.Pids, MinPids))
+	}
+	if !(l.CPUs >= MinCPUs) { // NaN too
+		bad = append(bad, fmt.Sprintf("cpus %g is below the minimum of %g", l.CPUs, MinCPUs))
+	}
+	if tmpBytes < MinTmpBytes {
+		bad = append(bad, fmt.Sprintf("/tmp size %d bytes is below the minimum of %d (%d MiB)", tmpBytes, MinTmpBytes, MinTmpBytes>>20))
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("create sandbox: %s: %w", strings.Join(bad, "; "), errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
 // withDefaults returns s with its defaults filled in, or what is wrong
 // with it.
 func (s Spec) withDefaults() (Spec, error) {
@@ -82,9 +135,8 @@ func (s Spec) withDefaults() (Spec, error) {
 	if s.TmpBytes == 0 {
 		s.TmpBytes = DefaultTmpBytes
 	}
-	if l := s.Limits; l.MemoryBytes < 0 || l.CPUs < 0 || l.Pids < 0 || s.TmpBytes < 0 {
-		return s, fmt.Errorf("create sandbox: limits must be positive: memory %d, cpus %g, pids %d, /tmp %d: %w",
-			l.MemoryBytes, l.CPUs, l.Pids, s.TmpBytes, errdefs.ErrInvalidArgument)
+	if err := checkLimits(s.Limits, s.TmpBytes); err != nil {
+		return s, err
 	}
 	for _, kv := range s.Env {
 		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {

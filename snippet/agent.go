@@ -81,6 +81,11 @@ type Agent struct {
 	// MemoryBudget is the memory the sandbox's processes and files may use
 	// together, in bytes; 0 (or more than MemTotal) means MemTotal.
 	MemoryBudget int64
+	// InodeBytes is what the memory watch counts for each inode used in
+	// CleanDirs (statfs), on top of MemInfo: in gVisor a file's metadata is
+	// memory that /proc/meminfo does not show (runtime.InodeBytes). 0 (the
+	// default) counts nothing.
+	InodeBytes int64
 	// KillStrays makes the agent kill, once no call runs, every process but
 	// itself, its spares and its zygote: the processes that calls left
 	// behind outside their process group (see strays_linux.go). It takes

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The memory watch.
@@ -18,14 +20,18 @@ import (
 // snippet process, not their sum nor what /tmp holds: two processes under
 // the limit and a full /tmp were enough to kill a sandbox. So while snippets
 // run, the agent reads how much memory the sandbox uses (Agent.MemInfo,
-// /proc/meminfo: MemTotal - MemAvailable): first memFirstRead after a call
+// /proc/meminfo: MemTotal - MemAvailable, plus Agent.InodeBytes for each
+// inode used in Agent.CleanDirs, see filesBytes): first memFirstRead after a call
 // starts, which notes what the sandbox used then, and every memPoll after.
 // When less than memReserve of Agent.MemoryBudget is left, it kills a snippet
 // that has run since the sandbox used less (by more than memTolerance): the
 // one whose process group holds the most memory if there are several, one at
 // a time, none while a killed one is still going (once it is gone, the others
 // are blamed only for what they use from then on). It reports it out of
-// memory (Result.OOMKilled); the sandbox and its files survive. flmbox sets the
+// memory (Result.OOMKilled); the sandbox and its files survive. The spares go
+// before any call (dropSparesForMemory), and none starts while memory is
+// short (memoryShort): one that starts next to a call makes the call look as
+// if it grew. flmbox sets the
 // cgroup's limit above the budget (runtime.MemoryHeadroom), so that the
 // watch, which shares the sandbox's CPU with the snippets it watches, has time
 // to act. A snippet that started when memory was already short and does not
@@ -58,6 +64,7 @@ type memWatch struct {
 	procs map[*proc]int64 // running snippet → bytes used at the first read (-1 before)
 	dying []*proc         // killed, not yet gone: their memory is not back yet
 	timer *time.Timer     // nil when no read is due
+	short bool            // the last read found less than twice the reserve left
 	// checks counts the checks done, read or not, each counted once it
 	// has acted: tests wait on it to know that the watch saw a change.
 	checks int
@@ -105,17 +112,24 @@ func (a *Agent) checkMemory() {
 		if a.MemoryBudget > 0 && a.MemoryBudget < total {
 			budget = a.MemoryBudget
 		}
-		used := total - avail
+		used := total - avail + a.filesBytes()
 		left, reserve := budget-used, memReserve(budget)
 		if left < 2*reserve {
 			next = memPollShort
 		}
+		var spares []*proc
+		if left < reserve {
+			spares = a.dropSparesForMemory()
+		}
 		w.mu.Lock()
+		w.short = left < 2*reserve
 		dying := len(w.dying)
 		w.dying = slices.DeleteFunc(w.dying, (*proc).exited)
 		// Once the killed ones are gone, the others are blamed only for
-		// what they use from now on.
-		rebase := dying > 0 && len(w.dying) == 0
+		// what they use from now on. So too once the spares are killed,
+		// which go first: a spare that started next to a call (after the
+		// previous call's answer) made the call look as if it grew.
+		rebase := dying > 0 && len(w.dying) == 0 || len(spares) > 0
 		var grown []*proc
 		for p, first := range w.procs {
 			switch {
@@ -150,9 +164,83 @@ func (a *Agent) checkMemory() {
 	w.timer.Reset(next)
 }
 
+// dropSparesForMemory kills the agent's spares, once memory runs short, and
+// returns them. The zygote stays: it was there before the calls started.
+func (a *Agent) dropSparesForMemory() []*proc {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var ps []*proc
+	for lang, p := range a.spares {
+		delete(a.spares, lang)
+		p.discard()
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+// memoryShort says whether the sandbox has less than twice the reserve
+// left: then no spare is started, whose memory the next call would be
+// blamed for (it would start next to it), and which the watch would kill.
+// Only when the watch's last read found memory short is it read again, so
+// that calls pay nothing for it otherwise.
+func (a *Agent) memoryShort() bool {
+	w := &a.mem
+	w.mu.Lock()
+	short := w.short
+	w.mu.Unlock()
+	if !short {
+		return false
+	}
+	total, avail, ok := readMemInfo(a.MemInfo)
+	if ok {
+		budget := total
+		if a.MemoryBudget > 0 && a.MemoryBudget < total {
+			budget = a.MemoryBudget
+		}
+		short = budget-(total-avail+a.filesBytes()) < 2*memReserve(budget)
+	}
+	w.mu.Lock()
+	w.short = short && ok
+	w.mu.Unlock()
+	return short && ok
+}
+
+// usedInodes is the number of inodes used on the file system of dir, or 0;
+// tests replace it.
+var usedInodes = usedInodesStatfs
+
+func usedInodesStatfs(dir string) int64 {
+	var st unix.Statfs_t
+	if unix.Statfs(dir, &st) != nil || st.Files < st.Ffree {
+		return 0
+	}
+	return int64(st.Files - st.Ffree)
+}
+
+// filesBytes is what the files in CleanDirs cost gVisor beyond their data:
+// their inodes (statfs) at InodeBytes each. Their metadata is gVisor's own
+// memory, which /proc/meminfo does not show, charged to the sandbox's memory
+// cgroup all the same: 100,000 empty files killed a 128 MiB sandbox whose
+// /tmp held no data. A directory that is not there counts nothing.
+func (a *Agent) filesBytes() int64 {
+	if a.InodeBytes <= 0 {
+		return 0
+	}
+	var n int64
+	for _, dir := range a.CleanDirs {
+		n += usedInodes(dir)
+	}
+	return n * a.InodeBytes
+}
+
 // memTolerance is the growth since a snippet's first read that does not
-// count: a clean-up call may start a process or import a module.
-func memTolerance(reserve int64) int64 { return max(reserve/8, 4<<20) }
+// count: a clean-up call may start a process or import a module, and rm -rf
+// reads a whole directory before it deletes a file (an entry of some 140
+// bytes for each, by estimate: 3 MiB for the 22,000 empty files that fill a
+// 256 MiB sandbox at InodeBytes, 1.4% of any budget). Half the reserve, at
+// least 8 MiB: with an eighth of it, at least 4 MiB, rm -rf of such a
+// directory was killed.
+func memTolerance(reserve int64) int64 { return max(reserve/2, 8<<20) }
 
 // groupsRSS returns the resident memory of each process group, by its ID,
 // from one pass over /proc; files a group wrote to /tmp do not count.

@@ -81,7 +81,7 @@ type refilling struct {
 // refill starts a spare for lang, with limits, in the background, unless the
 // agent has one or is starting one.
 func (a *Agent) refill(lang string, limits wire.Limits) {
-	if !a.Spares || lang == wire.LanguagePython && a.pythonErr != nil || lang == wire.LanguageShell && !a.shellIsDash {
+	if !a.Spares || lang == wire.LanguagePython && a.pythonErr != nil || lang == wire.LanguageShell && !a.shellIsDash || a.memoryShort() {
 		return
 	}
 	a.mu.Lock()

@@ -1,0 +1,106 @@
+//go:build integration
+
+package integration
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/flmbox/flmbox/sandbox"
+)
+
+// Limits (issue 12): what a sandbox's limits promise, and limits too small
+// for a sandbox.
+
+// Many small files in /tmp: their metadata is gVisor's own memory, which
+// neither /tmp's size nor /proc/meminfo sees. 100,000 empty files got a
+// 128 MiB sandbox killed by the host's memory cgroup, /tmp and all. Now the
+// snippet is stopped by the memory watch, which counts each file's inode
+// (oom_killed, 137; or ENOSPC, were the inodes bounded), and the sandbox and
+// its /tmp live on, for the smallest --memory flmbox accepts and for the
+// default; a plain rm -rf then empties the directory. The loop stops early:
+// a million files would take minutes under gVisor.
+func TestLimitsManySmallFilesStopTheSnippetOnly(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	for _, mem := range []string{fmt.Sprintf("%dMiB", sandbox.MinMemoryBytes>>20), "512MiB"} {
+		t.Run(mem, func(t *testing.T) {
+			name := "files-" + strings.ToLower(mem)
+			faultSandbox(t, root, reg, name, "--memory", mem, "--tmp-size", "16MiB")
+			defer flmbox(t, root, "sandbox", "rm", name)
+			if res := faultRun(t, root, name, "open('/tmp/keep', 'w').write('kept')"); res.code != 0 {
+				t.Fatalf("write /tmp/keep: exit %d stderr %q", res.code, res.stderr)
+			}
+			for _, n := range []int{100_000, 1_000_000} {
+				dir := fmt.Sprintf("/tmp/d%d", n)
+				res := faultRun(t, root, name, fmt.Sprintf(`import os
+os.mkdir(%[1]q)
+for i in range(%[2]d):
+    open(f"%[1]s/f{i}", "w").close()
+`, dir, n), "--timeout", "5m")
+				enospc := res.code == 1 && strings.Contains(res.stderr, "No space left on device")
+				oom := res.code == 137 && strings.Contains(res.stderr, "running out of memory")
+				if !enospc && !oom {
+					t.Fatalf("%d files: exit %d stdout %q stderr %q, want the snippet stopped: ENOSPC, or 137 out of memory",
+						n, res.code, res.stdout, res.stderr)
+				}
+				// In the shell: os.listdir of the files would make Python
+				// grow while memory is short, and the watch kill it.
+				res = faultRun(t, root, name, fmt.Sprintf("echo $(ls -f %[1]s | wc -l) $(cat /tmp/keep) && rm -rf %[1]s", dir),
+					"-l", "shell", "--timeout", "5m")
+				if res.code != 0 || !strings.HasSuffix(res.stdout, " kept\n") {
+					t.Fatalf("after %d files: the sandbox or its /tmp did not survive: exit %d stdout %q stderr %q", n, res.code, res.stdout, res.stderr)
+				}
+				t.Logf("%d files: stopped (ENOSPC: %v) after %s files", n, enospc, strings.Fields(res.stdout)[0])
+				faultAlive(t, root, name)
+			}
+		})
+	}
+}
+
+// Limits too small for any sandbox are refused before anything is made,
+// in one line that names the minimum (--pids 4 failed inside runsc with
+// 2 KB of goroutine traces); the minimum itself makes a working sandbox.
+func TestLimitsTooSmallAreRefused(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	for _, flags := range [][]string{
+		{"--pids", "4", "pids 4 is below the minimum of 64"},
+		{"--pids", "16", "pids 16 is below the minimum of 64"},
+		{"--memory", "128MiB", "memory 134217728 bytes is below the minimum of 268435456 (256 MiB)"},
+		{"--cpus", "0.01", "cpus 0.01 is below the minimum of 0.1"},
+		{"--tmp-size", "16", "/tmp size 16 bytes is below the minimum of 1048576 (1 MiB)"},
+	} {
+		want := flags[2]
+		flags = flags[:2]
+		res := flmbox(t, root, append([]string{"sandbox", "create", "--name", "small", "--image", reg.digestRef()}, flags...)...)
+		msg := strings.TrimSuffix(res.stderr, "\n")
+		if res.code != 125 || strings.Contains(msg, "\n") || !strings.Contains(msg, want) {
+			t.Errorf("sandbox create %v: exit %d stderr %q, want 125 and one line saying %q", flags, res.code, res.stderr, want)
+		}
+		if _, err := os.Lstat(filepath.Join(root, "sandboxes", "small")); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("sandbox create %v left its directory: %v", flags, err)
+		}
+		if ls := leases(t, root); len(ls) != 0 {
+			t.Errorf("sandbox create %v left leases: %+v", flags, ls)
+		}
+		if _, err := os.Stat(filepath.Join(root, "runsc")); err == nil {
+			out, err := exec.Command(runscPath, "--root", filepath.Join(root, "runsc"), "list", "-quiet").CombinedOutput()
+			if err != nil || strings.TrimSpace(string(out)) != "" {
+				t.Errorf("sandbox create %v: runsc list: %q %v, want no container", flags, out, err)
+			}
+		}
+	}
+	const name = "smallest"
+	faultSandbox(t, root, reg, name, "--pids", fmt.Sprint(sandbox.MinPids), "--memory", fmt.Sprintf("%dMiB", sandbox.MinMemoryBytes>>20),
+		"--cpus", fmt.Sprint(sandbox.MinCPUs), "--tmp-size", fmt.Sprintf("%d", sandbox.MinTmpBytes))
+	faultAlive(t, root, name)
+	if res := faultRun(t, root, name, "echo ok", "-l", "shell"); res.code != 0 || res.stdout != "ok\n" {
+		t.Fatalf("a shell call in the smallest sandbox: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
+	}
+}
