@@ -368,3 +368,23 @@ func TestMemReserve(t *testing.T) {
 		}
 	}
 }
+
+// TestMemoryWatchCountsGrowthMemInfoDoesNotShowYet: gVisor refreshes
+// /proc/meminfo only every so often (by steps of up to 163 MiB next to fast
+// growing processes): a snippet whose processes grow meanwhile is seen by
+// their resident memory, and killed.
+func TestMemoryWatchCountsGrowthMemInfoDoesNotShowYet(t *testing.T) {
+	mem := newFakeMemInfo(t, 20<<20) // short: the reserve of 512 MiB is 32 MiB; and it never changes
+	a := &Agent{Dir: t.TempDir(), MemInfo: string(mem)}
+	done := startRun(a, request(wire.LanguagePython, "import os, time\n"+
+		"while not os.path.exists('grow'): time.sleep(0.01)\n"+
+		"x = b'x' * (64 << 20)\n"+
+		"time.sleep(60)"))
+	waitFirstRead(t, a, 1)
+	waitSpared(t, a, 1)
+	release(t, a, "grow")
+	if res := result(t, done); !res.OOMKilled {
+		t.Fatalf("%s (oom_killed %v)", dump(res), res.OOMKilled)
+	}
+	waitWatchIdle(t, a)
+}
