@@ -67,9 +67,9 @@ type memWatch struct {
 	// registered is not its first read.
 	registered    map[*proc]int
 	registrations int
-	dying []*proc         // killed, not yet gone: their memory is not back yet
-	timer *time.Timer     // nil when no read is due
-	short bool            // the last read found less than twice the reserve left
+	dying         []*proc     // killed, not yet gone: their memory is not back yet
+	timer         *time.Timer // nil when no read is due
+	short         bool        // the last read found less than twice the reserve left
 	// checks counts the checks done, read or not, each counted once it
 	// has acted: tests wait on it to know that the watch saw a change.
 	checks int
