@@ -201,11 +201,13 @@ type Limits struct {
 }
 
 // MemoryHeadroom is what a sandbox's cgroup allows above its MemoryBytes: a
-// quarter, 128 to 512 MiB. It holds gVisor's own memory (some 25 MiB in an
+// quarter, 256 to 512 MiB. It holds gVisor's own memory (some 25 MiB in an
 // idle sandbox) and what snippets grow by before the agent's memory watch
-// has killed them: with 64 MiB, six processes growing at once in a 256 MiB
-// sandbox got it killed in 3 runs of 10, with 128 MiB in 2 of 40.
-func MemoryHeadroom(memoryBytes int64) int64 { return min(max(memoryBytes/4, 128<<20), 512<<20) }
+// has killed them: six processes growing at once in a 256 MiB sandbox got
+// it killed in 3 runs of 10 with 64 MiB, in 2 of 40 with 128 MiB, in 2 of 20
+// with 128 MiB once the watch counted growth that /proc/meminfo does not
+// show yet, and in none of 30 with 256 MiB.
+func MemoryHeadroom(memoryBytes int64) int64 { return min(max(memoryBytes/4, 256<<20), 512<<20) }
 
 // InodeBytes is what one inode of a sandbox's tmpfs (/tmp, /dev/shm) may
 // cost gVisor, in bytes of its own (Go heap) memory: a file's metadata is
