@@ -39,6 +39,23 @@ def zygote():
             pass
     raise SystemExit('no zygote found')
 `
+	// spares lists the shell spares: sh -s processes of the snippets' user
+	// that lead their own process group (a call's sh leads its own too,
+	// but it is this Python snippet's parent at most).
+	const spares = `
+import os, signal
+def spares():
+    out = []
+    for p in os.listdir('/proc'):
+        try:
+            if p.isdigit() and open('/proc/%s/cmdline' % p).read() == 'sh\0-s\0' and os.getpgid(int(p)) == int(p):
+                out.append(int(p))
+        except OSError:
+            pass
+    if not out:
+        raise SystemExit('no shell spare')
+    return out
+`
 	const try_ = `
 def try_(what, f):
     try:
@@ -84,6 +101,16 @@ for p in os.listdir('/proc'):
                 pass
 print('done')`, 0},
 		{"kill -9 -1", "shell", "kill -STOP -1; kill -9 -1; echo done", 0},
+		// A shell spare runs as the snippets' user: a snippet may stop or
+		// trace it, and the next shell call (the subtest's cat) must not
+		// take it then.
+		{"the shell spare stopped", "python", spares + "for p in spares(): os.kill(p, signal.SIGSTOP)\nprint('done')", 0},
+		{"the shell spare traced", "python", spares + `import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+for p in spares():
+    if libc.ptrace(16, p, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), 'ptrace')
+print('done')`, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := faultRun(t, root, "k3", tc.code, "-l", tc.lang, "--timeout", "20s")

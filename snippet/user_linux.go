@@ -2,7 +2,9 @@ package snippet
 
 import (
 	"fmt"
+	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -36,9 +38,14 @@ import (
 //     puts it.
 //   - Shell processes are exec'd as User (the shell cannot change its
 //     user). A shell spare can therefore be reached by the snippets that
-//     run while it waits: it is used only if no snippet's code started or
-//     ended since it started, and none was running then (spareUsable);
-//     otherwise it is killed and a new process started.
+//     run while it waits: one that met some snippet's code (one started or
+//     ended since it started, or one was running then) is used only if it
+//     is neither stopped nor traced (spareUsable; a killed one has exited);
+//     otherwise it is killed and a new process started. What a snippet
+//     could do to it beyond that (trace it, change its memory, let it go)
+//     is what it can do to the next calls of its sandbox anyway, through
+//     /tmp: calls of one sandbox are one trust domain, and a reset kills
+//     the spares.
 //   - The agent's socket directory is root's, mode 0700: User cannot reach
 //     the socket by its path, /proc/1/fd (the agent is root's and not
 //     dumpable) or any other way, so only the host speaks to the agent.
@@ -130,9 +137,37 @@ func (a *Agent) spareMark() (runs int64, idle bool) {
 }
 
 // spareUsable says whether spare p may run a call: a spare that snippets can
-// reach must not have met any snippet's code.
+// reach and that met some snippet's code must be neither stopped nor traced
+// (a killed one has exited, which takeSpare checks).
 func (a *Agent) spareUsable(p *proc) bool {
-	return !a.reachable(p.lang) || p.idleStart && p.runs == a.codeRuns.Load()
+	if !a.reachable(p.lang) || p.idleStart && p.runs == a.codeRuns.Load() {
+		return true
+	}
+	return runnable(p.pid)
+}
+
+// runnable says whether process pid is neither stopped nor traced, from
+// /proc/PID/status.
+func runnable(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return false
+	}
+	for line := range strings.Lines(string(b)) {
+		k, v, _ := strings.Cut(line, ":")
+		v = strings.TrimSpace(v)
+		switch k {
+		case "State":
+			if strings.HasPrefix(v, "T") || strings.HasPrefix(v, "t") {
+				return false
+			}
+		case "TracerPid":
+			if v != "0" {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // asUser runs f on a thread of its own whose effective uid is u's, and
