@@ -73,6 +73,9 @@ func walkMountPoint(root int, mp MountPoint, create bool) (added []string, err e
 			}
 			added = append(added, resolvedPath(root, dir, name, here))
 			if last {
+				if next >= 0 {
+					unix.Close(next)
+				}
 				return added, nil
 			}
 			unix.Close(dir)

@@ -378,3 +378,24 @@ func TestCheckMountPoints(t *testing.T) {
 		t.Errorf("checkMountPoints: %v %v, want %v", got, err, want)
 	}
 }
+
+// TestPrepareMountPointsClosesItsDescriptors: making mount points leaves no
+// descriptor open (FuzzUnpack ran out of them).
+func TestPrepareMountPointsClosesItsDescriptors(t *testing.T) {
+	count := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	before := count()
+	for range 20 {
+		if _, _, err := prepareMountPoints(t.TempDir(), fuzzMountPoints); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after := count(); after > before+2 {
+		t.Fatalf("%d descriptors open before, %d after making mount points 20 times", before, after)
+	}
+}
