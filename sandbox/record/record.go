@@ -239,21 +239,20 @@ func (r *Record) CallConn(ctx context.Context, conn *os.File, req *wire.Request)
 
 // watchdog pings the agent every watchdogPeriod until stop is called or ctx
 // ends, and cancels the call with the ping's error if it fails.
+// A ping in flight when the call ends is cancelled.
 func (r *Record) watchdog(ctx context.Context, cancel context.CancelCauseFunc) (stop func()) {
-	done := make(chan struct{})
+	pingCtx, stopPings := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		t := time.NewTimer(watchdogPeriod)
 		defer t.Stop()
 		for {
 			select {
-			case <-done:
-				return
-			case <-ctx.Done():
+			case <-pingCtx.Done():
 				return
 			case <-t.C:
 			}
-			if err := r.Ping(ctx); err != nil && ctx.Err() == nil {
+			if err := r.Ping(pingCtx); err != nil && pingCtx.Err() == nil {
 				cancel(abandoned{err})
 				return
 			}
@@ -261,7 +260,7 @@ func (r *Record) watchdog(ctx context.Context, cancel context.CancelCauseFunc) (
 		}
 	})
 	return func() {
-		close(done)
+		stopPings()
 		wg.Wait()
 	}
 }
