@@ -19,7 +19,7 @@ GOTAGS        := urfave_cli_no_docs
 STAMP         := $(shell find . -path ./bin -prune -o \( -name '*.go' -o -name go.mod -o -name go.sum \) -type f -print | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)
 LDFLAGS       := -X github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd.Build=$(STAMP)
 
-.PHONY: all build deps runsc testimage demo test unit integration fuzz bench vet clean
+.PHONY: all build deps runsc testimage demo test unit integration fuzz bench vet clean proto
 
 all: build
 
@@ -96,6 +96,18 @@ bench: deps runsc build testimage
 	@layout=$$(sed -n 's/.*"layout": *"\([^"]*\)".*/\1/p' bin/testimage.json); \
 	index=$$(sed -n 's/.*"index_digest": *"\([^"]*\)".*/\1/p' bin/testimage.json); \
 	$(FLMBOX) --root $(FLMBOX_ROOT) bench --image oci-layout:$$layout@$$index $(BENCHFLAGS)
+
+# The Go code of Flame's Instance service (instance/flamepb), from its .proto:
+# Debian's protoc and the pinned generators (committed; run after editing the .proto).
+PROTOC_GEN_GO      := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
+proto:
+	@command -v protoc >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler; }
+	GOBIN=$(CURDIR)/bin/proto $(GO) install $(PROTOC_GEN_GO)
+	GOBIN=$(CURDIR)/bin/proto $(GO) install $(PROTOC_GEN_GO_GRPC)
+	PATH=$(CURDIR)/bin/proto:$$PATH protoc --proto_path=instance/flamepb \
+		--go_out=instance/flamepb --go_opt=paths=source_relative \
+		--go-grpc_out=instance/flamepb --go-grpc_opt=paths=source_relative instance/flamepb/instance.proto
 
 clean:
 	rm -rf bin

@@ -1,0 +1,43 @@
+package app
+
+import (
+	"fmt"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/flmbox/flmbox/instance"
+)
+
+func instanceCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "instance",
+		Usage: "serve Flame's Instance service: one session is one sandbox, its tasks are snippets",
+		Description: "Flame's executor starts flmbox instance with " + instance.EndpointEnv + " naming the Unix socket to serve on.\n" +
+			"The sandbox flags are a session's defaults and the most it may ask for in its common_data.",
+		Flags: append(sandboxFlags(),
+			&cli.StringFlag{Name: "image", Usage: "image of sessions that name none (neither in their common_data nor their application)"},
+			&cli.StringFlag{Name: "listen", EnvVars: []string{instance.EndpointEnv}, Usage: "the Unix socket to serve on (default: $" + instance.EndpointEnv + ")"},
+			&cli.DurationFlag{Name: "timeout", Usage: "a task's timeout when neither it nor its session sets one (default 30s)"},
+		),
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 0 {
+				return fmt.Errorf("instance takes no arguments, got %q", c.Args().Slice())
+			}
+			listen := c.String("listen")
+			if listen == "" {
+				return advise(fmt.Errorf("no socket to serve on"), "Flame's executor sets "+instance.EndpointEnv+"; to run it by hand, give --listen PATH")
+			}
+			spec, err := specFrom(c)
+			if err != nil {
+				return err
+			}
+			m, err := openManager(c)
+			if err != nil {
+				return err
+			}
+			s := instance.New(m, instance.Options{Spec: spec, Timeout: c.Duration("timeout"), Log: c.App.ErrWriter})
+			fmt.Fprintf(c.App.ErrWriter, "flmbox instance: serving on %s\n", listen)
+			return instance.Serve(c.Context, s, listen)
+		},
+	}
+}

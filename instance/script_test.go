@@ -1,0 +1,96 @@
+package instance
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/flmbox/flmbox/instance/flamepb"
+	"github.com/flmbox/flmbox/runtime"
+	"github.com/flmbox/flmbox/sandbox"
+)
+
+func TestParseScript(t *testing.T) {
+	for _, tc := range []struct {
+		input string
+		lang  string
+		time  time.Duration
+		err   error
+	}{
+		// flamepy's exact bytes.
+		{`{"language":"python","code":"print(1)","input":null}`, "python", 30 * time.Second, nil},
+		{`{"language":"Shell","code":"echo 1","input":[]}`, "shell", 30 * time.Second, nil},
+		{`{"language":"PYTHON","runtime":"python3","code":"1","timeout":1.5}`, "python", 1500 * time.Millisecond, nil},
+		{`{"language":"ruby","code":"puts 1"}`, "", 0, errdefs.ErrInvalidArgument},
+		{`{"language":"python","runtime":"pypy","code":"1"}`, "", 0, errdefs.ErrInvalidArgument},
+		{`{"language":"python","code":"1","input":[104,105]}`, "", 0, errdefs.ErrNotImplemented},
+		{`{"language":"python","code":"1","input":[300]}`, "", 0, errdefs.ErrInvalidArgument},
+		{`{"language":"python","code":"1","surprise":1}`, "", 0, errdefs.ErrInvalidArgument},
+		{`not json`, "", 0, errdefs.ErrInvalidArgument},
+		{`{"language":"python","code":"a\u0000b"}`, "", 0, errdefs.ErrInvalidArgument},
+	} {
+		req, err := parseScript([]byte(tc.input), 30*time.Second)
+		if tc.err != nil {
+			if !errors.Is(err, tc.err) {
+				t.Errorf("%s: error %v, want %v", tc.input, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || req.Language != tc.lang || req.Timeout != tc.time {
+			t.Errorf("%s: %+v %v", tc.input, req, err)
+		}
+	}
+}
+
+func TestOutputDataIsAnArrayOfNumbers(t *testing.T) {
+	b, err := json.Marshal(Output{Data: Bytes("hi\xff")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct{ Data []int }
+	if err := json.Unmarshal(b, &v); err != nil || len(v.Data) != 3 || v.Data[0] != 'h' || v.Data[2] != 255 {
+		t.Fatalf("%s: %v %v", b, v, err)
+	}
+}
+
+func TestSessionSpecBounds(t *testing.T) {
+	s := New(nil, Options{Spec: sandbox.Spec{Image: "op", Network: runtime.NetworkNone,
+		Limits: runtime.Limits{MemoryBytes: 512 << 20, CPUs: 1, Pids: 256}}})
+	sc := func(app, data string) *flamepb.SessionContext {
+		c := &flamepb.SessionContext{SessionId: "s", Application: &flamepb.ApplicationContext{Name: "flmbox"}}
+		if app != "" {
+			c.Application.Image = &app
+		}
+		if data != "" {
+			c.CommonData = []byte(data)
+		}
+		return c
+	}
+	spec, timeout, err := s.sessionSpec(sc("", ""))
+	if err != nil || spec.Image != "op" || timeout != sandbox.DefaultTimeout {
+		t.Fatalf("%+v %s %v", spec, timeout, err)
+	}
+	if spec, _, _ := s.sessionSpec(sc("app", "")); spec.Image != "app" {
+		t.Errorf("the application's image: %q", spec.Image)
+	}
+	spec, timeout, err = s.sessionSpec(sc("app", `{"image":"mine","memory":"256MiB","cpus":0.5,"pids":64,"timeout":5,"env":["A=1"]}`))
+	if err != nil || spec.Image != "mine" || spec.Limits.MemoryBytes != 256<<20 || spec.Limits.CPUs != 0.5 ||
+		spec.Limits.Pids != 64 || timeout != 5*time.Second || len(spec.Env) != 1 {
+		t.Fatalf("%+v %s %v", spec, timeout, err)
+	}
+	if spec, _, err := s.sessionSpec(sc("", "not an object: Flame's own data")); err != nil || spec.Image != "op" {
+		t.Errorf("common_data that is not an object: %+v %v", spec, err)
+	}
+	for _, data := range []string{`{"memory":"1GiB"}`, `{"cpus":2}`, `{"pids":1000}`, `{"network":"host"}`, `{"tmp_size":"1TiB"}`,
+		`{"memory":"lots"}`, `{"unknown":1}`, `{"timeout":-1}`} {
+		if _, _, err := s.sessionSpec(sc("", data)); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("%s: %v", data, err)
+		}
+	}
+	if _, _, err := New(nil, Options{}).sessionSpec(sc("", "")); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("no image anywhere: %v", err)
+	}
+}

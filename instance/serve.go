@@ -1,0 +1,46 @@
+package instance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+
+	"google.golang.org/grpc"
+
+	"github.com/flmbox/flmbox/instance/flamepb"
+)
+
+// EndpointEnv names the Unix socket that Flame's executor gives an
+// application to serve on.
+const EndpointEnv = "FLAME_INSTANCE_ENDPOINT"
+
+// Serve serves s over gRPC on the Unix socket path until ctx is done: then
+// it stops taking calls, cancels the task running (its snippet is killed),
+// leaves the session (its sandbox is removed) and returns nil. A socket
+// file left at path by an earlier process is replaced.
+func Serve(ctx context.Context, s *Server, path string) error {
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		os.Remove(path)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", path, err)
+	}
+	defer os.Remove(path)
+	g := grpc.NewServer()
+	flamepb.RegisterInstanceServer(g, s)
+	served := make(chan error, 1)
+	go func() { served <- g.Serve(ln) }()
+	select {
+	case <-ctx.Done():
+	case err := <-served:
+		if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			s.Leave(context.WithoutCancel(ctx))
+			return fmt.Errorf("serve on %s: %w", path, err)
+		}
+	}
+	g.Stop() // cancels the calls running
+	return s.Leave(context.WithoutCancel(ctx))
+}

@@ -1,0 +1,203 @@
+//go:build integration
+
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/flmbox/flmbox/instance/flamepb"
+)
+
+// flameExecutor does what Flame's executor manager does with an application:
+// it starts flmbox instance in a working directory of its own with
+// FLAME_INSTANCE_ENDPOINT naming a socket there, in a process group of its
+// own, waits for the socket, and connects.
+type flameExecutor struct {
+	cmd    *exec.Cmd
+	stderr *bytes.Buffer
+	conn   *grpc.ClientConn
+	client flamepb.InstanceClient
+}
+
+func startInstance(t *testing.T, root string, args ...string) *flameExecutor {
+	t.Helper()
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "instance.sock")
+	e := &flameExecutor{stderr: &bytes.Buffer{}}
+	e.cmd = exec.Command(flmboxBin, append([]string{"--root", root, "--runsc", runscPath, "instance"}, args...)...)
+	e.cmd.Env = append(os.Environ(), "FLAME_INSTANCE_ENDPOINT="+sock)
+	e.cmd.Dir = dir
+	e.cmd.Stderr = e.stderr
+	e.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := e.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		syscall.Kill(-e.cmd.Process.Pid, syscall.SIGKILL)
+		e.cmd.Wait()
+	})
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		if fi, err := os.Stat(sock); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("flmbox instance made no socket within a minute: %s", e.stderr)
+		}
+	}
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	e.conn, e.client = conn, flamepb.NewInstanceClient(conn)
+	return e
+}
+
+func (e *flameExecutor) enter(t *testing.T, session, image, commonData string) *flamepb.Result {
+	t.Helper()
+	sc := &flamepb.SessionContext{SessionId: session, Application: &flamepb.ApplicationContext{Name: "flmbox"}}
+	if image != "" {
+		sc.Application.Image = &image
+	}
+	if commonData != "" {
+		sc.CommonData = []byte(commonData)
+	}
+	res, err := e.client.OnSessionEnter(context.Background(), sc)
+	if err != nil {
+		t.Fatalf("OnSessionEnter: %v\n%s", err, e.stderr)
+	}
+	return res
+}
+
+// taskOutput is a task's output as flmbox instance writes it.
+type taskOutput struct {
+	Data     []int `json:"data"`
+	ExitCode int   `json:"exit_code"`
+	Stdout   string
+	Stderr   string
+	TimedOut bool `json:"timed_out"`
+}
+
+// stdout is bytes(data), as flamepy decodes it.
+func (o taskOutput) stdout() string {
+	b := make([]byte, len(o.Data))
+	for i, n := range o.Data {
+		b[i] = byte(n)
+	}
+	return string(b)
+}
+
+func (e *flameExecutor) task(t *testing.T, id, input string) (*flamepb.TaskResult, taskOutput) {
+	t.Helper()
+	res, err := e.client.OnTaskInvoke(context.Background(), &flamepb.TaskContext{TaskId: id, SessionId: "s", Input: []byte(input)})
+	if err != nil {
+		t.Fatalf("OnTaskInvoke: %v\n%s", err, e.stderr)
+	}
+	var out taskOutput
+	if res.ReturnCode == 0 {
+		if err := json.Unmarshal(res.GetOutput(), &out); err != nil {
+			t.Fatalf("task %s output %q: %v", id, res.GetOutput(), err)
+		}
+	}
+	return res, out
+}
+
+func script(lang, code string) string {
+	b, _ := json.Marshal(map[string]any{"language": lang, "code": code, "input": nil})
+	return string(b)
+}
+
+// TestInstanceOverFlameProtocol runs demo 1 as three tasks of one session
+// through the Instance protocol, with flamepy's exact request, a timeout,
+// refusals, and a SIGTERM that leaves nothing behind.
+func TestInstanceOverFlameProtocol(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	e := startInstance(t, root)
+	if res := e.enter(t, "s1", reg.digestRef(), ""); res.ReturnCode != 0 {
+		t.Fatalf("enter: %d %s\n%s", res.ReturnCode, res.GetMessage(), e.stderr)
+	}
+	if res := e.enter(t, "s2", reg.digestRef(), ""); res.ReturnCode == 0 || !strings.Contains(res.GetMessage(), "entered already") {
+		t.Errorf("a second enter: %d %q", res.ReturnCode, res.GetMessage())
+	}
+	demo1, err := os.ReadFile("../demo/demo1.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, tc := range []struct{ input, want string }{
+		{script("shell", `mkdir -p /tmp/demo && printf "region,revenue,cost\neast,120,75\nwest,80,55\neast,150,90\nwest,100,70\n" > /tmp/demo/sales.csv`), ""},
+		{script("python", string(demo1)), "{\"rows\": 4, \"revenue\": 450, \"profit\": 160}\nLinux\n"},
+		{script("SHELL", "cat /tmp/demo/summary.json"), `{"rows": 4, "revenue": 450, "profit": 160}`},
+		// flamepy.tools.Sandbox's exact bytes.
+		{`{"language":"python","code":"print(1)","input":null}`, "1\n"},
+	} {
+		res, out := e.task(t, "t", tc.input)
+		if res.ReturnCode != 0 || out.ExitCode != 0 || out.stdout() != tc.want || out.Stdout != tc.want {
+			t.Fatalf("task %d: %d %q %+v", i, res.ReturnCode, res.GetMessage(), out)
+		}
+	}
+	// A snippet that fails is a task that ran: return code 0, its exit code.
+	if res, out := e.task(t, "t", script("python", "import sys; print('x', file=sys.stderr); sys.exit(3)")); res.ReturnCode != 0 || out.ExitCode != 3 || out.Stderr != "x\n" {
+		t.Errorf("a failing snippet: %d %+v", res.ReturnCode, out)
+	}
+	if res, out := e.task(t, "t", `{"language":"python","code":"while True: pass","input":null,"timeout":1}`); res.ReturnCode != 0 || !out.TimedOut {
+		t.Errorf("a snippet that times out: %d %q %+v", res.ReturnCode, res.GetMessage(), out)
+	}
+	if res, out := e.task(t, "t", script("python", "print(2)")); res.ReturnCode != 0 || out.stdout() != "2\n" {
+		t.Errorf("the task after a timeout: %d %+v", res.ReturnCode, out)
+	}
+	for _, bad := range []string{script("ruby", "puts 1"), "not json", `{"language":"python","code":"1","input":[104]}`} {
+		if res, _ := e.task(t, "t", bad); res.ReturnCode == 0 || res.GetMessage() == "" {
+			t.Errorf("%s: return code %d, message %q", bad, res.ReturnCode, res.GetMessage())
+		}
+	}
+	if res, err := e.client.OnSessionLeave(context.Background(), &flamepb.EmptyRequest{}); err != nil || res.ReturnCode != 0 {
+		t.Fatalf("leave: %v %v", res, err)
+	}
+	if names := sandboxNames(t, root); len(names) != 0 {
+		t.Fatalf("sandboxes left after the leave: %v", names)
+	}
+	// A new session, then SIGTERM as Flame stops an executor: the session
+	// is left, the process exits 0.
+	if res := e.enter(t, "s3", "", `{"image":"`+reg.digestRef()+`","memory":"256MiB"}`); res.ReturnCode != 0 {
+		t.Fatalf("enter with common_data: %d %s", res.ReturnCode, res.GetMessage())
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { // running when SIGTERM comes: it fails (the server stops), or is answered interrupted
+		e.client.OnTaskInvoke(context.Background(), &flamepb.TaskContext{TaskId: "t", SessionId: "s3",
+			Input: []byte(script("shell", "touch /tmp/started; sleep 100"))})
+	})
+	var name string
+	for n := range sandboxNames(t, root) {
+		name = n
+	}
+	for deadline := time.Now().Add(time.Minute); faultRun(t, root, name, "test -e /tmp/started", "-l", "shell").code != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the task did not start within a minute")
+		}
+	}
+	syscall.Kill(-e.cmd.Process.Pid, syscall.SIGTERM)
+	if err := e.cmd.Wait(); err != nil {
+		t.Fatalf("flmbox instance after SIGTERM: %v\n%s", err, e.stderr)
+	}
+	wg.Wait()
+	if names := sandboxNames(t, root); len(names) != 0 {
+		t.Fatalf("sandboxes left after SIGTERM: %v", names)
+	}
+	if !strings.Contains(e.stderr.String(), `flmbox instance: enter session "s1"`) {
+		t.Errorf("no log line per call:\n%s", e.stderr)
+	}
+}
