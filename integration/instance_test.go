@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -199,5 +200,93 @@ func TestInstanceOverFlameProtocol(t *testing.T) {
 	}
 	if !strings.Contains(e.stderr.String(), `flmbox instance: enter session "s1"`) {
 		t.Errorf("no log line per call:\n%s", e.stderr)
+	}
+}
+
+// TestInstanceDemo2OverTwoExecutors runs demo 2's four snippets as tasks of
+// one session spread over two instance processes at once, as Flame spreads a
+// session's tasks over executors: each result matches its input.
+func TestInstanceDemo2OverTwoExecutors(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	var demo struct{ Codes []string }
+	b, err := os.ReadFile("../demo/demo2.json")
+	if err != nil || json.Unmarshal(b, &demo) != nil || len(demo.Codes) != 4 {
+		t.Fatalf("demo/demo2.json: %v", err)
+	}
+	want := []string{"450.0 160.0\n", "405.0 115.0\n", "360.0 70.0\n", ""}
+	executors := []*flameExecutor{startInstance(t, root), startInstance(t, root)}
+	for _, e := range executors {
+		if res := e.enter(t, "demo2", reg.digestRef(), ""); res.ReturnCode != 0 {
+			t.Fatalf("enter: %d %s", res.ReturnCode, res.GetMessage())
+		}
+	}
+	outs := make([]taskOutput, len(demo.Codes))
+	codes := make([]int32, len(demo.Codes))
+	var wg sync.WaitGroup
+	for i, e := range executors { // tasks one at a time per executor, both at once
+		wg.Go(func() {
+			for j := i; j < len(demo.Codes); j += len(executors) {
+				res, err := e.client.OnTaskInvoke(context.Background(), &flamepb.TaskContext{TaskId: fmt.Sprint(j), SessionId: "demo2",
+					Input: []byte(script("python", demo.Codes[j]))})
+				if err != nil {
+					t.Errorf("task %d: %v", j, err)
+					continue
+				}
+				codes[j] = res.ReturnCode
+				json.Unmarshal(res.GetOutput(), &outs[j])
+			}
+		})
+	}
+	wg.Wait()
+	for j := range demo.Codes {
+		if codes[j] != 0 || outs[j].stdout() != want[j] {
+			t.Errorf("task %d: return code %d, stdout %q, want %q", j, codes[j], outs[j].stdout(), want[j])
+		}
+	}
+	if outs[3].ExitCode != 1 || !strings.Contains(outs[3].Stderr, "ValueError: discount must be between 0 and 1") {
+		t.Errorf("task 3: %+v", outs[3])
+	}
+	for _, e := range executors {
+		if res, err := e.client.OnSessionLeave(context.Background(), &flamepb.EmptyRequest{}); err != nil || res.ReturnCode != 0 {
+			t.Fatalf("leave: %v %v", res, err)
+		}
+	}
+	if names := sandboxNames(t, root); len(names) != 0 {
+		t.Fatalf("sandboxes left: %v", names)
+	}
+}
+
+// TestInstanceSandboxDies: once the session's sandbox is dead, the task
+// running and every later one fail at once, saying so, and the leave still
+// cleans up.
+func TestInstanceSandboxDies(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	e := startInstance(t, root)
+	if res := e.enter(t, "dies", reg.digestRef(), ""); res.ReturnCode != 0 {
+		t.Fatalf("enter: %d %s", res.ReturnCode, res.GetMessage())
+	}
+	var name string
+	for n := range sandboxNames(t, root) {
+		name = n
+	}
+	runscOn(t, root, "kill", faultSandboxID(t, root, name), "SIGKILL") // its agent, and so its gVisor sandbox
+	for deadline := time.Now().Add(time.Minute); sandboxState(t, root, name) != "dead"; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the sandbox is not dead a minute after its agent was killed")
+		}
+	}
+	for i := range 2 {
+		res, _ := e.task(t, "t", script("python", "print(1)"))
+		if res.ReturnCode == 0 || !strings.Contains(res.GetMessage(), "dead") {
+			t.Fatalf("task %d after the sandbox died: %d %q", i, res.ReturnCode, res.GetMessage())
+		}
+	}
+	if res, err := e.client.OnSessionLeave(context.Background(), &flamepb.EmptyRequest{}); err != nil || res.ReturnCode != 0 {
+		t.Fatalf("leave: %v %v", res, err)
+	}
+	if names := sandboxNames(t, root); len(names) != 0 {
+		t.Fatalf("sandboxes left: %v", names)
 	}
 }
