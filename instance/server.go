@@ -90,17 +90,24 @@ func (s *Server) OnSessionEnter(ctx context.Context, sc *flamepb.SessionContext)
 		s.logf(start, "enter session %q refused: session %q is entered", sc.GetSessionId(), s.session)
 		return failed(fmt.Errorf("session %q is entered already: leave it first", s.session)), nil
 	}
-	spec, timeout, err := s.sessionSpec(sc)
-	if err == nil {
-		var sb *sandbox.Sandbox
-		if sb, err = s.m.Create(ctx, spec); err == nil {
-			s.session, s.name, s.timeout, s.broken = sc.GetSessionId(), sb.Name, timeout, nil
-			s.logf(start, "enter session %q: sandbox %s of %s", s.session, sb.Name, spec.Image)
-			return &flamepb.Result{}, nil
-		}
+	sb, timeout, err := s.enter(ctx, sc)
+	if err != nil {
+		s.logf(start, "enter session %q failed: %v", sc.GetSessionId(), err)
+		return failed(fmt.Errorf("enter session %q: %w", sc.GetSessionId(), err)), nil
 	}
-	s.logf(start, "enter session %q failed: %v", sc.GetSessionId(), err)
-	return failed(fmt.Errorf("enter session %q: %w", sc.GetSessionId(), err)), nil
+	s.session, s.name, s.timeout, s.broken = sc.GetSessionId(), sb.Name, timeout, nil
+	s.logf(start, "enter session %q: sandbox %s of %s", s.session, sb.Name, sb.Image)
+	return &flamepb.Result{}, nil
+}
+
+// enter makes session sc's sandbox and returns it with the tasks' timeout.
+func (s *Server) enter(ctx context.Context, sc *flamepb.SessionContext) (*sandbox.Sandbox, time.Duration, error) {
+	spec, timeout, err := s.sessionSpec(sc)
+	if err != nil {
+		return nil, 0, err
+	}
+	sb, err := s.m.Create(ctx, spec)
+	return sb, timeout, err
 }
 
 // sessionOptions are what a session may set in its common_data, a JSON

@@ -280,18 +280,7 @@ func (a *Agent) answer(ctx context.Context, conn net.Conn) (req *wire.Request, r
 		})
 		defer stop()
 	}
-	res, ran = a.run(ctx, req)
-	// A run that the interrupt stopped says so in its Error (run wraps
-	// ctx's cause); one that ended first, or failed otherwise, is
-	// answered as it is.
-	if errors.Is(context.Cause(ctx), errInterrupted) && strings.HasSuffix(res.Error, errInterrupted.Error()) {
-		res.Interrupted = true
-		if ran {
-			// run killed the snippet's process group (SIGKILL), as on
-			// timeout; its output is what it printed until then.
-			res.ExitCode, res.Signal, res.Error = 137, "SIGKILL", ""
-		}
-	}
+	res, ran = a.run(ctx, req) // run says when the interrupt stopped it (Result.Interrupted)
 	return req, res, ran
 }
 

@@ -102,17 +102,15 @@ func (a *Agent) growthSince(memUsed int64) int64 {
 	if memUsed != w.lastMem {
 		w.lastMem, w.rssBase, w.growth = memUsed, nil, 0
 	}
-	measure := time.Since(w.rssAt) >= memRSSPoll
+	if time.Since(w.rssAt) < memRSSPoll {
+		defer w.mu.Unlock()
+		return w.growth
+	}
 	pgids := make([]int, 0, len(w.procs))
 	for p := range w.procs {
 		pgids = append(pgids, p.pid)
 	}
 	w.mu.Unlock()
-	if !measure {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		return w.growth
-	}
 	rss := groupsRSS()
 	w.mu.Lock()
 	defer w.mu.Unlock()

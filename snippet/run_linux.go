@@ -49,7 +49,9 @@ func (a *Agent) run(ctx context.Context, req *wire.Request) (res *wire.Result, r
 		return errorResult(err), false
 	}
 	if err := context.Cause(ctx); err != nil {
-		return errorResult(fmt.Errorf("run snippet: %w", err)), false
+		res := errorResult(fmt.Errorf("run snippet: %w", err))
+		res.Interrupted = errors.Is(err, errInterrupted)
+		return res, false
 	}
 	if req.Language == wire.LanguagePython && a.pythonErr != nil {
 		return errorResult(a.pythonErr), false
@@ -359,6 +361,10 @@ func (a *Agent) runProc(ctx context.Context, req *wire.Request, p *proc) *wire.R
 	switch {
 	case timedOut:
 		res.TimedOut = !p.oomKilled.Load() // or killed for memory, then timed out before it ended
+		p.kill()
+	case cancelled && errors.Is(context.Cause(ctx), errInterrupted):
+		// As on timeout: its status (SIGKILL) and what it printed until then.
+		res.Interrupted = true
 		p.kill()
 	case cancelled:
 		cancelErr = fmt.Errorf("snippet cancelled and killed: %w", context.Cause(ctx))
