@@ -230,9 +230,7 @@ func TestUnresponsiveSandbox(t *testing.T) {
 	faultSandbox(t, root, reg, "wedged")
 	id := faultSandboxID(t, root, "wedged")
 	runscOn(t, root, "kill", id, "SIGSTOP")
-	if got := sandboxState(t, root, "wedged"); got != "unresponsive" {
-		t.Fatalf("sandbox ls says %q, want unresponsive", got)
-	}
+	waitState(t, root, "wedged", "unresponsive") // the signal is delivered asynchronously
 	// The call's own timeout (10 minutes) is not what ends it: its
 	// watchdog is.
 	res := faultRun(t, root, "wedged", "print(1)", "--timeout", "10m")
@@ -240,9 +238,22 @@ func TestUnresponsiveSandbox(t *testing.T) {
 		t.Fatalf("a call to the stopped sandbox: %+v", res)
 	}
 	runscOn(t, root, "kill", id, "SIGCONT")
+	waitState(t, root, "wedged", "running")
 	faultAlive(t, root, "wedged")
-	if got := sandboxState(t, root, "wedged"); got != "running" {
-		t.Fatalf("sandbox ls says %q after SIGCONT, want running", got)
+}
+
+// waitState waits (a minute at most) until sandbox ls says sandbox name is
+// in state want.
+func waitState(t *testing.T, root, name, want string) {
+	t.Helper()
+	var got string
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		if got = sandboxState(t, root, name); got == want || time.Now().After(deadline) {
+			break
+		}
+	}
+	if got != want {
+		t.Fatalf("sandbox ls says %q, want %s", got, want)
 	}
 }
 
