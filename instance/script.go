@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -20,16 +22,19 @@ import (
 type Script struct {
 	// Language is "python" or "shell", in any case.
 	Language string `json:"language"`
-	// Runtime names the interpreter; empty, "python3" or "python" for
-	// Python, "sh" for shell (others are refused for now).
+	// Runtime names the interpreter: a command in the image's PATH, such
+	// as python3.11 for Python or bash for shell (default: python3, sh).
+	// One the image lacks fails the task.
 	Runtime string `json:"runtime,omitempty"`
 	// Code is the snippet.
 	Code string `json:"code"`
-	// Input would be the snippet's stdin; only null or empty is taken for
-	// now (stdin is at EOF).
+	// Input is the snippet's stdin (null: EOF at once).
 	Input Bytes `json:"input"`
 	// Timeout is the task's timeout in seconds (default: the session's).
 	Timeout float64 `json:"timeout,omitempty"`
+	// Env are environment variables of this task only, added to the
+	// session's.
+	Env map[string]string `json:"env,omitempty"`
 }
 
 // Bytes are bytes as serde's JSON has them: an array of numbers.
@@ -80,20 +85,8 @@ func parseScript(input []byte, timeout time.Duration) (sandbox.Request, error) {
 		return sandbox.Request{}, fmt.Errorf("task input: want a JSON script {\"language\", \"code\", \"input\"}: %w: %w", err, errdefs.ErrInvalidArgument)
 	}
 	lang := strings.ToLower(sc.Language)
-	switch lang {
-	case wire.LanguagePython:
-		if sc.Runtime != "" && sc.Runtime != "python3" && sc.Runtime != "python" {
-			return sandbox.Request{}, fmt.Errorf("runtime %q: flmbox instance runs python3 for now: %w", sc.Runtime, errdefs.ErrInvalidArgument)
-		}
-	case wire.LanguageShell:
-		if sc.Runtime != "" && sc.Runtime != "sh" {
-			return sandbox.Request{}, fmt.Errorf("runtime %q: flmbox instance runs sh for now: %w", sc.Runtime, errdefs.ErrInvalidArgument)
-		}
-	default:
+	if lang != wire.LanguagePython && lang != wire.LanguageShell {
 		return sandbox.Request{}, fmt.Errorf("language %q: want python or shell: %w", sc.Language, errdefs.ErrInvalidArgument)
-	}
-	if len(sc.Input) > 0 {
-		return sandbox.Request{}, fmt.Errorf("input: stdin is not supported yet (the snippet's stdin is at EOF): %w", errdefs.ErrNotImplemented)
 	}
 	if sc.Timeout < 0 {
 		return sandbox.Request{}, fmt.Errorf("timeout %g: want seconds, more than 0: %w", sc.Timeout, errdefs.ErrInvalidArgument)
@@ -101,9 +94,22 @@ func parseScript(input []byte, timeout time.Duration) (sandbox.Request, error) {
 	if sc.Timeout > 0 {
 		timeout = time.Duration(sc.Timeout * float64(time.Second))
 	}
-	req := sandbox.Request{Language: lang, Code: sc.Code, Timeout: timeout}
-	return req, req.Validate()
+	req := sandbox.Request{Language: lang, Code: sc.Code, Timeout: timeout, MaxOutput: TaskMaxOutput,
+		Stdin: sc.Input, Interpreter: sc.Runtime}
+	for _, k := range slices.Sorted(maps.Keys(sc.Env)) {
+		req.Env = append(req.Env, k+"="+sc.Env[k])
+	}
+	if err := req.Validate(); err != nil {
+		return sandbox.Request{}, fmt.Errorf("task input: %w", err)
+	}
+	return req, nil
 }
+
+// TaskMaxOutput is how much of stdout and of stderr a task's output keeps
+// (the first and last halves): little enough that the output, whatever its
+// bytes, fits in the 4 MiB that gRPC clients such as Flame's executor take
+// by default (data as numbers, stdout and stderr as escaped JSON strings).
+const TaskMaxOutput = 200 << 10
 
 // Output is a task's output: flmexec's {"data": stdout bytes}, which
 // Flame's Python client reads, and what flmexec never gave.

@@ -1,8 +1,10 @@
 package instance
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"github.com/flmbox/flmbox/instance/flamepb"
 	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox"
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 func TestParseScript(t *testing.T) {
@@ -25,8 +28,9 @@ func TestParseScript(t *testing.T) {
 		{`{"language":"Shell","code":"echo 1","input":[]}`, "shell", 30 * time.Second, nil},
 		{`{"language":"PYTHON","runtime":"python3","code":"1","timeout":1.5}`, "python", 1500 * time.Millisecond, nil},
 		{`{"language":"ruby","code":"puts 1"}`, "", 0, errdefs.ErrInvalidArgument},
-		{`{"language":"python","runtime":"pypy","code":"1"}`, "", 0, errdefs.ErrInvalidArgument},
-		{`{"language":"python","code":"1","input":[104,105]}`, "", 0, errdefs.ErrNotImplemented},
+		{`{"language":"python","runtime":"/usr/bin/pypy","code":"1"}`, "", 0, errdefs.ErrInvalidArgument},
+		{`{"language":"python","code":"1","env":{"A":"x\u0000"}}`, "", 0, errdefs.ErrInvalidArgument},
+		{`{"language":"python","code":"1","env":{"":"x"}}`, "", 0, errdefs.ErrInvalidArgument},
 		{`{"language":"python","code":"1","input":[300]}`, "", 0, errdefs.ErrInvalidArgument},
 		{`{"language":"python","code":"1","surprise":1}`, "", 0, errdefs.ErrInvalidArgument},
 		{`not json`, "", 0, errdefs.ErrInvalidArgument},
@@ -42,6 +46,30 @@ func TestParseScript(t *testing.T) {
 		if err != nil || req.Language != tc.lang || req.Timeout != tc.time {
 			t.Errorf("%s: %+v %v", tc.input, req, err)
 		}
+	}
+}
+
+func TestParseScriptStdinEnvRuntime(t *testing.T) {
+	req, err := parseScript([]byte(`{"language":"shell","runtime":"bash","code":"cat","input":[104,105],"env":{"B":"2","A":"1"}}`), time.Second)
+	if err != nil || string(req.Stdin) != "hi" || req.Interpreter != "bash" || !slices.Equal(req.Env, []string{"A=1", "B=2"}) ||
+		req.MaxOutput != TaskMaxOutput {
+		t.Fatalf("%+v %v", req, err)
+	}
+}
+
+// TestOutputFitsInAGRPCMessage: whatever a snippet prints, its task's
+// output is under gRPC's default 4 MiB.
+func TestOutputFitsInAGRPCMessage(t *testing.T) {
+	worst := bytes.Repeat([]byte{1}, TaskMaxOutput+200) // a control character: \u0001 in a JSON string
+	res := &wire.Result{Stdout: wire.Output{Data: worst, Truncated: true}, Stderr: wire.Output{Data: worst, Truncated: true}}
+	b, err := json.Marshal(newOutput(res))
+	if err != nil || len(b) >= 4<<20 {
+		t.Fatalf("%d bytes, want under %d: %v", len(b), 4<<20, err)
+	}
+	worst = bytes.Repeat([]byte{255}, TaskMaxOutput+200) // "255," in data
+	res.Stdout.Data = worst
+	if b, err = json.Marshal(newOutput(res)); err != nil || len(b) >= 4<<20 {
+		t.Fatalf("%d bytes, want under %d: %v", len(b), 4<<20, err)
 	}
 }
 

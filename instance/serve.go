@@ -10,11 +10,17 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/flmbox/flmbox/instance/flamepb"
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // EndpointEnv names the Unix socket that Flame's executor gives an
 // application to serve on.
 const EndpointEnv = "FLAME_INSTANCE_ENDPOINT"
+
+// maxTaskInput bounds a call's message: a task's input with the largest code
+// (JSON-escaped) and the largest stdin (as numbers, up to 4 bytes each).
+// gRPC's default, 4 MiB, would refuse some that the agent takes.
+const maxTaskInput = 6*wire.MaxCodeSize + 4*wire.MaxStdinSize + 1<<20
 
 // Serve serves s over gRPC on the Unix socket path until ctx is done: then
 // it stops taking calls, cancels the task running (its snippet is killed),
@@ -29,7 +35,7 @@ func Serve(ctx context.Context, s *Server, path string) error {
 		return fmt.Errorf("listen on %s: %w", path, err)
 	}
 	defer os.Remove(path)
-	g := grpc.NewServer()
+	g := grpc.NewServer(grpc.MaxRecvMsgSize(maxTaskInput))
 	flamepb.RegisterInstanceServer(g, s)
 	served := make(chan error, 1)
 	go func() { served <- g.Serve(ln) }()

@@ -9,9 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // Hostile snippets (issue 12): what a snippet may try against its own
@@ -148,9 +151,9 @@ func sandboxState(t *testing.T, root, name string) string {
 // its socket by path, its descriptors through /proc/1/fd, every socket that
 // /proc/net/unix lists, by path and abstract name. Each connection that
 // works sends a request to run "touch /tmp/pwned" with no limits.
-const agentAttempts = `
+var agentAttempts = `
 import os, socket, json
-req = json.dumps({"version": 2, "language": "shell", "code": "touch /tmp/pwned", "timeout_ms": 60000, "limits": {}}).encode()
+req = json.dumps({"version": ` + strconv.Itoa(wire.ProtocolVersion) + `, "language": "shell", "code": "touch /tmp/pwned", "timeout_ms": 60000, "limits": {}}).encode()
 def attempt(what, addr):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(5)

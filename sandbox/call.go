@@ -3,6 +3,8 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -25,6 +27,17 @@ type Request struct {
 	// Reset first returns the sandbox to a clean state: every other
 	// process killed, /tmp and /dev/shm emptied, System V IPC removed.
 	Reset bool
+	// Stdin is the snippet's standard input (at most wire.MaxStdinSize
+	// bytes), then EOF. Default: EOF at once.
+	Stdin []byte
+	// Env are K=V settings added to the sandbox's environment for this call
+	// only; /tmp/site-packages stays first on PYTHONPATH.
+	Env []string
+	// Interpreter names the program that runs the code in place of the
+	// language's python3 or /bin/sh: a command in the image's PATH, such as
+	// python3.11 or bash (see wire.Request.Interpreter). One the image lacks
+	// fails the call (Result.Error).
+	Interpreter string
 }
 
 // DefaultTimeout is a Request's default timeout.
@@ -57,8 +70,32 @@ func (r Request) wire() (*wire.Request, error) {
 		return nil, fmt.Errorf("timeout %s: want at least 1ms: %w", r.Timeout, errdefs.ErrInvalidArgument)
 	}
 	req := &wire.Request{Version: wire.ProtocolVersion, Language: r.Language, Code: r.Code,
-		TimeoutMS: r.Timeout.Milliseconds(), MaxOutput: r.MaxOutput, Reset: r.Reset}
+		TimeoutMS: r.Timeout.Milliseconds(), MaxOutput: r.MaxOutput, Reset: r.Reset,
+		Stdin: r.Stdin, Env: callEnv(r.Env), Interpreter: r.Interpreter}
 	return req, req.Validate()
+}
+
+// callEnv is a call's env with /tmp/site-packages first on its PYTHONPATH,
+// if it sets one, as Environment does for a sandbox's.
+func callEnv(env []string) []string {
+	var out []string
+	for i, kv := range env {
+		v, ok := strings.CutPrefix(kv, "PYTHONPATH=")
+		if !ok {
+			continue
+		}
+		if out == nil {
+			out = slices.Clone(env)
+		}
+		out[i] = "PYTHONPATH=" + sitePackages
+		if v != "" {
+			out[i] += ":" + v
+		}
+	}
+	if out == nil {
+		return env
+	}
+	return out
 }
 
 // Validate reports what is wrong with r, if anything

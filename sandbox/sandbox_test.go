@@ -116,10 +116,21 @@ func TestRequest(t *testing.T) {
 		{Timeout: -time.Second},
 		{Code: "a\x00b"},
 		{MaxOutput: -1},
+		{Env: []string{"NOVALUE"}},
+		{Interpreter: "/bin/bash"},
 	} {
 		if err := bad.Validate(); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("%+v: %v, want an invalid argument", bad, err)
 		}
+	}
+	env := []string{"A=1", "PYTHONPATH=/x", "B=2", "PYTHONPATH="}
+	w, err = Request{Env: env, Stdin: []byte("in"), Interpreter: "bash", Language: wire.LanguageShell}.wire()
+	if err != nil || string(w.Stdin) != "in" || w.Interpreter != "bash" ||
+		!slices.Equal(w.Env, []string{"A=1", "PYTHONPATH=/tmp/site-packages:/x", "B=2", "PYTHONPATH=/tmp/site-packages"}) {
+		t.Fatalf("stdin, env, interpreter: %+v %v", w, err)
+	}
+	if env[1] != "PYTHONPATH=/x" {
+		t.Fatalf("the caller's env changed: %q", env)
 	}
 }
 

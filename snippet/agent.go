@@ -23,8 +23,9 @@ import (
 // Bounds of the conversation on one connection.
 const (
 	// maxRequestSize bounds what the agent reads of a request: the largest
-	// code JSON-escaped (a control character takes 6 bytes) plus the rest.
-	maxRequestSize = 6*wire.MaxCodeSize + 64<<10
+	// code and env JSON-escaped (a control character takes 6 bytes), the
+	// largest stdin in base64, and the rest.
+	maxRequestSize = 6*(wire.MaxCodeSize+wire.MaxEnvSize) + (wire.MaxStdinSize+2)/3*4 + 64<<10
 	// requestTimeout bounds the time a client takes to send its request.
 	requestTimeout = 30 * time.Second
 	// responseTimeout bounds the time a client takes to read the result.
@@ -139,6 +140,9 @@ func (a *Agent) init() {
 		a.shell = cmp.Or(a.Shell, "/bin/sh")
 		a.shellIsDash = isDash(a.shell)
 		a.python, a.pythonErr = lookPath(cmp.Or(a.Python, "python3"), a.env)
+		if a.pythonErr != nil {
+			a.pythonErr = fmt.Errorf("%w (the image has no Python?)", a.pythonErr)
+		}
 		a.pyEnv = pythonEnv(a.env)
 		a.sweeps = a.KillStrays && reapsOrphans()
 	})
@@ -173,8 +177,7 @@ func lookPath(name string, env []string) (string, error) {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("find %s in PATH %q (the image has no Python?): %w",
-		name, path, exec.ErrNotFound)
+	return "", fmt.Errorf("find %s in PATH %q: %w", name, path, exec.ErrNotFound)
 }
 
 // Serve accepts connections on ln until ctx is cancelled, and answers each

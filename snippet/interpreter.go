@@ -231,7 +231,7 @@ const maxShellScript = 4096
 // once, which forks a snippet's process on each request of the agent, much
 // faster than starting python3 (see zygote_linux.go). It reads requests on
 // the socket at fd 3: "F ID MEMORY PROCS FILEBYTES" with three descriptors
-// (stdout, stderr, gate), answers "P ID PID" or "E ID ERROR", and reports
+// (stdout, stderr, gate) or four (and stdin), answers "P ID PID" or "E ID ERROR", and reports
 // "X PID STATUS" once a child has exited, the rest of its process group has
 // been killed and it has been reaped. It exits when the agent closes the
 // socket. A child returns from _flmbox_zygote with its stdio and gate in
@@ -285,7 +285,7 @@ const pythonZygoteDef = `def _flmbox_zygote():
                     send(b'X %d %d' % (pid, status))
                 continue
             try:
-                msg, anc, _, _ = ctl.recvmsg(256, _socket.CMSG_SPACE(12))
+                msg, anc, _, _ = ctl.recvmsg(256, _socket.CMSG_SPACE(16))
             except OSError:
                 msg = b''
             if not msg:
@@ -296,7 +296,7 @@ const pythonZygoteDef = `def _flmbox_zygote():
                     fds += [int.from_bytes(data[i:i + 4], sys.byteorder) for i in range(0, len(data) - 3, 4)]
             word = msg.split()
             try:
-                if len(fds) != 3 or len(word) != 5:
+                if len(fds) not in (3, 4) or len(word) != 5:
                     raise ValueError('bad request %r with %d descriptors' % (msg, len(fds)))
                 values = [int(w) for w in word[2:]]
                 pid = os.fork()
@@ -310,7 +310,7 @@ const pythonZygoteDef = `def _flmbox_zygote():
                 _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
                 ctl.detach()
                 os.setpgid(0, 0)
-                for src, dst in zip(fds, (1, 2, 3)):
+                for src, dst in zip(fds, (1, 2, 3, 0)):
                     os.dup2(src, dst)
                 for f in fds + [wake_r, wake_w]:
                     os.close(f)

@@ -1,12 +1,15 @@
 package snippet
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -53,7 +56,7 @@ func (a *Agent) run(ctx context.Context, req *wire.Request) (res *wire.Result, r
 		res.Interrupted = errors.Is(err, errInterrupted)
 		return res, false
 	}
-	if req.Language == wire.LanguagePython && a.pythonErr != nil {
+	if req.Language == wire.LanguagePython && req.Interpreter == "" && a.pythonErr != nil {
 		return errorResult(a.pythonErr), false
 	}
 	if req.Reset {
@@ -61,19 +64,110 @@ func (a *Agent) run(ctx context.Context, req *wire.Request) (res *wire.Result, r
 			return errorResult(err), false
 		}
 	}
+	interp, err := a.interpreter(req)
+	if err != nil {
+		return errorResult(err), false
+	}
 	a.sweepStrays() // if the last call's own sweep has not run yet
 	a.calls.RLock()
 	defer a.calls.RUnlock()
-	p := a.takeSpare(ctx, req)
+	var p *proc
+	if interp == "" && len(req.Env) == 0 && len(req.Stdin) == 0 {
+		p = a.takeSpare(ctx, req)
+	}
 	if p == nil {
-		var err error
-		if p, err = a.start(req.Language, req.Code, req.Limits, false); err != nil {
+		if p, err = a.startCall(req, interp); err != nil {
 			return errorResult(err), false
 		}
 	}
 	res = a.runProc(ctx, req, p)
 	a.leftovers.Store(true) // before the answer: the next call must see it
 	return res, true
+}
+
+// interpreter returns the path of req's Interpreter, or "" if it names the
+// language's own (or none).
+func (a *Agent) interpreter(req *wire.Request) (string, error) {
+	if req.Interpreter == "" {
+		return "", nil
+	}
+	path, err := lookPath(req.Interpreter, withEnv(a.env, req.Env))
+	if err != nil {
+		return "", fmt.Errorf("interpreter %s: the sandbox has none: %w", req.Interpreter, err)
+	}
+	own := a.shell
+	if req.Language == wire.LanguagePython {
+		own = a.python
+	}
+	if sameFile(path, own) {
+		return "", nil
+	}
+	return path, nil
+}
+
+func sameFile(a, b string) bool {
+	fa, err := os.Stat(a)
+	if err != nil {
+		return false
+	}
+	fb, err := os.Stat(b)
+	return err == nil && os.SameFile(fa, fb)
+}
+
+// withEnv is env with the settings of extra added; a later one of a name
+// wins.
+func withEnv(env, extra []string) []string {
+	if len(extra) == 0 {
+		return env
+	}
+	set := make(map[string]bool, len(extra))
+	for _, kv := range extra {
+		k, _, _ := strings.Cut(kv, "=")
+		set[k] = true
+	}
+	out := make([]string, 0, len(env)+len(extra))
+	for _, kv := range env {
+		if k, _, _ := strings.Cut(kv, "="); !set[k] {
+			out = append(out, kv)
+		}
+	}
+	for i, kv := range extra {
+		k, _, _ := strings.Cut(kv, "=")
+		if !slices.ContainsFunc(extra[i+1:], func(later string) bool { return strings.HasPrefix(later, k+"=") }) {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// startCall starts the process of req, which takes no spare: one with
+// stdin is started as any (forked by the zygote if one runs); one with its
+// own interpreter (interp) or environment is exec'd as the snippets' user,
+// so that neither runs as the agent's.
+func (a *Agent) startCall(req *wire.Request, interp string) (*proc, error) {
+	stdin := len(req.Stdin) > 0
+	if interp == "" && len(req.Env) == 0 {
+		return a.start(req.Language, req.Code, req.Limits, false, stdin)
+	}
+	runs, idle := a.spareMark()
+	env := withEnv(a.env, req.Env)
+	var p *proc
+	var err error
+	if req.Language == wire.LanguagePython {
+		path := cmp.Or(interp, a.python)
+		c := pythonCommand(nil)
+		c.args[0] = path
+		p, err = a.startExec(path, c, pythonEnv(env), a.User.credential(), req.Limits, stdin)
+	} else {
+		path := cmp.Or(interp, a.shell)
+		c := shellCommand(req.Code)
+		c.args[0] = filepath.Base(path)
+		p, err = a.startExec(path, c, env, a.User.credential(), req.Limits, stdin)
+	}
+	if err == nil {
+		p.lang, p.runs, p.idleStart = req.Language, runs, idle
+	}
+	return p, err
 }
 
 // proc is a snippet's process, started with its limits set and blocked on
@@ -87,6 +181,8 @@ type proc struct {
 	runs              int64
 	idleStart         bool
 	outR, errR, gateW *os.File
+	// stdinW, if not nil, is the write end of the process's stdin.
+	stdinW *os.File
 	// done is closed once the process has exited, the rest of its process
 	// group has been killed and it has been reaped; then status, or err,
 	// says how it ended.
@@ -167,54 +263,65 @@ func (p *proc) discard() {
 }
 
 func (p *proc) close() {
-	for _, f := range []*os.File{p.outR, p.errR, p.gateW} {
-		f.Close()
+	for _, f := range []*os.File{p.outR, p.errR, p.gateW, p.stdinW} {
+		if f != nil {
+			f.Close()
+		}
 	}
 }
 
 // start starts the interpreter of lang for code (empty for a spare, which
-// takes code later), with limits set. A Python process is forked by the
-// zygote when the agent has one running, or when wait is set after starting
-// one; otherwise it is a new python3.
-func (a *Agent) start(lang, code string, limits wire.Limits, wait bool) (*proc, error) {
+// takes code later), with limits set, and a pipe for its stdin if stdin is
+// set (else stdin is at EOF). A Python process is forked by the zygote when
+// the agent has one running, or when wait is set after starting one;
+// otherwise it is a new python3.
+func (a *Agent) start(lang, code string, limits wire.Limits, wait, stdin bool) (*proc, error) {
 	runs, idle := a.spareMark()
-	p, err := a.startLang(lang, code, limits, wait)
+	p, err := a.startLang(lang, code, limits, wait, stdin)
 	if err == nil {
 		p.lang, p.runs, p.idleStart = lang, runs, idle
 	}
 	return p, err
 }
 
-func (a *Agent) startLang(lang, code string, limits wire.Limits, wait bool) (*proc, error) {
+func (a *Agent) startLang(lang, code string, limits wire.Limits, wait, stdin bool) (*proc, error) {
 	if lang == wire.LanguageShell {
 		c := shellScriptCommand()
-		if len(code) > maxShellScript || !a.shellIsDash {
+		if len(code) > maxShellScript || !a.shellIsDash || stdin { // sh -s's stdin is its gate
 			c = shellCommand(code)
 		}
 		c.args[0] = filepath.Base(a.shell) // $0, and bash's POSIX mode only as sh
-		return a.startExec(a.shell, c, a.env, a.User.credential(), limits)
+		return a.startExec(a.shell, c, a.env, a.User.credential(), limits, stdin)
 	}
 	if z := a.zygote(wait); z != nil {
-		if p, err := z.fork(limits); err == nil {
+		if p, err := z.fork(limits, stdin); err == nil {
 			return p, nil
 		}
 	}
 	c := pythonCommand(a.User)
-	c.args[0] = a.python                                  // Python finds its prefix from argv[0]
-	return a.startExec(a.python, c, a.pyEnv, nil, limits) // it becomes a.User itself
+	c.args[0] = a.python                                         // Python finds its prefix from argv[0]
+	return a.startExec(a.python, c, a.pyEnv, nil, limits, stdin) // it becomes a.User itself
 }
 
-// pipes are the snippet's ends and the agent's ends of its three pipes.
+// pipes are the snippet's ends and the agent's ends of its pipes: stdout,
+// stderr, the gate, and stdin if asked for.
 type pipes struct {
-	outR, outW, errR, errW, gateR, gateW *os.File
+	outR, outW, errR, errW, gateR, gateW, inR, inW *os.File
 }
 
-func newPipes() (*pipes, error) {
+func newPipes(stdin bool) (*pipes, error) {
 	var p pipes
-	for _, pair := range []struct {
+	pairs := []struct {
 		own, child **os.File
 		ownReads   bool
-	}{{&p.outR, &p.outW, true}, {&p.errR, &p.errW, true}, {&p.gateW, &p.gateR, false}} {
+	}{{&p.outR, &p.outW, true}, {&p.errR, &p.errW, true}, {&p.gateW, &p.gateR, false}}
+	if stdin {
+		pairs = append(pairs, struct {
+			own, child **os.File
+			ownReads   bool
+		}{&p.inW, &p.inR, false})
+	}
+	for _, pair := range pairs {
 		own, child, err := pipe(pair.ownReads)
 		if err != nil {
 			p.close()
@@ -249,7 +356,7 @@ func pipe(ownReads bool) (own, child *os.File, err error) {
 
 // closeChildEnds closes the ends that only the snippet uses.
 func (p *pipes) closeChildEnds() {
-	for _, f := range []*os.File{p.outW, p.errW, p.gateR} {
+	for _, f := range []*os.File{p.outW, p.errW, p.gateR, p.inR} {
 		if f != nil {
 			f.Close()
 		}
@@ -258,7 +365,7 @@ func (p *pipes) closeChildEnds() {
 
 func (p *pipes) close() {
 	p.closeChildEnds()
-	for _, f := range []*os.File{p.outR, p.errR, p.gateW} {
+	for _, f := range []*os.File{p.outR, p.errR, p.gateW, p.inW} {
 		if f != nil {
 			f.Close()
 		}
@@ -267,13 +374,14 @@ func (p *pipes) close() {
 
 // proc returns the agent's ends of p as a process's.
 func (p *pipes) proc(c command, limits wire.Limits) *proc {
-	return &proc{cmd: c, limits: limits, outR: p.outR, errR: p.errR, gateW: p.gateW, done: make(chan struct{})}
+	return &proc{cmd: c, limits: limits, outR: p.outR, errR: p.errR, gateW: p.gateW, stdinW: p.inW, done: make(chan struct{})}
 }
 
 // startExec starts c as a child of the agent, in its own process group,
-// with env, as user cred (nil: the agent's), and sets its limits.
-func (a *Agent) startExec(path string, c command, env []string, cred *syscall.Credential, limits wire.Limits) (*proc, error) {
-	pp, err := newPipes()
+// with env, as user cred (nil: the agent's), with a pipe for its stdin if
+// stdin is set, and sets its limits.
+func (a *Agent) startExec(path string, c command, env []string, cred *syscall.Credential, limits wire.Limits, stdin bool) (*proc, error) {
+	pp, err := newPipes(stdin)
 	if err != nil {
 		return nil, err
 	}
@@ -286,9 +394,13 @@ func (a *Agent) startExec(path string, c command, env []string, cred *syscall.Cr
 		Stderr:      pp.errW,
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true, Credential: cred},
 	}
-	if c.stdinGate {
+	switch {
+	case c.stdinGate:
 		cmd.Stdin = pp.gateR
-	} else {
+	case pp.inR != nil:
+		cmd.Stdin = pp.inR
+		fallthrough
+	default:
 		cmd.ExtraFiles = []*os.File{pp.gateR} // fd 3 (gateFD)
 	}
 	pid, startErr := startChild(cmd)
@@ -344,6 +456,10 @@ func (a *Agent) runProc(ctx context.Context, req *wire.Request, p *proc) *wire.R
 	gate.Go(func() {
 		p.gateW.Write(p.cmd.gateData(req.Code)) // fails only if the snippet died: its status says why
 		p.gateW.Close()
+		if p.stdinW != nil {
+			p.stdinW.Write(req.Stdin) // fails if the snippet ended without reading it all, as a shell's would
+			p.stdinW.Close()
+		}
 	})
 	var cancelErr error
 	timer := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
@@ -374,6 +490,9 @@ func (a *Agent) runProc(ctx context.Context, req *wire.Request, p *proc) *wire.R
 
 	drain(&readers, p.outR, p.errR)
 	p.gateW.SetWriteDeadline(time.Unix(1, 0))
+	if p.stdinW != nil {
+		p.stdinW.SetWriteDeadline(time.Unix(1, 0))
+	}
 	gate.Wait()
 
 	res.Stdout, res.Stderr = stdout.Output(), stderr.Output()

@@ -230,6 +230,82 @@ func TestRunStdinAtEOF(t *testing.T) {
 	}
 }
 
+func TestRunStdin(t *testing.T) {
+	a := testAgent(t)
+	big := strings.Repeat("0123456789abcdef", 1<<16) // 1 MiB: more than a pipe holds
+	for _, tc := range []struct{ name, lang, code, stdin, want string }{
+		{"shell cat", wire.LanguageShell, "cat; echo done", "line 1\nline 2", "line 1\nline 2done\n"},
+		{"shell read", wire.LanguageShell, "read -r x; echo \"got $x\"", "hello\nrest\n", "got hello\n"},
+		{"python read", wire.LanguagePython, "import sys\nprint(repr(sys.stdin.read()))", "a\x00b\xffc", "'a\\x00b\\udcffc'\n"},
+		{"python child cat", wire.LanguagePython, "import subprocess\nsubprocess.run(['cat'])\nprint()", "from stdin", "from stdin\n"},
+		{"python large", wire.LanguagePython, "import sys\nprint(len(sys.stdin.buffer.read()))", big, "1048576\n"},
+		{"unread", wire.LanguageShell, "echo ignored", big, "ignored\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := run(t, a, request(tc.lang, tc.code, func(r *wire.Request) { r.Stdin = []byte(tc.stdin) }))
+			if string(res.Stdout.Data) != tc.want || res.ExitCode != 0 {
+				t.Fatalf("want stdout %q, got %s", tc.want, dump(res))
+			}
+		})
+	}
+	// The next call's stdin is at EOF again.
+	if res := run(t, a, request(wire.LanguageShell, "cat; echo done")); string(res.Stdout.Data) != "done\n" {
+		t.Fatalf("a call without stdin after calls with: %s", dump(res))
+	}
+}
+
+func TestRunCallEnv(t *testing.T) {
+	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), Env: []string{"PATH=/usr/bin:/bin", "A=sandbox", "B=sandbox"}, Spares: testSpares}
+	t.Cleanup(func() { a.Close() })
+	env := []string{"B=call", "C=first", "C=call"}
+	for _, tc := range []struct{ lang, code string }{
+		{wire.LanguageShell, "echo $A $B $C"},
+		{wire.LanguagePython, "import os; print(os.environ['A'], os.environ['B'], os.environ['C'])"},
+	} {
+		res := run(t, a, request(tc.lang, tc.code, func(r *wire.Request) { r.Env = env }))
+		if want := "sandbox call call\n"; string(res.Stdout.Data) != want || res.ExitCode != 0 {
+			t.Fatalf("%s: want stdout %q, got %s", tc.lang, want, dump(res))
+		}
+		// Only for that call.
+		res = run(t, a, request(tc.lang, tc.code))
+		if tc.lang == wire.LanguageShell && string(res.Stdout.Data) != "sandbox sandbox\n" {
+			t.Fatalf("%s: the next call sees %s", tc.lang, dump(res))
+		}
+		if tc.lang == wire.LanguagePython && !strings.Contains(string(res.Stderr.Data), "KeyError") {
+			t.Fatalf("%s: the next call sees %s", tc.lang, dump(res))
+		}
+	}
+}
+
+func TestRunInterpreter(t *testing.T) {
+	bin := t.TempDir()
+	python := hostPython(t)
+	// Another Python: a wrapper of the host's that says it ran.
+	wrapper := "#!/bin/sh\nFLMBOX_VIA=python3.99 exec " + python + " \"$@\"\n"
+	if err := os.WriteFile(filepath.Join(bin, "python3.99"), []byte(wrapper), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	a := &Agent{Python: python, Dir: t.TempDir(), Env: []string{"PATH=" + bin + ":/usr/bin:/bin"}, Spares: testSpares}
+	t.Cleanup(func() { a.Close() })
+	for _, tc := range []struct{ name, lang, interp, code, want string }{
+		{"python3.99", wire.LanguagePython, "python3.99", "import os, sys; print(sys.argv[0], os.environ.get('FLMBOX_VIA'))", "-c python3.99\n"},
+		{"python3 is the default", wire.LanguagePython, "python3", "print(6 * 7)", "42\n"},
+		{"sh", wire.LanguageShell, "sh", "echo $0", "sh\n"},
+		{"bash", wire.LanguageShell, "bash", "echo $0 ${BASH_VERSION:+bash}", "bash bash\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := run(t, a, request(tc.lang, tc.code, func(r *wire.Request) { r.Interpreter = tc.interp }))
+			if string(res.Stdout.Data) != tc.want || res.ExitCode != 0 {
+				t.Fatalf("want stdout %q, got %s", tc.want, dump(res))
+			}
+		})
+	}
+	res := run(t, a, request(wire.LanguagePython, "print(1)", func(r *wire.Request) { r.Interpreter = "python2.1" }))
+	if res.ExitCode != -1 || !strings.Contains(res.Error, "interpreter python2.1: the sandbox has none: find python2.1 in PATH") {
+		t.Fatalf("a missing interpreter: %s", dump(res))
+	}
+}
+
 func TestRunEnvAndDir(t *testing.T) {
 	dir := t.TempDir()
 	a := &Agent{Python: hostPython(t), Dir: dir, Env: []string{"PATH=/usr/bin:/bin", "FLMBOX_TEST=yes"}}

@@ -74,9 +74,10 @@ func (a *Agent) startZygote() (*zygote, error) {
 	return z, nil
 }
 
-// fork asks the zygote for a Python process with limits.
-func (z *zygote) fork(limits wire.Limits) (*proc, error) {
-	pp, err := newPipes()
+// fork asks the zygote for a Python process with limits, and a pipe for
+// its stdin if stdin is set (else it has the zygote's, /dev/null).
+func (z *zygote) fork(limits wire.Limits, stdin bool) (*proc, error) {
+	pp, err := newPipes(stdin)
 	if err != nil {
 		return nil, err
 	}
@@ -92,7 +93,11 @@ func (z *zygote) fork(limits wire.Limits) (*proc, error) {
 	z.forks[id] = f
 	z.mu.Unlock()
 	msg := fmt.Appendf(nil, "F %d %d %d %d", id, limits.MemoryBytes, limits.Procs, limits.FileBytes)
-	oob := unix.UnixRights(int(pp.outW.Fd()), int(pp.errW.Fd()), int(pp.gateR.Fd()))
+	fds := []int{int(pp.outW.Fd()), int(pp.errW.Fd()), int(pp.gateR.Fd())}
+	if pp.inR != nil {
+		fds = append(fds, int(pp.inR.Fd()))
+	}
+	oob := unix.UnixRights(fds...)
 	_, _, err = z.conn.WriteMsgUnix(msg, oob, nil)
 	pp.closeChildEnds() // the zygote has its own copies now
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -163,7 +164,7 @@ func TestWarmCallAnswered(t *testing.T) {
 	var got wire.Request
 	fakeAgent(t, root, "sb", func(req []byte) []byte {
 		json.Unmarshal(req, &got)
-		return []byte(`{"version":2,"exit_code":3,"stdout":{"data":"aGkK","total":3},"stderr":{"data":"","total":0},"duration_ms":1}` + "\n")
+		return []byte(`{"version":` + strconv.Itoa(wire.ProtocolVersion) + `,"exit_code":3,"stdout":{"data":"aGkK","total":3},"stderr":{"data":"","total":0},"duration_ms":1}` + "\n")
 	})
 	w, ok := parseWarmCall([]string{"--root", root, "run", "--sandbox", "sb", "-l", "shell", "-c", "echo hi; exit 3"}, func(string) (string, bool) { return "", false })
 	if !ok {

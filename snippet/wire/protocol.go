@@ -14,7 +14,7 @@ import (
 // speaks. A request and a result carry it; an agent answers a request of
 // another version with an error result, and Call turns a result of another
 // version into an error that tells the user to recreate the sandbox.
-const ProtocolVersion = 2
+const ProtocolVersion = 3
 
 // Languages of a Request.
 const (
@@ -41,6 +41,11 @@ const (
 	// MaxMaxOutput is the largest MaxOutput a request may ask for. The agent
 	// and the client hold up to twice this much (both streams) per call.
 	MaxMaxOutput = 64 << 20
+	// MaxStdinSize is the largest Stdin a request may carry.
+	MaxStdinSize = 8 << 20
+	// MaxEnvSize is the most that a request's Env may hold, in bytes of its
+	// K=V settings.
+	MaxEnvSize = 64 << 10
 )
 
 // Request asks an agent to run one snippet. The zero values of MaxOutput
@@ -81,6 +86,20 @@ type Request struct {
 	// agent of before this field ignores it: it kills the snippet only when
 	// the client closes the connection, and never answers an interrupt.
 	Interruptible bool `json:"interruptible,omitempty"`
+	// Stdin is the snippet's standard input, at most MaxStdinSize bytes,
+	// followed by EOF. Empty (the default): stdin is at EOF at once.
+	Stdin []byte `json:"stdin,omitempty"`
+	// Env are K=V settings added to the snippet's environment for this
+	// call, after the sandbox's (a later setting of a name wins), at most
+	// MaxEnvSize bytes.
+	Env []string `json:"env,omitempty"`
+	// Interpreter names the program that runs the code in place of the
+	// language's (python3, /bin/sh): a command found in the sandbox's PATH,
+	// such as python3.11 or bash. Python code runs as INTERPRETER -S -s -c
+	// with flmbox's bootstrap, so it must be a Python 3; shell code as
+	// INTERPRETER -c CODE, so it must take POSIX sh's -c. A name the image
+	// lacks fails the call (ExitCode -1, Error).
+	Interpreter string `json:"interpreter,omitempty"`
 }
 
 // PingRequest returns a Ping request.
@@ -199,10 +218,53 @@ func (r *Request) validate() error {
 	if r.MaxOutput < 0 || r.MaxOutput > MaxMaxOutput {
 		return fmt.Errorf("max output %d bytes: want 0 (the default, %d) up to %d", r.MaxOutput, DefaultMaxOutput, MaxMaxOutput)
 	}
+	if len(r.Stdin) > MaxStdinSize {
+		return fmt.Errorf("stdin is %d bytes, over the limit of %d; write it to a file under /tmp in one call and read that file in the next",
+			len(r.Stdin), MaxStdinSize)
+	}
+	if err := validateEnv(r.Env); err != nil {
+		return err
+	}
+	if r.Interpreter != "" && !validInterpreter(r.Interpreter) {
+		return fmt.Errorf("interpreter %q: want a command name such as python3.11 or bash (letters, digits, '.', '_', '+', '-'; no '/')", r.Interpreter)
+	}
 	if l := r.Limits; l.MemoryBytes < 0 || l.Procs < 0 || l.FileBytes < 0 {
 		return fmt.Errorf("limits must not be negative (0 sets none): memory %d, procs %d, file size %d", l.MemoryBytes, l.Procs, l.FileBytes)
 	}
 	return nil
+}
+
+// validateEnv checks a request's K=V settings.
+func validateEnv(env []string) error {
+	size := 0
+	for _, kv := range env {
+		size += len(kv)
+		k, _, ok := strings.Cut(kv, "=")
+		switch {
+		case !ok || k == "":
+			return fmt.Errorf("env %q: want NAME=VALUE", kv)
+		case strings.IndexByte(kv, 0) >= 0:
+			return fmt.Errorf("env %q: holds a NUL byte", k)
+		}
+	}
+	if size > MaxEnvSize {
+		return fmt.Errorf("env holds %d bytes, over the limit of %d", size, MaxEnvSize)
+	}
+	return nil
+}
+
+// validInterpreter says whether name is a plain command name, at most 64
+// bytes, starting with a letter or digit.
+func validInterpreter(name string) bool {
+	if name == "" || len(name) > 64 || !(name[0] >= 'a' && name[0] <= 'z' || name[0] >= 'A' && name[0] <= 'Z' || name[0] >= '0' && name[0] <= '9') {
+		return false
+	}
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("._+-", c)) {
+			return false
+		}
+	}
+	return true
 }
 
 // formatTimeoutMS writes a timeout of ms milliseconds as a duration

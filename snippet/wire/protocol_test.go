@@ -29,7 +29,19 @@ func TestValidate(t *testing.T) {
 		{"max output and limits", ok(func(r *Request) {
 			r.MaxOutput, r.Limits = MaxMaxOutput, Limits{MemoryBytes: 1 << 30, Procs: 10, FileBytes: 1}
 		}), ""},
+		{"largest stdin, env, interpreter", ok(func(r *Request) {
+			r.Stdin, r.Env, r.Interpreter = make([]byte, MaxStdinSize), []string{"A=" + strings.Repeat("x", MaxEnvSize-2)}, "python3.11"
+		}), ""},
+		{"empty env value", ok(func(r *Request) { r.Env = []string{"A="} }), ""},
 		{"nil", nil, "no request"},
+		{"stdin over 8 MiB", ok(func(r *Request) { r.Stdin = make([]byte, MaxStdinSize+1) }), "stdin is 8388609 bytes, over the limit of 8388608"},
+		{"env without =", ok(func(r *Request) { r.Env = []string{"A"} }), `env "A": want NAME=VALUE`},
+		{"env without name", ok(func(r *Request) { r.Env = []string{"=x"} }), `env "=x": want NAME=VALUE`},
+		{"env with NUL", ok(func(r *Request) { r.Env = []string{"A=\x00"} }), `env "A": holds a NUL byte`},
+		{"env over 64 KiB", ok(func(r *Request) { r.Env = []string{"A=" + strings.Repeat("x", MaxEnvSize-1)} }), "env holds 65537 bytes, over the limit of 65536"},
+		{"interpreter path", ok(func(r *Request) { r.Interpreter = "/usr/bin/python3" }), `interpreter "/usr/bin/python3": want a command name`},
+		{"interpreter option", ok(func(r *Request) { r.Interpreter = "-c" }), `interpreter "-c": want a command name`},
+		{"interpreter with space", ok(func(r *Request) { r.Interpreter = "python3 -I" }), `interpreter "python3 -I"`},
 		{"version 0", ok(func(r *Request) { r.Version = 0 }), fmt.Sprintf("request speaks protocol 0, this side speaks %d", ProtocolVersion)},
 		{"another version", ok(func(r *Request) { r.Version = ProtocolVersion + 1 }), fmt.Sprintf("request speaks protocol %d, this side speaks %d", ProtocolVersion+1, ProtocolVersion)},
 		{"unknown language", ok(func(r *Request) { r.Language = "ruby" }), `language "ruby": want python or shell`},

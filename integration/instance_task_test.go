@@ -1,0 +1,67 @@
+//go:build integration
+
+package integration
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// TestInstanceTaskStdinEnvRuntime: a task's input bytes are its snippet's
+// stdin, its env is its own, and its runtime picks one of the image's
+// interpreters; one the image lacks fails the task, saying so.
+func TestInstanceTaskStdinEnvRuntime(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	e := startInstance(t, root)
+	if res := e.enter(t, "io", reg.digestRef(), `{"env":["FROM_SESSION=s"]}`); res.ReturnCode != 0 {
+		t.Fatalf("enter: %d %s", res.ReturnCode, res.GetMessage())
+	}
+	task := func(fields map[string]any) (int32, string, taskOutput) {
+		t.Helper()
+		b, _ := json.Marshal(fields)
+		res, out := e.task(t, "t", string(b))
+		return res.ReturnCode, res.GetMessage(), out
+	}
+	// A Python that the image has under its full name: python3.N.
+	_, _, out := task(map[string]any{"language": "shell", "code": `python3 -c 'import sys; print("python3.%d" % sys.version_info[1])'`})
+	python3N := strings.TrimSpace(out.stdout())
+	bytesOf := func(s string) []int {
+		var ns []int
+		for _, c := range []byte(s) {
+			ns = append(ns, int(c))
+		}
+		return ns
+	}
+	for _, tc := range []struct {
+		name   string
+		fields map[string]any
+		want   string
+	}{
+		{"python stdin", map[string]any{"language": "python", "code": "import sys\nfor line in sys.stdin: print(line.strip().upper())", "input": bytesOf("a\nb\n")}, "A\nB\n"},
+		{"shell stdin, binary", map[string]any{"language": "shell", "code": "od -An -tu1 | tr -s ' '", "input": []int{0, 255, 10}}, " 0 255 10\n"},
+		{"no stdin", map[string]any{"language": "shell", "code": "cat; echo eof", "input": nil}, "eof\n"},
+		{"env", map[string]any{"language": "python", "code": "import os; print(os.environ['FROM_SESSION'], os.environ['FROM_TASK'])", "env": map[string]string{"FROM_TASK": "t"}}, "s t\n"},
+		{"env is the task's only", map[string]any{"language": "shell", "code": "echo \"[$FROM_TASK]\""}, "[]\n"},
+		{"runtime bash", map[string]any{"language": "shell", "runtime": "bash", "code": "echo ${BASH_VERSION:+bash} $((6*7))"}, "bash 42\n"},
+		{"runtime " + python3N, map[string]any{"language": "python", "runtime": python3N, "code": "import sys; print('python3.%d' % sys.version_info[1], sys.stdin.read())", "input": bytesOf("in")}, python3N + " in\n"},
+		{"runtime sh", map[string]any{"language": "shell", "runtime": "sh", "code": "echo $0"}, "sh\n"},
+	} {
+		code, msg, out := task(tc.fields)
+		if code != 0 || out.ExitCode != 0 || out.stdout() != tc.want {
+			t.Errorf("%s: return code %d %q, exit %d, stdout %q, want %q; stderr %q", tc.name, code, msg, out.ExitCode, out.stdout(), tc.want, out.Stderr)
+		}
+	}
+	code, msg, _ := task(map[string]any{"language": "python", "runtime": "python2.1", "code": "print 1"})
+	if code == 0 || !strings.Contains(msg, "interpreter python2.1: the sandbox has none") {
+		t.Errorf("a runtime the image lacks: return code %d, message %q", code, msg)
+	}
+	if code, msg, _ := task(map[string]any{"language": "python", "runtime": "../bin/python3", "code": "1"}); code == 0 || !strings.Contains(msg, "want a command name") {
+		t.Errorf("a runtime that is a path: return code %d, message %q", code, msg)
+	}
+	// The session goes on.
+	if code, _, out := task(map[string]any{"language": "python", "code": "print(1)"}); code != 0 || out.stdout() != "1\n" {
+		t.Errorf("a task after refusals: %d %+v", code, out)
+	}
+}
