@@ -45,7 +45,8 @@ type BatchResult struct {
 // snippet starts in a clean sandbox and none sees another's /tmp, for the
 // price of one sandbox creation per worker. A worker whose sandbox failed
 // makes a new one for its next snippet; the sandboxes are removed at the
-// end. In an existing sandbox (Target.Sandbox), the snippets run side by
+// end, or by Reconcile if this process is killed first (Spec.Ephemeral).
+// In an existing sandbox (Target.Sandbox), the snippets run side by
 // side and share its /tmp, as its sequential calls do.
 func (m *Manager) Batch(ctx context.Context, target Target, reqs []Request, parallel int) ([]BatchResult, error) {
 	if (target.Sandbox == "") == (target.Spec == nil) {
@@ -66,6 +67,9 @@ func (m *Manager) Batch(ctx context.Context, target Target, reqs []Request, para
 		if _, err := target.Spec.withDefaults(); err != nil {
 			return nil, fmt.Errorf("batch: %w", err)
 		}
+		spec := *target.Spec
+		spec.Ephemeral = true
+		target.Spec = &spec
 	}
 	wreqs := make([]*wire.Request, len(reqs))
 	for i, r := range reqs {

@@ -155,7 +155,8 @@ func (m *Manager) Reset(ctx context.Context, name string) error {
 // sandbox, calling it and removing it. An interrupted call (ctx cancelled
 // while the snippet runs) delivers what the snippet printed so far, as
 // Call returns it, and fails with wire.ErrInterrupted; the sandbox is
-// removed all the same.
+// removed all the same. The sandbox is ephemeral (Spec.Ephemeral): if this
+// process is killed first, Reconcile removes it.
 func (m *Manager) RunOnce(ctx context.Context, spec Spec, req Request, deliver func(*wire.Result)) error {
 	wreq, err := req.wire()
 	if err != nil {
@@ -164,6 +165,7 @@ func (m *Manager) RunOnce(ctx context.Context, spec Spec, req Request, deliver f
 	if req.Reset {
 		return fmt.Errorf("run once: a new sandbox is clean already (Reset): %w", errdefs.ErrInvalidArgument)
 	}
+	spec.Ephemeral = true
 	sb, err := m.Create(ctx, spec)
 	if err != nil {
 		return err

@@ -58,7 +58,8 @@ const preinstallTimeout = 10 * time.Minute
 // first process and waits until the agent answers, then installs spec.Pip.
 // On failure nothing is left: no sandbox, no lease. A sandbox named
 // spec.Name that exists already fails with errdefs.ErrAlreadyExists, unless
-// it is what a killed Create left, which is removed first.
+// it is what a killed Create left (or an ephemeral one whose owner is gone),
+// which is removed first.
 func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 	spec, err = spec.withDefaults()
 	if err != nil {
@@ -103,6 +104,11 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	rec := &record.Record{Name: spec.Name, ID: runtime.NewID(), Image: spec.Image, Manifest: img.ManifestDigest,
 		Network: string(spec.Network), Platform: spec.Platform, Limits: recordLimits(spec.Limits), State: record.Creating,
 		Created: time.Now().UTC()}
+	if spec.Ephemeral {
+		if rec.Owner, err = record.Self(); err != nil {
+			return nil, fmt.Errorf("create sandbox %q: %w", spec.Name, err)
+		}
+	}
 	lock, err := m.claim(ctx, rec)
 	if err != nil {
 		return nil, err

@@ -8,7 +8,8 @@
 // lists it (Get, List) and removes it (Remove). RunOnce runs one snippet in
 // a fresh sandbox; Batch runs up to MaxBatch independent snippets, in fresh
 // sandboxes or side by side in one. Reconcile undoes what a killed flmbox
-// process left half made.
+// process left half made, and removes the sandboxes of a process that made
+// them for itself (Spec.Ephemeral: RunOnce's, Batch's) once it is gone.
 //
 // The package is the only code that reads or writes a sandbox's directory,
 // ROOT/sandboxes/NAME (its subpackage record holds the part a warm call

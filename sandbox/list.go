@@ -48,6 +48,10 @@ type Sandbox struct {
 	Created         time.Time
 	// LastUsed is when it was last called, or created.
 	LastUsed time.Time
+	// OwnerPID is the pid of the process it belongs to (Spec.Ephemeral),
+	// which removes it when done (or Reconcile, once that process is
+	// gone); 0 if none.
+	OwnerPID int
 	// ID is its runsc container ID, and Bundle its OCI bundle directory
 	// (config.json): for tools that measure or inspect runsc itself. Never
 	// change what is there.
@@ -60,6 +64,9 @@ func (m *Manager) sandbox(ctx context.Context, rec *record.Record, check bool) *
 	sb := &Sandbox{Name: rec.Name, Image: rec.Image, Manifest: rec.Manifest, Network: runtime.Network(rec.Network),
 		Platform: rec.Platform, Limits: runtimeLimits(rec.Limits), State: State(rec.State), Created: rec.Created,
 		LastUsed: rec.LastUsed(), ID: rec.ID, Bundle: rec.Dir}
+	if rec.Owner != nil {
+		sb.OwnerPID = rec.Owner.PID
+	}
 	if check && sb.State == StateRunning {
 		sb.State = m.check(ctx, rec)
 	}
@@ -83,14 +90,15 @@ func (m *Manager) check(ctx context.Context, rec *record.Record) State {
 }
 
 // Get describes sandbox name, its state checked (errdefs.ErrNotFound if
-// there is no such sandbox). What a killed Create or Remove left of it is
-// removed first (see Reconcile).
+// there is no such sandbox). What a killed Create or Remove left of it, or
+// an ephemeral sandbox whose owner is gone, is removed first (see
+// Reconcile).
 func (m *Manager) Get(ctx context.Context, name string) (*Sandbox, error) {
 	rec, err := record.Read(m.root, name)
 	if err != nil {
 		return nil, err
 	}
-	if rec.State != record.Running {
+	if rec.State != record.Running || rec.Owner.Gone() {
 		if gone, err := m.reconcileDir(ctx, rec.Dir); err != nil {
 			return nil, err
 		} else if gone {

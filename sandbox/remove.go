@@ -111,11 +111,12 @@ const newDirGrace = time.Minute
 
 // Reconcile removes what killed flmbox processes left: sandboxes whose
 // Create or Remove did not finish (their directory's lock is free and their
-// record says creating or removing), runsc containers that no record names,
-// and image leases whose sandbox does not exist. It costs a directory
-// listing, a lock attempt per sandbox and one runsc list; sandboxes other
-// processes are creating or removing are left alone, and so is a directory
-// whose record cannot be read (it is reported).
+// record says creating or removing), running sandboxes whose owner is gone
+// (Spec.Ephemeral), runsc containers that no record names, and image leases
+// whose sandbox does not exist. It costs a directory listing, a lock attempt
+// per sandbox, a read of /proc per ephemeral one and one runsc list;
+// sandboxes other processes are creating or removing are left alone, and so
+// is a directory whose record cannot be read (it is reported).
 func (m *Manager) Reconcile(ctx context.Context) error {
 	if err := m.open(); err != nil {
 		return err
@@ -203,7 +204,8 @@ func (m *Manager) reconcileLeases(ctx context.Context) error {
 }
 
 // reconcileDir removes the sandbox directory dir if a killed Create or
-// Remove left it, and reports whether it is gone.
+// Remove left it, or if its sandbox is running and its owner is gone, and
+// reports whether it is gone.
 func (m *Manager) reconcileDir(ctx context.Context, dir string) (gone bool, err error) {
 	name := filepath.Base(dir)
 	if strings.HasPrefix(name, ".new-") {
@@ -231,10 +233,13 @@ func (m *Manager) reconcileDir(ctx context.Context, dir string) (gone bool, err 
 		rec = &record.Record{Name: name, Dir: dir} // a directory without its record: nothing else was made
 	case err != nil:
 		return false, fmt.Errorf("reconcile sandbox %q: %w", name, err)
-	case rec.State == record.Running:
+	case rec.State == record.Running && !rec.Owner.Gone():
 		return false, nil
+	case rec.State == record.Running:
+		m.o.warnf("removing sandbox %s, whose owner flmbox process %d is gone", name, rec.Owner.PID)
+	default:
+		m.o.warnf("removing sandbox %s, which an interrupted flmbox left %s", name, orUnknown(rec.State))
 	}
-	m.o.warnf("removing sandbox %s, which an interrupted flmbox left %s", name, orUnknown(rec.State))
 	if err := m.destroy(ctx, rec); err != nil {
 		return false, err
 	}

@@ -3,8 +3,10 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -206,6 +208,65 @@ func TestReconcile(t *testing.T) {
 		if sb.State != want {
 			t.Errorf("%s is %s, want %s", sb.Name, sb.State, want)
 		}
+	}
+}
+
+// TestReconcileOwner: a running sandbox whose owner is gone is removed,
+// saying so, by Reconcile and by Get; one whose owner lives, and one
+// without an owner, are left.
+func TestReconcileOwner(t *testing.T) {
+	root := t.TempDir()
+	var warnings []string
+	m, err := Open(root, WithRunsc("/no/such/runsc"), WithWarnf(func(f string, a ...any) {
+		warnings = append(warnings, fmt.Sprintf(f, a...))
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	me, err := record.Self()
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := exec.Command("true")
+	if err := child.Run(); err != nil {
+		t.Fatal(err)
+	}
+	// Reaped: its pid is free, or another process's, which started later.
+	gone := &record.Owner{PID: child.Process.Pid, Start: me.Start, PIDNS: me.PIDNS}
+	orphan := writeRecord(t, root, record.Record{Name: "orphan", State: record.Running, Owner: gone})
+	owned := writeRecord(t, root, record.Record{Name: "owned", State: record.Running, Owner: me})
+	kept := writeRecord(t, root, record.Record{Name: "kept", State: record.Running})
+	if err := m.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(orphan); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the sandbox of a gone owner is left: %v", err)
+	}
+	for _, dir := range []string{owned, kept} {
+		if _, err := os.Stat(dir); err != nil {
+			t.Errorf("%s was removed: %v", dir, err)
+		}
+	}
+	want := fmt.Sprintf("removing sandbox orphan, whose owner flmbox process %d is gone", gone.PID)
+	if !slices.Equal(warnings, []string{want}) {
+		t.Errorf("warnings %q, want %q", warnings, want)
+	}
+	sbs, err := m.List(context.Background())
+	if err != nil || len(sbs) != 2 {
+		t.Fatalf("List: %v, %v", sbs, err)
+	}
+	for _, sb := range sbs {
+		if want := map[string]int{"owned": me.PID}[sb.Name]; sb.OwnerPID != want {
+			t.Errorf("%s: owner pid %d, want %d", sb.Name, sb.OwnerPID, want)
+		}
+	}
+
+	writeRecord(t, root, record.Record{Name: "orphan", State: record.Running, Owner: gone})
+	if _, err := m.Get(context.Background(), "orphan"); !errdefs.IsNotFound(err) {
+		t.Errorf("Get of a sandbox whose owner is gone: %v, want not found", err)
+	}
+	if _, err := os.Stat(orphan); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Get left the sandbox of a gone owner: %v", err)
 	}
 }
 

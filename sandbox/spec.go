@@ -41,6 +41,11 @@ type Spec struct {
 	Pip []string
 	// Mounts are host directories bound into the sandbox.
 	Mounts []Mount
+	// Ephemeral says that the sandbox belongs to the process that creates
+	// it: Reconcile removes it once that process is gone. It is for a
+	// caller that removes the sandbox itself when done and may be killed
+	// first (RunOnce and Batch set it on the sandboxes they make).
+	Ephemeral bool
 }
 
 // Mount binds a host directory into a sandbox.

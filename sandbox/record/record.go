@@ -58,6 +58,10 @@ type Record struct {
 	State    State  `json:"state"`
 	// Created is when the record was first written.
 	Created time.Time `json:"created"`
+	// Owner is the process the sandbox belongs to, if any
+	// (sandbox.Spec.Ephemeral): once it is gone, Reconcile removes the
+	// sandbox.
+	Owner *Owner `json:"owner,omitempty"`
 
 	// Dir is the sandbox's directory (not stored).
 	Dir string `json:"-"`

@@ -21,6 +21,10 @@ type sandboxInfo struct {
 	State    sandbox.State   `json:"state"`
 	Created  time.Time       `json:"created"`
 	LastUsed time.Time       `json:"last_used"`
+	// OwnerPID is the pid of the flmbox process that made the sandbox for
+	// itself (run --image, run --batch --image) and removes it when done;
+	// once that process is gone, so is the sandbox.
+	OwnerPID int `json:"owner_pid,omitempty"`
 }
 
 func sandboxLsCommand() *cli.Command {
@@ -41,7 +45,7 @@ func sandboxLsCommand() *cli.Command {
 			infos := []sandboxInfo{}
 			for _, sb := range sbs {
 				infos = append(infos, sandboxInfo{Name: sb.Name, Image: sb.Image, Network: sb.Network, State: sb.State,
-					Created: sb.Created, LastUsed: sb.LastUsed})
+					Created: sb.Created, LastUsed: sb.LastUsed, OwnerPID: sb.OwnerPID})
 			}
 			if c.Bool("json") {
 				return json.NewEncoder(c.App.Writer).Encode(infos)
