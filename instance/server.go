@@ -131,6 +131,7 @@ type sessionOptions struct {
 func (s *Server) sessionSpec(sc *flamepb.SessionContext) (sandbox.Spec, time.Duration, error) {
 	spec, timeout := s.o.Spec, s.o.Timeout
 	spec.Name = ""
+	spec.Ephemeral = true // a killed instance's sandbox goes at the next Reconcile
 	spec.Env = append([]string(nil), spec.Env...)
 	spec.Pip = append([]string(nil), spec.Pip...)
 	if img := sc.GetApplication().GetImage(); img != "" {

@@ -5,7 +5,10 @@ package integration
 import (
 	"encoding/json"
 	"strings"
+	"syscall"
 	"testing"
+
+	"github.com/flmbox/flmbox/sandbox/record"
 )
 
 // TestInstanceTaskStdinEnvRuntime: a task's input bytes are its snippet's
@@ -64,4 +67,33 @@ func TestInstanceTaskStdinEnvRuntime(t *testing.T) {
 	if code, _, out := task(map[string]any{"language": "python", "code": "print(1)"}); code != 0 || out.stdout() != "1\n" {
 		t.Errorf("a task after refusals: %d %+v", code, out)
 	}
+}
+
+// TestInstanceKilled: an instance SIGKILLed with its session entered cannot
+// leave it; the next flmbox command removes its sandbox (its owner is gone)
+// and leaves no container and no lease.
+func TestInstanceKilled(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	e := startInstance(t, root)
+	if res := e.enter(t, "killed", reg.digestRef(), ""); res.ReturnCode != 0 {
+		t.Fatalf("enter: %d %s", res.ReturnCode, res.GetMessage())
+	}
+	if res, out := e.task(t, "t", script("shell", "echo kept > /tmp/f; cat /tmp/f")); res.ReturnCode != 0 || out.stdout() != "kept\n" {
+		t.Fatalf("task: %d %q %+v", res.ReturnCode, res.GetMessage(), out)
+	}
+	var rec *record.Record
+	for name := range sandboxNames(t, root) {
+		r, err := record.Read(root, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec = r
+	}
+	if rec == nil || rec.Owner == nil || rec.Owner.PID != e.cmd.Process.Pid {
+		t.Fatalf("the session's sandbox %+v: want one owned by the instance (pid %d)", rec, e.cmd.Process.Pid)
+	}
+	syscall.Kill(-e.cmd.Process.Pid, syscall.SIGKILL)
+	e.cmd.Wait()
+	ownerCleaned(t, root, rec)
 }

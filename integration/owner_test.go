@@ -103,26 +103,32 @@ func TestOwnerKilled(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := sandboxRoot(t, reg)
-			rec := killedOwner(t, root, tc.args...)
-			res := flmbox(t, root, "sandbox", "ls", "--json")
-			warning := fmt.Sprintf("removing sandbox %s, whose owner flmbox process %d is gone", rec.Name, rec.Owner.PID)
-			if res.code != 0 || strings.TrimSpace(res.stdout) != "[]" || !strings.Contains(res.stderr, warning) {
-				t.Fatalf("sandbox ls after flmbox was killed: exit %d\nstdout: %s\nstderr: %s\nwant [] and %q",
-					res.code, res.stdout, res.stderr, warning)
-			}
-			if _, err := os.Lstat(rec.Dir); !os.IsNotExist(err) {
-				t.Errorf("sandbox %s's directory is left: %v", rec.Name, err)
-			}
-			if ls := leases(t, root); len(ls) != 0 {
-				t.Errorf("image leases left: %+v", ls)
-			}
-			if _, err := os.Stat(filepath.Join(root, "runsc")); err == nil {
-				out, err := exec.Command(runscPath, "--root", filepath.Join(root, "runsc"), "list", "-quiet").CombinedOutput()
-				if err != nil || strings.TrimSpace(string(out)) != "" {
-					t.Errorf("runsc list: %q %v, want no container", out, err)
-				}
-			}
-			waitNoProcesses(t, rec.ID)
+			ownerCleaned(t, root, killedOwner(t, root, tc.args...))
 		})
 	}
+}
+
+// ownerCleaned checks that the next sandbox ls removes sandbox rec, whose
+// owner was killed, saying so, and that nothing of it is left.
+func ownerCleaned(t *testing.T, root string, rec *record.Record) {
+	t.Helper()
+	res := flmbox(t, root, "sandbox", "ls", "--json")
+	warning := fmt.Sprintf("removing sandbox %s, whose owner flmbox process %d is gone", rec.Name, rec.Owner.PID)
+	if res.code != 0 || strings.TrimSpace(res.stdout) != "[]" || !strings.Contains(res.stderr, warning) {
+		t.Fatalf("sandbox ls after flmbox was killed: exit %d\nstdout: %s\nstderr: %s\nwant [] and %q",
+			res.code, res.stdout, res.stderr, warning)
+	}
+	if _, err := os.Lstat(rec.Dir); !os.IsNotExist(err) {
+		t.Errorf("sandbox %s's directory is left: %v", rec.Name, err)
+	}
+	if ls := leases(t, root); len(ls) != 0 {
+		t.Errorf("image leases left: %+v", ls)
+	}
+	if _, err := os.Stat(filepath.Join(root, "runsc")); err == nil {
+		out, err := exec.Command(runscPath, "--root", filepath.Join(root, "runsc"), "list", "-quiet").CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != "" {
+			t.Errorf("runsc list: %q %v, want no container", out, err)
+		}
+	}
+	waitNoProcesses(t, rec.ID)
 }

@@ -35,6 +35,10 @@ func instanceCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			// What killed instances left (their owner is gone) goes now.
+			if err := m.Reconcile(c.Context); err != nil {
+				fmt.Fprintf(c.App.ErrWriter, "flmbox instance: %v\n", err)
+			}
 			s := instance.New(m, instance.Options{Spec: spec, Timeout: c.Duration("timeout"), Log: c.App.ErrWriter})
 			fmt.Fprintf(c.App.ErrWriter, "flmbox instance: serving on %s\n", listen)
 			return instance.Serve(c.Context, s, listen)
