@@ -2,6 +2,7 @@ package instance
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -76,8 +77,10 @@ func (b *Bytes) UnmarshalJSON(data []byte) error {
 	return nil
 }
 
-// parseScript reads a task's input into a call; timeout is the session's.
-func parseScript(input []byte, timeout time.Duration) (sandbox.Request, error) {
+// parseScript reads a task's input into a call, with the session's
+// defaults.
+func parseScript(input []byte, defaults taskDefaults) (sandbox.Request, error) {
+	timeout := defaults.Timeout
 	var sc Script
 	dec := json.NewDecoder(bytes.NewReader(input))
 	dec.DisallowUnknownFields()
@@ -95,7 +98,7 @@ func parseScript(input []byte, timeout time.Duration) (sandbox.Request, error) {
 		timeout = time.Duration(sc.Timeout * float64(time.Second))
 	}
 	req := sandbox.Request{Language: lang, Code: sc.Code, Timeout: timeout, MaxOutput: TaskMaxOutput,
-		Stdin: sc.Input, Interpreter: sc.Runtime}
+		Stdin: sc.Input, Interpreter: cmp.Or(sc.Runtime, defaults.Runtime)}
 	for _, k := range slices.Sorted(maps.Keys(sc.Env)) {
 		req.Env = append(req.Env, k+"="+sc.Env[k])
 	}

@@ -36,7 +36,7 @@ func TestParseScript(t *testing.T) {
 		{`not json`, "", 0, errdefs.ErrInvalidArgument},
 		{`{"language":"python","code":"a\u0000b"}`, "", 0, errdefs.ErrInvalidArgument},
 	} {
-		req, err := parseScript([]byte(tc.input), 30*time.Second)
+		req, err := parseScript([]byte(tc.input), taskDefaults{Timeout: 30 * time.Second})
 		if tc.err != nil {
 			if !errors.Is(err, tc.err) {
 				t.Errorf("%s: error %v, want %v", tc.input, err, tc.err)
@@ -50,7 +50,7 @@ func TestParseScript(t *testing.T) {
 }
 
 func TestParseScriptStdinEnvRuntime(t *testing.T) {
-	req, err := parseScript([]byte(`{"language":"shell","runtime":"bash","code":"cat","input":[104,105],"env":{"B":"2","A":"1"}}`), time.Second)
+	req, err := parseScript([]byte(`{"language":"shell","runtime":"bash","code":"cat","input":[104,105],"env":{"B":"2","A":"1"}}`), taskDefaults{Timeout: time.Second})
 	if err != nil || string(req.Stdin) != "hi" || req.Interpreter != "bash" || !slices.Equal(req.Env, []string{"A=1", "B=2"}) ||
 		req.MaxOutput != TaskMaxOutput {
 		t.Fatalf("%+v %v", req, err)
@@ -97,23 +97,38 @@ func TestSessionSpecBounds(t *testing.T) {
 		}
 		return c
 	}
-	spec, timeout, err := s.sessionSpec(sc("", ""))
-	if err != nil || spec.Image != "op" || timeout != sandbox.DefaultTimeout {
-		t.Fatalf("%+v %s %v", spec, timeout, err)
+	spec, tasks, err := s.sessionSpec(sc("", ""))
+	if err != nil || spec.Image != "op" || tasks.Timeout != sandbox.DefaultTimeout || !spec.Ephemeral {
+		t.Fatalf("%+v %+v %v", spec, tasks, err)
 	}
 	if spec, _, _ := s.sessionSpec(sc("app", "")); spec.Image != "app" {
 		t.Errorf("the application's image: %q", spec.Image)
 	}
-	spec, timeout, err = s.sessionSpec(sc("app", `{"image":"mine","memory":"256MiB","cpus":0.5,"pids":64,"timeout":5,"env":["A=1"]}`))
+	spec, tasks, err = s.sessionSpec(sc("app", `{"image":"mine","memory":"256MiB","cpus":0.5,"pids":64,"timeout":5,"env":["A=1"]}`))
 	if err != nil || spec.Image != "mine" || spec.Limits.MemoryBytes != 256<<20 || spec.Limits.CPUs != 0.5 ||
-		spec.Limits.Pids != 64 || timeout != 5*time.Second || len(spec.Env) != 1 {
-		t.Fatalf("%+v %s %v", spec, timeout, err)
+		spec.Limits.Pids != 64 || tasks.Timeout != 5*time.Second || len(spec.Env) != 1 {
+		t.Fatalf("%+v %+v %v", spec, tasks, err)
+	}
+	// flamepy.tools.Sandbox's exact common_data (json.dumps of its
+	// SandboxAttr): its runtime is the tasks' default.
+	for data, runtime := range map[string]string{
+		`{"language": "python", "runtime": null, "min_instances": 0, "max_instances": null, "resreq": null}`:                            "",
+		`{"language": "shell", "runtime": "bash", "min_instances": 1, "max_instances": 4, "resreq": {"cpu": 1, "memory": 2, "gpu": 0}}`: "bash",
+	} {
+		spec, tasks, err := s.sessionSpec(sc("", data))
+		if err != nil || spec.Image != "op" || tasks.Runtime != runtime {
+			t.Errorf("%s: %+v %+v %v", data, spec, tasks, err)
+		}
+		req, err := parseScript([]byte(`{"language":"shell","code":"1","input":null}`), tasks)
+		if err != nil || req.Interpreter != runtime {
+			t.Errorf("%s: a task's interpreter %q, want %q: %v", data, req.Interpreter, runtime, err)
+		}
 	}
 	if spec, _, err := s.sessionSpec(sc("", "not an object: Flame's own data")); err != nil || spec.Image != "op" {
 		t.Errorf("common_data that is not an object: %+v %v", spec, err)
 	}
 	for _, data := range []string{`{"memory":"1GiB"}`, `{"cpus":2}`, `{"pids":1000}`, `{"network":"host"}`, `{"tmp_size":"1TiB"}`,
-		`{"memory":"lots"}`, `{"unknown":1}`, `{"timeout":-1}`} {
+		`{"memory":"lots"}`, `{"unknown":1}`, `{"timeout":-1}`, `{"language":"ruby"}`} {
 		if _, _, err := s.sessionSpec(sc("", data)); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("%s: %v", data, err)
 		}

@@ -28,6 +28,7 @@ import (
 	"github.com/flmbox/flmbox/instance/flamepb"
 	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox"
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // Options are the operator's: the sandbox a session gets by default, which
@@ -55,7 +56,7 @@ type Server struct {
 	mu      sync.Mutex // one call at a time (Flame sends them so)
 	session string     // "" when no session is entered
 	name    string     // the session's sandbox
-	timeout time.Duration
+	tasks   taskDefaults
 	broken  error // why the session's sandbox can take no more tasks
 }
 
@@ -90,24 +91,31 @@ func (s *Server) OnSessionEnter(ctx context.Context, sc *flamepb.SessionContext)
 		s.logf(start, "enter session %q refused: session %q is entered", sc.GetSessionId(), s.session)
 		return failed(fmt.Errorf("session %q is entered already: leave it first", s.session)), nil
 	}
-	sb, timeout, err := s.enter(ctx, sc)
+	sb, tasks, err := s.enter(ctx, sc)
 	if err != nil {
 		s.logf(start, "enter session %q failed: %v", sc.GetSessionId(), err)
 		return failed(fmt.Errorf("enter session %q: %w", sc.GetSessionId(), err)), nil
 	}
-	s.session, s.name, s.timeout, s.broken = sc.GetSessionId(), sb.Name, timeout, nil
+	s.session, s.name, s.tasks, s.broken = sc.GetSessionId(), sb.Name, tasks, nil
 	s.logf(start, "enter session %q: sandbox %s of %s", s.session, sb.Name, sb.Image)
 	return &flamepb.Result{}, nil
 }
 
-// enter makes session sc's sandbox and returns it with the tasks' timeout.
-func (s *Server) enter(ctx context.Context, sc *flamepb.SessionContext) (*sandbox.Sandbox, time.Duration, error) {
-	spec, timeout, err := s.sessionSpec(sc)
+// enter makes session sc's sandbox and returns it with what its tasks take
+// by default.
+func (s *Server) enter(ctx context.Context, sc *flamepb.SessionContext) (*sandbox.Sandbox, taskDefaults, error) {
+	spec, tasks, err := s.sessionSpec(sc)
 	if err != nil {
-		return nil, 0, err
+		return nil, tasks, err
 	}
 	sb, err := s.m.Create(ctx, spec)
-	return sb, timeout, err
+	return sb, tasks, err
+}
+
+// taskDefaults are what a session's tasks get when they name none.
+type taskDefaults struct {
+	Timeout time.Duration
+	Runtime string
 }
 
 // sessionOptions are what a session may set in its common_data, a JSON
@@ -122,14 +130,23 @@ type sessionOptions struct {
 	Env     []string        `json:"env"`
 	Pip     []string        `json:"pip"`
 	Timeout float64         `json:"timeout"` // seconds, the tasks' default
+
+	// What flamepy.tools.Sandbox sends (its SandboxAttr): the language
+	// (checked), the runtime (the tasks' default), and what is Flame's
+	// business (how many executors, the resources it schedules by).
+	Language     string          `json:"language"`
+	Runtime      *string         `json:"runtime"`
+	MinInstances json.RawMessage `json:"min_instances"`
+	MaxInstances json.RawMessage `json:"max_instances"`
+	Resreq       json.RawMessage `json:"resreq"`
 }
 
 // sessionSpec is the sandbox of session sc: the operator's, with what the
 // session's common_data asks for, if it is a JSON object, within the
 // operator's bounds. The image is common_data's, else the application's,
 // else the operator's.
-func (s *Server) sessionSpec(sc *flamepb.SessionContext) (sandbox.Spec, time.Duration, error) {
-	spec, timeout := s.o.Spec, s.o.Timeout
+func (s *Server) sessionSpec(sc *flamepb.SessionContext) (sandbox.Spec, taskDefaults, error) {
+	spec, tasks := s.o.Spec, taskDefaults{Timeout: s.o.Timeout}
 	spec.Name = ""
 	spec.Ephemeral = true // a killed instance's sandbox goes at the next Reconcile
 	spec.Env = append([]string(nil), spec.Env...)
@@ -142,22 +159,22 @@ func (s *Server) sessionSpec(sc *flamepb.SessionContext) (sandbox.Spec, time.Dur
 		dec := json.NewDecoder(strings.NewReader(string(data)))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&so); err != nil {
-			return spec, 0, fmt.Errorf("common_data: %w: %w", err, errdefs.ErrInvalidArgument)
+			return spec, tasks, fmt.Errorf("common_data: %w: %w", err, errdefs.ErrInvalidArgument)
 		}
 	}
 	if so.Image != "" {
 		spec.Image = so.Image
 	}
 	if spec.Image == "" {
-		return spec, 0, fmt.Errorf("no image: the session's common_data, the application or flmbox instance --image must name one: %w", errdefs.ErrInvalidArgument)
+		return spec, tasks, fmt.Errorf("no image: the session's common_data, the application or flmbox instance --image must name one: %w", errdefs.ErrInvalidArgument)
 	}
 	if so.Network != "" {
 		n, err := runtime.ParseNetwork(so.Network)
 		if err != nil {
-			return spec, 0, err
+			return spec, tasks, err
 		}
 		if n == runtime.NetworkHost && spec.Network != runtime.NetworkHost {
-			return spec, 0, fmt.Errorf("network host: this instance allows none (its operator's --network): %w", errdefs.ErrInvalidArgument)
+			return spec, tasks, fmt.Errorf("network host: this instance allows none (its operator's --network): %w", errdefs.ErrInvalidArgument)
 		}
 		spec.Network = n
 	}
@@ -166,36 +183,42 @@ func (s *Server) sessionSpec(sc *flamepb.SessionContext) (sandbox.Spec, time.Dur
 		limits = sandbox.DefaultLimits
 	}
 	if err := lower("memory", so.Memory, &spec.Limits.MemoryBytes, limits.MemoryBytes); err != nil {
-		return spec, 0, err
+		return spec, tasks, err
 	}
 	tmp := spec.TmpBytes
 	if tmp == 0 {
 		tmp = sandbox.DefaultTmpBytes
 	}
 	if err := lower("tmp_size", so.TmpSize, &spec.TmpBytes, tmp); err != nil {
-		return spec, 0, err
+		return spec, tasks, err
 	}
 	if so.CPUs != 0 {
 		if so.CPUs < 0 || so.CPUs > limits.CPUs {
-			return spec, 0, fmt.Errorf("cpus %g: want more than 0 and at most %g (this instance's): %w", so.CPUs, limits.CPUs, errdefs.ErrInvalidArgument)
+			return spec, tasks, fmt.Errorf("cpus %g: want more than 0 and at most %g (this instance's): %w", so.CPUs, limits.CPUs, errdefs.ErrInvalidArgument)
 		}
 		spec.Limits.CPUs = so.CPUs
 	}
 	if so.Pids != 0 {
 		if so.Pids < 0 || so.Pids > limits.Pids {
-			return spec, 0, fmt.Errorf("pids %d: want more than 0 and at most %d (this instance's): %w", so.Pids, limits.Pids, errdefs.ErrInvalidArgument)
+			return spec, tasks, fmt.Errorf("pids %d: want more than 0 and at most %d (this instance's): %w", so.Pids, limits.Pids, errdefs.ErrInvalidArgument)
 		}
 		spec.Limits.Pids = so.Pids
 	}
 	spec.Env = append(spec.Env, so.Env...)
 	spec.Pip = append(spec.Pip, so.Pip...)
 	if so.Timeout < 0 {
-		return spec, 0, fmt.Errorf("timeout %g: want seconds, more than 0: %w", so.Timeout, errdefs.ErrInvalidArgument)
+		return spec, tasks, fmt.Errorf("timeout %g: want seconds, more than 0: %w", so.Timeout, errdefs.ErrInvalidArgument)
 	}
 	if so.Timeout > 0 {
-		timeout = time.Duration(so.Timeout * float64(time.Second))
+		tasks.Timeout = time.Duration(so.Timeout * float64(time.Second))
 	}
-	return spec, timeout, nil
+	if l := strings.ToLower(so.Language); l != "" && l != wire.LanguagePython && l != wire.LanguageShell {
+		return spec, tasks, fmt.Errorf("common_data: language %q: want python or shell: %w", so.Language, errdefs.ErrInvalidArgument)
+	}
+	if so.Runtime != nil {
+		tasks.Runtime = *so.Runtime
+	}
+	return spec, tasks, nil
 }
 
 // lower sets *dst to the size raw names (bytes, or a string such as
@@ -297,7 +320,7 @@ func (s *Server) invoke(ctx context.Context, tc *flamepb.TaskContext) (*Output, 
 	if s.broken != nil {
 		return nil, fmt.Errorf("the session's sandbox can take no more tasks: %w", s.broken)
 	}
-	req, err := parseScript(tc.GetInput(), s.timeout)
+	req, err := parseScript(tc.GetInput(), s.tasks)
 	if err != nil {
 		return nil, err
 	}

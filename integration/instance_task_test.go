@@ -69,6 +69,27 @@ func TestInstanceTaskStdinEnvRuntime(t *testing.T) {
 	}
 }
 
+// TestInstanceFlamepySandbox: a session as flamepy.tools.Sandbox opens it,
+// with its SandboxAttr as common_data, whose runtime its tasks take.
+func TestInstanceFlamepySandbox(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	e := startInstance(t, root, "--image", reg.digestRef())
+	attr := `{"language": "shell", "runtime": "bash", "min_instances": 0, "max_instances": null, "resreq": null}`
+	if res := e.enter(t, "flamepy", "", attr); res.ReturnCode != 0 {
+		t.Fatalf("enter with flamepy's common_data: %d %s", res.ReturnCode, res.GetMessage())
+	}
+	// flamepy's run_code(code, input=b"x"): {"language", "code", "input", "runtime"}.
+	res, out := e.task(t, "t", `{"language": "shell", "code": "echo ${BASH_VERSION:+bash}; cat", "input": [120], "runtime": "bash"}`)
+	if res.ReturnCode != 0 || out.stdout() != "bash\nx" {
+		t.Fatalf("task: %d %q %+v", res.ReturnCode, res.GetMessage(), out)
+	}
+	// A task without a runtime takes the session's.
+	if res, out := e.task(t, "t", `{"language": "shell", "code": "echo ${BASH_VERSION:+bash}", "input": null}`); res.ReturnCode != 0 || out.stdout() != "bash\n" {
+		t.Fatalf("task without a runtime: %d %q %+v", res.ReturnCode, res.GetMessage(), out)
+	}
+}
+
 // TestInstanceKilled: an instance SIGKILLed with its session entered cannot
 // leave it; the next flmbox command removes its sandbox (its owner is gone)
 // and leaves no container and no lease.
