@@ -87,10 +87,12 @@ type Executor struct {
 
 // Start starts path with args as Flame's executor does: in o.Dir, in a
 // process group of its own, with FLAME_INSTANCE_ENDPOINT=o.Dir/instance.sock;
-// waits until the socket accepts connections, and connects. ctx bounds the
-// start only, not the process's life: that ends with Stop or Kill. If the
-// process exits first, or ctx ends first (the process is then killed), the
-// error says so; the process's stderr (Options.Stderr) says why.
+// waits until the socket accepts connections, and connects. path is found
+// as exec.LookPath finds it, from this process's working directory (not
+// o.Dir). ctx bounds the start only, not the process's life: that ends with
+// Stop or Kill. If the process exits first, or ctx ends first (the process
+// is then killed), the error says so; the process's stderr
+// (Options.Stderr) says why.
 func Start(ctx context.Context, path string, args []string, o Options) (*Executor, error) {
 	if o.Dir == "" {
 		return nil, fmt.Errorf("start %s: no working directory: %w", path, errdefs.ErrInvalidArgument)
@@ -98,8 +100,16 @@ func Start(ctx context.Context, path string, args []string, o Options) (*Executo
 	if o.Application == "" {
 		o.Application = "flmbox"
 	}
+	// exec would find a relative path in Dir.
+	abs, err := exec.LookPath(path)
+	if err == nil {
+		abs, err = filepath.Abs(abs)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", path, err)
+	}
 	sock := filepath.Join(o.Dir, SocketName)
-	cmd := exec.Command(path, args...)
+	cmd := exec.Command(abs, args...)
 	cmd.Dir = o.Dir
 	cmd.Env = append(append(os.Environ(), o.Env...), EndpointEnv+"="+sock)
 	cmd.Stdout, cmd.Stderr = o.Stdout, o.Stderr
