@@ -68,7 +68,9 @@ demo: deps runsc build testimage
 	$$f sandbox ls; \
 	$$f sandbox rm demo; \
 	: "Demo 2: a batch of four snippets, each in a clean sandbox; results in input order"; \
-	$$f run --batch demo/demo2.json --image $$image
+	$$f run --batch demo/demo2.json --image $$image; \
+	: "Demo 1 again, as Flame runs it: flmbox instance under a simulated Flame executor, the three calls as tasks of one session over gRPC"; \
+	$(GO) run ./internal/cmd/flamesim $$f instance --image $$image
 
 vet:
 	$(GO) vet ./...

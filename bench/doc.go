@@ -5,8 +5,11 @@
 // the same command under chroot on the same rootfs, batch throughput with
 // one and with all CPUs, cold prewarms against crane export | tar -x from
 // the same loopback registry, and the host memory of an idle sandbox against
-// a bare runsc container. It is `flmbox bench`; the command only reads its
-// flags into Options, calls Run and prints the Report.
+// a bare runsc container; and `flmbox instance` as Flame runs it (package
+// instance/flamesim): a new instance until its first task's result against
+// `flmbox run --image`, warm tasks over gRPC against `flmbox run --sandbox`.
+// It is `flmbox bench`; the command only reads its flags into Options, calls
+// Run and prints the Report.
 //
 // Each flmbox figure is measured twice where both exist: as whole `flmbox`
 // processes (the command users run, Options.Flmbox) and through the Go API

@@ -21,7 +21,10 @@ type Report struct {
 	Batch   Batch   `json:"batch"`
 	Prewarm Prewarm `json:"prewarm"`
 	Memory  Memory  `json:"memory"`
-	Runsc   Runsc   `json:"runsc"`
+	// Instance is `flmbox instance` driven as Flame's executor drives it
+	// (added after issue 4).
+	Instance Instance `json:"instance"`
+	Runsc    Runsc    `json:"runsc"`
 	// Image is what was measured; Settings how often.
 	Image    Image    `json:"image"`
 	Settings Settings `json:"settings"`
@@ -71,6 +74,45 @@ type Warm struct {
 	// Native: the same command under chroot ROOTFS on the host.
 	NativeMedianMS float64 `json:"native_median_ms"`
 	NativeP95MS    float64 `json:"native_p95_ms"`
+	// Calls is the number of measured calls of each kind.
+	Calls int `json:"calls"`
+}
+
+// Instance is `flmbox instance`, flmbox as a Flame application, driven as
+// Flame's executor manager drives one (package flamesim: the process in a
+// group of its own, its socket, gRPC calls over it from this process).
+type Instance struct {
+	// EnterFirstResultMS is a new `flmbox instance --image` process until
+	// its first task's result is back: from the process's start through
+	// its socket accepting connections, OnSessionEnter (which creates the
+	// session's sandbox) and OnTaskInvoke of the snippet FreshMS runs.
+	// Stopping it (SIGTERM; it leaves the session) is not counted.
+	EnterFirstResultMS Stats `json:"enter_first_result_ms"`
+	// SocketMS is the part of it until the socket accepts connections,
+	// EnterMS the OnSessionEnter call.
+	SocketMS Stats `json:"socket_ms"`
+	EnterMS  Stats `json:"enter_ms"`
+	// FreshMS is a whole `flmbox run --image` process, as
+	// Allocation.FreshMS, measured alternately with EnterFirstResultMS,
+	// pair by pair: its baseline.
+	FreshMS Stats `json:"fresh_ms"`
+	// Warm has one entry per language (python, shell), in that order.
+	Warm []InstanceWarm `json:"warm"`
+}
+
+// InstanceWarm is warm tasks of one language in one session of one
+// instance, against warm calls on a sandbox of the same spec, measured
+// alternately as Warm's: medians and p95s are the medians of the
+// within-round medians and p95s.
+type InstanceWarm struct {
+	Language string `json:"language"` // python or shell
+	// MedianMS and P95MS: OnTaskInvoke, from the call until its result
+	// is back.
+	MedianMS float64 `json:"median_ms"`
+	P95MS    float64 `json:"p95_ms"`
+	// CLIMedianMS and CLIP95MS: whole `flmbox run --sandbox` processes.
+	CLIMedianMS float64 `json:"cli_median_ms"`
+	CLIP95MS    float64 `json:"cli_p95_ms"`
 	// Calls is the number of measured calls of each kind.
 	Calls int `json:"calls"`
 }

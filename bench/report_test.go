@@ -65,6 +65,9 @@ func sampleReport(retained bool, crane bool) *Report {
 		Runsc:      Runsc{Path: "/usr/local/bin/runsc", Version: "v1", Platform: "systrap"},
 		Image:      Image{Ref: "oci-layout:/x@sha256:1", Platform: "linux/amd64", SizeBytes: 1 << 20},
 		Settings:   Settings{Pairs: 3, Warmup: 2, Rounds: 2, Calls: 10, PrewarmRounds: 2, CPUs: 2},
+		Instance: Instance{EnterFirstResultMS: s(250), SocketMS: s(12), EnterMS: s(180), FreshMS: s(160),
+			Warm: []InstanceWarm{{Language: "python", MedianMS: 14, P95MS: 20, CLIMedianMS: 16, CLIP95MS: 25, Calls: 20},
+				{Language: "shell", MedianMS: 6, P95MS: 9, CLIMedianMS: 8, CLIP95MS: 12, Calls: 20}}},
 	}
 	for _, api := range []string{"sandbox", "batch"} {
 		for _, lang := range []string{"python", "shell"} {
@@ -130,6 +133,8 @@ func TestJSONKeys(t *testing.T) {
 		"warm[0]": {"api", "calls", "inprocess_median_ms", "inprocess_p95_ms", "language", "median_ms", "native_median_ms",
 			"native_p95_ms", "p95_ms", "runsc_exec_median_ms", "runsc_exec_p95_ms"},
 		"allocation.fresh_ms": {"max", "median", "min", "n"},
+		"instance":            {"enter_first_result_ms", "enter_ms", "fresh_ms", "socket_ms", "warm"},
+		"instance.warm[0]":    {"calls", "cli_median_ms", "cli_p95_ms", "language", "median_ms", "p95_ms"},
 	}
 	keys := func(v any) []string {
 		m, _ := v.(map[string]any)
@@ -140,7 +145,7 @@ func TestJSONKeys(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
-	if got := keys(obj); !slices.Equal(got, []string{"allocation", "batch", "image", "memory", "prewarm", "runsc", "settings", "warm"}) {
+	if got := keys(obj); !slices.Equal(got, []string{"allocation", "batch", "image", "instance", "memory", "prewarm", "runsc", "settings", "warm"}) {
 		t.Errorf("top-level keys %v", got)
 	}
 	for path, w := range want {
@@ -150,6 +155,8 @@ func TestJSONKeys(t *testing.T) {
 			v = obj["warm"].([]any)[0]
 		case "allocation.fresh_ms":
 			v = obj["allocation"].(map[string]any)["fresh_ms"]
+		case "instance.warm[0]":
+			v = obj["instance"].(map[string]any)["warm"].([]any)[0]
 		default:
 			v = obj[path]
 		}
@@ -225,6 +232,25 @@ func validateJSON(obj map[string]any, retained, crane bool) error {
 	if err := numbers(section("memory"), "sandbox_kib", "bare_runsc_kib"); err != nil {
 		return fmt.Errorf("memory: %w", err)
 	}
+	in := section("instance")
+	for _, k := range []string{"enter_first_result_ms", "socket_ms", "enter_ms", "fresh_ms"} {
+		if err := isStats(in[k]); err != nil {
+			return fmt.Errorf("instance.%s: %w", k, err)
+		}
+	}
+	iw, _ := in["warm"].([]any)
+	if len(iw) != 2 {
+		return fmt.Errorf("instance.warm: %d entries, want 2", len(iw))
+	}
+	for i, lang := range []string{"python", "shell"} {
+		m, _ := iw[i].(map[string]any)
+		if got, _ := m["language"].(string); got != lang {
+			return fmt.Errorf("instance.warm[%d]: language %q, want %q", i, got, lang)
+		}
+		if err := numbers(m, "median_ms", "p95_ms", "cli_median_ms", "cli_p95_ms", "calls"); err != nil {
+			return fmt.Errorf("instance.warm[%d]: %w", i, err)
+		}
+	}
 	rs := section("runsc")
 	for _, k := range []string{"path", "version", "platform"} {
 		if s, _ := rs[k].(string); s == "" {
@@ -245,6 +271,8 @@ func TestTable(t *testing.T) {
 		"warm call, sandbox API, python", "25.16 ms", "runsc exec 26.0 ms", "chroot 14.0 ms",
 		"--parallel 1 40.0 s", "crane export | tar -x 1400 ms", "0.79×", "≤ 20 ms", "58.6 MiB", "systrap",
 		"10 calls per round (back to back)", "(linux/amd64, 1MiB)",
+		"new flmbox instance → first result", "flmbox run --image 160 ms", "1.56×", "until its socket answers",
+		"warm task over gRPC, python (OnTaskInvoke)", "flmbox run --sandbox 16.0 ms", "0.88×", "flmbox run --sandbox 12.0 ms",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the table lacks %q:\n%s", want, out)
@@ -254,6 +282,13 @@ func TestTable(t *testing.T) {
 	sampleReport(true, false).WriteTable(&buf)
 	if out := buf.String(); !strings.Contains(out, "crane export | tar -x n/a") || !strings.Contains(out, "80.0 ms") {
 		t.Errorf("without crane, with retained:\n%s", out)
+	}
+	none := sampleReport(false, true)
+	none.Instance = Instance{}
+	buf.Reset()
+	none.WriteTable(&buf)
+	if out := buf.String(); strings.Contains(out, "flmbox instance") || strings.Contains(out, "OnTaskInvoke") {
+		t.Errorf("flmbox instance not measured:\n%s", out)
 	}
 	paced := sampleReport(false, true)
 	paced.Settings.PauseMS = 20

@@ -28,6 +28,8 @@ import (
 //	dir/cold/N/      state roots of cold prewarms
 //	dir/crane/N/     trees of crane export | tar
 //	dir/raw/         bundles and runsc root of the raw runsc baselines
+//	dir/flame-*/     working directories (and sockets) of flmbox instance
+//	                 processes, whose sandboxes are under dir/main
 //
 // close removes every sandbox and container, unmounts what is mounted under
 // dir and removes it.

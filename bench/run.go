@@ -10,8 +10,9 @@ import (
 
 // run measures everything, in an order that keeps each part from disturbing
 // the next: prewarm first (it fills the private cache the sandboxes run on),
-// then allocation and warm calls beside one persistent sandbox, batch
-// throughput, and memory last, with no other sandbox of the bench running.
+// then allocation, warm calls and flmbox instance beside one persistent
+// sandbox, batch throughput, and memory last, with no other sandbox of the
+// bench running.
 func (r *runner) run(ctx context.Context) (*Report, error) {
 	o := r.opts
 	rep := &Report{Settings: Settings{Pairs: o.Pairs, Warmup: o.Warmup, Rounds: o.Rounds, Calls: o.Calls, PauseMS: ms(o.Pause),
@@ -41,6 +42,9 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	if rep.Warm, err = r.measureWarm(ctx, warm); err != nil {
+		return nil, err
+	}
+	if rep.Instance, err = r.measureInstance(ctx, warm); err != nil {
 		return nil, err
 	}
 	if err := r.m.Remove(context.WithoutCancel(ctx), warm.Name); err != nil {

@@ -70,6 +70,7 @@ func tableRows(rep *Report) []row {
 			row{"  against no sandbox", fmtMS(w.MedianMS), "chroot " + fmtMS(w.NativeMedianMS), ratio(w.MedianMS, w.NativeMedianMS), "", ""},
 		)
 	}
+	rows = append(rows, instanceRows(rep.Instance)...)
 	bt, p, m := rep.Batch, rep.Prewarm, rep.Memory
 	rows = append(rows,
 		row{fmt.Sprintf("batch of %d CPU-bound snippets (%.2f s each), --parallel %d", bt.Snippets, bt.SnippetNativeS, bt.Parallel),
@@ -82,6 +83,29 @@ func tableRows(rep *Report) []row {
 	if p.CraneTarMS != nil {
 		r := &rows[len(rows)-4]
 		r.baseline, r.ratio = "crane export | tar -x "+fmtMS(*p.CraneTarMS), ratio(p.ColdMS, *p.CraneTarMS)
+	}
+	return rows
+}
+
+// instanceRows are the table's lines of flmbox instance, none if it was not
+// measured.
+func instanceRows(in Instance) []row {
+	var rows []row
+	if in.EnterFirstResultMS.N > 0 {
+		fresh := "flmbox run --image " + fmtMS(in.FreshMS.Median)
+		rows = append(rows,
+			row{"new flmbox instance → first result (Flame's calls)", fmtMS(in.EnterFirstResultMS.Median), fresh,
+				ratio(in.EnterFirstResultMS.Median, in.FreshMS.Median), "", ""},
+			row{"  until its socket answers", fmtMS(in.SocketMS.Median), "", "", "", ""},
+			row{"  OnSessionEnter (the session's sandbox)", fmtMS(in.EnterMS.Median), "", "", "", ""},
+		)
+	}
+	for _, w := range in.Warm {
+		rows = append(rows,
+			row{fmt.Sprintf("warm task over gRPC, %s (OnTaskInvoke)", w.Language), fmtMS(w.MedianMS),
+				"flmbox run --sandbox " + fmtMS(w.CLIMedianMS), ratio(w.MedianMS, w.CLIMedianMS), "", ""},
+			row{"  p95", fmtMS(w.P95MS), "flmbox run --sandbox " + fmtMS(w.CLIP95MS), ratio(w.P95MS, w.CLIP95MS), "", ""},
+		)
 	}
 	return rows
 }

@@ -256,7 +256,8 @@ func (s *Server) OnSessionLeave(ctx context.Context, _ *flamepb.EmptyRequest) (*
 		s.logf(start, "leave: no session")
 		return &flamepb.Result{}, nil
 	}
-	session, err := s.session, s.leaveLocked(ctx)
+	session := s.session // leaveLocked clears it
+	err := s.leaveLocked(ctx)
 	s.logf(start, "leave session %q: %v", session, errOrOK(err))
 	if err != nil {
 		return failed(err), nil

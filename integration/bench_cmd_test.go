@@ -81,6 +81,26 @@ func checkBenchReport(t *testing.T, rep map[string]any) {
 		t.Errorf("warm: %d entries (%v), want sandbox and batch × python and shell", len(warm), seen)
 	}
 
+	for _, k := range []string{"enter_first_result_ms", "socket_ms", "enter_ms", "fresh_ms"} {
+		j.stats(rep, "instance."+k, 3)
+	}
+	iwarm, _ := j.get(rep, "instance.warm").([]any)
+	for i, lang := range []string{"python", "shell"} {
+		if i >= len(iwarm) {
+			t.Errorf("instance.warm: %d entries, want python and shell", len(iwarm))
+			break
+		}
+		if got := j.str(iwarm[i], "language"); got != lang {
+			t.Errorf("instance.warm[%d]: language %q, want %q", i, got, lang)
+		}
+		for _, k := range []string{"median_ms", "p95_ms", "cli_median_ms", "cli_p95_ms"} {
+			j.positive(iwarm[i], k)
+		}
+		if n := j.num(iwarm[i], "calls"); n != 2*10 {
+			t.Errorf("instance.warm[%d]: %v calls, want --quick's 2 rounds of 10", i, n)
+		}
+	}
+
 	for _, k := range []string{"batch.snippets", "batch.parallel", "batch.serial_s", "batch.parallel_s", "batch.snippet_native_s",
 		"prewarm.cold_ms", "prewarm.hit_ms", "memory.sandbox_kib", "memory.bare_runsc_kib", "memory.sandbox_rss_kib", "memory.bare_runsc_rss_kib"} {
 		j.positive(rep, k)

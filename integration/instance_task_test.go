@@ -5,7 +5,6 @@ package integration
 import (
 	"encoding/json"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/flmbox/flmbox/sandbox/record"
@@ -111,10 +110,9 @@ func TestInstanceKilled(t *testing.T) {
 		}
 		rec = r
 	}
-	if rec == nil || rec.Owner == nil || rec.Owner.PID != e.cmd.Process.Pid {
-		t.Fatalf("the session's sandbox %+v: want one owned by the instance (pid %d)", rec, e.cmd.Process.Pid)
+	if rec == nil || rec.Owner == nil || rec.Owner.PID != e.sim.Pid() {
+		t.Fatalf("the session's sandbox %+v: want one owned by the instance (pid %d)", rec, e.sim.Pid())
 	}
-	syscall.Kill(-e.cmd.Process.Pid, syscall.SIGKILL)
-	e.cmd.Wait()
+	e.sim.Kill() // its process group, reaped
 	ownerCleaned(t, root, rec)
 }

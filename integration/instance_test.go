@@ -8,118 +8,96 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"github.com/flmbox/flmbox/instance/flamepb"
+	"github.com/flmbox/flmbox/instance/flamesim"
 )
 
-// flameExecutor does what Flame's executor manager does with an application:
-// it starts flmbox instance in a working directory of its own with
-// FLAME_INSTANCE_ENDPOINT naming a socket there, in a process group of its
-// own, waits for the socket, and connects.
+// flameExecutor does what Flame's executor manager does with an application,
+// through package flamesim: it starts flmbox instance in a working directory
+// of its own with FLAME_INSTANCE_ENDPOINT naming a socket there, in a process
+// group of its own, waits for the socket, and connects.
 type flameExecutor struct {
-	cmd    *exec.Cmd
-	stderr *bytes.Buffer
-	conn   *grpc.ClientConn
+	sim    *flamesim.Executor
+	stderr *syncBuffer // the instance's
 	client flamepb.InstanceClient
+}
+
+// syncBuffer is a bytes.Buffer that a process's output can be written to
+// while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func startInstance(t *testing.T, root string, args ...string) *flameExecutor {
 	t.Helper()
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "instance.sock")
-	e := &flameExecutor{stderr: &bytes.Buffer{}}
-	e.cmd = exec.Command(flmboxBin, append([]string{"--root", root, "--runsc", runscPath, "instance"}, args...)...)
-	e.cmd.Env = append(os.Environ(), "FLAME_INSTANCE_ENDPOINT="+sock)
-	e.cmd.Dir = dir
-	e.cmd.Stderr = e.stderr
-	e.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := e.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		syscall.Kill(-e.cmd.Process.Pid, syscall.SIGKILL)
-		e.cmd.Wait()
-	})
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
-		if fi, err := os.Stat(sock); err == nil && fi.Mode()&os.ModeSocket != 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("flmbox instance made no socket within a minute: %s", e.stderr)
-		}
-	}
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	e := &flameExecutor{stderr: &syncBuffer{}}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sim, err := flamesim.Start(ctx, flmboxBin, append([]string{"--root", root, "--runsc", runscPath, "instance"}, args...),
+		flamesim.Options{Dir: t.TempDir(), Stderr: e.stderr})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("flmbox instance made no socket within a minute: %v\n%s", err, e.stderr)
 	}
-	t.Cleanup(func() { conn.Close() })
-	e.conn, e.client = conn, flamepb.NewInstanceClient(conn)
+	t.Cleanup(sim.Kill)
+	e.sim, e.client = sim, sim.Client()
 	return e
 }
 
 func (e *flameExecutor) enter(t *testing.T, session, image, commonData string) *flamepb.Result {
 	t.Helper()
-	sc := &flamepb.SessionContext{SessionId: session, Application: &flamepb.ApplicationContext{Name: "flmbox"}}
-	if image != "" {
-		sc.Application.Image = &image
-	}
+	var data []byte
 	if commonData != "" {
-		sc.CommonData = []byte(commonData)
+		data = []byte(commonData)
 	}
-	res, err := e.client.OnSessionEnter(context.Background(), sc)
+	res, err := e.sim.Enter(context.Background(), session, image, data)
 	if err != nil {
-		t.Fatalf("OnSessionEnter: %v\n%s", err, e.stderr)
+		t.Fatalf("%v\n%s", err, e.stderr)
 	}
 	return res
 }
 
 // taskOutput is a task's output as flmbox instance writes it.
-type taskOutput struct {
-	Data     []int `json:"data"`
-	ExitCode int   `json:"exit_code"`
-	Stdout   string
-	Stderr   string
-	TimedOut bool `json:"timed_out"`
-}
+type taskOutput struct{ flamesim.Output }
 
 // stdout is bytes(data), as flamepy decodes it.
-func (o taskOutput) stdout() string {
-	b := make([]byte, len(o.Data))
-	for i, n := range o.Data {
-		b[i] = byte(n)
-	}
-	return string(b)
-}
+func (o taskOutput) stdout() string { return string(o.Data) }
 
 func (e *flameExecutor) task(t *testing.T, id, input string) (*flamepb.TaskResult, taskOutput) {
 	t.Helper()
-	res, err := e.client.OnTaskInvoke(context.Background(), &flamepb.TaskContext{TaskId: id, SessionId: "s", Input: []byte(input)})
+	res, err := e.sim.Invoke(context.Background(), id, []byte(input))
 	if err != nil {
-		t.Fatalf("OnTaskInvoke: %v\n%s", err, e.stderr)
+		t.Fatalf("%v\n%s", err, e.stderr)
 	}
 	var out taskOutput
 	if res.ReturnCode == 0 {
-		if err := json.Unmarshal(res.GetOutput(), &out); err != nil {
-			t.Fatalf("task %s output %q: %v", id, res.GetOutput(), err)
+		o, err := flamesim.DecodeOutput(res)
+		if err != nil {
+			t.Fatalf("task %s: %v", id, err)
 		}
+		out.Output = *o
 	}
 	return res, out
 }
 
-func script(lang, code string) string {
-	b, _ := json.Marshal(map[string]any{"language": lang, "code": code, "input": nil})
-	return string(b)
-}
+func script(lang, code string) string { return string(flamesim.Script(lang, code)) }
 
 // TestInstanceOverFlameProtocol runs demo 1 as three tasks of one session
 // through the Instance protocol, with flamepy's exact request, a timeout,
@@ -160,7 +138,7 @@ func TestInstanceOverFlameProtocol(t *testing.T) {
 	if res, out := e.task(t, "t", script("python", "print(2)")); res.ReturnCode != 0 || out.stdout() != "2\n" {
 		t.Errorf("the task after a timeout: %d %+v", res.ReturnCode, out)
 	}
-	for _, bad := range []string{script("ruby", "puts 1"), "not json", `{"language":"python","code":"1","input":[104]}`} {
+	for _, bad := range []string{script("ruby", "puts 1"), "not json", `{"language":"python","code":"1","input":[256]}`, `{"language":"python","code":"1","runtime":"python2.1"}`} {
 		if res, _ := e.task(t, "t", bad); res.ReturnCode == 0 || res.GetMessage() == "" {
 			t.Errorf("%s: return code %d, message %q", bad, res.ReturnCode, res.GetMessage())
 		}
@@ -190,8 +168,7 @@ func TestInstanceOverFlameProtocol(t *testing.T) {
 			t.Fatal("the task did not start within a minute")
 		}
 	}
-	syscall.Kill(-e.cmd.Process.Pid, syscall.SIGTERM)
-	if err := e.cmd.Wait(); err != nil {
+	if err := e.sim.Stop(time.Minute); err != nil {
 		t.Fatalf("flmbox instance after SIGTERM: %v\n%s", err, e.stderr)
 	}
 	wg.Wait()

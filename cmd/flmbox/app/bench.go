@@ -15,7 +15,7 @@ func benchCommand() *cli.Command {
 	full := bench.Defaults(false)
 	return &cli.Command{
 		Name:  "bench",
-		Usage: "measure this worker: sandbox allocation, warm calls, batch throughput, prewarm, memory, each beside its baseline",
+		Usage: "measure this worker: sandbox allocation, warm calls, flmbox instance, batch throughput, prewarm, memory, each beside its baseline",
 		Description: `Every figure comes with a baseline measured in the same run (raw runsc, runsc exec, the same
 command under chroot, crane export | tar) and the reference system's number where there is one.
 

@@ -1,0 +1,71 @@
+package flamesim
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/flmbox/flmbox/instance/flamepb"
+)
+
+func TestScript(t *testing.T) {
+	for _, tc := range []struct{ lang, code, want string }{
+		// flamepy.tools.Sandbox's exact bytes.
+		{"python", "print(1)", `{"language":"python","code":"print(1)","input":null}`},
+		{"shell", "echo 'a' > /tmp/b && cat <x", `{"language":"shell","code":"echo 'a' > /tmp/b && cat <x","input":null}`},
+		{"python", "print(\"é\\n\")\n", `{"language":"python","code":"print(\"é\\n\")\n","input":null}`},
+	} {
+		if got := string(Script(tc.lang, tc.code)); got != tc.want {
+			t.Errorf("Script(%q, %q) = %s, want %s", tc.lang, tc.code, got, tc.want)
+		}
+	}
+}
+
+func TestDecodeOutput(t *testing.T) {
+	out := func(s string) *flamepb.TaskResult { return &flamepb.TaskResult{Output: []byte(s)} }
+	msg := "no session is entered"
+	for _, tc := range []struct {
+		name string
+		res  *flamepb.TaskResult
+		want *Output
+		err  string
+	}{
+		{"bytes", out(`{"data":[0,104,255,10],"exit_code":3,"stdout":"\u0000h\ufffd\n","stderr":"x","timed_out":true,"oom_killed":true,"duration_ms":1.5,"later":1}`),
+			&Output{Data: []byte{0, 'h', 255, '\n'}, ExitCode: 3, Stdout: "\x00h\ufffd\n", Stderr: "x", TimedOut: true, OOMKilled: true, DurationMS: 1.5}, ""},
+		{"empty", out(`{"data":[],"exit_code":0}`), &Output{Data: []byte{}}, ""},
+		{"null", out(`{"data":null}`), &Output{}, ""},
+		{"not a byte", out(`{"data":[256]}`), nil, "byte 0 is 256"},
+		{"negative", out(`{"data":[1,-1]}`), nil, "byte 1 is -1"},
+		{"base64", out(`{"data":"aGk="}`), nil, "cannot unmarshal"},
+		{"not json", out(`not json`), nil, "decode the task's output"},
+		{"did not run", &flamepb.TaskResult{ReturnCode: 1, Message: &msg}, nil, "did not run: return code 1: no session is entered"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := DecodeOutput(tc.res)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			gj, _ := json.Marshal(got)
+			wj, _ := json.Marshal(tc.want)
+			if string(gj) != string(wj) || (got.Data == nil) != (tc.want.Data == nil) {
+				t.Errorf("got %s, want %s", gj, wj)
+			}
+		})
+	}
+}
+
+func TestCheck(t *testing.T) {
+	msg := "session \"a\" is entered already"
+	if err := Check(&flamepb.Result{}); err != nil {
+		t.Errorf("return code 0: %v", err)
+	}
+	if err := Check(&flamepb.Result{ReturnCode: 1, Message: &msg}); err == nil || err.Error() != "return code 1: "+msg {
+		t.Errorf("return code 1: %v", err)
+	}
+}
