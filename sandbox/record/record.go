@@ -338,10 +338,29 @@ func (r *Record) explain(ctx context.Context, err error) error {
 	if r.removed() {
 		return fmt.Errorf("call sandbox %q: %w: %w", r.Name, ErrRemoved, err)
 	}
-	if !r.Accepts(ctx) {
+	if !r.Accepts(ctx) || errors.Is(err, wire.ErrHungUp) && r.stopsAccepting(ctx, hangUpGrace) {
 		return fmt.Errorf("call sandbox %q: %w: %w", r.Name, ErrDead, err)
 	}
 	return fmt.Errorf("call sandbox %q: %w", r.Name, err)
+}
+
+// hangUpGrace bounds how long a call whose agent hung up waits for the
+// sandbox to stop accepting connections. The agent answers every request it
+// reads, so one that hung up died, and the sandbox ends with it (its first
+// process), but its socket may accept connections for a moment still.
+const hangUpGrace = 5 * time.Second
+
+// stopsAccepting reports whether the sandbox's agent stops accepting
+// connections within grace.
+func (r *Record) stopsAccepting(ctx context.Context, grace time.Duration) bool {
+	deadline := time.Now().Add(grace)
+	for r.Accepts(ctx) {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return true
 }
 
 // Accepts reports whether the sandbox's agent accepts a connection within a

@@ -1,13 +1,17 @@
 package record
 
 import (
+	"bufio"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 func TestRecord(t *testing.T) {
@@ -65,5 +69,41 @@ func TestRecord(t *testing.T) {
 func TestErrDead(t *testing.T) {
 	if !errors.Is(ErrDead, errdefs.ErrFailedPrecondition) || !errdefs.IsFailedPrecondition(ErrDead) || errdefs.IsUnavailable(ErrDead) {
 		t.Fatal("ErrDead is not errdefs.ErrFailedPrecondition alone")
+	}
+}
+
+// TestHungUpIsDead: an agent that reads the request and hangs up died (it
+// answers every request it reads); its sandbox goes with it, though its
+// socket may accept connections for a moment still: the call's error says
+// the sandbox is dead.
+func TestHungUpIsDead(t *testing.T) {
+	root := t.TempDir()
+	dir, _ := Dir(root, "sb-1")
+	rec := &Record{Name: "sb-1", ID: "flmbox-0123", State: Running, Dir: dir}
+	if err := os.MkdirAll(rec.RunDir(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := Write(rec); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", rec.SocketPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		bufio.NewReader(conn).ReadBytes('\n') // the request
+		conn.Close()                          // hung up
+		time.Sleep(100 * time.Millisecond)    // the sandbox takes a moment to go
+		ln.Close()
+	}()
+	t.Cleanup(func() { ln.Close() })
+	req := &wire.Request{Version: wire.ProtocolVersion, Language: wire.LanguagePython, Code: "1", TimeoutMS: 60000}
+	_, err = rec.Call(t.Context(), req)
+	if !errors.Is(err, ErrDead) || !errors.Is(err, wire.ErrHungUp) {
+		t.Fatalf("Call = %v, want ErrDead and wire.ErrHungUp", err)
 	}
 }
