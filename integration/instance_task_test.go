@@ -116,3 +116,41 @@ func TestInstanceKilled(t *testing.T) {
 	e.sim.Kill() // its process group, reaped
 	ownerCleaned(t, root, rec)
 }
+
+// TestInstanceEnterRefused: a session that cannot have its sandbox (no
+// image, more than the instance allows, an image the registry lacks) is
+// refused with a message saying what to fix, leaves nothing behind, and the
+// instance takes the next session.
+func TestInstanceEnterRefused(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	e := startInstance(t, root, "--memory", "512MiB")
+	ref := reg.digestRef()
+	at := strings.LastIndex(ref, "@sha256:")
+	missing := ref[:at] + "@sha256:" + strings.Repeat("0", 64)
+	for _, tc := range []struct{ image, data, want string }{
+		{"", "", "no image: the session's common_data, the application or flmbox instance --image must name one"},
+		{ref, `{"memory":"1GiB"}`, "memory 1073741824 bytes: want more than 0 and at most 536870912"},
+		{ref, `{"network":"host"}`, "network host: this instance allows none"},
+		{ref, `{"image":7}`, "common_data"},
+		{missing, "", "sha256:" + strings.Repeat("0", 64)},
+	} {
+		res := e.enter(t, "refused", tc.image, tc.data)
+		t.Logf("refused: %s", res.GetMessage())
+		if res.ReturnCode == 0 || !strings.Contains(res.GetMessage(), tc.want) {
+			t.Errorf("enter with image %q, common_data %q: %d %q, want a message with %q", tc.image, tc.data, res.ReturnCode, res.GetMessage(), tc.want)
+		}
+		if names := sandboxNames(t, root); len(names) != 0 {
+			t.Fatalf("a refused session left sandboxes: %v", names)
+		}
+		if ls := leases(t, root); len(ls) != 0 {
+			t.Fatalf("a refused session left image leases: %+v", ls)
+		}
+	}
+	if res := e.enter(t, "ok", ref, ""); res.ReturnCode != 0 {
+		t.Fatalf("enter after refusals: %d %s", res.ReturnCode, res.GetMessage())
+	}
+	if res, out := e.task(t, "t", script("python", "print(1)")); res.ReturnCode != 0 || out.stdout() != "1\n" {
+		t.Fatalf("task: %d %q %+v", res.ReturnCode, res.GetMessage(), out)
+	}
+}
