@@ -103,7 +103,7 @@ func (m *Manager) Batch(ctx context.Context, target Target, reqs []Request, para
 			w := &batchWorker{m: m, target: target}
 			defer w.close(ctx)
 			for i := range next {
-				out[i] = w.run(ctx, wreqs[i])
+				out[i] = w.run(ctx, wreqs[i], reqs[i].Callback)
 			}
 			return nil
 		})
@@ -120,7 +120,7 @@ type batchWorker struct {
 	sb     string // its own sandbox, once made
 }
 
-func (w *batchWorker) run(ctx context.Context, req *wire.Request) BatchResult {
+func (w *batchWorker) run(ctx context.Context, req *wire.Request, cb *Callback) BatchResult {
 	name := w.target.Sandbox
 	if name == "" {
 		if w.sb == "" {
@@ -134,7 +134,7 @@ func (w *batchWorker) run(ctx context.Context, req *wire.Request) BatchResult {
 		}
 		name = w.sb
 	}
-	res, err := w.m.callChecked(ctx, name, req)
+	res, err := w.m.callChecked(ctx, name, req, cb)
 	if errors.Is(err, wire.ErrInterrupted) && res != nil && res.Interrupted {
 		return BatchResult{Ran: true, Result: res} // what it printed until the batch was cancelled
 	}

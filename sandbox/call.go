@@ -38,6 +38,9 @@ type Request struct {
 	// python3.11 or bash (see wire.Request.Interpreter). One the image lacks
 	// fails the call (Result.Error).
 	Interpreter string
+	// Callback, if set, opens a channel from the snippet to the caller for
+	// this call (see Callback).
+	Callback *Callback
 }
 
 // DefaultTimeout is a Request's default timeout.
@@ -72,6 +75,12 @@ func (r Request) wire() (*wire.Request, error) {
 	req := &wire.Request{Version: wire.ProtocolVersion, Language: r.Language, Code: r.Code,
 		TimeoutMS: r.Timeout.Milliseconds(), MaxOutput: r.MaxOutput, Reset: r.Reset,
 		Stdin: r.Stdin, Env: callEnv(r.Env), Interpreter: r.Interpreter}
+	if r.Callback != nil {
+		var err error
+		if req.Callback, err = r.Callback.wire(); err != nil {
+			return nil, err
+		}
+	}
 	return req, req.Validate()
 }
 
@@ -120,18 +129,23 @@ func (m *Manager) Call(ctx context.Context, name string, req Request) (*wire.Res
 	if err != nil {
 		return nil, err
 	}
-	return m.callChecked(ctx, name, wreq)
+	return m.callChecked(ctx, name, wreq, req.Callback)
 }
 
 // callChecked runs a request already checked in sandbox name, if it is
-// running.
-func (m *Manager) callChecked(ctx context.Context, name string, req *wire.Request) (*wire.Result, error) {
+// running, forwarding its callback connections to cb's Dial.
+func (m *Manager) callChecked(ctx context.Context, name string, req *wire.Request, cb *Callback) (*wire.Result, error) {
 	rec, err := record.Read(m.root, name)
 	if err != nil {
 		return nil, err
 	}
 	if err := rec.Callable(); err != nil {
 		return nil, err
+	}
+	if cb != nil {
+		r := *req
+		r.OnCallback = forwarder(rec.SocketPath(), cb.Dial)
+		req = &r
 	}
 	return rec.Call(ctx, req)
 }
@@ -170,7 +184,7 @@ func (m *Manager) RunOnce(ctx context.Context, spec Spec, req Request, deliver f
 	if err != nil {
 		return err
 	}
-	res, err := m.callChecked(ctx, sb.Name, wreq)
+	res, err := m.callChecked(ctx, sb.Name, wreq, req.Callback)
 	if res != nil {
 		deliver(res)
 	}

@@ -2,6 +2,7 @@ package snippet
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -95,6 +96,10 @@ type Agent struct {
 	// every process there: processes that others start (runsc exec) are
 	// killed too.
 	KillStrays bool
+	// CallbackDir is where the agent makes a call's callback socket
+	// (wire.Callback); empty (the default): callbacks are refused. The agent
+	// makes it, and it must be writable by the agent alone.
+	CallbackDir string
 	// User is the user that snippets run as; nil (the default): the
 	// agent's own. In a sandbox the agent runs as root (of gVisor's user
 	// namespace, with a few capabilities) and snippets as the sandbox's
@@ -127,6 +132,9 @@ type Agent struct {
 	// started (see spareUsable).
 	codeRuns atomic.Int64
 	running  atomic.Int32 // snippets running now
+
+	cbMu      sync.Mutex
+	callbacks map[string]*callback // calls' callback sockets, by ID
 }
 
 // init fills in the defaults and resolves the interpreters, once.
@@ -244,14 +252,45 @@ func isTemporary(err error) bool {
 // once the answer is sent: under gVisor, it takes CPU that the answer would
 // otherwise wait for.
 func (a *Agent) serveConn(ctx context.Context, conn net.Conn) {
-	defer conn.Close()
-	req, res, ran := a.answer(ctx, conn)
-	conn.SetWriteDeadline(time.Now().Add(responseTimeout))
-	w := bufio.NewWriterSize(conn, 64<<10)
-	if json.NewEncoder(w).Encode(res) == nil {
-		w.Flush() // a client that left does not read it: nothing to do
+	w := &answerWriter{conn: conn}
+	req, res, ran := a.answer(ctx, conn, w.event)
+	if res == nil {
+		return // an attached callback connection: not ours to close
 	}
+	defer conn.Close()
+	w.result(res)
 	a.afterCall(req, ran)
+}
+
+// answerWriter writes a call's events and then its result on conn.
+type answerWriter struct {
+	mu   sync.Mutex
+	conn net.Conn
+	done bool
+}
+
+// event sends ev, unless the result was sent.
+func (w *answerWriter) event(ev wire.Event) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done {
+		return errors.New("the call has ended")
+	}
+	w.conn.SetWriteDeadline(time.Now().Add(responseTimeout))
+	b, _ := json.Marshal(ev)
+	_, err := w.conn.Write(append(b, '\n'))
+	return err
+}
+
+func (w *answerWriter) result(res *wire.Result) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.done = true
+	w.conn.SetWriteDeadline(time.Now().Add(responseTimeout))
+	bw := bufio.NewWriterSize(w.conn, 64<<10)
+	if json.NewEncoder(bw).Encode(res) == nil {
+		bw.Flush() // a client that left does not read it: nothing to do
+	}
 }
 
 // afterCall kills what the calls left behind, if none is running, and
@@ -263,14 +302,20 @@ func (a *Agent) afterCall(req *wire.Request, ran bool) {
 	}
 }
 
-// answer reads the request on conn and runs it; ran is run's.
-func (a *Agent) answer(ctx context.Context, conn net.Conn) (req *wire.Request, res *wire.Result, ran bool) {
+// answer reads the request on conn and runs it, sending its events with
+// notify; ran is run's. An Attach request hands conn to its callback and
+// has no result (nil).
+func (a *Agent) answer(ctx context.Context, conn net.Conn, notify func(wire.Event) error) (req *wire.Request, res *wire.Result, ran bool) {
 	conn.SetReadDeadline(time.Now().Add(requestTimeout))
-	req, err := readRequest(conn)
+	req, rest, err := readRequest(conn)
 	if err != nil {
 		return nil, errorResult(err), false
 	}
 	conn.SetReadDeadline(time.Time{})
+	if req.Attach != "" {
+		a.attach(req.Attach, withPrefix(conn, rest), req.AttachError != "")
+		return req, nil, false
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	if uc, ok := conn.(*net.UnixConn); ok {
@@ -283,8 +328,33 @@ func (a *Agent) answer(ctx context.Context, conn net.Conn) (req *wire.Request, r
 		})
 		defer stop()
 	}
-	res, ran = a.run(ctx, req) // run says when the interrupt stopped it (Result.Interrupted)
+	res, ran = a.run(ctx, req, notify) // run says when the interrupt stopped it (Result.Interrupted)
 	return req, res, ran
+}
+
+// prefixConn is a connection whose first bytes were read already.
+type prefixConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *prefixConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// CloseWrite half-closes the connection, as a *net.UnixConn does.
+func (c *prefixConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+// withPrefix is conn with rest, what was read of it past the request, to
+// be read first.
+func withPrefix(conn net.Conn, rest []byte) net.Conn {
+	if len(rest) == 0 {
+		return conn
+	}
+	return &prefixConn{Conn: conn, r: io.MultiReader(bytes.NewReader(rest), conn)}
 }
 
 // Causes of a cancelled call.
@@ -294,29 +364,32 @@ var (
 	errAgentStopping = errors.New("the agent is stopping")
 )
 
-// readRequest decodes one request, of any protocol version, from r.
-func readRequest(r io.Reader) (*wire.Request, error) {
+// readRequest decodes one request, of any protocol version, from r, and
+// returns what it read of r past it (an attached connection's first bytes).
+func readRequest(r io.Reader) (*wire.Request, []byte, error) {
 	lr := &io.LimitedReader{R: r, N: maxRequestSize + 1}
 	var raw json.RawMessage
-	if err := json.NewDecoder(lr).Decode(&raw); err != nil {
+	dec := json.NewDecoder(lr)
+	if err := dec.Decode(&raw); err != nil {
 		if lr.N <= 0 {
-			return nil, fmt.Errorf("read request: over %d bytes", maxRequestSize)
+			return nil, nil, fmt.Errorf("read request: over %d bytes", maxRequestSize)
 		}
-		return nil, fmt.Errorf("read request: %w", err)
+		return nil, nil, fmt.Errorf("read request: %w", err)
 	}
+	rest, _ := io.ReadAll(dec.Buffered())
 	var v struct {
 		Version int `json:"version"`
 	}
 	if err := json.Unmarshal(raw, &v); err != nil {
-		return nil, fmt.Errorf("read request: %w", err)
+		return nil, nil, fmt.Errorf("read request: %w", err)
 	}
 	if v.Version != wire.ProtocolVersion {
 		// Validate names both versions; the rest may not even parse.
-		return &wire.Request{Version: v.Version}, nil
+		return &wire.Request{Version: v.Version}, nil, nil
 	}
 	var req wire.Request
 	if err := json.Unmarshal(raw, &req); err != nil {
-		return nil, fmt.Errorf("read request: %w", err)
+		return nil, nil, fmt.Errorf("read request: %w", err)
 	}
-	return &req, nil
+	return &req, rest, nil
 }

@@ -1,5 +1,7 @@
 package snippet
 
+import "strings"
+
 // How code reaches the interpreter.
 //
 // Both interpreters get a pipe as file descriptor 3, the "gate". The agent
@@ -105,6 +107,15 @@ const pythonBootstrapDef = `def _flmbox_bootstrap(fast_exit, front, user):
     del main._flmbox_bootstrap, main._flmbox_front
     with open(3, 'rb') as gate:
         source = gate.read()
+    # The call's own settings (a callback socket's path): NAME=VALUE\0...,
+    # then \0, before the code.
+    end = source.index(b'\0')
+    while end:
+        name, _, value = source[:end].partition(b'=')
+        os.environb[name] = value
+        source = source[end + 1:]
+        end = source.index(b'\0')
+    source = source[1:]
     if user is not None:
         try:
             os.setgroups([])
@@ -344,19 +355,42 @@ type command struct {
 	codeInGate bool
 	// stdinGate: the gate is stdin (sh -s), not fd 3.
 	stdinGate bool
+	// envHeader: the gate carries the call's env settings before the code
+	// (Python's bootstrap).
+	envHeader bool
 }
 
-// gateData is what goes through c's gate for code.
-func (c command) gateData(code string) []byte {
-	if c.codeInGate {
+// gateData is what goes through c's gate for code, with the call's env
+// settings for a Python process (a shell's are in its code: shellExports).
+func (c command) gateData(code string, env []string) []byte {
+	if !c.codeInGate {
+		return []byte("\n")
+	}
+	if !c.envHeader {
 		return []byte(code)
 	}
-	return []byte("\n")
+	var b []byte
+	for _, kv := range env {
+		b = append(append(b, kv...), 0)
+	}
+	return append(append(b, 0), code...)
+}
+
+// shellExports is shell code, without a newline, that exports env's
+// settings: put before a snippet's first line, it leaves its line numbers
+// as they were. env's names are shell identifiers.
+func shellExports(env []string) string {
+	var b strings.Builder
+	for _, kv := range env {
+		name, value, _ := strings.Cut(kv, "=")
+		b.WriteString("export " + name + "='" + strings.ReplaceAll(value, "'", `'\''`) + "';")
+	}
+	return b.String()
 }
 
 // pythonCommand runs code with the bootstrap; the code goes through the gate.
 func pythonCommand(user *User) command {
-	return command{args: []string{"python3", "-S", "-s", "-c", pythonBootstrap(user)}, codeInGate: true}
+	return command{args: []string{"python3", "-S", "-s", "-c", pythonBootstrap(user)}, codeInGate: true, envHeader: true}
 }
 
 // zygoteCommand starts the Python zygote.

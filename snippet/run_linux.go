@@ -36,14 +36,15 @@ const drainGrace = 500 * time.Millisecond
 // the snippet is killed and the Result has ExitCode -1, Error saying so, and
 // the output captured until then.
 func (a *Agent) Run(ctx context.Context, req *wire.Request) *wire.Result {
-	res, ran := a.run(ctx, req)
+	res, ran := a.run(ctx, req, nil)
 	a.afterCall(req, ran)
 	return res
 }
 
 // run is Run without starting the next spare; ran says that a process ran
-// req's code, so that one should be started.
-func (a *Agent) run(ctx context.Context, req *wire.Request) (res *wire.Result, ran bool) {
+// req's code, so that one should be started. notify sends the call's events
+// to its client (nil: the call can have no Callback).
+func (a *Agent) run(ctx context.Context, req *wire.Request, notify func(wire.Event) error) (res *wire.Result, ran bool) {
 	a.init()
 	if req != nil && req.Ping {
 		return &wire.Result{Version: wire.ProtocolVersion}, false
@@ -68,22 +69,46 @@ func (a *Agent) run(ctx context.Context, req *wire.Request) (res *wire.Result, r
 	if err != nil {
 		return errorResult(err), false
 	}
+	// call is req as run: a shell's code exports the call's own settings
+	// (late), which a Python process takes from its gate.
+	call, late := req, []string(nil)
+	var cb *callback
+	if req.Callback != nil {
+		if cb, late, err = a.openCallback(req.Callback, notify); err != nil {
+			return errorResult(err), false
+		}
+		defer func() {
+			if stats := cb.close(); res != nil {
+				res.Callbacks = stats
+			}
+		}()
+		defer func() { cb.root.Store(0) }() // before it closes: its connections' processes are gone
+		c := *req
+		if req.Language == wire.LanguageShell {
+			c.Code = shellExports(late) + req.Code
+		}
+		call = &c
+	}
 	a.sweepStrays() // if the last call's own sweep has not run yet
 	a.calls.RLock()
 	defer a.calls.RUnlock()
 	var p *proc
 	if interp == "" && len(req.Env) == 0 && len(req.Stdin) == 0 {
-		p = a.takeSpare(ctx, req)
+		p = a.takeSpare(ctx, call)
 	}
 	if p == nil {
-		if p, err = a.startCall(req, interp); err != nil {
+		if p, err = a.startCall(call, interp); err != nil {
 			return errorResult(err), false
 		}
 	}
-	res = a.runProc(ctx, req, p)
+	if cb != nil {
+		cb.root.Store(int64(p.pid)) // before any of its code runs
+	}
+	res = a.runProc(ctx, call, late, p)
 	a.leftovers.Store(true) // before the answer: the next call must see it
 	return res, true
 }
+
 
 // interpreter returns the path of req's Interpreter, or "" if it names the
 // language's own (or none).
@@ -440,8 +465,9 @@ func (a *Agent) startExec(path string, c command, env []string, cred *syscall.Cr
 	return p, nil
 }
 
-// runProc gives req's code to p through its gate and collects the result.
-func (a *Agent) runProc(ctx context.Context, req *wire.Request, p *proc) *wire.Result {
+// runProc gives req's code, and the call's settings late, to p through its
+// gate and collects the result.
+func (a *Agent) runProc(ctx context.Context, req *wire.Request, late []string, p *proc) *wire.Result {
 	defer p.close()
 	stdout, stderr := newCapture(req.OutputLimit()), newCapture(req.OutputLimit())
 	res := &wire.Result{Version: wire.ProtocolVersion, ExitCode: -1}
@@ -454,7 +480,7 @@ func (a *Agent) runProc(ctx context.Context, req *wire.Request, p *proc) *wire.R
 	defer a.codeEnded()
 	var gate sync.WaitGroup
 	gate.Go(func() {
-		p.gateW.Write(p.cmd.gateData(req.Code)) // fails only if the snippet died: its status says why
+		p.gateW.Write(p.cmd.gateData(req.Code, late)) // fails only if the snippet died: its status says why
 		p.gateW.Close()
 		if p.stdinW != nil {
 			p.stdinW.Write(req.Stdin) // fails if the snippet ended without reading it all, as a shell's would

@@ -38,7 +38,7 @@ func main() {
 	}
 }
 
-const usage = "usage: flmbox-agent --socket PATH [--limits JSON] [--memory-budget BYTES] [--inode-bytes BYTES] [--user UID:GID] [--spares=false] [--meminfo FILE] [--clean-dir DIR]..."
+const usage = "usage: flmbox-agent --socket PATH [--limits JSON] [--memory-budget BYTES] [--inode-bytes BYTES] [--user UID:GID] [--callback-dir DIR] [--spares=false] [--meminfo FILE] [--clean-dir DIR]..."
 
 // dirs is a flag that may be given several times.
 type dirs []string
@@ -58,6 +58,7 @@ func run(args []string) error {
 	meminfo := fs.String("meminfo", "/proc/meminfo", "where the sandbox's memory use is read while snippets run; empty: no memory watch")
 	budget := fs.Int64("memory-budget", 0, "the bytes that snippets and /tmp may use together (default: MemTotal)")
 	user := fs.String("user", "", "UID:GID that snippets run as (default: the agent's own user); the agent then needs CAP_SETUID, CAP_SETGID, CAP_KILL and CAP_SYS_RESOURCE")
+	callbackDir := fs.String("callback-dir", "/dev/.flmbox/callbacks", "where calls' callback sockets are made (the agent's alone); empty: no callbacks")
 	inodeBytes := fs.Int64("inode-bytes", 0, "what the memory watch counts for each inode used in the --clean-dir directories (default: nothing)")
 	var clean dirs
 	fs.Var(&clean, "clean-dir", "a directory that a reset empties (repeatable; default /tmp and /dev/shm)")
@@ -77,7 +78,7 @@ func run(args []string) error {
 	if len(clean) == 0 {
 		clean = dirs{"/tmp", "/dev/shm"}
 	}
-	a := &snippet.Agent{Spares: *spares, CleanDirs: clean, MemInfo: *meminfo, MemoryBudget: *budget, InodeBytes: *inodeBytes, KillStrays: true}
+	a := &snippet.Agent{Spares: *spares, CleanDirs: clean, MemInfo: *meminfo, MemoryBudget: *budget, InodeBytes: *inodeBytes, KillStrays: true, CallbackDir: *callbackDir}
 	if *user != "" {
 		u, err := snippet.ParseUser(*user)
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 
@@ -124,6 +125,9 @@ func Call(ctx context.Context, socketPath string, req *Request) (*Result, error)
 // CallConn is Call on conn, a connection from Dial, for a caller that handles
 // a failure to connect itself. req must be valid. It does not close conn.
 func CallConn(ctx context.Context, conn *os.File, req *Request) (*Result, error) {
+	if req.Callback != nil && req.OnCallback == nil {
+		return nil, fmt.Errorf("a call with a callback needs its OnCallback: %w", errdefs.ErrInvalidArgument)
+	}
 	// The deadline also serves ctx: once ctx is done, the answer to the
 	// interrupt is awaited for interruptGrace at most.
 	conn.SetDeadline(time.Now().Add(time.Duration(req.TimeoutMS)*time.Millisecond + answerGrace))
@@ -178,22 +182,40 @@ func exchange(conn *os.File, req *Request) (*Result, error) {
 
 	limit := maxResultSize(req)
 	lr := &io.LimitedReader{R: conn, N: limit + 1}
+	dec := json.NewDecoder(lr)
+	var callbacks sync.WaitGroup
+	cbCtx, endCallbacks := context.WithCancel(context.Background())
+	defer callbacks.Wait()
+	defer endCallbacks()
 	var raw json.RawMessage
-	if err := json.NewDecoder(lr).Decode(&raw); err != nil {
-		if lr.N <= 0 {
-			return nil, fmt.Errorf("read the agent's answer: over %d bytes", limit)
-		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return nil, fmt.Errorf("the sandbox's agent did not answer in time (the snippet's timeout plus %s): %w",
-				answerGrace, errdefs.ErrUnavailable)
-		}
-		return nil, agentGone("read the answer", err)
-	}
 	var v struct {
-		Version int `json:"version"`
+		Version  int     `json:"version"`
+		Callback *string `json:"callback"`
 	}
-	if err := json.Unmarshal(raw, &v); err != nil {
-		return nil, fmt.Errorf("read the agent's answer: %w", err)
+	for {
+		raw = nil
+		if err := dec.Decode(&raw); err != nil {
+			if lr.N <= 0 {
+				return nil, fmt.Errorf("read the agent's answer: over %d bytes", limit)
+			}
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return nil, fmt.Errorf("the sandbox's agent did not answer in time (the snippet's timeout plus %s): %w",
+					answerGrace, errdefs.ErrUnavailable)
+			}
+			return nil, agentGone("read the answer", err)
+		}
+		v.Version, v.Callback = 0, nil
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return nil, fmt.Errorf("read the agent's answer: %w", err)
+		}
+		if v.Version != 0 || v.Callback == nil {
+			break
+		}
+		if req.OnCallback == nil {
+			return nil, fmt.Errorf("read the agent's answer: a callback event for a call without one")
+		}
+		id := *v.Callback
+		callbacks.Go(func() { req.OnCallback(cbCtx, id) })
 	}
 	if v.Version != ProtocolVersion {
 		return &Result{Version: v.Version}, nil // its fields may not even parse
@@ -220,10 +242,83 @@ func closeWrite(conn *os.File) error {
 }
 
 // maxResultSize bounds the JSON of the result of req: both outputs as
-// base64 with their markers, and 64 KiB for the rest.
+// base64 with their markers, 64 KiB for the rest, and its callback events.
 func maxResultSize(req *Request) int64 {
 	data := int64(base64.StdEncoding.EncodedLen(int(req.OutputLimit()) + maxMarkerLen))
-	return 2*data + 64<<10
+	size := 2*data + 64<<10
+	if req.Callback != nil {
+		conns, _, _ := req.Callback.Limits()
+		size += int64(conns) * 256
+	}
+	return size
+}
+
+// Attach connects to the agent's socket at path and makes the connection the
+// host's end of the callback connection id (an Event's): what is written to
+// it reaches the snippet, what the snippet writes is read from it.
+func Attach(ctx context.Context, path, id string) (*os.File, error) {
+	return attach(ctx, path, &Request{Version: ProtocolVersion, Attach: id})
+}
+
+// Refuse tells the agent at path that the host refuses the callback
+// connection id, because of err: the snippet's connection is closed.
+func Refuse(ctx context.Context, path, id string, err error) error {
+	conn, aerr := attach(ctx, path, &Request{Version: ProtocolVersion, Attach: id, AttachError: err.Error()})
+	if aerr != nil {
+		return aerr
+	}
+	return conn.Close()
+}
+
+// Forward attaches the callback connection id of the agent at path
+// (Attach) and copies bytes both ways between it and server, until both
+// directions end or ctx does; EOF is passed on as a half close. It closes
+// server.
+func Forward(ctx context.Context, path, id string, server io.ReadWriteCloser) error {
+	defer server.Close()
+	agent, err := Attach(ctx, path, id)
+	if err != nil {
+		return err
+	}
+	defer agent.Close()
+	stop := context.AfterFunc(ctx, func() {
+		server.Close()
+		agent.Close()
+	})
+	defer stop()
+	var wg sync.WaitGroup
+	wg.Go(func() { pipe(server, agent) })
+	wg.Go(func() { pipe(agent, server) })
+	wg.Wait()
+	return nil
+}
+
+// pipe copies src to dst; at src's EOF it half-closes dst.
+func pipe(dst io.Writer, src io.Reader) {
+	if _, err := io.Copy(dst, src); err != nil {
+		return
+	}
+	switch c := dst.(type) {
+	case interface{ CloseWrite() error }:
+		c.CloseWrite()
+	case *os.File:
+		closeWrite(c)
+	}
+}
+
+func attach(ctx context.Context, path string, req *Request) (*os.File, error) {
+	conn, err := Dial(ctx, path)
+	if err != nil {
+		return nil, fmt.Errorf("attach to callback connection %s: %w", req.Attach, err)
+	}
+	b, _ := json.Marshal(req) // no newline: what follows is the stream
+	conn.SetWriteDeadline(time.Now().Add(answerGrace))
+	if _, err := conn.Write(b); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("attach to callback connection %s: %w", req.Attach, err)
+	}
+	conn.SetWriteDeadline(time.Time{})
+	return conn, nil
 }
 
 // ErrProtocolVersion is in the error of a call whose agent speaks another

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -100,6 +101,129 @@ type Request struct {
 	// INTERPRETER -c CODE, so it must take POSIX sh's -c. A name the image
 	// lacks fails the call (ExitCode -1, Error).
 	Interpreter string `json:"interpreter,omitempty"`
+	// Callback, if set, opens a channel from the snippet to the client for
+	// this call: see Callback.
+	Callback *Callback `json:"callback,omitempty"`
+	// OnCallback is the client's side of Callback, not sent: Call calls it,
+	// on a goroutine of its own, with the ID of each Event; it must attach
+	// (Attach) or refuse (Refuse) the connection. Its context ends once the
+	// call's result is read (the agent has closed the connection by then);
+	// Call returns once every OnCallback has returned.
+	OnCallback func(ctx context.Context, id string) `json:"-"`
+	// Attach makes this connection the host's end of the snippet's callback
+	// connection that an Event named: once the request is read, the agent
+	// forwards bytes both ways between the two until either closes, the
+	// call ends or a limit is hit. No Result is sent. With AttachError set,
+	// the host refuses that connection instead (it could not reach its
+	// server): the snippet's connection is closed and counted refused.
+	Attach      string `json:"attach,omitempty"`
+	AttachError string `json:"attach_error,omitempty"`
+}
+
+// CallbackSocketEnv names the variable that holds the path, inside the
+// sandbox, of a call's callback socket.
+const CallbackSocketEnv = "FLMBOX_CALLBACK_SOCKET"
+
+// Callback asks the agent to listen, for one call, on a Unix socket inside
+// the sandbox whose path the snippet finds in CallbackSocketEnv (and Env):
+// each connection that the call's own processes make to it is announced to
+// the client (an Event on the call's connection, before the Result), which
+// attaches a new connection of its own (Request.Attach) to be forwarded to.
+// When the call ends, the socket is removed and every forwarded connection
+// closed. What is refused (over MaxConns, a process of another call, a
+// connection the client refuses or does not attach within seconds) is
+// accepted and closed at once: the snippet reads EOF. The zero values of the
+// limits select their defaults.
+type Callback struct {
+	// Env names more variables set to the socket's path (such as
+	// HERMES_RPC_SOCKET): shell identifiers, at most 8.
+	Env []string `json:"env,omitempty"`
+	// MaxConns is the most connections forwarded (default 50).
+	MaxConns int `json:"max_conns,omitempty"`
+	// MaxBytes is the most bytes forwarded in each direction of one
+	// connection; past it the connection is cut (default 16 MiB).
+	MaxBytes int64 `json:"max_bytes,omitempty"`
+	// IdleMS closes a connection that carried no byte, either way, for that
+	// long (default 60 s).
+	IdleMS int64 `json:"idle_ms,omitempty"`
+}
+
+// Defaults and bounds of a Callback.
+const (
+	DefaultCallbackConns = 50
+	DefaultCallbackBytes = 16 << 20
+	DefaultCallbackIdle  = time.Minute
+	MaxCallbackConns     = 1024
+	MaxCallbackBytes     = 1 << 30
+	MaxCallbackIdle      = time.Hour
+)
+
+// Limits returns c's limits with the defaults filled in.
+func (c *Callback) Limits() (conns int, bytes int64, idle time.Duration) {
+	conns, bytes, idle = c.MaxConns, c.MaxBytes, time.Duration(c.IdleMS)*time.Millisecond
+	if conns == 0 {
+		conns = DefaultCallbackConns
+	}
+	if bytes == 0 {
+		bytes = DefaultCallbackBytes
+	}
+	if idle == 0 {
+		idle = DefaultCallbackIdle
+	}
+	return conns, bytes, idle
+}
+
+func (c *Callback) validate() error {
+	if len(c.Env) > 8 {
+		return fmt.Errorf("callback: %d variables named, at most 8", len(c.Env))
+	}
+	for _, name := range c.Env {
+		if !validEnvName(name) {
+			return fmt.Errorf("callback variable %q: want a name of letters, digits and '_', not starting with a digit", name)
+		}
+	}
+	if c.MaxConns < 0 || c.MaxConns > MaxCallbackConns {
+		return fmt.Errorf("callback connections %d: want 0 (the default, %d) up to %d", c.MaxConns, DefaultCallbackConns, MaxCallbackConns)
+	}
+	if c.MaxBytes < 0 || c.MaxBytes > MaxCallbackBytes {
+		return fmt.Errorf("callback bytes %d: want 0 (the default, %d) up to %d", c.MaxBytes, DefaultCallbackBytes, MaxCallbackBytes)
+	}
+	if c.IdleMS < 0 || c.IdleMS > MaxCallbackIdle.Milliseconds() {
+		return fmt.Errorf("callback idle time %s: want 0 (the default, %s) up to %s", formatTimeoutMS(c.IdleMS), DefaultCallbackIdle, MaxCallbackIdle)
+	}
+	return nil
+}
+
+// validEnvName says whether name is a shell identifier.
+func validEnvName(name string) bool {
+	if name == "" || len(name) > 128 || name[0] >= '0' && name[0] <= '9' {
+		return false
+	}
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// Event is what the agent sends on a call's connection, before the Result,
+// for a call with a Callback: a snippet's connection to forward, which the
+// client attaches (Request.Attach) or refuses.
+type Event struct {
+	Callback string `json:"callback"`
+}
+
+// CallbackStats count a call's callback connections, for the Result.
+type CallbackStats struct {
+	// Connections is the number of connections forwarded; Refused, the
+	// number closed at once (see Callback).
+	Connections int `json:"connections"`
+	Refused     int `json:"refused"`
+	// BytesIn went from the host to the snippet, BytesOut from the
+	// snippet to the host.
+	BytesIn  int64 `json:"bytes_in"`
+	BytesOut int64 `json:"bytes_out"`
 }
 
 // PingRequest returns a Ping request.
@@ -170,6 +294,9 @@ type Result struct {
 	// (ExitCode -1 and Error), and Stdout and Stderr hold what it printed
 	// until then.
 	Interrupted bool `json:"interrupted,omitempty"`
+	// Callbacks counts the call's callback connections, for a call with a
+	// Callback.
+	Callbacks *CallbackStats `json:"callbacks,omitempty"`
 	// DurationMS is the wall time of the snippet's process, from its start
 	// to its exit, in milliseconds.
 	DurationMS float64 `json:"duration_ms"`
@@ -224,6 +351,11 @@ func (r *Request) validate() error {
 	}
 	if err := validateEnv(r.Env); err != nil {
 		return err
+	}
+	if r.Callback != nil {
+		if err := r.Callback.validate(); err != nil {
+			return err
+		}
 	}
 	if r.Interpreter != "" && !validInterpreter(r.Interpreter) {
 		return fmt.Errorf("interpreter %q: want a command name such as python3.11 or bash (letters, digits, '.', '_', '+', '-'; no '/')", r.Interpreter)

@@ -1,0 +1,81 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/flmbox/flmbox/snippet/wire"
+)
+
+// Callback is a call's channel out of its sandbox: for the length of the
+// call, the snippet finds a Unix socket's path in FLMBOX_CALLBACK_SOCKET
+// (wire.CallbackSocketEnv) and in the variables Env names, and every
+// connection it makes to it is forwarded, as a byte stream both ways, to a
+// new connection that Dial makes on the host (to the caller's own server).
+// When the call ends (exit, timeout, interrupt) the socket goes and every
+// forwarded connection is closed. The agent forwards only the call's own
+// processes' connections, and only to what Dial returns: nothing else of the
+// host is reachable through it (docs/ARCHITECTURE.md, "Callbacks").
+type Callback struct {
+	// Dial makes the host's end of one connection. A connection it fails to
+	// make is refused: the snippet's is closed (Result.Callbacks.Refused).
+	Dial func(ctx context.Context) (net.Conn, error)
+	// Env names more variables set to the socket's path, such as
+	// HERMES_RPC_SOCKET.
+	Env []string
+	// MaxConns, MaxBytes and Idle are the call's limits (zero: the
+	// defaults, wire.DefaultCallbackConns, wire.DefaultCallbackBytes per
+	// direction of a connection, wire.DefaultCallbackIdle): past MaxConns a
+	// connection is closed at once, past MaxBytes or Idle it is cut.
+	MaxConns int
+	MaxBytes int64
+	Idle     time.Duration
+}
+
+// DialUnix returns a Callback's Dial that connects to the Unix socket at
+// path, after checking that it is one (errdefs.ErrInvalidArgument if not).
+func DialUnix(path string) (func(ctx context.Context) (net.Conn, error), error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("callback socket: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return nil, fmt.Errorf("callback socket %s: not a socket (%s): %w", path, fi.Mode().Type(), errdefs.ErrInvalidArgument)
+	}
+	return func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	}, nil
+}
+
+// wire returns c as the agent's protocol carries it.
+func (c *Callback) wire() (*wire.Callback, error) {
+	if c.Dial == nil {
+		return nil, fmt.Errorf("callback: no Dial: %w", errdefs.ErrInvalidArgument)
+	}
+	if c.Idle < 0 || c.Idle > 0 && c.Idle < time.Millisecond {
+		return nil, fmt.Errorf("callback idle time %s: want at least 1ms: %w", c.Idle, errdefs.ErrInvalidArgument)
+	}
+	return &wire.Callback{Env: c.Env, MaxConns: c.MaxConns, MaxBytes: c.MaxBytes, IdleMS: c.Idle.Milliseconds()}, nil
+}
+
+// forwarder is the OnCallback of a call to the agent listening at socket:
+// each connection the agent announces is forwarded to a connection dial
+// makes, or refused if dial fails.
+func forwarder(socket string, dial func(ctx context.Context) (net.Conn, error)) func(ctx context.Context, id string) {
+	return func(ctx context.Context, id string) {
+		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		server, err := dial(dctx)
+		cancel()
+		if err != nil {
+			wire.Refuse(ctx, socket, id, err)
+			return
+		}
+		wire.Forward(ctx, socket, id, server)
+	}
+}

@@ -1,0 +1,357 @@
+package snippet
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/flmbox/flmbox/snippet/wire"
+)
+
+// Callbacks (wire.Callback): for a call that asks, the agent listens on a
+// Unix socket of its own in CallbackDir, a directory that only the agent
+// can write (the snippet cannot replace the socket), and names it in the
+// snippet's environment. Each connection to it from a process of the call
+// (its process or a descendant: SO_PEERCRED, then the parent chain in
+// /proc) is announced to the client on the call's connection (wire.Event);
+// the client connects to the agent again with an Attach request, and the
+// agent copies bytes both ways between the two connections, within the
+// call's limits, until either side closes, the call ends or a limit is hit.
+// Nothing else of the host is reachable through it: the agent only ever
+// forwards to connections the client made to it.
+
+// attachTimeout bounds how long a snippet's callback connection waits for
+// the client to attach it.
+const attachTimeout = 10 * time.Second
+
+// callback is one call's callback socket and its connections.
+type callback struct {
+	a      *Agent
+	id     string
+	path   string
+	ln     *net.UnixListener
+	conns  int
+	bytes  int64
+	idle   time.Duration
+	notify func(wire.Event) error
+	root   atomic.Int64 // the pid of the call's process, once it has one
+
+	accepting sync.WaitGroup // the accept loop
+
+	mu      sync.Mutex
+	n       int                      // connections accepted from the call
+	pending map[string]*net.UnixConn // announced, not attached yet
+	open    map[net.Conn]struct{}    // both ends of forwarded connections
+	closed  bool
+	stats   wire.CallbackStats
+	wg      sync.WaitGroup
+}
+
+// openCallback opens the callback socket of a call with cb, announcing its
+// connections with notify; env is what the snippet is to find it by.
+func (a *Agent) openCallback(cb *wire.Callback, notify func(wire.Event) error) (c *callback, env []string, err error) {
+	if notify == nil {
+		return nil, nil, errors.New("callbacks need the agent's connection to the client (Serve)")
+	}
+	dir, err := a.callbackDir()
+	if err != nil {
+		return nil, nil, err
+	}
+	var id [12]byte
+	rand.Read(id[:])
+	c = &callback{a: a, id: hex.EncodeToString(id[:]), notify: notify,
+		pending: map[string]*net.UnixConn{}, open: map[net.Conn]struct{}{}}
+	c.conns, c.bytes, c.idle = cb.Limits()
+	c.path = filepath.Join(dir, c.id+".sock")
+	if c.ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: c.path, Net: "unix"}); err != nil {
+		return nil, nil, fmt.Errorf("open the callback socket: %w", err)
+	}
+	// Connecting takes write permission on the socket: the snippets' user
+	// has it, and nothing else there (the directory is the agent's).
+	if err := os.Chmod(c.path, 0o666); err != nil {
+		c.ln.Close()
+		return nil, nil, fmt.Errorf("open the callback socket: %w", err)
+	}
+	a.cbMu.Lock()
+	if a.callbacks == nil {
+		a.callbacks = map[string]*callback{}
+	}
+	a.callbacks[c.id] = c
+	a.cbMu.Unlock()
+	c.accepting.Go(c.accept)
+	env = []string{wire.CallbackSocketEnv + "=" + c.path}
+	for _, name := range cb.Env {
+		env = append(env, name+"="+c.path)
+	}
+	return c, env, nil
+}
+
+// callbackDir makes the agent's CallbackDir, and checks that only the agent
+// can write it.
+func (a *Agent) callbackDir() (string, error) {
+	dir := a.CallbackDir
+	if dir == "" {
+		return "", errors.New("this agent takes no callbacks (no callback directory)")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("make the callback directory: %w", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return "", fmt.Errorf("check the callback directory: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR || int(st.Uid) != os.Geteuid() || st.Mode&0o022 != 0 {
+		return "", fmt.Errorf("the callback directory %s is not the agent's alone (mode %o, owner %d)", dir, st.Mode, st.Uid)
+	}
+	return dir, nil
+}
+
+// accept takes the snippet's connections until the listener is closed.
+func (c *callback) accept() {
+	for {
+		conn, err := c.ln.AcceptUnix()
+		if err != nil {
+			return
+		}
+		c.take(conn)
+	}
+}
+
+// take announces conn to the client, or refuses it.
+func (c *callback) take(conn *net.UnixConn) {
+	if !c.fromCall(conn) {
+		c.refuse(conn)
+		return
+	}
+	c.mu.Lock()
+	if c.closed || c.n >= c.conns {
+		c.mu.Unlock()
+		c.refuse(conn)
+		return
+	}
+	c.n++
+	id := c.id + "-" + strconv.Itoa(c.n)
+	c.pending[id] = conn
+	c.mu.Unlock()
+	if err := c.notify(wire.Event{Callback: id}); err != nil {
+		c.drop(id)
+		return
+	}
+	time.AfterFunc(attachTimeout, func() { c.drop(id) })
+}
+
+// drop refuses the connection id if it still waits for the client.
+func (c *callback) drop(id string) {
+	c.mu.Lock()
+	conn := c.pending[id]
+	delete(c.pending, id)
+	c.mu.Unlock()
+	if conn != nil {
+		c.refuse(conn)
+	}
+}
+
+// refuse closes a connection of the snippet's at once: it reads EOF.
+func (c *callback) refuse(conn *net.UnixConn) {
+	conn.Close()
+	c.mu.Lock()
+	c.stats.Refused++
+	c.mu.Unlock()
+}
+
+// fromCall says whether conn's peer is the call's process or one of its
+// descendants.
+func (c *callback) fromCall(conn *net.UnixConn) bool {
+	root := int(c.root.Load())
+	rc, err := conn.SyscallConn()
+	if err != nil || root <= 0 {
+		return false
+	}
+	var cred *unix.Ucred
+	rc.Control(func(fd uintptr) {
+		cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	})
+	if err != nil {
+		return false
+	}
+	pid := int(cred.Pid)
+	for range 256 { // a parent chain longer than that is refused
+		if pid == root {
+			return true
+		}
+		if pid <= 1 {
+			return false
+		}
+		if pid, err = parentOf(pid); err != nil {
+			return false
+		}
+	}
+	return false
+}
+
+// parentOf returns the parent of process pid.
+func parentOf(pid int) (int, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+	i := strings.LastIndexByte(string(b), ')')
+	fields := strings.Fields(string(b[i+1:]))
+	if i < 0 || len(fields) < 2 {
+		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	return strconv.Atoi(fields[1])
+}
+
+// attach forwards the connection id to host, the client's connection, or
+// refuses it if the client could not reach its server (refused). It takes
+// host.
+func (a *Agent) attach(id string, host net.Conn, refused bool) {
+	cbID, _, _ := strings.Cut(id, "-")
+	a.cbMu.Lock()
+	c := a.callbacks[cbID]
+	a.cbMu.Unlock()
+	if c == nil {
+		host.Close()
+		return
+	}
+	c.mu.Lock()
+	conn := c.pending[id]
+	delete(c.pending, id)
+	if conn == nil || c.closed {
+		c.mu.Unlock()
+		host.Close()
+		if conn != nil {
+			conn.Close()
+		}
+		return
+	}
+	if refused {
+		c.mu.Unlock()
+		host.Close()
+		c.refuse(conn)
+		return
+	}
+	c.stats.Connections++
+	c.open[conn], c.open[host] = struct{}{}, struct{}{}
+	c.wg.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.wg.Done()
+		c.forward(conn, host)
+		c.mu.Lock()
+		delete(c.open, conn)
+		delete(c.open, host)
+		c.mu.Unlock()
+	}()
+}
+
+// forward copies bytes both ways between the snippet's conn and the
+// client's host until both directions end, then closes both. A direction
+// ends at EOF (passed on as a half close), or cuts the connection (both
+// closed at once) past c.bytes or after c.idle without a byte either way.
+func (c *callback) forward(conn *net.UnixConn, host net.Conn) {
+	defer conn.Close()
+	defer host.Close()
+	var last atomic.Int64 // unix nanoseconds of the last byte either way
+	last.Store(time.Now().UnixNano())
+	cut := func() {
+		conn.Close()
+		host.Close()
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { c.copy(host, conn, &last, cut, true) })
+	wg.Go(func() { c.copy(conn, host, &last, cut, false) })
+	wg.Wait()
+}
+
+// copy copies src to dst (out: from the snippet) within the limits.
+func (c *callback) copy(dst, src net.Conn, last *atomic.Int64, cut func(), out bool) {
+	buf := make([]byte, 32<<10)
+	var total int64
+	for {
+		src.SetReadDeadline(time.Unix(0, last.Load()).Add(c.idle))
+		n, err := src.Read(buf)
+		if n > 0 {
+			last.Store(time.Now().UnixNano())
+			if total+int64(n) > c.bytes {
+				n = int(c.bytes - total)
+				err = errOverLimit
+			}
+			total += int64(n)
+			c.count(int64(n), out)
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				cut()
+				return
+			}
+		}
+		switch {
+		case err == nil:
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			if time.Since(time.Unix(0, last.Load())) < c.idle {
+				continue // the other direction carried bytes
+			}
+			cut()
+			return
+		case errors.Is(err, io.EOF):
+			if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+				cw.CloseWrite()
+			}
+			return
+		default:
+			cut()
+			return
+		}
+	}
+}
+
+var errOverLimit = errors.New("over the callback byte limit")
+
+func (c *callback) count(n int64, out bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if out {
+		c.stats.BytesOut += n
+	} else {
+		c.stats.BytesIn += n
+	}
+}
+
+// close ends the call's callbacks: the socket is removed, every connection
+// closed; it returns their counts.
+func (c *callback) close() *wire.CallbackStats {
+	c.ln.Close()       // removes the socket file
+	c.accepting.Wait() // no event is sent from here on
+	c.mu.Lock()
+	c.closed = true
+	for id, conn := range c.pending {
+		delete(c.pending, id)
+		conn.Close()
+		c.stats.Refused++
+	}
+	for conn := range c.open {
+		conn.Close()
+	}
+	c.mu.Unlock()
+	c.wg.Wait()
+	c.a.cbMu.Lock()
+	delete(c.a.callbacks, c.id)
+	c.a.cbMu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	stats := c.stats
+	return &stats
+}

@@ -1,0 +1,274 @@
+package snippet
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/flmbox/flmbox/snippet/wire"
+)
+
+// toolServer is a host server of callbacks: it answers each line with
+// "ok: LINE" and counts its connections and those that ended (EOF).
+type toolServer struct {
+	path        string
+	conns, eofs atomic.Int32
+}
+
+func startToolServer(t *testing.T) *toolServer {
+	t.Helper()
+	s := &toolServer{path: filepath.Join(t.TempDir(), "tools.sock")}
+	ln, err := net.Listen("unix", s.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s.conns.Add(1)
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						s.eofs.Add(1)
+						return
+					}
+					fmt.Fprintf(c, "ok: %s", line)
+				}
+			}()
+		}
+	}()
+	return s
+}
+
+// callbackCall runs req on the agent at socket with its callbacks forwarded
+// to the server at server (a refused dial if server is "").
+func callbackCall(t *testing.T, socket, server string, req *wire.Request) *wire.Result {
+	t.Helper()
+	req.OnCallback = func(ctx context.Context, id string) {
+		c, err := net.Dial("unix", server)
+		if err != nil {
+			wire.Refuse(ctx, socket, id, err)
+			return
+		}
+		wire.Forward(ctx, socket, id, c)
+	}
+	return call(t, socket, req)
+}
+
+func callbackAgent(t *testing.T) (*Agent, string) {
+	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), CallbackDir: filepath.Join(t.TempDir(), "cb"), Spares: testSpares}
+	if testSpares {
+		warmUp(t, a)
+	}
+	return a, serve(t, a)
+}
+
+// talk is Python that connects n times to the callback socket, sends a line
+// and prints the answer (or what went wrong).
+const talk = `import os, socket
+def talk(line, path=os.environ['FLMBOX_CALLBACK_SOCKET']):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(path)
+        s.sendall(line.encode() + b'\n')
+        s.shutdown(socket.SHUT_WR)
+        got = b''
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            got += b
+        return got.decode() or 'EOF'
+    except OSError as e:
+        return 'error %d' % e.errno
+    finally:
+        s.close()
+`
+
+// refusedOutput says whether out begins with what talk prints of a refused
+// connection: EOF, or the errno of a send or receive on a socket closed
+// under it (EPIPE, ECONNRESET).
+func refusedOutput(out string) bool {
+	return regexp.MustCompile(`^(EOF|error (32|104))`).MatchString(out)
+}
+
+func TestCallback(t *testing.T) {
+	srv := startToolServer(t)
+	_, socket := callbackAgent(t)
+	for _, lang := range []string{wire.LanguagePython, wire.LanguageShell} {
+		t.Run(lang, func(t *testing.T) {
+			code := talk + "print(talk('search x'), end='')\nprint(os.environ['HERMES_RPC_SOCKET'] == os.environ['FLMBOX_CALLBACK_SOCKET'])"
+			if lang == wire.LanguageShell {
+				code = `test "$HERMES_RPC_SOCKET" = "$FLMBOX_CALLBACK_SOCKET" && python3 -c "$(cat <<'EOF'
+` + talk + `print(talk('search x'), end='')
+EOF
+)" && echo True`
+			}
+			res := callbackCall(t, socket, srv.path, request(lang, code, func(r *wire.Request) {
+				r.Callback = &wire.Callback{Env: []string{"HERMES_RPC_SOCKET"}}
+			}))
+			if string(res.Stdout.Data) != "ok: search x\nTrue\n" || res.ExitCode != 0 {
+				t.Fatalf("got %s", dump(res))
+			}
+			if c := res.Callbacks; c == nil || c.Connections != 1 || c.Refused != 0 || c.BytesOut != 9 || c.BytesIn != 13 {
+				t.Fatalf("callbacks %+v", res.Callbacks)
+			}
+		})
+	}
+	// The socket is gone after the call, and the next call has none.
+	res := call(t, socket, request(wire.LanguageShell, `ls "$(dirname "$PWD")" >/dev/null; echo "[$FLMBOX_CALLBACK_SOCKET]"`))
+	if string(res.Stdout.Data) != "[]\n" || res.Callbacks != nil {
+		t.Fatalf("a call without a callback: %s", dump(res))
+	}
+}
+
+func TestCallbackLimits(t *testing.T) {
+	srv := startToolServer(t)
+	_, socket := callbackAgent(t)
+	code := talk + "print([talk('%d' % i) for i in range(4)])"
+	res := callbackCall(t, socket, srv.path, request(wire.LanguagePython, code, func(r *wire.Request) {
+		r.Callback = &wire.Callback{MaxConns: 3}
+	}))
+	// Refused: closed at once (EOF, or ECONNRESET with the request unread).
+	if out := string(res.Stdout.Data); !strings.HasPrefix(out, "['ok: 0\\n', 'ok: 1\\n', 'ok: 2\\n', '") || !refusedOutput(out[len("['ok: 0\\n', 'ok: 1\\n', 'ok: 2\\n', '"):]) {
+		t.Fatalf("got %s", dump(res))
+	}
+	if c := res.Callbacks; c.Connections != 3 || c.Refused != 1 {
+		t.Fatalf("callbacks %+v", c)
+	}
+	// Past MaxBytes in one direction, the connection is cut.
+	code = talk + "print(talk('x' * 100))"
+	res = callbackCall(t, socket, srv.path, request(wire.LanguagePython, code, func(r *wire.Request) {
+		r.Callback = &wire.Callback{MaxBytes: 50}
+	}))
+	if string(res.Stdout.Data) != "EOF\n" || res.Callbacks.BytesOut != 50 || res.Callbacks.BytesIn != 0 {
+		t.Fatalf("over the byte limit: %s, callbacks %+v", dump(res), res.Callbacks)
+	}
+	// Idle past the limit: cut.
+	code = `import os, socket, time
+s = socket.socket(socket.AF_UNIX)
+s.connect(os.environ['FLMBOX_CALLBACK_SOCKET'])
+s.settimeout(30)
+print(repr(s.recv(10)))`
+	res = callbackCall(t, socket, srv.path, request(wire.LanguagePython, code, func(r *wire.Request) {
+		r.Callback = &wire.Callback{IdleMS: 200}
+	}))
+	if string(res.Stdout.Data) != "b''\n" {
+		t.Fatalf("an idle connection: %s", dump(res))
+	}
+	// A server that cannot be reached: refused.
+	res = callbackCall(t, socket, filepath.Join(t.TempDir(), "none.sock"), request(wire.LanguagePython, talk+"print(talk('x'))", func(r *wire.Request) {
+		r.Callback = &wire.Callback{}
+	}))
+	if !refusedOutput(string(res.Stdout.Data)) || res.Callbacks.Refused != 1 || res.Callbacks.Connections != 0 {
+		t.Fatalf("no server: %s, callbacks %+v", dump(res), res.Callbacks)
+	}
+}
+
+// TestCallbackEndsWithTheCall: a call that times out closes its forwarded
+// connections (the server reads EOF) and removes its socket.
+func TestCallbackEndsWithTheCall(t *testing.T) {
+	srv := startToolServer(t)
+	a, socket := callbackAgent(t)
+	code := `import os, socket, time
+s = socket.socket(socket.AF_UNIX)
+s.connect(os.environ['FLMBOX_CALLBACK_SOCKET'])
+s.sendall(b'hello\n')
+s.recv(100)
+open(os.path.join(os.environ['HOME_DIR'], 'path'), 'w').write(os.environ['FLMBOX_CALLBACK_SOCKET'])
+time.sleep(100)`
+	home := t.TempDir()
+	res := callbackCall(t, socket, srv.path, request(wire.LanguagePython, code, func(r *wire.Request) {
+		r.Callback, r.TimeoutMS, r.Env = &wire.Callback{}, 2000, []string{"HOME_DIR=" + home}
+	}))
+	if !res.TimedOut || res.Callbacks.Connections != 1 {
+		t.Fatalf("got %s, callbacks %+v", dump(res), res.Callbacks)
+	}
+	waitUntil(t, "the server to read EOF", func() bool { return srv.eofs.Load() == 1 })
+	path, err := os.ReadFile(filepath.Join(home, "path"))
+	if err != nil || !strings.HasPrefix(string(path), a.CallbackDir) {
+		t.Fatalf("the socket's path %q: %v", path, err)
+	}
+	if _, err := os.Lstat(string(path)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the socket is left after the call: %v", err)
+	}
+}
+
+// TestCallbackOnlyTheCall: two calls at once each reach only their own
+// server; a process of one call connecting to the other's socket is refused.
+func TestCallbackOnlyTheCall(t *testing.T) {
+	_, socket := callbackAgent(t)
+	one, two := startToolServer(t), startToolServer(t)
+	dir := t.TempDir()
+	code := talk + `import time
+p = os.path.join(DIR, MINE)
+open(p + '.tmp', 'w').write(os.environ['FLMBOX_CALLBACK_SOCKET'])
+os.rename(p + '.tmp', p)
+other = os.path.join(DIR, THEIRS)
+while not os.path.exists(other):
+    time.sleep(0.01)
+print(talk('mine'), end='')
+print(talk('theirs', open(other).read()))
+open(p + '.done', 'w').close()
+while not os.path.exists(other + '.done'):
+    time.sleep(0.01)
+`
+	var wg sync.WaitGroup
+	results := make([]*wire.Result, 2)
+	for i, srv := range []*toolServer{one, two} {
+		wg.Go(func() {
+			code := strings.NewReplacer("DIR", fmt.Sprintf("%q", dir), "MINE", fmt.Sprintf("'%d'", i), "THEIRS", fmt.Sprintf("'%d'", 1-i)).Replace(code)
+			results[i] = callbackCall(t, socket, srv.path, request(wire.LanguagePython, code, func(r *wire.Request) {
+				r.Callback = &wire.Callback{}
+			}))
+		})
+	}
+	wg.Wait()
+	for i, res := range results {
+		if out := string(res.Stdout.Data); !strings.HasPrefix(out, "ok: mine\n") || !refusedOutput(out[len("ok: mine\n"):]) || res.Callbacks.Connections != 1 || res.Callbacks.Refused != 1 {
+			t.Errorf("call %d: %s, callbacks %+v", i, dump(res), res.Callbacks)
+		}
+	}
+	if one.conns.Load() != 1 || two.conns.Load() != 1 {
+		t.Errorf("servers' connections: %d and %d, want 1 each", one.conns.Load(), two.conns.Load())
+	}
+}
+
+// TestCallbackRefusedWithoutDir: an agent without a callback directory
+// refuses a call with a callback, saying so; one whose directory others
+// can write too refuses it as well.
+func TestCallbackRefusedWithoutDir(t *testing.T) {
+	srv := startToolServer(t)
+	a := &Agent{Python: hostPython(t), Dir: t.TempDir()}
+	socket := serve(t, a)
+	res := callbackCall(t, socket, srv.path, request(wire.LanguageShell, "echo ran", func(r *wire.Request) { r.Callback = &wire.Callback{} }))
+	if res.ExitCode != -1 || !strings.Contains(res.Error, "takes no callbacks") {
+		t.Fatalf("got %s", dump(res))
+	}
+	open := t.TempDir()
+	if err := os.Chmod(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	b := &Agent{Python: hostPython(t), Dir: t.TempDir(), CallbackDir: open}
+	res = callbackCall(t, serve(t, b), srv.path, request(wire.LanguageShell, "echo ran", func(r *wire.Request) { r.Callback = &wire.Callback{} }))
+	if res.ExitCode != -1 || !strings.Contains(res.Error, "is not the agent's alone") {
+		t.Fatalf("got %s", dump(res))
+	}
+}
+
