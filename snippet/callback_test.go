@@ -271,4 +271,3 @@ func TestCallbackRefusedWithoutDir(t *testing.T) {
 		t.Fatalf("got %s", dump(res))
 	}
 }
-

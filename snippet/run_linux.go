@@ -109,7 +109,6 @@ func (a *Agent) run(ctx context.Context, req *wire.Request, notify func(wire.Eve
 	return res, true
 }
 
-
 // interpreter returns the path of req's Interpreter, or "" if it names the
 // language's own (or none).
 func (a *Agent) interpreter(req *wire.Request) (string, error) {
