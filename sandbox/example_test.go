@@ -1,9 +1,11 @@
 package sandbox_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"log"
+	"net"
 	"strings"
 
 	"github.com/flmbox/flmbox/sandbox"
@@ -81,4 +83,46 @@ print(round(450 * (1 - discount), 2))`})
 	// exit 0, stdout "405.0\n"
 	// exit 0, stdout "360.0\n"
 	// exit 1, stderr ends "ValueError: discount must be between 0 and 1"
+}
+
+// A snippet in a sandbox without a network calls a tool that this program
+// serves in process: Callback.Dial makes the host's end of each connection
+// the snippet makes to $FLMBOX_CALLBACK_SOCKET (here, one end of a pipe
+// whose other end this program answers on).
+func ExampleCallback() {
+	ctx := context.Background()
+	m, err := sandbox.Open(root, options...)
+	if err != nil {
+		log.Fatal(err)
+	}
+	sb, err := m.Create(ctx, sandbox.Spec{Image: image})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer m.Remove(ctx, sb.Name)
+
+	tool := func(conn net.Conn) { // answers one line: the word count of the request
+		defer conn.Close()
+		line, _ := bufio.NewReader(conn).ReadString('\n')
+		fmt.Fprintf(conn, "%d words\n", len(strings.Fields(line)))
+	}
+	res, err := m.Call(ctx, sb.Name, sandbox.Request{
+		Code: `import os, socket
+for text in ["the quick brown fox", "jumps"]:
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.environ["FLMBOX_CALLBACK_SOCKET"])
+    s.sendall(text.encode() + b"\n")
+    print(s.makefile().readline(), end="")`,
+		Callback: &sandbox.Callback{Dial: func(ctx context.Context) (net.Conn, error) {
+			mine, theirs := net.Pipe()
+			go tool(mine)
+			return theirs, nil
+		}},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("exit %d, stdout %q, %d connections\n", res.ExitCode, res.Stdout.Data, res.Callbacks.Connections)
+	// Output:
+	// exit 0, stdout "4 words\n1 words\n", 2 connections
 }
