@@ -56,6 +56,11 @@ type Options struct {
 	// BatchSnippets is the size of the throughput batch, CPU-bound Python
 	// snippets of about 0.2 s each (1 to sandbox.MaxBatch; no flag).
 	BatchSnippets int
+	// CallbackTrips is the number of measured callback round trips in each
+	// run of the callback figure: Rounds calls in a sandbox and as many
+	// host processes, each making 5 round trips that are not measured
+	// first (1 to 1000; no flag).
+	CallbackTrips int
 	// Idle is how long a new sandbox, and the bare runsc container, idle
 	// before their memory is measured (0 to 1 minute; no flag).
 	Idle time.Duration
@@ -72,17 +77,20 @@ type Options struct {
 
 // Defaults returns the settings of the full protocol, which takes a few
 // minutes on a 2-core machine: 12 pairs, 5 warm-up calls, 6 rounds of 50
-// calls, 5 prewarm rounds, a batch of 64, 2 s of idling. With quick, every
-// measurement is kept but repeated less, to finish within a minute: 3
-// pairs, 2 warm-up calls, 2 rounds of 10 calls, 2 prewarm rounds, a batch
-// of 16, 1 s of idling (the CLI's --quick; flags set explicitly still
+// calls, 5 prewarm rounds, a batch of 64, 200 callback round trips per run,
+// 2 s of idling. With quick, every measurement is kept but repeated less,
+// to finish within a minute: 3 pairs, 2 warm-up calls, 2 rounds of 10
+// calls, 2 prewarm rounds, a batch of 16, 50 callback round trips per run,
+// 1 s of idling (the CLI's --quick; flags set explicitly still
 // win). Pause is 0; Root, Runsc, Flmbox, Image, Progress and Warnf are
 // left empty.
 func Defaults(quick bool) Options {
 	if quick {
-		return Options{Pairs: 3, Warmup: 2, Rounds: 2, Calls: 10, PrewarmRounds: 2, BatchSnippets: 16, Idle: time.Second}
+		return Options{Pairs: 3, Warmup: 2, Rounds: 2, Calls: 10, PrewarmRounds: 2, BatchSnippets: 16, CallbackTrips: 50,
+			Idle: time.Second}
 	}
-	return Options{Pairs: 12, Warmup: 5, Rounds: 6, Calls: 50, PrewarmRounds: 5, BatchSnippets: 64, Idle: 2 * time.Second}
+	return Options{Pairs: 12, Warmup: 5, Rounds: 6, Calls: 50, PrewarmRounds: 5, BatchSnippets: 64, CallbackTrips: 200,
+		Idle: 2 * time.Second}
 }
 
 // maxCount bounds every count of Options.
@@ -110,7 +118,7 @@ func (o Options) validate() error {
 	}{
 		{"pairs", o.Pairs, 1, maxCount}, {"warmup", o.Warmup, 0, maxCount}, {"rounds", o.Rounds, 1, maxCount},
 		{"calls", o.Calls, 1, maxCount}, {"prewarm rounds", o.PrewarmRounds, 1, maxCount},
-		{"batch snippets", o.BatchSnippets, 1, sandbox.MaxBatch},
+		{"batch snippets", o.BatchSnippets, 1, sandbox.MaxBatch}, {"callback round trips", o.CallbackTrips, 1, maxCallbackTrips},
 	} {
 		if f.n < f.min || f.n > f.max {
 			return fmt.Errorf("bench: %s %d: want %d to %d: %w", f.name, f.n, f.min, f.max, errdefs.ErrInvalidArgument)
@@ -132,7 +140,9 @@ var ErrNoImage = fmt.Errorf("no image to measure: %w", errdefs.ErrFailedPrecondi
 // state root under o.Root and removes it before it returns, also when ctx
 // is cancelled: then the error says "bench interrupted" and wraps ctx's
 // cause. Invalid options fail with errdefs.ErrInvalidArgument before
-// anything is made; see also ErrNotRoot and ErrNoImage.
+// anything is made; see also ErrNotRoot and ErrNoImage. Without python3 on
+// the host's PATH (the callback figure's baseline), Run fails at once with
+// errdefs.ErrFailedPrecondition.
 func Run(ctx context.Context, o Options) (_ *Report, err error) {
 	if err := o.validate(); err != nil {
 		return nil, err

@@ -7,7 +7,10 @@
 // the same loopback registry, and the host memory of an idle sandbox against
 // a bare runsc container; and `flmbox instance` as Flame runs it (package
 // instance/flamesim): a new instance until its first task's result against
-// `flmbox run --image`, warm tasks over gRPC against `flmbox run --sandbox`.
+// `flmbox run --image`, warm tasks over gRPC against `flmbox run --sandbox`;
+// and a callback's round trip from inside a sandbox to a server in the
+// bench's process against the same Python client on the host, on the same
+// server's socket.
 // It is `flmbox bench`; the command only reads its flags into Options, calls
 // Run and prints the Report.
 //

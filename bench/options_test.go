@@ -12,8 +12,8 @@ import (
 )
 
 func TestDefaults(t *testing.T) {
-	full := Options{Pairs: 12, Warmup: 5, Rounds: 6, Calls: 50, PrewarmRounds: 5, BatchSnippets: 64, Idle: 2 * time.Second}
-	quick := Options{Pairs: 3, Warmup: 2, Rounds: 2, Calls: 10, PrewarmRounds: 2, BatchSnippets: 16, Idle: time.Second}
+	full := Options{Pairs: 12, Warmup: 5, Rounds: 6, Calls: 50, PrewarmRounds: 5, BatchSnippets: 64, CallbackTrips: 200, Idle: 2 * time.Second}
+	quick := Options{Pairs: 3, Warmup: 2, Rounds: 2, Calls: 10, PrewarmRounds: 2, BatchSnippets: 16, CallbackTrips: 50, Idle: time.Second}
 	for _, tc := range []struct {
 		quick bool
 		want  Options
@@ -21,6 +21,7 @@ func TestDefaults(t *testing.T) {
 		got := Defaults(tc.quick)
 		if got.Pairs != tc.want.Pairs || got.Warmup != tc.want.Warmup || got.Rounds != tc.want.Rounds || got.Calls != tc.want.Calls ||
 			got.PrewarmRounds != tc.want.PrewarmRounds || got.BatchSnippets != tc.want.BatchSnippets || got.Idle != tc.want.Idle ||
+			got.CallbackTrips != tc.want.CallbackTrips ||
 			got.Pause != 0 || got.Root != "" || got.Flmbox != "" || got.Image != "" || got.Progress != nil || got.Warnf != nil {
 			t.Errorf("Defaults(%t) = %+v, want %+v", tc.quick, got, tc.want)
 		}
@@ -59,6 +60,9 @@ func TestValidate(t *testing.T) {
 		{"long pause", func(o *Options) { o.Pause = 2 * time.Second }, "pause 2s"},
 		{"negative pause", func(o *Options) { o.Pause = -time.Millisecond }, "pause -1ms"},
 		{"negative idle", func(o *Options) { o.Idle = -time.Second }, "idle -1s"},
+		{"most callback round trips", func(o *Options) { o.CallbackTrips = 1000 }, ""},
+		{"no callback round trips", func(o *Options) { o.CallbackTrips = 0 }, "callback round trips 0: want 1 to 1000"},
+		{"too many callback round trips", func(o *Options) { o.CallbackTrips = 1001 }, "callback round trips 1001"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := valid(tc.change).validate()

@@ -24,6 +24,9 @@ type Report struct {
 	// Instance is `flmbox instance` driven as Flame's executor drives it
 	// (added after issue 4).
 	Instance Instance `json:"instance"`
+	// Callback is a callback round trip from inside a sandbox (added
+	// after issue 4, for issue 14).
+	Callback Callback `json:"callback"`
 	Runsc    Runsc    `json:"runsc"`
 	// Image is what was measured; Settings how often.
 	Image    Image    `json:"image"`
@@ -36,6 +39,14 @@ type Stats struct {
 	Min    float64 `json:"min"`
 	Max    float64 `json:"max"`
 	N      int     `json:"n"`
+}
+
+// RoundStats summarizes measurements taken in rounds, in milliseconds: a
+// Stats whose Median is the median of the rounds' medians, with P95 the
+// median of the rounds' p95s; Min, Max and N are of all the measurements.
+type RoundStats struct {
+	Stats
+	P95 float64 `json:"p95"`
 }
 
 // Allocation is a new sandbox until its first result is back.
@@ -115,6 +126,30 @@ type InstanceWarm struct {
 	CLIP95MS    float64 `json:"cli_p95_ms"`
 	// Calls is the number of measured calls of each kind.
 	Calls int `json:"calls"`
+}
+
+// Callback is a callback's round trip from inside a sandbox (issue 14):
+// connect to $FLMBOX_CALLBACK_SOCKET, send a 1 KiB request, read a 1 KiB
+// answer, close, timed by the Python client itself (perf_counter_ns), on a
+// server in the bench's process that answers each connection and closes
+// it. Each run makes a few round trips that are not measured first. Runs
+// inside and on the host alternate (inside, host, host, inside, …).
+type Callback struct {
+	// InsideMS: calls through the Go API (sandbox.Manager.Call, with a
+	// sandbox.Callback whose Dial connects to the server) in a sandbox of
+	// the bench's spec, each call a run; the path measured is the
+	// agent's, its host connection and the server.
+	InsideMS RoundStats `json:"inside_ms"`
+	// HostMS: the same Python code in a python3 process on the host (its
+	// own interpreter, not the image's), on the server's socket directly.
+	HostMS RoundStats `json:"host_ms"`
+	// AddedMS is what flmbox's forwarding adds to a round trip:
+	// InsideMS.Median - HostMS.Median.
+	AddedMS float64 `json:"added_ms"`
+	// RoundTrips is the number of measured round trips of each side, in
+	// Runs runs of each.
+	RoundTrips int `json:"round_trips"`
+	Runs       int `json:"runs"`
 }
 
 // Batch is the throughput of one `flmbox run --batch --image`.
@@ -200,6 +235,17 @@ func summarize(xs []float64) Stats {
 	}
 	s := slices.Sorted(slices.Values(xs))
 	return Stats{Median: median(s), Min: s[0], Max: s[len(s)-1], N: len(s)}
+}
+
+// summarizeRounds returns the RoundStats of rounds (ms).
+func summarizeRounds(rounds [][]float64) RoundStats {
+	s := summarize(slices.Concat(rounds...))
+	if s.N == 0 {
+		return RoundStats{}
+	}
+	var p float64
+	s.Median, p = roundSummary(rounds)
+	return RoundStats{Stats: s, P95: p}
 }
 
 // median of sorted values: the mean of the middle two for an even count.

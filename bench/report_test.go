@@ -49,6 +49,14 @@ func TestStats(t *testing.T) {
 	if got := summarize(nil); got != (Stats{}) {
 		t.Errorf("summarize(nil) = %+v", got)
 	}
+	// Of rounds: medians of the rounds' medians and p95s, min, max and N of all.
+	want := RoundStats{Stats: Stats{Median: 3.5, Min: 1, Max: 100, N: 12}, P95: 10}
+	if got := summarizeRounds([][]float64{{1, 2, 3, 100}, {2, 3, 4, 5}, {10, 3, 4, 5}}); got != want {
+		t.Errorf("summarizeRounds = %+v, want %+v", got, want)
+	}
+	if got := summarizeRounds(nil); got != (RoundStats{}) {
+		t.Errorf("summarizeRounds(nil) = %+v", got)
+	}
 	if got := ms(1500 * time.Microsecond); got != 1.5 {
 		t.Errorf("ms = %v", got)
 	}
@@ -68,6 +76,8 @@ func sampleReport(retained bool, crane bool) *Report {
 		Instance: Instance{EnterFirstResultMS: s(250), SocketMS: s(12), EnterMS: s(180), FreshMS: s(160),
 			Warm: []InstanceWarm{{Language: "python", MedianMS: 14, P95MS: 20, CLIMedianMS: 16, CLIP95MS: 25, Calls: 20},
 				{Language: "shell", MedianMS: 6, P95MS: 9, CLIMedianMS: 8, CLIP95MS: 12, Calls: 20}}},
+		Callback: Callback{InsideMS: RoundStats{Stats: Stats{Median: 0.42, Min: 0.3, Max: 2.5, N: 100}, P95: 0.9},
+			HostMS: RoundStats{Stats: Stats{Median: 0.06, Min: 0.04, Max: 0.3, N: 100}, P95: 0.1}, AddedMS: 0.36, RoundTrips: 100, Runs: 2},
 	}
 	for _, api := range []string{"sandbox", "batch"} {
 		for _, lang := range []string{"python", "shell"} {
@@ -135,6 +145,8 @@ func TestJSONKeys(t *testing.T) {
 		"allocation.fresh_ms": {"max", "median", "min", "n"},
 		"instance":            {"enter_first_result_ms", "enter_ms", "fresh_ms", "socket_ms", "warm"},
 		"instance.warm[0]":    {"calls", "cli_median_ms", "cli_p95_ms", "language", "median_ms", "p95_ms"},
+		"callback":            {"added_ms", "host_ms", "inside_ms", "round_trips", "runs"},
+		"callback.inside_ms":  {"max", "median", "min", "n", "p95"},
 	}
 	keys := func(v any) []string {
 		m, _ := v.(map[string]any)
@@ -145,7 +157,7 @@ func TestJSONKeys(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
-	if got := keys(obj); !slices.Equal(got, []string{"allocation", "batch", "image", "instance", "memory", "prewarm", "runsc", "settings", "warm"}) {
+	if got := keys(obj); !slices.Equal(got, []string{"allocation", "batch", "callback", "image", "instance", "memory", "prewarm", "runsc", "settings", "warm"}) {
 		t.Errorf("top-level keys %v", got)
 	}
 	for path, w := range want {
@@ -157,6 +169,8 @@ func TestJSONKeys(t *testing.T) {
 			v = obj["allocation"].(map[string]any)["fresh_ms"]
 		case "instance.warm[0]":
 			v = obj["instance"].(map[string]any)["warm"].([]any)[0]
+		case "callback.inside_ms":
+			v = obj["callback"].(map[string]any)["inside_ms"]
 		default:
 			v = obj[path]
 		}
@@ -251,6 +265,18 @@ func validateJSON(obj map[string]any, retained, crane bool) error {
 			return fmt.Errorf("instance.warm[%d]: %w", i, err)
 		}
 	}
+	cb := section("callback")
+	for _, k := range []string{"inside_ms", "host_ms"} {
+		if err := isStats(cb[k]); err != nil {
+			return fmt.Errorf("callback.%s: %w", k, err)
+		}
+		if err := numbers(cb[k].(map[string]any), "p95"); err != nil {
+			return fmt.Errorf("callback.%s: %w", k, err)
+		}
+	}
+	if err := numbers(cb, "added_ms", "round_trips", "runs"); err != nil {
+		return fmt.Errorf("callback: %w", err)
+	}
 	rs := section("runsc")
 	for _, k := range []string{"path", "version", "platform"} {
 		if s, _ := rs[k].(string); s == "" {
@@ -273,6 +299,9 @@ func TestTable(t *testing.T) {
 		"10 calls per round (back to back)", "(linux/amd64, 1MiB)",
 		"new flmbox instance → first result", "flmbox run --image 160 ms", "1.56×", "until its socket answers",
 		"warm task over gRPC, python (OnTaskInvoke)", "flmbox run --sandbox 16.0 ms", "0.88×", "flmbox run --sandbox 12.0 ms",
+		"callback round trip from inside, 1 KiB each way (Go API)", "0.420 ms", "host to host 0.060 ms", "7.00×",
+		"host to host 0.100 ms", "9.00×", "added per round trip", "0.360 ms", "≤ 1 ms added",
+		"callbacks: median of 2 calls' medians (p95: of their p95s), 50 round trips each after 5 warm-up ones",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the table lacks %q:\n%s", want, out)
@@ -289,6 +318,12 @@ func TestTable(t *testing.T) {
 	none.WriteTable(&buf)
 	if out := buf.String(); strings.Contains(out, "flmbox instance") || strings.Contains(out, "OnTaskInvoke") {
 		t.Errorf("flmbox instance not measured:\n%s", out)
+	}
+	none.Callback = Callback{}
+	buf.Reset()
+	none.WriteTable(&buf)
+	if out := buf.String(); strings.Contains(out, "callback") {
+		t.Errorf("callbacks not measured:\n%s", out)
 	}
 	paced := sampleReport(false, true)
 	paced.Settings.PauseMS = 20

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
 	"github.com/flmbox/flmbox/internal/mountinfo"
@@ -37,6 +38,7 @@ type runner struct {
 	opts      Options
 	flmboxBin string // the flmbox binary, run as a user would
 	runsc     string
+	python    string // the host's python3, the callback figure's baseline
 	dir       string
 	root      string           // dir/main
 	m         *sandbox.Manager // the sandboxes under root
@@ -57,6 +59,10 @@ func newRunner(ctx context.Context, o Options) (*runner, error) {
 	runsc, err := runtime.FindRunsc(o.Runsc)
 	if err != nil {
 		return nil, err
+	}
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		return nil, fmt.Errorf("find python3 on the host, the callback figure's baseline: %w: %w", err, errdefs.ErrFailedPrecondition)
 	}
 	image, err := pickImage(ctx, o.Root, o.Image)
 	if err != nil {
@@ -80,7 +86,7 @@ func newRunner(ctx context.Context, o Options) (*runner, error) {
 	if real, err := filepath.EvalSymlinks(dir); err == nil {
 		dir = real
 	}
-	r := &runner{opts: o, flmboxBin: o.Flmbox, runsc: runsc, dir: dir, root: filepath.Join(dir, "main"), image: image,
+	r := &runner{opts: o, flmboxBin: o.Flmbox, runsc: runsc, python: python, dir: dir, root: filepath.Join(dir, "main"), image: image,
 		progress: o.Progress, start: time.Now()}
 	if r.progress == nil {
 		r.progress = io.Discard

@@ -10,8 +10,8 @@ import (
 
 // run measures everything, in an order that keeps each part from disturbing
 // the next: prewarm first (it fills the private cache the sandboxes run on),
-// then allocation, warm calls and flmbox instance beside one persistent
-// sandbox, batch throughput, and memory last, with no other sandbox of the
+// then allocation, warm calls, flmbox instance and callbacks beside one
+// persistent sandbox, batch throughput, and memory last, with no other sandbox of the
 // bench running.
 func (r *runner) run(ctx context.Context) (*Report, error) {
 	o := r.opts
@@ -45,6 +45,9 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	if rep.Instance, err = r.measureInstance(ctx, warm); err != nil {
+		return nil, err
+	}
+	if rep.Callback, err = r.measureCallback(ctx, warm); err != nil {
 		return nil, err
 	}
 	if err := r.m.Remove(context.WithoutCancel(ctx), warm.Name); err != nil {

@@ -40,6 +40,10 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintf(w, "\nmedians; warm calls: median of %d rounds' medians (p95: of their p95s), %d calls per round (%s) after %d warm-up calls\n",
 		rep.Settings.Rounds, rep.Settings.Calls, pace, rep.Settings.Warmup)
+	if cb := rep.Callback; cb.Runs > 0 {
+		fmt.Fprintf(w, "callbacks: median of %d calls' medians (p95: of their p95s), %d round trips each after %d warm-up ones, alternating with as many host python3 processes\n",
+			cb.Runs, cb.RoundTrips/cb.Runs, callbackWarmup)
+	}
 	fmt.Fprintf(w, "image:  %s (%s, %s)\n", rep.Image.Ref, rep.Image.Platform, units.BytesSize(float64(rep.Image.SizeBytes)))
 	_, err := fmt.Fprintf(w, "runsc:  %s (%s, platform %s); %d CPUs\n", rep.Runsc.Path, rep.Runsc.Version, rep.Runsc.Platform, rep.Settings.CPUs)
 	return err
@@ -71,6 +75,7 @@ func tableRows(rep *Report) []row {
 		)
 	}
 	rows = append(rows, instanceRows(rep.Instance)...)
+	rows = append(rows, callbackRows(rep.Callback)...)
 	bt, p, m := rep.Batch, rep.Prewarm, rep.Memory
 	rows = append(rows,
 		row{fmt.Sprintf("batch of %d CPU-bound snippets (%.2f s each), --parallel %d", bt.Snippets, bt.SnippetNativeS, bt.Parallel),
@@ -110,11 +115,34 @@ func instanceRows(in Instance) []row {
 	return rows
 }
 
+// callbackRows are the table's lines of the callback round trip, none if
+// it was not measured.
+func callbackRows(cb Callback) []row {
+	if cb.Runs == 0 {
+		return nil
+	}
+	in, host := cb.InsideMS, cb.HostMS
+	return []row{
+		{"callback round trip from inside, 1 KiB each way (Go API)", fmtFineMS(in.Median), "host to host " + fmtFineMS(host.Median),
+			ratio(in.Median, host.Median), "", ""},
+		{"  p95", fmtFineMS(in.P95), "host to host " + fmtFineMS(host.P95), ratio(in.P95, host.P95), "", ""},
+		{"  added per round trip", fmtFineMS(cb.AddedMS), "", "", "≤ 1 ms added", ""},
+	}
+}
+
 func fmtMS(x float64) string {
 	if x >= 100 {
 		return fmt.Sprintf("%.0f ms", x)
 	}
 	return fmt.Sprintf("%.1f ms", x)
+}
+
+// fmtFineMS is fmtMS with microseconds below 10 ms.
+func fmtFineMS(x float64) string {
+	if x < 10 && x > -10 {
+		return fmt.Sprintf("%.3f ms", x)
+	}
+	return fmtMS(x)
 }
 
 func fmtKiB(k int64) string { return fmt.Sprintf("%.1f MiB", float64(k)/1024) }
