@@ -144,7 +144,7 @@ func (m *Manager) callChecked(ctx context.Context, name string, req *wire.Reques
 	}
 	if cb != nil {
 		r := *req
-		r.OnCallback = forwarder(rec.SocketPath(), cb.Dial)
+		r.CallbackDial = cb.dialer()
 		req = &r
 	}
 	return rec.Call(ctx, req)

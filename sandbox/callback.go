@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"time"
@@ -64,18 +65,15 @@ func (c *Callback) wire() (*wire.Callback, error) {
 	return &wire.Callback{Env: c.Env, MaxConns: c.MaxConns, MaxBytes: c.MaxBytes, IdleMS: c.Idle.Milliseconds()}, nil
 }
 
-// forwarder is the OnCallback of a call to the agent listening at socket:
-// each connection the agent announces is forwarded to a connection dial
-// makes, or refused if dial fails.
-func forwarder(socket string, dial func(ctx context.Context) (net.Conn, error)) func(ctx context.Context, id string) {
-	return func(ctx context.Context, id string) {
-		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		server, err := dial(dctx)
-		cancel()
-		if err != nil {
-			wire.Refuse(ctx, socket, id, err)
-			return
-		}
-		wire.Forward(ctx, socket, id, server)
+// dialer is the wire request's CallbackDial for c's Dial: a connection it
+// cannot make within dialTimeout is refused.
+func (c *Callback) dialer() func(ctx context.Context) (io.ReadWriteCloser, error) {
+	return func(ctx context.Context) (io.ReadWriteCloser, error) {
+		ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+		defer cancel()
+		return c.Dial(ctx)
 	}
 }
+
+// dialTimeout bounds a Callback's Dial.
+const dialTimeout = 10 * time.Second

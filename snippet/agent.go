@@ -312,6 +312,10 @@ func (a *Agent) answer(ctx context.Context, conn net.Conn, notify func(wire.Even
 		return nil, errorResult(err), false
 	}
 	conn.SetReadDeadline(time.Time{})
+	if req.Attach != "" && req.Standby {
+		a.standby(req.Attach, withPrefix(conn, rest))
+		return req, nil, false
+	}
 	if req.Attach != "" {
 		a.attach(req.Attach, withPrefix(conn, rest), req.AttachError != "")
 		return req, nil, false

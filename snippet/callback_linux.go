@@ -29,8 +29,10 @@ import (
 // the client connects to the agent again with an Attach request, and the
 // agent copies bytes both ways between the two connections, within the
 // call's limits, until either side closes, the call ends or a limit is hit.
-// Nothing else of the host is reachable through it: the agent only ever
-// forwards to connections the client made to it.
+// To spare that round trip, the client keeps a standby connection attached
+// to the call's callbacks (wire.Event.Ready), which the next connection
+// takes at once. Nothing else of the host is reachable through it: the
+// agent only ever forwards to connections the client made to it.
 
 // attachTimeout bounds how long a snippet's callback connection waits for
 // the client to attach it.
@@ -53,6 +55,7 @@ type callback struct {
 	mu      sync.Mutex
 	n       int                      // connections accepted from the call
 	pending map[string]*net.UnixConn // announced, not attached yet
+	standby []net.Conn               // the client's, waiting for a connection
 	open    map[net.Conn]struct{}    // both ends of forwarded connections
 	closed  bool
 	stats   wire.CallbackStats
@@ -90,6 +93,10 @@ func (a *Agent) openCallback(cb *wire.Callback, notify func(wire.Event) error) (
 	}
 	a.callbacks[c.id] = c
 	a.cbMu.Unlock()
+	if err := notify(wire.Event{Ready: c.id}); err != nil {
+		c.close()
+		return nil, nil, fmt.Errorf("announce the callbacks: %w", err)
+	}
 	c.accepting.Go(c.accept)
 	env = []string{wire.CallbackSocketEnv + "=" + c.path}
 	for _, name := range cb.Env {
@@ -142,6 +149,19 @@ func (c *callback) take(conn *net.UnixConn) {
 		return
 	}
 	c.n++
+	for len(c.standby) > 0 {
+		host := c.standby[0]
+		c.standby = c.standby[1:]
+		host.SetWriteDeadline(time.Now().Add(time.Second))
+		if _, err := host.Write([]byte{'\n'}); err != nil { // the client dials its server
+			host.Close()
+			continue
+		}
+		host.SetWriteDeadline(time.Time{})
+		c.forwardLocked(conn, host, true)
+		c.mu.Unlock()
+		return
+	}
 	id := c.id + "-" + strconv.Itoa(c.n)
 	c.pending[id] = conn
 	c.mu.Unlock()
@@ -245,25 +265,49 @@ func (a *Agent) attach(id string, host net.Conn, refused bool) {
 		c.refuse(conn)
 		return
 	}
+	c.forwardLocked(conn, host, false)
+	c.mu.Unlock()
+}
+
+// standby keeps host, a connection of the client's, for the next connection
+// of the call's callbacks id.
+func (a *Agent) standby(id string, host net.Conn) {
+	a.cbMu.Lock()
+	c := a.callbacks[id]
+	a.cbMu.Unlock()
+	if c == nil {
+		host.Close()
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || len(c.standby) >= 4 {
+		host.Close()
+		return
+	}
+	c.standby = append(c.standby, host)
+}
+
+// forwardLocked forwards conn to host on a goroutine of its own; c.mu is
+// held. With ack (a standby), the client first says whether it reached its
+// server (wire.CallbackAccepted), or the connection is refused.
+func (c *callback) forwardLocked(conn *net.UnixConn, host net.Conn, ack bool) {
 	c.stats.Connections++
 	c.open[conn], c.open[host] = struct{}{}, struct{}{}
-	c.wg.Add(1)
-	c.mu.Unlock()
-	go func() {
-		defer c.wg.Done()
-		c.forward(conn, host)
+	c.wg.Go(func() {
+		c.forward(conn, host, ack)
 		c.mu.Lock()
 		delete(c.open, conn)
 		delete(c.open, host)
 		c.mu.Unlock()
-	}()
+	})
 }
 
 // forward copies bytes both ways between the snippet's conn and the
 // client's host until both directions end, then closes both. A direction
 // ends at EOF (passed on as a half close), or cuts the connection (both
 // closed at once) past c.bytes or after c.idle without a byte either way.
-func (c *callback) forward(conn *net.UnixConn, host net.Conn) {
+func (c *callback) forward(conn *net.UnixConn, host net.Conn, ack bool) {
 	defer conn.Close()
 	defer host.Close()
 	var last atomic.Int64 // unix nanoseconds of the last byte either way
@@ -274,7 +318,21 @@ func (c *callback) forward(conn *net.UnixConn, host net.Conn) {
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() { c.copy(host, conn, &last, cut, true) })
-	wg.Go(func() { c.copy(conn, host, &last, cut, false) })
+	wg.Go(func() {
+		if ack {
+			var b [1]byte
+			host.SetReadDeadline(time.Now().Add(attachTimeout))
+			if _, err := io.ReadFull(host, b[:]); err != nil || b[0] != wire.CallbackAccepted {
+				cut()
+				c.mu.Lock()
+				c.stats.Connections--
+				c.stats.Refused++
+				c.mu.Unlock()
+				return
+			}
+		}
+		c.copy(conn, host, &last, cut, false)
+	})
 	wg.Wait()
 }
 
@@ -345,6 +403,10 @@ func (c *callback) close() *wire.CallbackStats {
 	for conn := range c.open {
 		conn.Close()
 	}
+	for _, host := range c.standby {
+		host.Close()
+	}
+	c.standby = nil
 	c.mu.Unlock()
 	c.wg.Wait()
 	c.a.cbMu.Lock()

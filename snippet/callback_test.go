@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -60,13 +61,9 @@ func startToolServer(t *testing.T) *toolServer {
 // to the server at server (a refused dial if server is "").
 func callbackCall(t *testing.T, socket, server string, req *wire.Request) *wire.Result {
 	t.Helper()
-	req.OnCallback = func(ctx context.Context, id string) {
-		c, err := net.Dial("unix", server)
-		if err != nil {
-			wire.Refuse(ctx, socket, id, err)
-			return
-		}
-		wire.Forward(ctx, socket, id, c)
+	req.CallbackDial = func(ctx context.Context) (io.ReadWriteCloser, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", server)
 	}
 	return call(t, socket, req)
 }
@@ -131,8 +128,22 @@ EOF
 			}
 		})
 	}
+	// Eight connections at once: those that find no standby connection of
+	// the client's wait for one to attach (wire.Event.Callback).
+	code := talk + `import threading
+out = [None] * 8
+def one(i):
+    out[i] = talk('%d' % i)
+ts = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+print(''.join(out), end='')`
+	res := callbackCall(t, socket, srv.path, request(wire.LanguagePython, code, func(r *wire.Request) { r.Callback = &wire.Callback{} }))
+	if want := "ok: 0\nok: 1\nok: 2\nok: 3\nok: 4\nok: 5\nok: 6\nok: 7\n"; string(res.Stdout.Data) != want || res.Callbacks.Connections != 8 {
+		t.Fatalf("eight at once: %s, callbacks %+v", dump(res), res.Callbacks)
+	}
 	// The socket is gone after the call, and the next call has none.
-	res := call(t, socket, request(wire.LanguageShell, `ls "$(dirname "$PWD")" >/dev/null; echo "[$FLMBOX_CALLBACK_SOCKET]"`))
+	res = call(t, socket, request(wire.LanguageShell, `echo "[$FLMBOX_CALLBACK_SOCKET]"`))
 	if string(res.Stdout.Data) != "[]\n" || res.Callbacks != nil {
 		t.Fatalf("a call without a callback: %s", dump(res))
 	}

@@ -125,8 +125,8 @@ func Call(ctx context.Context, socketPath string, req *Request) (*Result, error)
 // CallConn is Call on conn, a connection from Dial, for a caller that handles
 // a failure to connect itself. req must be valid. It does not close conn.
 func CallConn(ctx context.Context, conn *os.File, req *Request) (*Result, error) {
-	if req.Callback != nil && req.OnCallback == nil {
-		return nil, fmt.Errorf("a call with a callback needs its OnCallback: %w", errdefs.ErrInvalidArgument)
+	if req.Callback != nil && req.CallbackDial == nil {
+		return nil, fmt.Errorf("a call with a callback needs its CallbackDial: %w", errdefs.ErrInvalidArgument)
 	}
 	// The deadline also serves ctx: once ctx is done, the answer to the
 	// interrupt is awaited for interruptGrace at most.
@@ -189,8 +189,8 @@ func exchange(conn *os.File, req *Request) (*Result, error) {
 	defer endCallbacks()
 	var raw json.RawMessage
 	var v struct {
-		Version  int     `json:"version"`
-		Callback *string `json:"callback"`
+		Version int `json:"version"`
+		Event
 	}
 	for {
 		raw = nil
@@ -204,18 +204,29 @@ func exchange(conn *os.File, req *Request) (*Result, error) {
 			}
 			return nil, agentGone("read the answer", err)
 		}
-		v.Version, v.Callback = 0, nil
+		v.Version, v.Event = 0, Event{}
 		if err := json.Unmarshal(raw, &v); err != nil {
 			return nil, fmt.Errorf("read the agent's answer: %w", err)
 		}
-		if v.Version != 0 || v.Callback == nil {
+		if v.Version != 0 || v.Event == (Event{}) {
 			break
 		}
-		if req.OnCallback == nil {
+		if req.CallbackDial == nil {
 			return nil, fmt.Errorf("read the agent's answer: a callback event for a call without one")
 		}
-		id := *v.Callback
-		callbacks.Go(func() { req.OnCallback(cbCtx, id) })
+		ev, path := v.Event, conn.Name()
+		callbacks.Go(func() {
+			if ev.Ready != "" {
+				standby(cbCtx, path, ev.Ready, req.CallbackDial, &callbacks)
+				return
+			}
+			server, err := req.CallbackDial(cbCtx)
+			if err != nil {
+				Refuse(cbCtx, path, ev.Callback, err)
+				return
+			}
+			Forward(cbCtx, path, ev.Callback, server)
+		})
 	}
 	if v.Version != ProtocolVersion {
 		return &Result{Version: v.Version}, nil // its fields may not even parse
@@ -270,6 +281,40 @@ func Refuse(ctx context.Context, path, id string, err error) error {
 	return conn.Close()
 }
 
+// standby keeps a connection attached to the callbacks id of the agent at
+// path, waiting for the snippet's next connection; once one takes it, it
+// dials the server, forwards on a goroutine of wg, and attaches the next,
+// until the agent closes one (the call ended) or ctx ends.
+func standby(ctx context.Context, path, id string, dial func(context.Context) (io.ReadWriteCloser, error), wg *sync.WaitGroup) {
+	for ctx.Err() == nil {
+		agent, err := attach(ctx, path, &Request{Version: ProtocolVersion, Attach: id, Standby: true})
+		if err != nil {
+			return
+		}
+		stop := context.AfterFunc(ctx, func() { agent.Close() })
+		var b [1]byte
+		_, err = io.ReadFull(agent, b[:])
+		stop()
+		if err != nil {
+			agent.Close()
+			return
+		}
+		wg.Go(func() {
+			defer agent.Close()
+			server, err := dial(ctx)
+			if err != nil {
+				agent.Write([]byte{'n'}) // refused: the snippet reads EOF
+				return
+			}
+			if _, err := agent.Write([]byte{CallbackAccepted}); err != nil {
+				server.Close()
+				return
+			}
+			forward(ctx, agent, server)
+		})
+	}
+}
+
 // Forward attaches the callback connection id of the agent at path
 // (Attach) and copies bytes both ways between it and server, until both
 // directions end or ctx does; EOF is passed on as a half close. It closes
@@ -281,6 +326,14 @@ func Forward(ctx context.Context, path, id string, server io.ReadWriteCloser) er
 		return err
 	}
 	defer agent.Close()
+	forward(ctx, agent, server)
+	return nil
+}
+
+// forward copies bytes both ways between agent and server until both
+// directions end or ctx does.
+func forward(ctx context.Context, agent *os.File, server io.ReadWriteCloser) {
+	defer server.Close()
 	stop := context.AfterFunc(ctx, func() {
 		server.Close()
 		agent.Close()
@@ -290,7 +343,6 @@ func Forward(ctx context.Context, path, id string, server io.ReadWriteCloser) er
 	wg.Go(func() { pipe(server, agent) })
 	wg.Go(func() { pipe(agent, server) })
 	wg.Wait()
-	return nil
 }
 
 // pipe copies src to dst; at src's EOF it half-closes dst.

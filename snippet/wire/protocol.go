@@ -3,6 +3,7 @@ package wire
 import (
 	"context"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"time"
@@ -104,20 +105,23 @@ type Request struct {
 	// Callback, if set, opens a channel from the snippet to the client for
 	// this call: see Callback.
 	Callback *Callback `json:"callback,omitempty"`
-	// OnCallback is the client's side of Callback, not sent: Call calls it,
-	// on a goroutine of its own, with the ID of each Event; it must attach
-	// (Attach) or refuse (Refuse) the connection. Its context ends once the
-	// call's result is read (the agent has closed the connection by then);
-	// Call returns once every OnCallback has returned.
-	OnCallback func(ctx context.Context, id string) `json:"-"`
+	// CallbackDial is the client's side of Callback, not sent: it makes the
+	// host's end of each of the snippet's callback connections (a new
+	// connection to the caller's server), which Call forwards (see Event).
+	CallbackDial func(ctx context.Context) (io.ReadWriteCloser, error) `json:"-"`
 	// Attach makes this connection the host's end of the snippet's callback
 	// connection that an Event named: once the request is read, the agent
 	// forwards bytes both ways between the two until either closes, the
 	// call ends or a limit is hit. No Result is sent. With AttachError set,
 	// the host refuses that connection instead (it could not reach its
 	// server): the snippet's connection is closed and counted refused.
+	// With Standby, Attach names a call's callbacks (Event.Ready) and the
+	// connection waits for the next snippet's connection: the agent then
+	// writes one byte on it, the client dials its server and answers
+	// CallbackAccepted (or refuses), and bytes are forwarded.
 	Attach      string `json:"attach,omitempty"`
 	AttachError string `json:"attach_error,omitempty"`
+	Standby     bool   `json:"standby,omitempty"`
 }
 
 // CallbackSocketEnv names the variable that holds the path, inside the
@@ -208,11 +212,20 @@ func validEnvName(name string) bool {
 }
 
 // Event is what the agent sends on a call's connection, before the Result,
-// for a call with a Callback: a snippet's connection to forward, which the
-// client attaches (Request.Attach) or refuses.
+// for a call with a Callback. Ready, first, names the call's callbacks: the
+// client keeps a standby connection attached to them (Request.Standby), which
+// the next connection of the snippet takes at once. Callback names a
+// snippet's connection that found no standby: the client attaches a
+// connection to it (Request.Attach) or refuses it.
 type Event struct {
-	Callback string `json:"callback"`
+	Ready    string `json:"ready,omitempty"`
+	Callback string `json:"callback,omitempty"`
 }
+
+// CallbackAccepted is the byte a client writes first on a standby
+// connection that the agent gave a snippet's connection, once it has
+// reached its server; any other byte, or none, refuses it.
+const CallbackAccepted = 'y'
 
 // CallbackStats count a call's callback connections, for the Result.
 type CallbackStats struct {
