@@ -69,6 +69,14 @@ demo: deps runsc build testimage
 	$$f sandbox rm demo; \
 	: "Demo 2: a batch of four snippets, each in a clean sandbox; results in input order"; \
 	$$f run --batch demo/demo2.json --image $$image; \
+	: "Demo 3: callbacks: a snippet in a --network none sandbox calls the host's tool server 20 times"; \
+	$(GO) build -o bin/toolserver ./internal/cmd/toolserver; \
+	d=$$(mktemp -d); sock=$$d/tools.sock; \
+	bin/toolserver -listen $$sock > $$d/out 2>&1 & ts=$$!; \
+	for i in $$(seq 100); do grep -q '^toolserver: listening' $$d/out && break; sleep 0.1; done; \
+	grep -q '^toolserver: listening' $$d/out || { kill $$ts; cat $$d/out; rm -rf $$d; exit 1; }; \
+	rc=0; $$f run --image $$image --network none --callback $$sock --callback-env HERMES_RPC_SOCKET demo/demo3.py || rc=$$?; \
+	kill -TERM $$ts; wait $$ts; cat $$d/out; rm -rf $$d; test $$rc = 0; \
 	: "Demo 1 again, as Flame runs it: flmbox instance under a simulated Flame executor, the three calls as tasks of one session over gRPC"; \
 	$(GO) run ./internal/cmd/flamesim $$f instance --image $$image
 

@@ -57,6 +57,11 @@ func TestParseWarmCall(t *testing.T) {
 		{"a debug run", "--debug run --sandbox sb -c 1", none, nil},
 		{"a fresh sandbox", "run --image img -c 1", none, nil},
 		{"a batch", "run --sandbox sb --batch f.json", none, nil},
+		{"a callback", "run --sandbox sb --callback /s.sock -c 1", none, nil},
+		{"a callback after the code", "run --sandbox sb -c 1 --callback=/s.sock", none, nil},
+		{"a callback after the file", "run --sandbox sb code.py --callback /s.sock", none, nil},
+		{"a callback variable", "run --sandbox sb --callback /s.sock --callback-env HERMES_RPC_SOCKET -c 1", none, nil},
+		{"callback limits alone", "run --sandbox sb --callback-conns 5 --callback-bytes 1024 --callback-idle 1s -c 1", none, nil},
 		{"max output in bytes", "run --sandbox sb --max-output 4096 -c print(1)", none, def(func(w *warmCall) { w.maxOutput = 4096 })},
 		{"max output with a unit", "run --sandbox sb --max-output 1k -c 1", none, nil},
 		{"max output signed", "run --sandbox sb --max-output +4096 -c 1", none, nil},
@@ -235,5 +240,27 @@ func TestWarmCallHungUp(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestFlagsNotWarmHandOver: a run flag that the table does not mark Warm
+// (--callback and its limits among them), written either way, hands the
+// command line to flmbox-core.
+func TestFlagsNotWarmHandOver(t *testing.T) {
+	none := func(string) (string, bool) { return "", false }
+	for _, f := range runcmd.RunFlags {
+		if f.Warm {
+			continue
+		}
+		for _, n := range f.Names() {
+			for _, args := range [][]string{
+				{"run", "--sandbox", "sb", "--" + n, "1", "-c", "1"},
+				{"run", "--sandbox", "sb", "-c", "1", "--" + n + "=1"},
+			} {
+				if w, ok := parseWarmCall(args, none); ok {
+					t.Errorf("%v: parsed as a warm call %+v", args, w)
+				}
+			}
+		}
 	}
 }

@@ -2,6 +2,7 @@ package app
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -30,7 +31,16 @@ func tableFlags(table []runcmd.Flag) []cli.Flag {
 			}
 			out = append(out, &cli.DurationFlag{Name: f.Name, Aliases: f.Aliases, Value: d, EnvVars: f.EnvVars, Usage: f.Usage})
 		case runcmd.Int:
-			out = append(out, &cli.IntFlag{Name: f.Name, Aliases: f.Aliases, EnvVars: f.EnvVars, Usage: f.Usage})
+			n := 0
+			if f.Default != "" {
+				var err error
+				if n, err = strconv.Atoi(f.Default); err != nil {
+					panic(fmt.Sprintf("flag --%s: default %q is not an integer", f.Name, f.Default))
+				}
+			}
+			out = append(out, &cli.IntFlag{Name: f.Name, Aliases: f.Aliases, Value: n, EnvVars: f.EnvVars, Usage: f.Usage})
+		case runcmd.List:
+			out = append(out, &cli.GenericFlag{Name: f.Name, Aliases: f.Aliases, Value: &stringList{}, EnvVars: f.EnvVars, Usage: f.Usage})
 		default:
 			panic(fmt.Sprintf("flag --%s: unknown kind %d", f.Name, f.Kind))
 		}
@@ -94,6 +104,15 @@ type stringList []string
 func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 func (l *stringList) String() string     { return strings.Join(*l, " ") }
 
+// listFlag returns the values of a repeatable flag made by tableFlags or
+// sandboxFlags (a stringList).
+func listFlag(c *cli.Context, name string) []string {
+	if l, ok := c.Generic(name).(*stringList); ok {
+		return *l
+	}
+	return nil
+}
+
 // specFrom reads sandboxFlags and --image into a sandbox spec.
 func specFrom(c *cli.Context) (sandbox.Spec, error) {
 	s := sandbox.Spec{Image: c.String("image"), Platform: c.String("gvisor-platform"), Env: c.StringSlice("env")}
@@ -114,9 +133,7 @@ func specFrom(c *cli.Context) (sandbox.Spec, error) {
 	if s.Limits.CPUs <= 0 || s.Limits.Pids <= 0 {
 		return s, fmt.Errorf("--cpus and --pids must be positive")
 	}
-	if l, ok := c.Generic("pip").(*stringList); ok {
-		s.Pip = *l
-	}
+	s.Pip = listFlag(c, "pip")
 	if err := sandbox.CheckRequirements(s.Pip); err != nil {
 		return s, err
 	}

@@ -118,6 +118,14 @@ func snippetRequest(c *cli.Context) (sandbox.Request, error) {
 	}
 	req := sandbox.Request{Language: c.String("language"), Code: code, Timeout: c.Duration("timeout"),
 		MaxOutput: maxOut, Reset: c.Bool("reset")}
+	if err := req.Validate(); err != nil {
+		return req, err
+	}
+	// Last: the socket is checked once the rest is known to be good.
+	req.Callback, err = callbackFrom(c)
+	if err != nil {
+		return req, err
+	}
 	return req, req.Validate()
 }
 
@@ -153,6 +161,9 @@ func printInterrupted(c *cli.Context, res *wire.Result) error {
 // 124 on timeout, 125 if flmbox failed to run it.
 func printResult(c *cli.Context, res *wire.Result) error {
 	code, msg, err := runcmd.Print(c.App.Writer, c.App.ErrWriter, res, c.Bool("json"), c.Duration("timeout"))
+	if err == nil && !c.Bool("json") {
+		io.WriteString(c.App.ErrWriter, runcmd.CallbackNote(res, c.Int("callback-conns")))
+	}
 	if err != nil || code == 0 {
 		return err
 	}

@@ -89,6 +89,8 @@ type batchResult struct {
 	OOMKilled    bool    `json:"oom_killed"`
 	Interrupted  bool    `json:"interrupted"`
 	DurationMS   float64 `json:"duration_ms"`
+	// Callbacks, with --callback: the snippet's own connections.
+	Callbacks *runcmd.Callbacks `json:"callbacks,omitempty"`
 }
 
 // runBatch runs `flmbox run --batch FILE` and prints the results as one
@@ -154,7 +156,7 @@ func batchElement(ctx context.Context, r sandbox.BatchResult, timeout time.Durat
 	j := runcmd.ToJSON(r.Result)
 	out := batchResult{ExitCode: j.ExitCode, Stdout: j.Stdout, Stderr: j.Stderr, StdoutBase64: j.StdoutBase64,
 		StderrBase64: j.StderrBase64, TimedOut: j.TimedOut, OOMKilled: j.OOMKilled, Interrupted: j.Interrupted,
-		DurationMS: j.DurationMS}
+		DurationMS: j.DurationMS, Callbacks: j.Callbacks}
 	if r.Result.Error != "" {
 		out.ExitCode = -1
 	} else {
@@ -197,6 +199,10 @@ func readBatch(c *cli.Context, path string) ([]sandbox.Request, error) {
 	if c.Duration("timeout") <= 0 {
 		return nil, fmt.Errorf("--timeout %s: want a positive timeout", c.Duration("timeout"))
 	}
+	cb, err := callbackFrom(c) // the same for every snippet, each forwarded on its own
+	if err != nil {
+		return nil, err
+	}
 	var reqs []sandbox.Request
 	for i, item := range in.Codes {
 		lang := firstNonZero(item.Language, in.Language, c.String("language"))
@@ -211,7 +217,7 @@ func readBatch(c *cli.Context, path string) ([]sandbox.Request, error) {
 		if lang == "" {
 			return nil, fmt.Errorf("code %d: no language: want python or shell", i)
 		}
-		req := sandbox.Request{Language: lang, Code: item.Code, Timeout: timeout, MaxOutput: maxOut}
+		req := sandbox.Request{Language: lang, Code: item.Code, Timeout: timeout, MaxOutput: maxOut, Callback: cb}
 		if err := req.Validate(); err != nil {
 			return nil, fmt.Errorf("code %d: %w", i, err)
 		}

@@ -1,6 +1,11 @@
 package runcmd
 
-import "time"
+import (
+	"strconv"
+	"time"
+
+	"github.com/flmbox/flmbox/snippet/wire"
+)
 
 // Kind is how a flag's value is read.
 type Kind int
@@ -12,6 +17,7 @@ const (
 	Duration      // time.ParseDuration
 	Size          // a size such as 1MiB (the flmbox command takes plain byte counts only)
 	Int
+	List // repeatable: each value kept whole
 )
 
 // Flag is one flag of the table.
@@ -41,6 +47,9 @@ const DefaultRoot = "/var/lib/flmbox"
 const (
 	DefaultTimeout   = 30 * time.Second
 	DefaultMaxOutput = "1MiB"
+	// DefaultCallbackBytes is wire.DefaultCallbackBytes as --callback-bytes
+	// writes it (a test checks they agree).
+	DefaultCallbackBytes = "16MiB"
 )
 
 // GlobalFlags are flmbox's global flags.
@@ -66,6 +75,13 @@ var RunFlags = []Flag{
 	{Name: "batch", Kind: String, Usage: "run a batch of 1 to 64 snippets from `FILE` (- for stdin) and print a JSON array of results in input order"},
 	{Name: "parallel", Kind: Int, Usage: "run at most N batch snippets at once (default: the number of CPUs)"},
 	{Name: "json", Kind: Bool, Warm: true, Usage: "print JSON"},
+	// Callbacks (sandbox.Callback): never Warm, so that the flmbox command
+	// hands such a call to flmbox-core, which forwards the connections.
+	{Name: "callback", Kind: String, Usage: "for this call, forward each connection the snippet makes to the socket in $FLMBOX_CALLBACK_SOCKET to a new connection to the Unix socket `HOST_SOCKET` on the host"},
+	{Name: "callback-env", Kind: List, Usage: "with --callback: also set `NAME` to the socket's path inside the sandbox (repeatable), such as HERMES_RPC_SOCKET"},
+	{Name: "callback-conns", Kind: Int, Default: strconv.Itoa(wire.DefaultCallbackConns), Usage: "with --callback: forward at most `N` connections per call; later ones are closed at once"},
+	{Name: "callback-bytes", Kind: Size, Default: DefaultCallbackBytes, Usage: "with --callback: cut a connection past `SIZE` in either direction"},
+	{Name: "callback-idle", Kind: Duration, Default: wire.DefaultCallbackIdle.String(), Usage: "with --callback: close a connection idle (no byte either way) for `DURATION`"},
 }
 
 // Build is a hash of the source the binary was built from, stamped by the

@@ -37,6 +37,20 @@ type JSON struct {
 	Interrupted     bool    `json:"interrupted"`
 	Signal          string  `json:"signal,omitempty"`
 	DurationMS      float64 `json:"duration_ms"`
+	// Callbacks is set for a call with --callback.
+	Callbacks *Callbacks `json:"callbacks,omitempty"`
+}
+
+// Callbacks counts a call's callback connections (wire.CallbackStats):
+// those forwarded to the host's socket, those refused (closed at once:
+// over --callback-conns, not taken by the host's socket in time, or made
+// by a process outside the call), and the bytes forwarded from the host to
+// the snippet (in) and from the snippet to the host (out).
+type Callbacks struct {
+	Connections int   `json:"connections"`
+	Refused     int   `json:"refused"`
+	BytesIn     int64 `json:"bytes_in"`
+	BytesOut    int64 `json:"bytes_out"`
 }
 
 // ToJSON returns res as `flmbox run --json` prints it; an infrastructure
@@ -46,6 +60,9 @@ func ToJSON(res *wire.Result) JSON {
 		Stderr: strings.ToValidUTF8(string(res.Stderr.Data), "\uFFFD"), StdoutBytes: res.Stdout.Total,
 		StderrBytes: res.Stderr.Total, StdoutTruncated: res.Stdout.Truncated, StderrTruncated: res.Stderr.Truncated,
 		TimedOut: res.TimedOut, OOMKilled: res.OOMKilled, Interrupted: res.Interrupted, Signal: res.Signal, DurationMS: res.DurationMS}
+	if cb := res.Callbacks; cb != nil {
+		out.Callbacks = &Callbacks{Connections: cb.Connections, Refused: cb.Refused, BytesIn: cb.BytesIn, BytesOut: cb.BytesOut}
+	}
 	if !utf8.Valid(res.Stdout.Data) {
 		out.StdoutBase64 = base64.StdEncoding.EncodeToString(res.Stdout.Data)
 	}
@@ -100,4 +117,22 @@ func KillNote(res *wire.Result, timeout time.Duration) string {
 		return "flmbox: the snippet was killed: the sandbox was running out of memory (its processes and its files under /tmp count together; flmbox sandbox create --memory sets the limit)\n"
 	}
 	return ""
+}
+
+// CallbackNote is the line that says how many of a call's callback
+// connections were refused, if any, for a call whose limit was maxConns
+// connections.
+func CallbackNote(res *wire.Result, maxConns int) string {
+	cb := res.Callbacks
+	if cb == nil || cb.Refused == 0 {
+		return ""
+	}
+	conns := "connections"
+	if cb.Refused == 1 {
+		conns = "connection"
+	}
+	if cb.Connections >= maxConns {
+		return fmt.Sprintf("flmbox: %d callback %s refused: over the limit of %d per call (--callback-conns)\n", cb.Refused, conns, maxConns)
+	}
+	return fmt.Sprintf("flmbox: %d callback %s refused: not accepted by the host's socket, or made from outside the call's processes\n", cb.Refused, conns)
 }

@@ -3,6 +3,7 @@ package runcmd
 import (
 	"bytes"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -45,5 +46,61 @@ func TestPrintStatus(t *testing.T) {
 				t.Fatalf("json: %s", stdout.String())
 			}
 		})
+	}
+}
+
+// TestCallbacks: --json carries a call's callback counts (and only for a
+// call with --callback); plain mode says on stderr when connections were
+// refused, and why as far as the counts tell.
+func TestCallbacks(t *testing.T) {
+	res := &wire.Result{Callbacks: &wire.CallbackStats{Connections: 50, Refused: 1, BytesIn: 7, BytesOut: 9}}
+	var stdout, stderr bytes.Buffer
+	if _, _, err := Print(&stdout, &stderr, res, true, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stdout.String(), `"callbacks":{"connections":50,"refused":1,"bytes_in":7,"bytes_out":9}`) {
+		t.Errorf("json: %s", stdout.String())
+	}
+	stdout.Reset()
+	Print(&stdout, &stderr, &wire.Result{}, true, time.Second)
+	if strings.Contains(stdout.String(), "callbacks") {
+		t.Errorf("json without callbacks: %s", stdout.String())
+	}
+	for _, tc := range []struct {
+		stats *wire.CallbackStats
+		want  string
+	}{
+		{nil, ""},
+		{&wire.CallbackStats{Connections: 3}, ""},
+		{&wire.CallbackStats{Connections: 50, Refused: 1}, "flmbox: 1 callback connection refused: over the limit of 50 per call (--callback-conns)\n"},
+		{&wire.CallbackStats{Connections: 2, Refused: 3}, "flmbox: 3 callback connections refused: not accepted by the host's socket, or made from outside the call's processes\n"},
+	} {
+		if got := CallbackNote(&wire.Result{Callbacks: tc.stats}, 50); got != tc.want {
+			t.Errorf("%+v: %q, want %q", tc.stats, got, tc.want)
+		}
+	}
+}
+
+// TestRunFlags: the defaults written in the table are the protocol's, and
+// no callback flag is Warm (the flmbox command cannot forward connections:
+// it hands such a call to flmbox-core).
+func TestRunFlags(t *testing.T) {
+	if DefaultCallbackBytes != "16MiB" || wire.DefaultCallbackBytes != 16<<20 {
+		t.Errorf("--callback-bytes' default %s, the protocol's %d", DefaultCallbackBytes, wire.DefaultCallbackBytes)
+	}
+	for _, f := range RunFlags {
+		if strings.HasPrefix(f.Name, "callback") && f.Warm {
+			t.Errorf("--%s is Warm", f.Name)
+		}
+		switch f.Name {
+		case "callback-conns":
+			if f.Default != strconv.Itoa(wire.DefaultCallbackConns) {
+				t.Errorf("--callback-conns' default %s", f.Default)
+			}
+		case "callback-idle":
+			if f.Default != wire.DefaultCallbackIdle.String() {
+				t.Errorf("--callback-idle's default %s", f.Default)
+			}
+		}
 	}
 }
