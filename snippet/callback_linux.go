@@ -149,15 +149,9 @@ func (c *callback) take(conn *net.UnixConn) {
 		return
 	}
 	c.n++
-	for len(c.standby) > 0 {
+	if len(c.standby) > 0 {
 		host := c.standby[0]
 		c.standby = c.standby[1:]
-		host.SetWriteDeadline(time.Now().Add(time.Second))
-		if _, err := host.Write([]byte{'\n'}); err != nil { // the client dials its server
-			host.Close()
-			continue
-		}
-		host.SetWriteDeadline(time.Time{})
 		c.forwardLocked(conn, host, true)
 		c.mu.Unlock()
 		return
@@ -289,13 +283,12 @@ func (a *Agent) standby(id string, host net.Conn) {
 }
 
 // forwardLocked forwards conn to host on a goroutine of its own; c.mu is
-// held. With ack (a standby), the client first says whether it reached its
-// server (wire.CallbackAccepted), or the connection is refused.
-func (c *callback) forwardLocked(conn *net.UnixConn, host net.Conn, ack bool) {
+// held. A standby host connection is woken by a first byte (see forward).
+func (c *callback) forwardLocked(conn *net.UnixConn, host net.Conn, standby bool) {
 	c.stats.Connections++
 	c.open[conn], c.open[host] = struct{}{}, struct{}{}
 	c.wg.Go(func() {
-		c.forward(conn, host, ack)
+		c.forward(conn, host, standby)
 		c.mu.Lock()
 		delete(c.open, conn)
 		delete(c.open, host)
@@ -307,7 +300,14 @@ func (c *callback) forwardLocked(conn *net.UnixConn, host net.Conn, ack bool) {
 // client's host until both directions end, then closes both. A direction
 // ends at EOF (passed on as a half close), or cuts the connection (both
 // closed at once) past c.bytes or after c.idle without a byte either way.
-func (c *callback) forward(conn *net.UnixConn, host net.Conn, ack bool) {
+//
+// A standby connection of the client's waits for a first byte
+// (wire.CallbackWake) before it dials its server: it is sent with the
+// snippet's first bytes, in one write, or alone if the snippet sends
+// nothing within wakeWait (it waits for the server to speak first). Every
+// write to the host costs a crossing of gVisor's host socket, the most
+// costly step of a round trip.
+func (c *callback) forward(conn *net.UnixConn, host net.Conn, standby bool) {
 	defer conn.Close()
 	defer host.Close()
 	var last atomic.Int64 // unix nanoseconds of the last byte either way
@@ -316,33 +316,35 @@ func (c *callback) forward(conn *net.UnixConn, host net.Conn, ack bool) {
 		conn.Close()
 		host.Close()
 	}
+	var wake []byte
+	if standby {
+		wake = []byte{wire.CallbackWake}
+	}
 	var wg sync.WaitGroup
-	wg.Go(func() { c.copy(host, conn, &last, cut, true) })
-	wg.Go(func() {
-		if ack {
-			var b [1]byte
-			host.SetReadDeadline(time.Now().Add(attachTimeout))
-			if _, err := io.ReadFull(host, b[:]); err != nil || b[0] != wire.CallbackAccepted {
-				cut()
-				c.mu.Lock()
-				c.stats.Connections--
-				c.stats.Refused++
-				c.mu.Unlock()
-				return
-			}
-		}
-		c.copy(conn, host, &last, cut, false)
-	})
+	wg.Go(func() { c.copy(host, conn, &last, cut, true, wake) })
+	wg.Go(func() { c.copy(conn, host, &last, cut, false, nil) })
 	wg.Wait()
 }
 
-// copy copies src to dst (out: from the snippet) within the limits.
-func (c *callback) copy(dst, src net.Conn, last *atomic.Int64, cut func(), out bool) {
+// wakeWait is how long a standby's wake byte waits for the snippet's first
+// bytes, to go with them.
+const wakeWait = 2 * time.Millisecond
+
+// copy copies src to dst (out: from the snippet) within the limits, wake
+// first (with the first bytes read within wakeWait, or alone).
+func (c *callback) copy(dst, src net.Conn, last *atomic.Int64, cut func(), out bool, wake []byte) {
 	buf := make([]byte, 32<<10)
 	var total int64
 	for {
-		src.SetReadDeadline(time.Unix(0, last.Load()).Add(c.idle))
+		deadline := time.Unix(0, last.Load()).Add(c.idle)
+		if wake != nil {
+			deadline = time.Now().Add(wakeWait)
+		}
+		src.SetReadDeadline(deadline)
 		n, err := src.Read(buf)
+		if wake != nil && n == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+			err = nil // the snippet waits for the server to speak first
+		}
 		if n > 0 {
 			last.Store(time.Now().UnixNano())
 			if total+int64(n) > c.bytes {
@@ -351,7 +353,14 @@ func (c *callback) copy(dst, src net.Conn, last *atomic.Int64, cut func(), out b
 			}
 			total += int64(n)
 			c.count(int64(n), out)
-			if _, werr := dst.Write(buf[:n]); werr != nil {
+		}
+		if n > 0 || wake != nil {
+			data := buf[:n]
+			if wake != nil {
+				data = append(wake, data...)
+				wake = nil
+			}
+			if _, werr := dst.Write(data); werr != nil {
 				cut()
 				return
 			}

@@ -282,3 +282,36 @@ func TestCallbackRefusedWithoutDir(t *testing.T) {
 		t.Fatalf("got %s", dump(res))
 	}
 }
+
+// TestCallbackServerFirst: a server that speaks first reaches a snippet
+// that sends nothing (its standby connection is woken without the
+// snippet's bytes).
+func TestCallbackServerFirst(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "banner.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintf(c, "hello from the host\n")
+			c.Close()
+		}
+	}()
+	_, socket := callbackAgent(t)
+	code := `import os, socket
+for i in range(3):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.environ['FLMBOX_CALLBACK_SOCKET'])
+    print(s.makefile().readline(), end='')
+    s.close()`
+	res := callbackCall(t, socket, path, request(wire.LanguagePython, code, func(r *wire.Request) { r.Callback = &wire.Callback{} }))
+	if want := strings.Repeat("hello from the host\n", 3); string(res.Stdout.Data) != want || res.Callbacks.Connections != 3 {
+		t.Fatalf("got %s, callbacks %+v", dump(res), res.Callbacks)
+	}
+}

@@ -62,6 +62,7 @@ func TestSpares(t *testing.T) {
 		{"Callback", TestCallback},
 		{"CallbackLimits", TestCallbackLimits},
 		{"CallbackOnlyTheCall", TestCallbackOnlyTheCall},
+		{"CallbackServerFirst", TestCallbackServerFirst},
 		{"Timeout", TestRunTimeout},
 		{"KillsLeftovers", TestRunKillsLeftovers},
 		{"OutputCaps", TestRunOutputCaps},

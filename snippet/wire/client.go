@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -184,6 +185,7 @@ func exchange(conn *os.File, req *Request) (*Result, error) {
 	lr := &io.LimitedReader{R: conn, N: limit + 1}
 	dec := json.NewDecoder(lr)
 	var callbacks sync.WaitGroup
+	var refused atomic.Int32 // standby connections the client refused
 	cbCtx, endCallbacks := context.WithCancel(context.Background())
 	defer callbacks.Wait()
 	defer endCallbacks()
@@ -217,7 +219,7 @@ func exchange(conn *os.File, req *Request) (*Result, error) {
 		ev, path := v.Event, conn.Name()
 		callbacks.Go(func() {
 			if ev.Ready != "" {
-				standby(cbCtx, path, ev.Ready, req.CallbackDial, &callbacks)
+				standby(cbCtx, path, ev.Ready, req.CallbackDial, &callbacks, &refused)
 				return
 			}
 			server, err := req.CallbackDial(cbCtx)
@@ -234,6 +236,14 @@ func exchange(conn *os.File, req *Request) (*Result, error) {
 	var res Result
 	if err := json.Unmarshal(raw, &res); err != nil {
 		return nil, fmt.Errorf("read the agent's answer: %w", err)
+	}
+	endCallbacks()
+	callbacks.Wait()
+	if n := int(refused.Load()); n > 0 && res.Callbacks != nil {
+		// The agent counted them forwarded: it gave them to standby
+		// connections, which the client then closed.
+		res.Callbacks.Connections -= n
+		res.Callbacks.Refused += n
 	}
 	return &res, nil
 }
@@ -284,8 +294,9 @@ func Refuse(ctx context.Context, path, id string, err error) error {
 // standby keeps a connection attached to the callbacks id of the agent at
 // path, waiting for the snippet's next connection; once one takes it, it
 // dials the server, forwards on a goroutine of wg, and attaches the next,
-// until the agent closes one (the call ended) or ctx ends.
-func standby(ctx context.Context, path, id string, dial func(context.Context) (io.ReadWriteCloser, error), wg *sync.WaitGroup) {
+// until the agent closes one (the call ended) or ctx ends. It counts the
+// connections it could not reach the server for in refused.
+func standby(ctx context.Context, path, id string, dial func(context.Context) (io.ReadWriteCloser, error), wg *sync.WaitGroup, refused *atomic.Int32) {
 	for ctx.Err() == nil {
 		agent, err := attach(ctx, path, &Request{Version: ProtocolVersion, Attach: id, Standby: true})
 		if err != nil {
@@ -303,11 +314,7 @@ func standby(ctx context.Context, path, id string, dial func(context.Context) (i
 			defer agent.Close()
 			server, err := dial(ctx)
 			if err != nil {
-				agent.Write([]byte{'n'}) // refused: the snippet reads EOF
-				return
-			}
-			if _, err := agent.Write([]byte{CallbackAccepted}); err != nil {
-				server.Close()
+				refused.Add(1) // the snippet reads EOF
 				return
 			}
 			forward(ctx, agent, server)

@@ -117,8 +117,8 @@ type Request struct {
 	// server): the snippet's connection is closed and counted refused.
 	// With Standby, Attach names a call's callbacks (Event.Ready) and the
 	// connection waits for the next snippet's connection: the agent then
-	// writes one byte on it, the client dials its server and answers
-	// CallbackAccepted (or refuses), and bytes are forwarded.
+	// writes CallbackWake on it, with the snippet's first bytes, and
+	// forwards; the client dials its server on that first byte.
 	Attach      string `json:"attach,omitempty"`
 	AttachError string `json:"attach_error,omitempty"`
 	Standby     bool   `json:"standby,omitempty"`
@@ -222,10 +222,12 @@ type Event struct {
 	Callback string `json:"callback,omitempty"`
 }
 
-// CallbackAccepted is the byte a client writes first on a standby
-// connection that the agent gave a snippet's connection, once it has
-// reached its server; any other byte, or none, refuses it.
-const CallbackAccepted = 'y'
+// CallbackWake is the byte the agent writes first on a standby connection
+// that a snippet's connection took, before the snippet's bytes: the client
+// then dials its server and forwards what follows. A client that cannot
+// reach its server closes the connection (the snippet reads EOF) and counts
+// it refused in the Result.
+const CallbackWake = '\n'
 
 // CallbackStats count a call's callback connections, for the Result.
 type CallbackStats struct {
