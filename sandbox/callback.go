@@ -33,6 +33,9 @@ type Callback struct {
 	// defaults, wire.DefaultCallbackConns, wire.DefaultCallbackBytes per
 	// direction of a connection, wire.DefaultCallbackIdle): past MaxConns a
 	// connection is closed at once, past MaxBytes or Idle it is cut.
+	// Result.Callbacks.Refused counts the connections closed at once: over
+	// MaxConns, made by a process that is not the call's (counted in the
+	// call that owns the socket), or whose Dial failed.
 	MaxConns int
 	MaxBytes int64
 	Idle     time.Duration
@@ -46,12 +49,27 @@ func DialUnix(path string) (func(ctx context.Context) (net.Conn, error), error) 
 		return nil, fmt.Errorf("callback socket: %w: %w", err, errdefs.ErrInvalidArgument)
 	}
 	if fi.Mode()&os.ModeSocket == 0 {
-		return nil, fmt.Errorf("callback socket %s: not a socket (%s): %w", path, fi.Mode().Type(), errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("callback socket %s is %s, not a socket: %w", path, fileKind(fi.Mode()), errdefs.ErrInvalidArgument)
 	}
 	return func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", path)
 	}, nil
+}
+
+// fileKind names a file's type, for an error.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m.IsRegular():
+		return "a regular file"
+	case m.IsDir():
+		return "a directory"
+	case m&os.ModeNamedPipe != 0:
+		return "a named pipe"
+	case m&os.ModeDevice != 0:
+		return "a device"
+	}
+	return "not a socket (" + m.Type().String() + ")"
 }
 
 // wire returns c as the agent's protocol carries it.

@@ -41,8 +41,8 @@ func TestRunCallbackRefusedBeforeRunning(t *testing.T) {
 		want  []string // in stderr; nil: the socket passed, the missing sandbox is named
 	}{
 		{"missing", []string{"--callback", filepath.Join(dir, "nosuch")}, []string{"no such file or directory", "--callback names the Unix socket a server of yours listens on: start it first"}},
-		{"a regular file", []string{"--callback", file}, []string{file + ": not a socket", "start it first, or fix the path"}},
-		{"a directory", []string{"--callback", dir}, []string{dir + ": not a socket"}},
+		{"a regular file", []string{"--callback", file}, []string{file + " is a regular file, not a socket", "start it first, or fix the path"}},
+		{"a directory", []string{"--callback", dir}, []string{dir + " is a directory, not a socket"}},
 		{"empty", []string{"--callback="}, []string{"--callback: want the path of a Unix socket"}},
 		{"env without --callback", []string{"--callback-env", "X"}, []string{"--callback-env applies with --callback HOST_SOCKET only"}},
 		{"conns without --callback", []string{"--callback-conns", "5"}, []string{"--callback-conns applies with --callback"}},
