@@ -133,6 +133,10 @@ type Agent struct {
 	codeRuns atomic.Int64
 	running  atomic.Int32 // snippets running now
 
+	// As PID 1, what clears the sandbox's kernel (leftovers_linux.go).
+	keyrings keyrings // the sandbox's key set
+	mqueues  *os.File // the root of the sandbox's mqueue filesystem, once a reset opened it
+
 	cbMu      sync.Mutex
 	callbacks map[string]*callback // calls' callback sockets, by ID
 }
@@ -209,6 +213,9 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 	var wg sync.WaitGroup
 	defer wg.Wait() // after cancel: the calls and the reaper end with ctx
 	a.refill(wire.LanguagePython, a.SpareLimits)
+	if os.Getpid() == 1 {
+		a.startSealingKeyrings() // no snippet may make a keyring: it would outlive it
+	}
 	parent := ctx
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
 	defer cancel(errAgentStopping)

@@ -21,10 +21,19 @@ const resetTimeout = 5 * time.Second
 // for the calls running to end, then kills the spares, the zygote and every
 // other process descended from the agent (every process of the sandbox when
 // the agent is its PID 1: processes that left their group or their parent
-// too), empties CleanDirs, and, as PID 1, removes the System V IPC objects
-// (shared memory, semaphores, message queues) of the snippets' user.
+// too), and empties CleanDirs. As PID 1 it then clears what the sandbox's
+// kernel keeps with no process behind it (leftovers_linux.go): it removes
+// the System V IPC objects (shared memory, semaphores, message queues) of
+// the snippets' user and every POSIX message queue, and fails if a snippet
+// made a keyring or left a socket that no process holds (a cycle of
+// descriptors in flight), neither of which anything can remove: such a
+// sandbox must be replaced. To list the message queues, the first reset as
+// PID 1 starts the agent's own program (os.Executable) with HelperArg: that
+// program must call RunHelper then.
 //
-// What Reset does not undo is documented with Agent.CleanDirs.
+// What Reset does not undo is documented with Agent.CleanDirs, and in
+// docs/ARCHITECTURE.md ("What a sandbox can hold, and how a reset clears
+// it").
 func (a *Agent) Reset(ctx context.Context) error {
 	a.init()
 	a.calls.Lock()
@@ -43,14 +52,23 @@ func (a *Agent) Reset(ctx context.Context) error {
 			return err
 		}
 	}
-	if os.Getpid() == 1 {
-		// Only then is the IPC namespace the sandbox's own: elsewhere
-		// these objects are the host's.
-		// As the snippets' user: only an object's owner (or CAP_SYS_ADMIN,
-		// which the agent lacks) may remove it.
-		return asUser(a.User, removeSysvIPC)
+	if os.Getpid() != 1 {
+		// Only PID 1's namespaces are the sandbox's own: elsewhere what
+		// follows is the host's.
+		return nil
 	}
-	return nil
+	// As the snippets' user: only an object's owner (or CAP_SYS_ADMIN,
+	// which the agent lacks) may remove it.
+	if err := asUser(a.User, removeSysvIPC); err != nil {
+		return err
+	}
+	if err := a.removePosixMQueues(); err != nil {
+		return err
+	}
+	if err := a.checkKeyrings(ctx); err != nil {
+		return err
+	}
+	return checkStrandedSockets("/proc/net", "/proc/self/fd")
 }
 
 // waitRefills waits for the spares being started; starting one is bounded
@@ -223,48 +241,4 @@ func makeWritable(p string) {
 	for _, e := range ents {
 		makeWritable(filepath.Join(p, e.Name()))
 	}
-}
-
-// maxIPCScan bounds the identifiers removeSysvIPC goes through: a sandbox
-// whose snippets used more is not reset (and gets replaced).
-const maxIPCScan = 1 << 16
-
-// removeSysvIPC removes every System V shared memory segment, semaphore set
-// and message queue of the sandbox. gVisor gives out identifiers in
-// increasing order and does not list them (its SHM_INFO and MSG_INFO do not
-// give the highest one), so it makes a new object of each kind, whose
-// identifier is the highest, and removes every identifier up to it.
-func removeSysvIPC() error {
-	const ipcRMID, ipcPrivate = 0, 0
-	for _, k := range []struct {
-		name string
-		get  func() (uintptr, unix.Errno)
-		rm   func(id uintptr)
-	}{
-		{"shared memory segment", func() (uintptr, unix.Errno) {
-			r, _, e := unix.Syscall(unix.SYS_SHMGET, ipcPrivate, 4096, 0o600)
-			return r, e
-		}, func(id uintptr) { unix.Syscall(unix.SYS_SHMCTL, id, ipcRMID, 0) }},
-		{"semaphore set", func() (uintptr, unix.Errno) {
-			r, _, e := unix.Syscall(unix.SYS_SEMGET, ipcPrivate, 1, 0o600)
-			return r, e
-		}, func(id uintptr) { unix.Syscall6(unix.SYS_SEMCTL, id, 0, ipcRMID, 0, 0, 0) }},
-		{"message queue", func() (uintptr, unix.Errno) {
-			r, _, e := unix.Syscall(unix.SYS_MSGGET, ipcPrivate, 0o600, 0)
-			return r, e
-		}, func(id uintptr) { unix.Syscall(unix.SYS_MSGCTL, id, ipcRMID, 0) }},
-	} {
-		highest, errno := k.get()
-		if errno != 0 {
-			return fmt.Errorf("reset: make a System V %s: %w", k.name, errno)
-		}
-		if highest > maxIPCScan {
-			k.rm(highest)
-			return fmt.Errorf("reset: System V %s identifiers reach %d: the sandbox used too many to clear", k.name, highest)
-		}
-		for id := uintptr(0); id <= highest; id++ {
-			k.rm(id)
-		}
-	}
-	return nil
 }

@@ -4,9 +4,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/flmbox/flmbox/snippet/wire"
 )
@@ -162,4 +166,137 @@ func threadsOf(pid int) (state string, threads int) {
 	}
 	threads, _ = strconv.Atoi(f[17])
 	return f[0], threads
+}
+
+// TestResetLeavesNoFilesLocksOrNames leaves what a later user could find
+// without processes of its own: hidden files, a file locked (flock) by a
+// daemon that left its group and its parent and holds an abstract Unix
+// socket name, a module and a sitecustomize.py planted in site-packages, a
+// json.py that would shadow the standard library's, pip's cache (HOME is
+// the working directory in a sandbox). After a reset the directory is
+// empty, the daemon, its lock and its name are gone, and Python imports as
+// new. The sweep of strays is off, so that the reset is what kills the
+// daemon.
+func TestResetLeavesNoFilesLocksOrNames(t *testing.T) {
+	t.Setenv(helperSparesEnv, "1")
+	t.Setenv(helperKeepStraysEnv, "1")
+	h := startHelper(t, true, 0)
+	name := fmt.Sprintf("flmbox-reset-test-%d-%d", os.Getpid(), time.Now().UnixNano())
+	mess := fmt.Sprintf(`import fcntl, os, socket, time
+for d in ['site-packages/planted', '.cache/pip/http', '.hidden-dir']:
+    os.makedirs(d)
+open('site-packages/planted/__init__.py', 'w').write('X = 1\n')
+open('site-packages/sitecustomize.py', 'w').write('import os\nos.environ["PLANTED"] = "1"\n')
+open('json.py', 'w').write('PLANTED = 1\n')
+open('.cache/pip/http/entry', 'w').write('cached')
+open('.hidden', 'w').write('x')
+os.mkfifo('.fifo')
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        f = open('.locked', 'w')
+        fcntl.flock(f, fcntl.LOCK_EX)
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(b'\0' + %q.encode())
+        os.write(w, b'%%d' %% os.getpid())
+        time.sleep(1000)
+    os._exit(0)
+print(os.read(r, 32).decode())
+`, name)
+	res := call(t, h.socket, request(wire.LanguagePython, mess))
+	daemon, err := strconv.Atoi(strings.TrimSpace(string(res.Stdout.Data)))
+	if err != nil {
+		t.Fatalf("no daemon pid: %s", dump(res))
+	}
+	if !alive(daemon) {
+		t.Fatalf("the daemon %d is not running before the reset", daemon)
+	}
+	check := fmt.Sprintf(`import os, socket, sys
+print(sorted(os.listdir('.')))
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.bind(b'\0' + %q.encode())
+    print('name free')
+except OSError:
+    print('name taken')
+import json
+print('json from', 'here' if hasattr(json, 'PLANTED') else 'the standard library')
+try:
+    import planted
+    print('planted imports')
+except ImportError:
+    print('no planted')
+print('sitecustomize ran' if 'PLANTED' in os.environ else 'no sitecustomize')
+`, name)
+	pythonPath := func(r *wire.Request) { r.Env = []string{"PYTHONPATH=" + filepath.Join(h.dir, "site-packages")} }
+	res = call(t, h.socket, request(wire.LanguagePython, check, pythonPath))
+	before := "name taken\njson from here\nplanted imports\nno sitecustomize\n" // sitecustomize never runs from PYTHONPATH
+	if out := string(res.Stdout.Data); !strings.HasSuffix(out, before) || !strings.Contains(out, "'.locked'") {
+		t.Fatalf("without Reset:\n%s\nwant stdout ending %q", dump(res), before)
+	}
+	res = call(t, h.socket, request(wire.LanguagePython, check, pythonPath, func(r *wire.Request) { r.Reset = true }))
+	want := "[]\nname free\njson from the standard library\nno planted\nno sitecustomize\n"
+	if string(res.Stdout.Data) != want || res.ExitCode != 0 {
+		t.Fatalf("after the reset:\n%s\nwant stdout %q", dump(res), want)
+	}
+	waitGone(t, daemon)
+}
+
+// TestStrandedSockets checks what a reset counts as a socket that no
+// process holds: every socket that /proc/net lists but that is not a
+// descriptor of the agent's.
+func TestStrandedSockets(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	var ours []uint64
+	for _, fd := range fds {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			t.Fatal(err)
+		}
+		ours = append(ours, st.Ino)
+	}
+	const ghost = 4000000001 // no socket of this process's
+	netDir := t.TempDir()
+	files := map[string]string{
+		"unix": "Num       RefCount Protocol Flags    Type St Inode Path\n" +
+			fmt.Sprintf("0000000000000000: 00000001 00000000 00000000 0001 03 %d\n", ours[0]) +
+			fmt.Sprintf("0000000000000000: 00000001 00000000 00000000 0001 03 %d\n", ours[1]) +
+			fmt.Sprintf("0000000000000000: 00000001 00000000 00010000 0001 01 %d @flmbox-cycle\n", ghost) +
+			fmt.Sprintf("0000000000000000: 00000001 00000000 00000000 0001 03 %d\n", ghost+1),
+		"tcp": "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n" +
+			fmt.Sprintf("  41: 0100007F:AFC9 00000000:0000 0A 00000000:00000000 00:00000000 00000000 65534        0 %d 1 0000000000000000 0 0 0 0 -1\n", ghost+2),
+		"udp": "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n",
+		// tcp6 and udp6 are missing, as they may be.
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(netDir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := strandedSockets(netDir, "/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"tcp port 45001", "unix @flmbox-cycle", fmt.Sprintf("unix socket %d", ghost+1)}
+	if !slices.Equal(got, want) {
+		t.Errorf("stranded sockets = %q, want %q", got, want)
+	}
+	if err := checkStrandedSockets(netDir, "/proc/self/fd"); err == nil || !strings.Contains(err.Error(), "3 sockets are held by no process") {
+		t.Errorf("checkStrandedSockets: %v", err)
+	}
+	// Only the process's own sockets: nothing is stranded.
+	os.Remove(filepath.Join(netDir, "tcp"))
+	clean := strings.Join(strings.SplitAfter(files["unix"], "\n")[:3], "")
+	if err := os.WriteFile(filepath.Join(netDir, "unix"), []byte(clean), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkStrandedSockets(netDir, "/proc/self/fd"); err != nil {
+		t.Errorf("checkStrandedSockets with the process's own sockets: %v", err)
+	}
 }

@@ -60,6 +60,9 @@ func (a *Agent) run(ctx context.Context, req *wire.Request, notify func(wire.Eve
 	if req.Language == wire.LanguagePython && req.Interpreter == "" && a.pythonErr != nil {
 		return errorResult(a.pythonErr), false
 	}
+	if err := a.keyrings.wait(ctx); err != nil {
+		return errorResult(fmt.Errorf("run snippet: %w", err)), false
+	}
 	if req.Reset {
 		if err := a.Reset(ctx); err != nil {
 			return errorResult(err), false

@@ -51,6 +51,9 @@ func (d *dirs) Set(v string) error {
 }
 
 func run(args []string) error {
+	if len(args) > 0 && args[0] == snippet.HelperArg {
+		return snippet.RunHelper(args[1:]) // started by the agent's reset
+	}
 	fs := flag.NewFlagSet("flmbox-agent", flag.ContinueOnError)
 	socket := fs.String("socket", "", "Unix socket to listen on (required)")
 	spares := fs.Bool("spares", true, "start each language's next snippet process ahead of time")
