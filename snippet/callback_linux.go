@@ -35,8 +35,9 @@ import (
 // agent only ever forwards to connections the client made to it.
 
 // attachTimeout bounds how long a snippet's callback connection waits for
-// the client to attach it.
-const attachTimeout = 10 * time.Second
+// the client to attach it: longer than the client's own bound on dialing
+// its server (sandbox's dialTimeout, 10 s).
+const attachTimeout = 15 * time.Second
 
 // callback is one call's callback socket and its connections.
 type callback struct {
@@ -111,6 +112,11 @@ func (a *Agent) callbackDir() (string, error) {
 	dir := a.CallbackDir
 	if dir == "" {
 		return "", errors.New("this agent takes no callbacks (no callback directory)")
+	}
+	for _, clean := range a.CleanDirs {
+		if rel, err := filepath.Rel(clean, dir); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+			return "", fmt.Errorf("the callback directory %s is in %s, which snippets can write", dir, clean)
+		}
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("make the callback directory: %w", err)
@@ -223,8 +229,11 @@ func parentOf(pid int) (int, error) {
 	}
 	// pid (comm) state ppid ...: comm may hold spaces and parentheses.
 	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
 	fields := strings.Fields(string(b[i+1:]))
-	if i < 0 || len(fields) < 2 {
+	if len(fields) < 2 {
 		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
 	}
 	return strconv.Atoi(fields[1])
@@ -360,6 +369,8 @@ func (c *callback) copy(dst, src net.Conn, last *atomic.Int64, cut func(), out b
 				data = append(wake, data...)
 				wake = nil
 			}
+			// A side that stops reading is idle too: its write is cut.
+			dst.SetWriteDeadline(time.Now().Add(c.idle))
 			if _, werr := dst.Write(data); werr != nil {
 				cut()
 				return

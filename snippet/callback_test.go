@@ -315,3 +315,69 @@ for i in range(3):
 		t.Fatalf("got %s, callbacks %+v", dump(res), res.Callbacks)
 	}
 }
+
+// TestCallbackOldAgent: an agent that ignores the request's callback (of
+// before callbacks) fails the call, rather than running it without one.
+func TestCallbackOldAgent(t *testing.T) {
+	socket := fakeAgent(t, fmt.Sprintf(`{"version": %d, "exit_code": 0, "stdout": {"data": ""}, "stderr": {"data": ""}}`, wire.ProtocolVersion))
+	req := request(wire.LanguageShell, "true", func(r *wire.Request) {
+		r.Callback = &wire.Callback{}
+		r.CallbackDial = func(context.Context) (io.ReadWriteCloser, error) { return nil, errors.New("no") }
+	})
+	if _, err := wire.Call(context.Background(), socket, req); !errors.Is(err, wire.ErrProtocolVersion) {
+		t.Fatalf("Call = %v, want wire.ErrProtocolVersion", err)
+	}
+}
+
+// TestCallbackStuckWriteIsIdle: a snippet that stops reading while the
+// server sends is cut after the idle time, not at the call's end.
+func TestCallbackStuckWriteIsIdle(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "flood.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		chunk := make([]byte, 64<<10)
+		for {
+			if _, err := c.Write(chunk); err != nil {
+				os.WriteFile(filepath.Join(dir, "cut"), nil, 0o644) // the snippet waits for it
+				return
+			}
+		}
+	}()
+	_, socket := callbackAgent(t)
+	code := `import os, socket, time
+s = socket.socket(socket.AF_UNIX)
+s.connect(os.environ['FLMBOX_CALLBACK_SOCKET'])
+s.sendall(b'x')
+while not os.path.exists(DIR + '/cut'):
+    time.sleep(0.01)
+print('cut')`
+	code = strings.ReplaceAll(code, "DIR", fmt.Sprintf("%q", dir))
+	res := callbackCall(t, socket, path, request(wire.LanguagePython, code, func(r *wire.Request) {
+		r.Callback = &wire.Callback{IdleMS: 200}
+	}))
+	if string(res.Stdout.Data) != "cut\n" || res.TimedOut {
+		t.Fatalf("got %s, callbacks %+v", dump(res), res.Callbacks)
+	}
+}
+
+// TestCallbackDirNotInCleanDirs: a callback directory that snippets could
+// write to is refused.
+func TestCallbackDirNotInCleanDirs(t *testing.T) {
+	srv := startToolServer(t)
+	tmp := t.TempDir()
+	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), CleanDirs: []string{tmp}, CallbackDir: filepath.Join(tmp, "cb")}
+	res := callbackCall(t, serve(t, a), srv.path, request(wire.LanguageShell, "echo ran", func(r *wire.Request) { r.Callback = &wire.Callback{} }))
+	if res.ExitCode != -1 || !strings.Contains(res.Error, "which snippets can write") {
+		t.Fatalf("got %s", dump(res))
+	}
+}

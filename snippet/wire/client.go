@@ -239,6 +239,10 @@ func exchange(conn *os.File, req *Request) (*Result, error) {
 	}
 	endCallbacks()
 	callbacks.Wait()
+	if req.Callback != nil && res.Callbacks == nil && res.Error == "" {
+		// An agent of before callbacks ignored the request's field.
+		return nil, fmt.Errorf("the sandbox's agent takes no callbacks: %w", ErrProtocolVersion)
+	}
 	if n := int(refused.Load()); n > 0 && res.Callbacks != nil {
 		// The agent counted them forwarded: it gave them to standby
 		// connections, which the client then closed.

@@ -185,6 +185,9 @@ func (c *Callback) validate() error {
 		if !validEnvName(name) {
 			return fmt.Errorf("callback variable %q: want a name of letters, digits and '_', not starting with a digit", name)
 		}
+		if reservedEnvName(name) {
+			return fmt.Errorf("callback variable %q: a name the shell, Python or flmbox set themselves; choose another", name)
+		}
 	}
 	if c.MaxConns < 0 || c.MaxConns > MaxCallbackConns {
 		return fmt.Errorf("callback connections %d: want 0 (the default, %d) up to %d", c.MaxConns, DefaultCallbackConns, MaxCallbackConns)
@@ -196,6 +199,21 @@ func (c *Callback) validate() error {
 		return fmt.Errorf("callback idle time %s: want 0 (the default, %s) up to %s", formatTimeoutMS(c.IdleMS), DefaultCallbackIdle, MaxCallbackIdle)
 	}
 	return nil
+}
+
+// reservedEnvName says whether a callback variable's name would override
+// what the shell, Python, the loader or flmbox set.
+func reservedEnvName(name string) bool {
+	switch name {
+	case "PATH", "HOME", "IFS", "UID", "EUID", "PPID", "SHELL", "PWD", "ENV":
+		return true
+	}
+	for _, prefix := range []string{"LD_", "PYTHON", "FLMBOX_"} {
+		if strings.HasPrefix(name, prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // validEnvName says whether name is a shell identifier.
