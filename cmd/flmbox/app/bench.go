@@ -15,9 +15,9 @@ func benchCommand() *cli.Command {
 	full := bench.Defaults(false)
 	return &cli.Command{
 		Name:  "bench",
-		Usage: "measure this worker: sandbox allocation, warm calls, flmbox instance, batch throughput, prewarm, memory, each beside its baseline",
+		Usage: "measure this worker: sandbox allocation, warm calls, flmbox instance, callbacks, batch throughput, prewarm, memory, each beside its baseline",
 		Description: `Every figure comes with a baseline measured in the same run (raw runsc, runsc exec, the same
-command under chroot, crane export | tar) and the reference system's number where there is one.
+command under chroot, crane export | tar, the same callback client on the host) and the reference system's number where there is one.
 
 The bench works in a private state root, a directory bench-XXXX under --root that it removes at the
 end (also when interrupted): it never touches the sandboxes or the image cache of --root. IMAGE is
