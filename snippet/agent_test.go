@@ -619,3 +619,11 @@ func TestServeListenerFails(t *testing.T) {
 		t.Fatalf("the call in flight got %+v", res)
 	}
 }
+
+// TestCallPing: wire.Call takes a ping, which the agent answers at once.
+func TestCallPing(t *testing.T) {
+	a := testAgent(t)
+	if res := call(t, serve(t, a), wire.PingRequest()); res.ExitCode != 0 || res.Error != "" {
+		t.Fatalf("ping: %s", dump(res))
+	}
+}

@@ -354,6 +354,9 @@ func (r *Request) validate() error {
 	if r.Version != ProtocolVersion {
 		return fmt.Errorf("request speaks protocol %d, this side speaks %d", r.Version, ProtocolVersion)
 	}
+	if r.Ping {
+		return nil // its other fields are ignored
+	}
 	maxCode := MaxCodeSize
 	switch r.Language {
 	case LanguagePython:

@@ -33,6 +33,7 @@ func TestValidate(t *testing.T) {
 			r.Stdin, r.Env, r.Interpreter = make([]byte, MaxStdinSize), []string{"A=" + strings.Repeat("x", MaxEnvSize-2)}, "python3.11"
 		}), ""},
 		{"empty env value", ok(func(r *Request) { r.Env = []string{"A="} }), ""},
+		{"ping", PingRequest(), ""},
 		{"nil", nil, "no request"},
 		{"callback variable PATH", ok(func(r *Request) { r.Callback = &Callback{Env: []string{"PATH"}} }), `callback variable "PATH": a name the shell`},
 		{"callback variable LD_PRELOAD", ok(func(r *Request) { r.Callback = &Callback{Env: []string{"LD_PRELOAD"}} }), `callback variable "LD_PRELOAD"`},
