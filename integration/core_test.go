@@ -130,39 +130,18 @@ exit $rc
 func killedCreate(t *testing.T, root, image, name string) string {
 	t.Helper()
 	mark := filepath.Join(t.TempDir(), "ran")
-	cmd := exec.Command(flmboxCore, "--root", root, "--runsc", slowRunsc(t, mark), "sandbox", "create", "--name", name, "--image", image)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	killed := false
-	kill := func() {
-		if !killed {
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-exited
-			killed = true
-		}
-	}
-	t.Cleanup(kill)
+	k := startKillable(t, exec.Command(flmboxCore, "--root", root, "--runsc", slowRunsc(t, mark), "sandbox", "create", "--name", name, "--image", image))
+	kill := k.kill
 	var rc []byte
 	pollUntil(t, 2*time.Minute, "runsc run returned under flmbox-core", func() bool {
-		select {
-		case err := <-exited:
-			killed = true
-			t.Fatalf("flmbox-core exited before it was killed: %v\n%s", err, out.Bytes())
-		default:
-		}
+		k.mustRun(t, "flmbox-core")
 		var err error
 		rc, err = os.ReadFile(mark)
 		return err == nil
 	})
 	if strings.TrimSpace(string(rc)) != "0" {
 		kill()
-		t.Fatalf("runsc run failed (exit %s) under flmbox-core:\n%s", bytes.TrimSpace(rc), out.Bytes())
+		t.Fatalf("runsc run failed (exit %s) under flmbox-core:\n%s", bytes.TrimSpace(rc), k.out.Bytes())
 	}
 	var rec struct{ ID, State string }
 	b, err := os.ReadFile(filepath.Join(root, "sandboxes", name, "sandbox.json"))
@@ -177,6 +156,49 @@ func killedCreate(t *testing.T, root, image, name string) string {
 	kill()
 	t.Logf("killed flmbox-core after runsc run; %d host processes of %s remain", runscProcesses(t, rec.ID), rec.ID)
 	return rec.ID
+}
+
+// killable is a process in a process group of its own, which the test
+// SIGKILLs (or its cleanup does).
+type killable struct {
+	cmd    *exec.Cmd
+	out    bytes.Buffer // its stdout and stderr
+	exited chan error
+	killed bool
+}
+
+// startKillable starts cmd in a process group of its own.
+func startKillable(t *testing.T, cmd *exec.Cmd) *killable {
+	t.Helper()
+	k := &killable{cmd: cmd, exited: make(chan error, 1)}
+	cmd.Stdout, cmd.Stderr = &k.out, &k.out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { k.exited <- cmd.Wait() }()
+	t.Cleanup(k.kill)
+	return k
+}
+
+// kill SIGKILLs the process group and reaps the process, once.
+func (k *killable) kill() {
+	if !k.killed {
+		syscall.Kill(-k.cmd.Process.Pid, syscall.SIGKILL)
+		<-k.exited
+		k.killed = true
+	}
+}
+
+// mustRun fails the test if the process, what, exited before it was killed.
+func (k *killable) mustRun(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case err := <-k.exited:
+		k.killed = true
+		t.Fatalf("%s exited before it was killed: %v\n%s", what, err, k.out.Bytes())
+	default:
+	}
 }
 
 // leases lists the image leases under root, without reconciling them.

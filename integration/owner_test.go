@@ -3,14 +3,12 @@
 package integration
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -27,33 +25,12 @@ const ownerSnippet = `import pathlib, time; pathlib.Path("/tmp/up").touch(); pri
 // record as it was.
 func killedOwner(t *testing.T, root string, args ...string) *record.Record {
 	t.Helper()
-	cmd := exec.Command(flmboxBin, append([]string{"--root", root, "--runsc", runscPath}, args...)...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	killed := false
-	kill := func() {
-		if !killed {
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-exited
-			killed = true
-		}
-	}
-	t.Cleanup(kill)
+	k := startKillable(t, exec.Command(flmboxBin, append([]string{"--root", root, "--runsc", runscPath}, args...)...))
+	cmd, kill := k.cmd, k.kill
 
 	var rec *record.Record
 	pollUntil(t, 2*time.Minute, "the snippet to run in flmbox's sandbox", func() bool {
-		select {
-		case err := <-exited:
-			killed = true
-			t.Fatalf("flmbox exited before it was killed: %v\n%s", err, out.Bytes())
-		default:
-		}
+		k.mustRun(t, "flmbox")
 		ents, _ := os.ReadDir(filepath.Join(root, "sandboxes"))
 		for _, e := range ents {
 			if r, err := record.Read(root, e.Name()); err == nil && r.State == record.Running {

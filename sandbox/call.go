@@ -96,10 +96,7 @@ func callEnv(env []string) []string {
 		if out == nil {
 			out = slices.Clone(env)
 		}
-		out[i] = "PYTHONPATH=" + sitePackages
-		if v != "" {
-			out[i] += ":" + v
-		}
+		out[i] = "PYTHONPATH=" + withSitePackages(v)
 	}
 	if out == nil {
 		return env

@@ -192,12 +192,12 @@ const sitePackages = "/tmp/site-packages"
 // /tmp/site-packages, followed by the last PYTHONPATH that the caller or
 // else the image sets, so that what pip installs always imports.
 func Environment(image, extra []string) []string {
-	pythonpath := sitePackages
+	pythonpath := withSitePackages("")
 	var env []string
 	for _, kv := range append(append([]string{}, image...), flmboxEnv...) {
 		if v, ok := strings.CutPrefix(kv, "PYTHONPATH="); ok {
 			if v != "" {
-				pythonpath = sitePackages + ":" + v
+				pythonpath = withSitePackages(v)
 			}
 			continue
 		}
@@ -206,14 +206,20 @@ func Environment(image, extra []string) []string {
 	var rest []string
 	for _, kv := range extra {
 		if v, ok := strings.CutPrefix(kv, "PYTHONPATH="); ok {
-			pythonpath = sitePackages
-			if v != "" {
-				pythonpath += ":" + v
-			}
+			pythonpath = withSitePackages(v)
 			continue
 		}
 		rest = append(rest, kv)
 	}
 	env = append(env, "PYTHONPATH="+pythonpath)
 	return append(env, rest...)
+}
+
+// withSitePackages is the PYTHONPATH value path with /tmp/site-packages
+// first.
+func withSitePackages(path string) string {
+	if path == "" {
+		return sitePackages
+	}
+	return sitePackages + ":" + path
 }

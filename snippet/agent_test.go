@@ -218,6 +218,19 @@ echo %d`
 func fakeAgent(t *testing.T, answer string) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "agent.sock")
+	serveUnix(t, path, func(conn net.Conn) {
+		var req json.RawMessage // the client keeps sending open: no EOF
+		json.NewDecoder(conn).Decode(&req)
+		io.WriteString(conn, answer)
+		conn.Close()
+	})
+	return path
+}
+
+// serveUnix listens on a Unix socket at path and handles each connection
+// on a goroutine of its own until the test ends.
+func serveUnix(t *testing.T, path string, handle func(net.Conn)) {
+	t.Helper()
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
@@ -225,17 +238,13 @@ func fakeAgent(t *testing.T, answer string) string {
 	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
-			conn, err := ln.Accept()
+			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			var req json.RawMessage // the client keeps sending open: no EOF
-			json.NewDecoder(conn).Decode(&req)
-			io.WriteString(conn, answer)
-			conn.Close()
+			go handle(c)
 		}
 	}()
-	return path
 }
 
 func TestCallVersionMismatch(t *testing.T) {

@@ -28,32 +28,19 @@ type toolServer struct {
 func startToolServer(t *testing.T) *toolServer {
 	t.Helper()
 	s := &toolServer{path: filepath.Join(t.TempDir(), "tools.sock")}
-	ln, err := net.Listen("unix", s.path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
+	serveUnix(t, s.path, func(c net.Conn) {
+		s.conns.Add(1)
+		defer c.Close()
+		r := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			line, err := r.ReadString('\n')
 			if err != nil {
+				s.eofs.Add(1)
 				return
 			}
-			s.conns.Add(1)
-			go func() {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				for {
-					line, err := r.ReadString('\n')
-					if err != nil {
-						s.eofs.Add(1)
-						return
-					}
-					fmt.Fprintf(c, "ok: %s", line)
-				}
-			}()
+			fmt.Fprintf(c, "ok: %s", line)
 		}
-	}()
+	})
 	return s
 }
 
@@ -288,21 +275,10 @@ func TestCallbackRefusedWithoutDir(t *testing.T) {
 // snippet's bytes).
 func TestCallbackServerFirst(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "banner.sock")
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintf(c, "hello from the host\n")
-			c.Close()
-		}
-	}()
+	serveUnix(t, path, func(c net.Conn) {
+		fmt.Fprintf(c, "hello from the host\n")
+		c.Close()
+	})
 	_, socket := callbackAgent(t)
 	code := `import os, socket
 for i in range(3):
@@ -334,16 +310,7 @@ func TestCallbackOldAgent(t *testing.T) {
 func TestCallbackStuckWriteIsIdle(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "flood.sock")
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
+	serveUnix(t, path, func(c net.Conn) {
 		defer c.Close()
 		chunk := make([]byte, 64<<10)
 		for {
@@ -352,7 +319,7 @@ func TestCallbackStuckWriteIsIdle(t *testing.T) {
 				return
 			}
 		}
-	}()
+	})
 	_, socket := callbackAgent(t)
 	code := `import os, socket, time
 s = socket.socket(socket.AF_UNIX)
