@@ -185,15 +185,15 @@ func TestCallbackEndsWithTheCall(t *testing.T) {
 	srv := startToolServer(t)
 	a, socket := callbackAgent(t)
 	code := `import os, socket, time
+open(os.path.join(os.environ['HOME_DIR'], 'path'), 'w').write(os.environ['FLMBOX_CALLBACK_SOCKET'])
 s = socket.socket(socket.AF_UNIX)
 s.connect(os.environ['FLMBOX_CALLBACK_SOCKET'])
 s.sendall(b'hello\n')
 s.recv(100)
-open(os.path.join(os.environ['HOME_DIR'], 'path'), 'w').write(os.environ['FLMBOX_CALLBACK_SOCKET'])
 time.sleep(100)`
 	home := t.TempDir()
 	res := callbackCall(t, socket, srv.path, request(wire.LanguagePython, code, func(r *wire.Request) {
-		r.Callback, r.TimeoutMS, r.Env = &wire.Callback{}, 2000, []string{"HOME_DIR=" + home}
+		r.Callback, r.TimeoutMS, r.Env = &wire.Callback{}, 5000, []string{"HOME_DIR=" + home}
 	}))
 	if !res.TimedOut || res.Callbacks.Connections != 1 {
 		t.Fatalf("got %s, callbacks %+v", dump(res), res.Callbacks)
