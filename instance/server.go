@@ -81,8 +81,8 @@ func (s *Server) logf(start time.Time, format string, args ...any) {
 	fmt.Fprintf(s.o.Log, "flmbox instance: %s (%s)\n", fmt.Sprintf(format, args...), time.Since(start).Round(time.Millisecond))
 }
 
-// OnSessionEnter makes the session's sandbox (see sessionSpec for what the
-// session may choose).
+// OnSessionEnter acquires the session's sandbox, from the pool of its
+// shape or new (see sessionSpec for what the session may choose).
 func (s *Server) OnSessionEnter(ctx context.Context, sc *flamepb.SessionContext) (*flamepb.Result, error) {
 	start := time.Now()
 	s.mu.Lock()
@@ -108,7 +108,7 @@ func (s *Server) enter(ctx context.Context, sc *flamepb.SessionContext) (*sandbo
 	if err != nil {
 		return nil, tasks, err
 	}
-	sb, err := s.m.Create(ctx, spec)
+	sb, err := s.m.Acquire(ctx, spec)
 	return sb, tasks, err
 }
 
@@ -247,7 +247,8 @@ func lower(name string, raw json.RawMessage, dst *int64, max int64) error {
 	return nil
 }
 
-// OnSessionLeave removes the session's sandbox.
+// OnSessionLeave gives the session's sandbox back (sandbox.Manager.Release:
+// reset into its pool, or removed).
 func (s *Server) OnSessionLeave(ctx context.Context, _ *flamepb.EmptyRequest) (*flamepb.Result, error) {
 	start := time.Now()
 	s.mu.Lock()
@@ -276,7 +277,7 @@ func (s *Server) Leave(ctx context.Context) error {
 }
 
 func (s *Server) leaveLocked(ctx context.Context) error {
-	err := s.m.Remove(ctx, s.name)
+	err := s.m.Release(ctx, s.name)
 	s.session, s.name, s.broken = "", "", nil
 	if err != nil {
 		return fmt.Errorf("leave the session: %w", err)

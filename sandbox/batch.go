@@ -39,13 +39,14 @@ type BatchResult struct {
 // fails to run, never keeps the others from running. The error is for a
 // batch that cannot run at all (errdefs.ErrInvalidArgument).
 //
-// In fresh sandboxes (Target.Spec), each of the parallel workers makes a
-// sandbox and runs its snippets there one after another, resetting the
-// sandbox before each one but the first (Request.Reset), so that every
-// snippet starts in a clean sandbox and none sees another's /tmp, for the
-// price of one sandbox creation per worker. A worker whose sandbox failed
-// makes a new one for its next snippet; the sandboxes are removed at the
-// end, or by Reconcile if this process is killed first (Spec.Ephemeral).
+// In fresh sandboxes (Target.Spec), each of the parallel workers acquires
+// a clean sandbox (Acquire: from the pool of the spec's shape, or new) and
+// runs its snippets there one after another, resetting the sandbox before
+// each one but the first (Request.Reset), so that every snippet starts in a
+// clean sandbox and none sees another's /tmp, for the price of one sandbox
+// per worker. A worker whose sandbox failed acquires a new one for its next
+// snippet; the sandboxes are released at the end (Release), or removed by
+// Reconcile if this process is killed first (Spec.Ephemeral).
 // In an existing sandbox (Target.Sandbox), the snippets run side by
 // side and share its /tmp, as its sequential calls do.
 func (m *Manager) Batch(ctx context.Context, target Target, reqs []Request, parallel int) ([]BatchResult, error) {
@@ -124,7 +125,7 @@ func (w *batchWorker) run(ctx context.Context, req *wire.Request, cb *Callback) 
 	name := w.target.Sandbox
 	if name == "" {
 		if w.sb == "" {
-			sb, err := w.m.Create(ctx, *w.target.Spec)
+			sb, err := w.m.Acquire(ctx, *w.target.Spec)
 			if err != nil {
 				return BatchResult{Ran: true, Err: err}
 			}
@@ -149,12 +150,12 @@ func (w *batchWorker) run(ctx context.Context, req *wire.Request, cb *Callback) 
 	return BatchResult{Ran: true, Result: res}
 }
 
-// close removes the worker's sandbox, if it made one.
+// close gives back the worker's sandbox, if it has one (Release).
 func (w *batchWorker) close(ctx context.Context) {
 	if w.sb == "" {
 		return
 	}
-	if err := w.m.Remove(context.WithoutCancel(ctx), w.sb); err != nil {
+	if err := w.m.Release(context.WithoutCancel(ctx), w.sb); err != nil {
 		w.m.o.warnf("%v", err)
 	}
 	w.sb = ""

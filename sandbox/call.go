@@ -160,14 +160,15 @@ func (m *Manager) Reset(ctx context.Context, name string) error {
 	return nil
 }
 
-// RunOnce runs req in a new sandbox made from spec, hands the result to
-// deliver, then removes the sandbox: deliver gets the result without
-// waiting for the removal. The error is the first of creating the
-// sandbox, calling it and removing it. An interrupted call (ctx cancelled
-// while the snippet runs) delivers what the snippet printed so far, as
-// Call returns it, and fails with wire.ErrInterrupted; the sandbox is
-// removed all the same. The sandbox is ephemeral (Spec.Ephemeral): if this
-// process is killed first, Reconcile removes it.
+// RunOnce runs req in a clean sandbox made from spec (Acquire: one of the
+// pool of spec's shape, or a new one), hands the result to deliver, then
+// gives the sandbox back (Release: reset into its pool, or removed): deliver
+// gets the result without waiting for that. The error is the first of
+// acquiring the sandbox, calling it and releasing it. An interrupted call
+// (ctx cancelled while the snippet runs) delivers what the snippet printed
+// so far, as Call returns it, and fails with wire.ErrInterrupted; the
+// sandbox is released all the same. The sandbox is ephemeral
+// (Spec.Ephemeral): if this process is killed first, Reconcile removes it.
 func (m *Manager) RunOnce(ctx context.Context, spec Spec, req Request, deliver func(*wire.Result)) error {
 	wreq, err := req.wire()
 	if err != nil {
@@ -177,7 +178,7 @@ func (m *Manager) RunOnce(ctx context.Context, spec Spec, req Request, deliver f
 		return fmt.Errorf("run once: a new sandbox is clean already (Reset): %w", errdefs.ErrInvalidArgument)
 	}
 	spec.Ephemeral = true
-	sb, err := m.Create(ctx, spec)
+	sb, err := m.Acquire(ctx, spec)
 	if err != nil {
 		return err
 	}
@@ -185,7 +186,7 @@ func (m *Manager) RunOnce(ctx context.Context, spec Spec, req Request, deliver f
 	if res != nil {
 		deliver(res)
 	}
-	if rerr := m.Remove(context.WithoutCancel(ctx), sb.Name); err == nil {
+	if rerr := m.Release(context.WithoutCancel(ctx), sb.Name); err == nil {
 		err = rerr
 	}
 	return err

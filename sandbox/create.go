@@ -103,7 +103,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	}
 	rec := &record.Record{Name: spec.Name, ID: runtime.NewID(), Image: spec.Image, Manifest: img.ManifestDigest,
 		Network: string(spec.Network), Platform: spec.Platform, Limits: recordLimits(spec.Limits), State: record.Creating,
-		Created: time.Now().UTC()}
+		Created: time.Now().UTC(), Shape: shapeOf(spec, img.ManifestDigest).key()}
 	if spec.Ephemeral {
 		if rec.Owner, err = record.Self(); err != nil {
 			return nil, fmt.Errorf("create sandbox %q: %w", spec.Name, err)
@@ -235,9 +235,15 @@ func (m *Manager) claim(ctx context.Context, rec *record.Record) (*dirLock, erro
 }
 
 // leaseHolder is the holder of the sandbox's image lease: its name and its
-// runsc container's ID, so that a lease of a removed sandbox is never taken
-// for one of a new sandbox of the same name.
-func leaseHolder(rec *record.Record) string { return rec.Name + "." + rec.ID }
+// runsc container's ID when it was made (a pooled sandbox keeps it under its
+// later names: Record.Lease), so that a lease of a removed sandbox is never
+// taken for one of a new sandbox of the same name.
+func leaseHolder(rec *record.Record) string {
+	if rec.Lease != "" {
+		return rec.Lease
+	}
+	return rec.Name + "." + rec.ID
+}
 
 // parseHolder returns the sandbox name and container ID of a lease holder,
 // false if holder is not one.

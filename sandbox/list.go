@@ -33,6 +33,9 @@ const (
 	StateUnresponsive State = "unresponsive"
 	// StateRemoving: Remove is at work (or was killed: Reconcile finishes).
 	StateRemoving State = "removing"
+	// StatePooled: running, reset, idle in the pool of its shape for the
+	// next Acquire; it takes no calls.
+	StatePooled State = "pooled"
 )
 
 // Sandbox describes a sandbox.
@@ -52,6 +55,9 @@ type Sandbox struct {
 	// which removes it when done (or Reconcile, once that process is
 	// gone); 0 if none.
 	OwnerPID int
+	// Shape names what it is made of (see Pool); sandboxes of one shape
+	// share a pool. Empty for sandboxes made before pools.
+	Shape string
 	// ID is its runsc container ID, and Bundle its OCI bundle directory
 	// (config.json): for tools that measure or inspect runsc itself. Never
 	// change what is there.
@@ -63,12 +69,15 @@ type Sandbox struct {
 func (m *Manager) sandbox(ctx context.Context, rec *record.Record, check bool) *Sandbox {
 	sb := &Sandbox{Name: rec.Name, Image: rec.Image, Manifest: rec.Manifest, Network: runtime.Network(rec.Network),
 		Platform: rec.Platform, Limits: runtimeLimits(rec.Limits), State: State(rec.State), Created: rec.Created,
-		LastUsed: rec.LastUsed(), ID: rec.ID, Bundle: rec.Dir}
+		LastUsed: rec.LastUsed(), ID: rec.ID, Bundle: rec.Dir, Shape: rec.Shape}
 	if rec.Owner != nil {
 		sb.OwnerPID = rec.Owner.PID
 	}
 	if check && sb.State == StateRunning {
 		sb.State = m.check(ctx, rec)
+	}
+	if sb.State == StateRunning && rec.Pooled != nil {
+		sb.State = StatePooled
 	}
 	return sb
 }

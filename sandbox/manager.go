@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -37,6 +38,8 @@ type options struct {
 	agent  string
 	warnf  func(format string, args ...any)
 	wheels *pipcache.Cache
+	// refiller starts a refill of a pool (WithRefill); nil: a goroutine.
+	refiller func(shape string)
 }
 
 // Option configures a Manager.
@@ -71,6 +74,15 @@ func Open(root string, opts ...Option) (*Manager, error) {
 	}
 	if m.o.warnf == nil {
 		m.o.warnf = func(string, ...any) {}
+	}
+	if m.o.refiller == nil {
+		m.o.refiller = func(shape string) {
+			go func() {
+				if err := m.Refill(context.Background(), shape); err != nil {
+					m.o.warnf("%v", err)
+				}
+			}()
+		}
 	}
 	return m, nil
 }

@@ -168,12 +168,9 @@ func (m *Manager) reconcileContainers(ctx context.Context) error {
 
 // recordedIDs returns the container IDs every record names.
 func (m *Manager) recordedIDs() []string {
-	ents, _ := os.ReadDir(filepath.Join(m.root, "sandboxes"))
 	var ids []string
-	for _, e := range ents {
-		if rec, err := record.Read(m.root, e.Name()); err == nil {
-			ids = append(ids, rec.ID)
-		}
+	for _, rec := range m.records() {
+		ids = append(ids, rec.ID)
 	}
 	return ids
 }
@@ -181,20 +178,22 @@ func (m *Manager) recordedIDs() []string {
 // reconcileLeases releases image leases whose sandbox does not exist. A
 // lease is taken after its sandbox's record names its container, and
 // released before the record is removed; its holder names the container,
-// so a new sandbox of the same name never loses its lease here.
+// which no other sandbox has, whatever names the sandbox takes (a pool's).
+// Records are read after the leases, so a lease taken meanwhile has its
+// record.
 func (m *Manager) reconcileLeases(ctx context.Context) error {
 	leases, err := m.store.Leases()
 	if err != nil {
 		return fmt.Errorf("reconcile image leases: %w", err)
 	}
+	ids := m.recordedIDs()
 	var errs []error
 	for _, l := range leases {
-		name, id, ok := parseHolder(l.Holder)
+		_, id, ok := parseHolder(l.Holder)
 		if !ok {
 			continue // not a sandbox's lease
 		}
-		rec, err := record.Read(m.root, name)
-		if errdefs.IsNotFound(err) || (err == nil && rec.ID != id) {
+		if !slices.Contains(ids, id) {
 			if err := m.store.Release(ctx, l.ManifestDigest, l.Holder); err != nil {
 				errs = append(errs, err)
 			}
@@ -227,12 +226,14 @@ func (m *Manager) reconcileDir(ctx context.Context, dir string) (gone bool, err 
 	if strings.HasPrefix(name, ".new-") {
 		return true, os.RemoveAll(dir)
 	}
-	rec, err := record.Read(m.root, name)
+	rec, err := record.ReadDir(dir)
 	switch {
 	case errdefs.IsNotFound(err):
 		rec = &record.Record{Name: name, Dir: dir} // a directory without its record: nothing else was made
 	case err != nil:
 		return false, fmt.Errorf("reconcile sandbox %q: %w", name, err)
+	case rec.Renamed():
+		m.o.warnf("removing sandbox %s, which an interrupted flmbox left renamed from %s (taking it from a pool or giving it back)", name, rec.Name)
 	case rec.State == record.Running && !rec.Owner.Gone():
 		return false, nil
 	case rec.State == record.Running:

@@ -62,6 +62,17 @@ type Record struct {
 	// (sandbox.Spec.Ephemeral): once it is gone, Reconcile removes the
 	// sandbox.
 	Owner *Owner `json:"owner,omitempty"`
+	// Shape is the key of what the sandbox is made of (its image's
+	// manifest, network, platform, limits, /tmp, environment, pip
+	// requirements, mounts): sandboxes of one shape are interchangeable once
+	// reset, and share a pool. Empty for sandboxes made before pools.
+	Shape string `json:"shape,omitempty"`
+	// Pooled is when the sandbox, reset, was parked idle in the pool of its
+	// shape; nil while it is in use. An idle pooled sandbox takes no calls.
+	Pooled *time.Time `json:"pooled,omitempty"`
+	// Lease is the holder of its image lease, if not Name.ID (a pooled
+	// sandbox keeps the lease it was made with under every name it takes).
+	Lease string `json:"lease,omitempty"`
 
 	// Dir is the sandbox's directory (not stored).
 	Dir string `json:"-"`
@@ -100,6 +111,31 @@ func Read(root, name string) (*Record, error) {
 	r.Dir = dir
 	return r, nil
 }
+
+// ReadDir reads the record in the sandbox directory dir whatever name it
+// holds: a sandbox renamed by a pool's Acquire or Release holds its old name
+// until its record is written again, and one killed in between is found
+// with this (Read fails on it with errdefs.ErrDataLoss).
+func ReadDir(dir string) (*Record, error) {
+	b, err := os.ReadFile(filepath.Join(dir, recordFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("no sandbox in %s: %w", dir, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read sandbox in %s: %w", dir, err)
+	}
+	r := &Record{}
+	if err := json.Unmarshal(b, r); err != nil {
+		return nil, fmt.Errorf("read sandbox in %s: its record is damaged (%v): %w", dir, err, errdefs.ErrDataLoss)
+	}
+	r.Dir = dir
+	return r, nil
+}
+
+// Renamed says whether the record names another directory than its own: a
+// pool's Acquire or Release was killed between renaming the directory and
+// writing the record.
+func (r *Record) Renamed() bool { return r.Name != filepath.Base(r.Dir) }
 
 // Write writes r into r.Dir atomically (a temporary file, then a rename).
 func Write(r *Record) error {
@@ -195,11 +231,14 @@ const PingTimeout = 3 * time.Second
 const watchdogPeriod = 2 * time.Second
 
 // Callable fails with errdefs.ErrFailedPrecondition unless the record is
-// Running: a sandbox being created or removed takes no calls but its
-// owner's.
+// Running and in use: a sandbox being created or removed takes no calls but
+// its owner's, and one idle in a pool none.
 func (r *Record) Callable() error {
 	if r.State != Running {
 		return fmt.Errorf("call sandbox %q: it is %s: %w", r.Name, r.State, errdefs.ErrFailedPrecondition)
+	}
+	if r.Pooled != nil {
+		return fmt.Errorf("call sandbox %q: it is idle in a pool, for whoever acquires it next: %w", r.Name, errdefs.ErrFailedPrecondition)
 	}
 	return nil
 }

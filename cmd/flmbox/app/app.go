@@ -64,6 +64,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			imagesCommand(),
 			runCommand(),
 			sandboxCommand(),
+			poolCommand(),
 			doctorCommand(),
 			pipcacheCommand(),
 			benchCommand(),
@@ -88,7 +89,8 @@ func openManager(c *cli.Context) (*sandbox.Manager, error) {
 		return nil, err
 	}
 	return sandbox.Open(root, sandbox.WithRunsc(c.String("runsc")),
-		sandbox.WithWarnf(func(f string, a ...any) { warnf(c, f, a...) }))
+		sandbox.WithWarnf(func(f string, a ...any) { warnf(c, f, a...) }),
+		sandbox.WithRefill(refillInBackground(c, root)))
 }
 
 // openStore opens the image cache under the state root as sandboxes use

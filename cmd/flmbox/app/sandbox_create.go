@@ -11,7 +11,7 @@ import (
 func sandboxCreateCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "create",
-		Usage: "create a persistent sandbox from IMAGE and print its name",
+		Usage: "create a persistent sandbox from IMAGE (taken from its pool if one is idle there) and print its name",
 		Flags: append(sandboxFlags(),
 			&cli.StringFlag{Name: "name", Usage: "the sandbox's name (default: generated)"},
 			&cli.StringFlag{Name: "image", Required: true, Usage: "image to run (prewarmed if needed)"},
@@ -29,7 +29,7 @@ func sandboxCreateCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			sb, err := m.Create(c.Context, spec)
+			sb, err := m.Acquire(c.Context, spec)
 			if errors.Is(err, errdefs.ErrAlreadyExists) && spec.Name != "" {
 				return advise(err, fmt.Sprintf("choose another name or remove it (flmbox sandbox rm %s)", spec.Name))
 			}

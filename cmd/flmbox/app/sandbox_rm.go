@@ -9,8 +9,9 @@ import (
 
 func sandboxRmCommand() *cli.Command {
 	return &cli.Command{
-		Name:      "rm",
-		Usage:     "remove sandboxes and everything they hold (removing one that does not exist is not an error)",
+		Name: "rm",
+		Usage: "remove sandboxes and everything they hold (removing one that does not exist is not an error); " +
+			"one whose pool (flmbox pool) is below its size is reset and goes back to it instead",
 		ArgsUsage: "NAME...",
 		Action: func(c *cli.Context) error {
 			if c.NArg() == 0 {
@@ -22,7 +23,7 @@ func sandboxRmCommand() *cli.Command {
 			}
 			var errs []error
 			for _, name := range c.Args().Slice() {
-				errs = append(errs, m.Remove(c.Context, name))
+				errs = append(errs, m.Release(c.Context, name))
 			}
 			return errors.Join(errs...)
 		},

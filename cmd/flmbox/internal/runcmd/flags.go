@@ -66,7 +66,7 @@ var GlobalFlags = []Flag{
 // shared with sandbox create, are flmbox-core's).
 var RunFlags = []Flag{
 	{Name: "sandbox", Kind: String, Warm: true, Usage: "run in this persistent sandbox"},
-	{Name: "image", Kind: String, Usage: "run in a fresh sandbox from IMAGE, removed afterwards"},
+	{Name: "image", Kind: String, Usage: "run in a clean sandbox from IMAGE (taken from its pool if one is idle there), removed or pooled again afterwards"},
 	{Name: "language", Aliases: []string{"l"}, Kind: String, Default: "python", Warm: true, Usage: "python or shell"},
 	{Name: "timeout", Kind: Duration, Default: DefaultTimeout.String(), Warm: true, Usage: "kill the snippet after this long (exit status 124)"},
 	{Name: "code", Aliases: []string{"c"}, Kind: String, Warm: true, Usage: "the code to run"},

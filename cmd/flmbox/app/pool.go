@@ -1,0 +1,62 @@
+package app
+
+import (
+	"os"
+	"os/exec"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+)
+
+func poolCommand() *cli.Command {
+	return &cli.Command{
+		Name: "pool",
+		Usage: "keep clean sandboxes running, per shape (image and sandbox flags), for run --image, run --batch --image, " +
+			"sandbox create and flmbox instance sessions to take at once",
+		Subcommands: []*cli.Command{poolFillCommand(), poolLsCommand(), poolDrainCommand(), poolRefillCommand()},
+	}
+}
+
+// refillInBackground returns a sandbox.WithRefill function that starts
+// `flmbox pool refill SHAPE` as a detached process (a session of its own,
+// no stdio): the command that took the pool's sandbox exits without
+// waiting for it. Errors of the refill are shown by pool ls.
+func refillInBackground(c *cli.Context, root string) func(shape string) {
+	return func(shape string) {
+		self, err := os.Executable()
+		if err != nil {
+			warnf(c, "refill pool %s: %v", shape, err)
+			return
+		}
+		args := []string{"--root", root}
+		if r := c.String("runsc"); r != "" {
+			args = append(args, "--runsc", r)
+		}
+		cmd := exec.Command(self, append(args, "pool", "refill", shape)...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := cmd.Start(); err != nil {
+			warnf(c, "refill pool %s: %v", shape, err)
+			return
+		}
+		go cmd.Wait() // a long-lived flmbox (instance) reaps it
+	}
+}
+
+func poolRefillCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "refill",
+		Hidden:    true, // what flmbox starts in the background
+		Usage:     "make sandboxes for the pool of SHAPE until it holds its size",
+		ArgsUsage: "SHAPE",
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 {
+				return cli.Exit("pool refill takes one SHAPE", exitFlmboxFailed)
+			}
+			m, err := openManager(c)
+			if err != nil {
+				return err
+			}
+			return m.Refill(c.Context, c.Args().First())
+		},
+	}
+}

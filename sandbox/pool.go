@@ -1,0 +1,293 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+
+	"github.com/flmbox/flmbox/sandbox/record"
+	"github.com/flmbox/flmbox/snippet/wire"
+)
+
+// poolPrefix begins the names of the sandboxes a pool holds: a released
+// sandbox takes a new one, so that whoever used it under its old name
+// cannot reach it any more.
+const poolPrefix = "pool-"
+
+// releaseTimeout bounds the reset (and the preinstalls) of a released
+// sandbox.
+const releaseTimeout = 2 * time.Minute
+
+// errTaken is adopt's failure when another process got the sandbox first.
+var errTaken = errors.New("taken")
+
+// Acquire returns a clean running sandbox made from spec: one adopted from
+// the pool of spec's shape if one is idle there, else a new one (Create).
+// Adoption is atomic across processes: two Acquires never get the same
+// sandbox. A pooled sandbox is reset when it is released, not here, and one
+// whose agent does not answer is removed instead of being handed out.
+//
+// An adopted sandbox takes spec.Name if set (errdefs.ErrAlreadyExists if a
+// sandbox has it), else keeps its pool name, and belongs to this process if
+// spec.Ephemeral. When Acquire takes the last idle sandbox of a pool, or
+// finds none, the pool is refilled in the background (see WithRefill); a
+// sandbox released goes back to its pool, so that a pool used one sandbox
+// at a time never empties. A sandbox acquired is given back with Release,
+// or removed with Remove.
+func (m *Manager) Acquire(ctx context.Context, spec Spec) (*Sandbox, error) {
+	spec, err := spec.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if err := m.open(); err != nil {
+		return nil, err
+	}
+	if spec.Name != "" {
+		if err := m.nameFree(ctx, spec.Name); err != nil {
+			return nil, err
+		}
+	}
+	pull, err := pullOptions(spec)
+	if err != nil {
+		return nil, err
+	}
+	img, err := m.store.Prewarm(ctx, spec.Image, pull)
+	if err != nil {
+		return nil, err
+	}
+	key := shapeOf(spec, img.ManifestDigest).key()
+	idle := m.pooled(key)
+	cfg := m.readPool(key)
+	for i, rec := range idle {
+		sb, err := m.adopt(ctx, rec, spec)
+		if errors.Is(err, errTaken) {
+			continue
+		}
+		if errdefs.IsAlreadyExists(err) {
+			return nil, err
+		}
+		if err != nil {
+			m.o.warnf("%v", err)
+			continue
+		}
+		if cfg != nil && i == len(idle)-1 {
+			m.o.refill(key) // it took the last one
+		}
+		return sb, nil
+	}
+	if cfg != nil && cfg.Size > 0 {
+		m.o.refill(key)
+	}
+	return m.Create(ctx, spec)
+}
+
+// nameFree fails with errdefs.ErrAlreadyExists if sandbox name exists
+// (what a killed flmbox left of one is removed first).
+func (m *Manager) nameFree(ctx context.Context, name string) error {
+	dir, err := record.Dir(m.root, name)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Lstat(dir); err == nil {
+		gone, err := m.reconcileDir(ctx, dir)
+		if err != nil {
+			return fmt.Errorf("create sandbox %q: remove what an interrupted flmbox left of it: %w", name, err)
+		}
+		if !gone {
+			return fmt.Errorf("sandbox %q %w", name, errdefs.ErrAlreadyExists)
+		}
+	}
+	return nil
+}
+
+// pooled returns the records of the idle sandboxes of shape key, the most
+// recently parked first (their memory is the likeliest to be in the host's
+// caches); all shapes' if key is empty.
+func (m *Manager) pooled(key string) []*record.Record {
+	var out []*record.Record
+	for _, rec := range m.records() {
+		if rec.Pooled != nil && (key == "" || rec.Shape == key) && rec.State == record.Running && !rec.Renamed() {
+			out = append(out, rec)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Pooled.After(*out[j].Pooled) })
+	return out
+}
+
+// records reads every sandbox's record, whatever name it holds (see
+// record.ReadDir); unreadable ones are left out.
+func (m *Manager) records() []*record.Record {
+	ents, _ := os.ReadDir(filepath.Join(m.root, "sandboxes"))
+	var out []*record.Record
+	for _, e := range ents {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		if rec, err := record.ReadDir(filepath.Join(m.root, "sandboxes", e.Name())); err == nil {
+			out = append(out, rec)
+		}
+	}
+	return out
+}
+
+// adopt takes the idle pooled sandbox of rec for spec, under its lock. It
+// fails with errTaken if another process took it (or removed it) first.
+func (m *Manager) adopt(ctx context.Context, rec *record.Record, spec Spec) (_ *Sandbox, err error) {
+	l, err := tryLock(rec.Dir)
+	if err != nil {
+		return nil, errTaken
+	}
+	defer l.unlock()
+	if rec, err = record.ReadDir(rec.Dir); err != nil || rec.Pooled == nil || rec.Renamed() {
+		return nil, errTaken
+	}
+	if err := rec.Ping(ctx); err != nil {
+		m.o.warnf("removing idle sandbox %s of pool %s, whose agent does not answer: %v", rec.Name, rec.Shape, err)
+		if err := m.destroy(ctx, rec); err != nil {
+			m.o.warnf("%v", err)
+		}
+		return nil, errTaken
+	}
+	rec.Pooled, rec.Owner = nil, nil
+	if spec.Ephemeral {
+		if rec.Owner, err = record.Self(); err != nil {
+			return nil, fmt.Errorf("acquire sandbox: %w", err)
+		}
+	}
+	if spec.Name != "" {
+		if err := m.rename(rec, spec.Name); err != nil {
+			return nil, err
+		}
+	}
+	if err := record.Write(rec); err != nil {
+		if derr := m.destroy(ctx, rec); derr != nil {
+			m.o.warnf("%v", derr)
+		}
+		return nil, err
+	}
+	rec.Touch()
+	return m.sandbox(ctx, rec, false), nil
+}
+
+// rename moves the sandbox of rec (whose lock the caller holds: it follows
+// the directory) to name; the caller writes the record next. Killed in
+// between, the record names its old directory, and Reconcile removes it
+// (Record.Renamed).
+func (m *Manager) rename(rec *record.Record, name string) error {
+	dir, err := record.Dir(m.root, name)
+	if err != nil {
+		return err
+	}
+	if rec.Lease == "" {
+		rec.Lease = leaseHolder(rec)
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, rec.Dir, unix.AT_FDCWD, dir, unix.RENAME_NOREPLACE); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("sandbox %q %w", name, errdefs.ErrAlreadyExists)
+		}
+		return fmt.Errorf("rename sandbox %q to %q: %w", rec.Name, name, err)
+	}
+	rec.Name, rec.Dir = name, dir
+	return nil
+}
+
+// Release gives back sandbox name, acquired (or created) earlier: if the
+// pool of its shape holds fewer idle sandboxes than its size, the sandbox
+// is taken from its name at once (no call can start under it any more),
+// reset as a new sandbox of its image (its preinstalls installed again)
+// and parked in the pool under a new name; else, or if it is dead or its
+// reset fails, it is removed as Remove does. Releasing a sandbox that does
+// not exist is not an error. If this process is killed during the reset,
+// Reconcile removes the sandbox.
+func (m *Manager) Release(ctx context.Context, name string) error {
+	dir, err := record.Dir(m.root, name)
+	if err != nil {
+		return err
+	}
+	l, err := lock(ctx, dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("release sandbox %q: %w", name, err)
+	}
+	defer l.unlock()
+	rec, err := record.Read(m.root, name)
+	switch {
+	case errdefs.IsNotFound(err):
+		rec = &record.Record{Name: name, Dir: dir}
+	case err != nil:
+		m.o.warnf("%v: removing its directory; its runsc container and image lease, if any, are left to the next reconcile", err)
+		rec = &record.Record{Name: name, Dir: dir}
+	case rec.Pooled != nil:
+		return nil // idle in its pool already
+	}
+	defer m.expire(context.WithoutCancel(ctx), rec.Shape)
+	cfg := m.readPool(rec.Shape)
+	if cfg == nil || rec.State != record.Running || len(m.pooled(rec.Shape)) >= cfg.Size {
+		return m.destroy(ctx, rec)
+	}
+	if err := m.recycle(ctx, rec, cfg); err != nil {
+		m.o.warnf("removing sandbox %s instead of pooling it: %v", name, err)
+		return m.destroy(ctx, rec)
+	}
+	return nil
+}
+
+// recycle takes the sandbox of rec (locked) from its name, resets it and
+// parks it in the pool of cfg.
+func (m *Manager) recycle(ctx context.Context, rec *record.Record, cfg *poolConfig) (err error) {
+	owner, err := record.Self()
+	if err != nil {
+		return err
+	}
+	if err := m.rename(rec, poolPrefix+randomHex(6)); err != nil {
+		return err
+	}
+	rec.Owner = owner // a killed release leaves it to Reconcile
+	if err := record.Write(rec); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+	defer cancel()
+	req, err := Request{Language: wire.LanguageShell, Reset: true}.wire()
+	if err != nil {
+		return err
+	}
+	res, err := rec.Call(ctx, req)
+	if err != nil {
+		return fmt.Errorf("reset: %w", err)
+	}
+	if res.Error != "" {
+		return fmt.Errorf("reset: %s", res.Error)
+	}
+	if err := m.preinstall(ctx, rec, cfg.Shape.Pip); err != nil {
+		return err
+	}
+	return m.park(ctx, rec)
+}
+
+// park puts the clean sandbox of rec (locked) idle into the pool of its
+// shape, if the pool holds fewer than its size (read again: a drain may
+// have set it to 0 meanwhile); else it removes it.
+func (m *Manager) park(ctx context.Context, rec *record.Record) error {
+	sl, err := lockFile(ctx, m.poolPath(rec.Shape, ".lock"), true)
+	if err != nil {
+		return err
+	}
+	defer sl.unlock()
+	if cfg := m.readPool(rec.Shape); cfg == nil || len(m.pooled(rec.Shape)) >= cfg.Size {
+		return m.destroy(ctx, rec)
+	}
+	now := time.Now().UTC()
+	rec.Pooled, rec.Owner = &now, nil
+	return record.Write(rec)
+}

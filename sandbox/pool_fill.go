@@ -1,0 +1,336 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sort"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/flmbox/flmbox/internal/procmem"
+	"github.com/flmbox/flmbox/sandbox/record"
+)
+
+// WithRefill sets how a pool is refilled when an Acquire leaves it below
+// its size: refill is called with the pool's shape and must return at once,
+// having started something that calls Manager.Refill(ctx, shape) — a
+// detached process, for a caller that exits soon after (the flmbox command
+// runs flmbox pool refill SHAPE). Default: a goroutine of this process,
+// which is lost if the process exits first (the next Acquire starts
+// another).
+func WithRefill(refill func(shape string)) Option { return func(o *options) { o.refiller = refill } }
+
+// refill starts a refill of the pool of shape key.
+func (o *options) refill(key string) {
+	if o.refiller != nil {
+		o.refiller(key)
+	}
+}
+
+// Refill makes new sandboxes for the pool of shape until it holds its size,
+// unless another refill of that pool is at work (then it returns nil at
+// once: at most one refill per pool at a time). The sandboxes are made two
+// at a time and belong to this process until they are parked, so that a
+// refill killed midway leaves nothing to anyone but Reconcile.
+func (m *Manager) Refill(ctx context.Context, shape string) error {
+	if err := m.open(); err != nil {
+		return err
+	}
+	l, err := lockFile(ctx, m.poolPath(shape, ".refill"), false)
+	if errors.Is(err, errLocked) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer l.unlock()
+	err = m.fill(ctx, shape, 2)
+	m.noteRefill(shape, err)
+	return err
+}
+
+// noteRefill keeps the failure of a pool's last refill for Pools
+// (ROOT/pool/SHAPE.err), or forgets it after a success: a refill runs in
+// the background, where nobody reads its errors.
+func (m *Manager) noteRefill(key string, err error) {
+	p := m.poolPath(key, ".err")
+	if err == nil {
+		os.Remove(p)
+		return
+	}
+	os.WriteFile(p, []byte(time.Now().UTC().Format(time.RFC3339)+" "+err.Error()), 0o600)
+}
+
+// FillPool sets the size and idle timeout of the pool of spec's shape (kept
+// until the pool is drained) and makes sandboxes, parallel at a time (0: the
+// number of CPUs), until the pool holds o.Size idle ones; it waits for a
+// refill of that pool at work first. It returns the pool.
+func (m *Manager) FillPool(ctx context.Context, spec Spec, o PoolOptions, parallel int) (*Pool, error) {
+	if err := checkPoolOptions(o); err != nil {
+		return nil, err
+	}
+	if spec.Name != "" {
+		return nil, fmt.Errorf("fill pool: the sandboxes of a pool are named by flmbox, not %q: %w", spec.Name, errdefs.ErrInvalidArgument)
+	}
+	spec, err := spec.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := m.Agent(); err != nil {
+		return nil, err
+	}
+	if err := m.open(); err != nil {
+		return nil, err
+	}
+	pull, err := pullOptions(spec)
+	if err != nil {
+		return nil, err
+	}
+	img, err := m.store.Prewarm(ctx, spec.Image, pull)
+	if err != nil {
+		return nil, err
+	}
+	sh := shapeOf(spec, img.ManifestDigest)
+	key := sh.key()
+	if o.IdleTimeout == 0 {
+		o.IdleTimeout = DefaultIdleTimeout
+	}
+	if err := m.writePool(key, &poolConfig{Image: spec.Image, Shape: sh, Size: o.Size, IdleTimeout: o.IdleTimeout}); err != nil {
+		return nil, err
+	}
+	l, err := lockFile(ctx, m.poolPath(key, ".refill"), true)
+	if err != nil {
+		return nil, err
+	}
+	defer l.unlock()
+	if parallel <= 0 {
+		parallel = runtime.NumCPU()
+	}
+	m.expire(ctx, key)
+	err = m.fill(ctx, key, parallel)
+	m.noteRefill(key, err)
+	if err != nil {
+		return nil, err
+	}
+	return m.pool(ctx, key, m.readPool(key), m.pooled(key), false), nil
+}
+
+// fill makes sandboxes for the pool of shape key until it holds its size
+// (as read before each round: a drain ends it), parallel at a time. The
+// caller holds the pool's refill lock.
+func (m *Manager) fill(ctx context.Context, key string, parallel int) error {
+	for {
+		cfg := m.readPool(key)
+		if cfg == nil {
+			return nil
+		}
+		need := cfg.Size - len(m.pooled(key))
+		if need <= 0 {
+			return nil
+		}
+		spec := cfg.Shape.spec(cfg.Image)
+		spec.Ephemeral = true // until parked
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(parallel)
+		for range need {
+			g.Go(func() error { return m.makePooled(gctx, spec, key) })
+		}
+		if err := g.Wait(); err != nil {
+			return fmt.Errorf("fill pool %s: %w", key, err)
+		}
+	}
+}
+
+// makePooled makes a sandbox of spec and parks it in the pool of shape key.
+func (m *Manager) makePooled(ctx context.Context, spec Spec, key string) error {
+	spec.Name = poolPrefix + randomHex(6)
+	sb, err := m.Create(ctx, spec)
+	if err != nil {
+		return err
+	}
+	l, err := lock(ctx, sb.Bundle)
+	if err != nil {
+		return errors.Join(err, m.Remove(context.WithoutCancel(ctx), sb.Name))
+	}
+	defer l.unlock()
+	rec, err := record.Read(m.root, sb.Name)
+	if err != nil {
+		return err
+	}
+	if rec.Shape != key {
+		// The image's reference now names another manifest than the one
+		// the pool was filled with.
+		return errors.Join(fmt.Errorf("image %s is now manifest %s, not the pool's %s: fill the pool again", spec.Image, rec.Manifest, key), m.destroy(ctx, rec))
+	}
+	return m.park(ctx, rec)
+}
+
+// expire removes the idle sandboxes of the pool of shape key (of every
+// pool if key is empty) that have been idle for longer than its idle
+// timeout, and returns their names.
+func (m *Manager) expire(ctx context.Context, key string) []string {
+	var gone []string
+	for _, rec := range m.pooled(key) {
+		timeout := DefaultIdleTimeout
+		if cfg := m.readPool(rec.Shape); cfg != nil {
+			timeout = cfg.IdleTimeout
+		}
+		if time.Since(*rec.Pooled) < timeout {
+			continue
+		}
+		if m.removeIdle(ctx, rec, func(r *record.Record) bool { return time.Since(*r.Pooled) >= timeout }) {
+			gone = append(gone, rec.Name)
+		}
+	}
+	return gone
+}
+
+// removeIdle removes the sandbox of rec if, under its lock, it is still
+// idle in its pool and ok says so; it reports whether it removed it.
+func (m *Manager) removeIdle(ctx context.Context, rec *record.Record, ok func(*record.Record) bool) bool {
+	l, err := tryLock(rec.Dir)
+	if err != nil {
+		return false // being adopted, or gone
+	}
+	defer l.unlock()
+	rec, err = record.ReadDir(rec.Dir)
+	if err != nil || rec.Pooled == nil || rec.Renamed() || !ok(rec) {
+		return false
+	}
+	if err := m.destroy(ctx, rec); err != nil {
+		m.o.warnf("%v", err)
+		return false
+	}
+	return true
+}
+
+// Pool describes the pool of one shape.
+type Pool struct {
+	// Shape names the shape: what its sandboxes are made of, as Spec says.
+	Shape string
+	Spec  Spec
+	// Manifest is the digest of the image its sandboxes run.
+	Manifest    string
+	Size        int
+	IdleTimeout time.Duration
+	// Idle are its idle sandboxes, the most recently parked first.
+	Idle []*Sandbox
+	// OldestIdle is when its oldest idle sandbox was parked (zero if none).
+	OldestIdle time.Time
+	// Refilling says that a refill of the pool is at work; RefillError is
+	// when and why its last refill failed, if it did.
+	Refilling   bool
+	RefillError string
+	// MemoryKiB is the host memory (PSS) of its idle sandboxes' processes,
+	// if measured.
+	MemoryKiB int64
+}
+
+// Pools describes every pool: those with a size and those with idle
+// sandboxes, after removing the expired ones; with memory, their idle
+// sandboxes' host memory is measured.
+func (m *Manager) Pools(ctx context.Context, memory bool) ([]*Pool, error) {
+	if err := m.open(); err != nil {
+		return nil, err
+	}
+	m.expire(ctx, "")
+	byKey := map[string][]*record.Record{}
+	for _, k := range m.poolKeys() {
+		byKey[k] = nil
+	}
+	for _, rec := range m.pooled("") {
+		byKey[rec.Shape] = append(byKey[rec.Shape], rec)
+	}
+	var out []*Pool
+	for k, recs := range byKey {
+		out = append(out, m.pool(ctx, k, m.readPool(k), recs, memory))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Spec.Image+out[i].Shape < out[j].Spec.Image+out[j].Shape })
+	return out, nil
+}
+
+// pool describes the pool of shape key.
+func (m *Manager) pool(ctx context.Context, key string, cfg *poolConfig, idle []*record.Record, memory bool) *Pool {
+	p := &Pool{Shape: key}
+	if cfg != nil {
+		p.Spec, p.Manifest, p.Size, p.IdleTimeout = cfg.Shape.spec(cfg.Image), cfg.Shape.Manifest, cfg.Size, cfg.IdleTimeout
+	}
+	for _, rec := range idle {
+		if cfg == nil && p.Manifest == "" {
+			p.Spec = Spec{Image: rec.Image, Network: container(rec).Network, Platform: rec.Platform, Limits: runtimeLimits(rec.Limits)}
+			p.Manifest, p.IdleTimeout = rec.Manifest, DefaultIdleTimeout
+		}
+		p.Idle = append(p.Idle, m.sandbox(ctx, rec, false))
+		p.OldestIdle = *rec.Pooled
+		if memory {
+			if pids, err := procmem.Container(rec.ID); err == nil {
+				if mem, err := procmem.Of(pids); err == nil {
+					p.MemoryKiB += mem.PSS
+				}
+			}
+		}
+	}
+	if b, err := os.ReadFile(m.poolPath(key, ".err")); err == nil {
+		p.RefillError = string(b)
+	}
+	if l, err := lockFile(ctx, m.poolPath(key, ".refill"), false); err == nil {
+		l.unlock()
+	} else {
+		p.Refilling = errors.Is(err, errLocked)
+	}
+	return p
+}
+
+// DrainOptions select what DrainPools removes.
+type DrainOptions struct {
+	// Image selects the pools of this image, as given to FillPool or its
+	// manifest digest; empty: every pool.
+	Image string
+	// Expired removes only the idle sandboxes past their pool's idle
+	// timeout, and keeps the pools' sizes.
+	Expired bool
+}
+
+// DrainPools removes the idle sandboxes of the pools o selects and, unless
+// o.Expired, forgets their sizes (nothing refills them; a refill at work
+// is waited for) and returns the names of the sandboxes removed. Sandboxes
+// in use are left alone, and one being adopted meanwhile goes to its
+// adopter.
+func (m *Manager) DrainPools(ctx context.Context, o DrainOptions) ([]string, error) {
+	if err := m.open(); err != nil {
+		return nil, err
+	}
+	if o.Expired {
+		return m.expire(ctx, ""), nil
+	}
+	match := func(image, manifest string) bool { return o.Image == "" || o.Image == image || o.Image == manifest }
+	var errs []error
+	for _, k := range m.poolKeys() {
+		cfg := m.readPool(k)
+		if cfg != nil && !match(cfg.Image, cfg.Shape.Manifest) {
+			continue
+		}
+		if err := os.Remove(m.poolPath(k, ".json")); err != nil && !os.IsNotExist(err) {
+			errs = append(errs, fmt.Errorf("drain pool %s: %w", k, err))
+			continue
+		}
+		// A refill at work parks nothing once the size is gone: wait for it.
+		if l, err := lockFile(ctx, m.poolPath(k, ".refill"), true); err != nil {
+			errs = append(errs, err)
+		} else {
+			l.unlock()
+		}
+	}
+	var gone []string
+	for _, rec := range m.pooled("") {
+		if match(rec.Image, rec.Manifest) && m.removeIdle(ctx, rec, func(*record.Record) bool { return true }) {
+			gone = append(gone, rec.Name)
+		}
+	}
+	return gone, errors.Join(errs...)
+}

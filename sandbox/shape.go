@@ -1,0 +1,193 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+
+	"github.com/flmbox/flmbox/runtime"
+	"github.com/flmbox/flmbox/sandbox/record"
+	"github.com/flmbox/flmbox/snippet/wire"
+)
+
+// shape is everything a sandbox is made of, its defaults filled in: two
+// sandboxes of one shape, once reset, cannot be told apart by a snippet, so
+// either may serve whoever asks for that shape. The image is its manifest
+// (the tree it runs), not its reference; the agent's protocol is in it so
+// that a pool never hands out a sandbox of another flmbox.
+type shape struct {
+	Manifest string        `json:"manifest"`
+	Network  string        `json:"network"`
+	Platform string        `json:"platform,omitempty"`
+	Limits   record.Limits `json:"limits"`
+	TmpBytes int64         `json:"tmp_bytes"`
+	Env      []string      `json:"env,omitempty"`
+	Pip      []string      `json:"pip,omitempty"`
+	Mounts   []Mount       `json:"mounts,omitempty"`
+	Protocol int           `json:"protocol"`
+}
+
+// shapeOf is the shape of the sandboxes spec (its defaults filled in) makes
+// from the image whose manifest is manifest.
+func shapeOf(spec Spec, manifest string) shape {
+	return shape{Manifest: manifest, Network: string(spec.Network), Platform: spec.Platform,
+		Limits: recordLimits(spec.Limits), TmpBytes: spec.TmpBytes, Env: spec.Env, Pip: spec.Pip,
+		Mounts: spec.Mounts, Protocol: wire.ProtocolVersion}
+}
+
+// key names the shape: 16 hex digits of the SHA-256 of its JSON.
+func (s shape) key() string {
+	b, err := json.Marshal(s)
+	if err != nil {
+		panic(err) // only strings and numbers
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}
+
+// spec is a Spec that makes sandboxes of the shape from image.
+func (s shape) spec(image string) Spec {
+	return Spec{Image: image, Network: runtime.Network(s.Network), Platform: s.Platform, Limits: runtimeLimits(s.Limits),
+		TmpBytes: s.TmpBytes, Env: s.Env, Pip: s.Pip, Mounts: s.Mounts}
+}
+
+// DefaultIdleTimeout is how long a sandbox stays idle in a pool, by
+// default, before it is removed.
+const DefaultIdleTimeout = 30 * time.Minute
+
+// MaxPoolSize is the largest pool of one shape.
+const MaxPoolSize = 256
+
+// PoolOptions are the settings of a shape's pool, kept under the state
+// root (ROOT/pool/SHAPE.json) until the pool is drained.
+type PoolOptions struct {
+	// Size is how many idle sandboxes the pool keeps, 0 to MaxPoolSize. A
+	// sandbox released while its pool holds Size idle ones is removed.
+	Size int
+	// IdleTimeout is how long a sandbox may stay idle in the pool before
+	// it is removed. Default: DefaultIdleTimeout.
+	IdleTimeout time.Duration
+}
+
+// poolConfig is ROOT/pool/SHAPE.json: what a refill needs to make the
+// shape's sandboxes, and the pool's settings.
+type poolConfig struct {
+	Image       string        `json:"image"` // as given to the fill that set the size
+	Shape       shape         `json:"shape"`
+	Size        int           `json:"size"`
+	IdleTimeout time.Duration `json:"idle_timeout"`
+}
+
+func (m *Manager) poolPath(key, ext string) string {
+	return filepath.Join(m.root, "pool", key+ext)
+}
+
+// readPool reads the settings of the pool of shape key; nil if it has none
+// (its size is 0).
+func (m *Manager) readPool(key string) *poolConfig {
+	if key == "" {
+		return nil
+	}
+	b, err := os.ReadFile(m.poolPath(key, ".json"))
+	if err != nil {
+		return nil
+	}
+	c := &poolConfig{}
+	if json.Unmarshal(b, c) != nil || c.Shape.key() != key {
+		m.o.warnf("pool %s: its settings are damaged: ignoring them (flmbox pool fill sets them again)", key)
+		return nil
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	return c
+}
+
+// writePool writes c atomically.
+func (m *Manager) writePool(key string, c *poolConfig) error {
+	if err := os.MkdirAll(filepath.Join(m.root, "pool"), 0o700); err != nil {
+		return fmt.Errorf("write pool %s: %w", key, err)
+	}
+	b, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	p := m.poolPath(key, ".json")
+	if err := os.WriteFile(p+".tmp", b, 0o600); err != nil {
+		return fmt.Errorf("write pool %s: %w", key, err)
+	}
+	if err := os.Rename(p+".tmp", p); err != nil {
+		return fmt.Errorf("write pool %s: %w", key, err)
+	}
+	return nil
+}
+
+// poolKeys are the shapes that have settings.
+func (m *Manager) poolKeys() []string {
+	ents, _ := os.ReadDir(filepath.Join(m.root, "pool"))
+	var keys []string
+	for _, e := range ents {
+		if k, ok := strings.CutSuffix(e.Name(), ".json"); ok {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+// fileLock is an flock on a file of the pool's directory (made if need be).
+type fileLock struct{ fd int }
+
+// lockFile takes the lock of path; if wait, it waits until ctx is done,
+// else it fails at once with errLocked.
+func lockFile(ctx context.Context, path string, wait bool) (*fileLock, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	for {
+		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return &fileLock{fd: fd}, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			unix.Close(fd)
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		if !wait {
+			unix.Close(fd)
+			return nil, errLocked
+		}
+		select {
+		case <-ctx.Done():
+			unix.Close(fd)
+			return nil, fmt.Errorf("wait for the lock of %s: %w", path, context.Cause(ctx))
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+func (l *fileLock) unlock() { unix.Close(l.fd) }
+
+// checkPoolOptions refuses sizes out of bounds and negative timeouts.
+func checkPoolOptions(o PoolOptions) error {
+	if o.Size < 0 || o.Size > MaxPoolSize {
+		return fmt.Errorf("pool size %d: want 0 to %d: %w", o.Size, MaxPoolSize, errdefs.ErrInvalidArgument)
+	}
+	if o.IdleTimeout < 0 {
+		return fmt.Errorf("pool idle timeout %s: want a positive duration: %w", o.IdleTimeout, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
