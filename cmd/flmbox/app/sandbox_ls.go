@@ -25,6 +25,10 @@ type sandboxInfo struct {
 	// itself (run --image, run --batch --image) and removes it when done;
 	// once that process is gone, so is the sandbox.
 	OwnerPID int `json:"owner_pid,omitempty"`
+	// ID is its runsc container ID (a pooled sandbox keeps it under every
+	// name it takes); Shape names what it is made of (see pool ls).
+	ID    string `json:"id"`
+	Shape string `json:"shape,omitempty"`
 }
 
 func sandboxLsCommand() *cli.Command {
@@ -45,7 +49,7 @@ func sandboxLsCommand() *cli.Command {
 			infos := []sandboxInfo{}
 			for _, sb := range sbs {
 				infos = append(infos, sandboxInfo{Name: sb.Name, Image: sb.Image, Network: sb.Network, State: sb.State,
-					Created: sb.Created, LastUsed: sb.LastUsed, OwnerPID: sb.OwnerPID})
+					Created: sb.Created, LastUsed: sb.LastUsed, OwnerPID: sb.OwnerPID, ID: sb.ID, Shape: sb.Shape})
 			}
 			if c.Bool("json") {
 				return json.NewEncoder(c.App.Writer).Encode(infos)
