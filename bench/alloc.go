@@ -72,6 +72,11 @@ func (r *runner) measureAllocation(ctx context.Context) (Allocation, error) {
 	if err := r.writeRawBundle(); err != nil {
 		return rep, err
 	}
+	if err := r.fillPool(ctx); err != nil {
+		return rep, err
+	}
+	defer r.drainPool(context.WithoutCancel(ctx)) // not to share pages with later measurements
+	var release []float64
 	kinds := []struct {
 		name  string
 		alloc allocator
@@ -81,6 +86,7 @@ func (r *runner) measureAllocation(ctx context.Context) (Allocation, error) {
 		{name: "in process", alloc: r.freshInprocess},
 		{name: "retained", alloc: r.retainedAllocator()},
 		{name: "raw runsc", alloc: r.rawAllocation},
+		{name: "flmbox run --image, warm pool", alloc: r.pooledAllocator(&release)},
 	}
 	for i := -1; i < r.opts.Pairs; i++ {
 		if i >= 0 {
@@ -97,8 +103,9 @@ func (r *runner) measureAllocation(ctx context.Context) (Allocation, error) {
 			}
 		}
 	}
-	retained := summarize(kinds[2].ms)
+	retained, pooled, released := summarize(kinds[2].ms), summarize(kinds[4].ms), summarize(release[len(release)-len(kinds[4].ms):])
 	rep.FreshMS, rep.FreshInprocessMS, rep.RetainedMS, rep.RawRunscMS = summarize(kinds[0].ms), summarize(kinds[1].ms), &retained, summarize(kinds[3].ms)
+	rep.PooledMS, rep.PooledReleaseMS = &pooled, &released
 	return rep, nil
 }
 

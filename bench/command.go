@@ -38,15 +38,22 @@ func checkedCommand(cmd *exec.Cmd) (time.Duration, error) {
 // its stdout, which must then be exactly wantOut when cmd exits
 // successfully.
 func timeToOutput(cmd *exec.Cmd, wantOut string) (time.Duration, error) {
+	d, _, err := timeOutputExit(cmd, wantOut)
+	return d, err
+}
+
+// timeOutputExit is timeToOutput that also returns how long the process
+// took until it exited.
+func timeOutputExit(cmd *exec.Cmd, wantOut string) (toOutput, toExit time.Duration, err error) {
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	var got []byte
 	var d time.Duration
@@ -64,9 +71,9 @@ func timeToOutput(cmd *exec.Cmd, wantOut string) (time.Duration, error) {
 	rest, _ := io.ReadAll(out)
 	got = append(got, rest...)
 	if err := cmd.Wait(); err != nil {
-		return 0, commandFailed(commandLine(cmd), err, stderr.String())
+		return 0, 0, commandFailed(commandLine(cmd), err, stderr.String())
 	}
-	return d, checkOutput(commandLine(cmd), string(got), wantOut)
+	return d, time.Since(start), checkOutput(commandLine(cmd), string(got), wantOut)
 }
 
 // commandFailed describes a command that failed, with the end of its

@@ -21,6 +21,8 @@ type Report struct {
 	Batch   Batch   `json:"batch"`
 	Prewarm Prewarm `json:"prewarm"`
 	Memory  Memory  `json:"memory"`
+	// Pool is an idle pooled sandbox's memory (added for issue 15).
+	Pool PoolMemory `json:"pool"`
 	// Instance is `flmbox instance` driven as Flame's executor drives it
 	// (added after issue 4).
 	Instance Instance `json:"instance"`
@@ -64,6 +66,21 @@ type Allocation struct {
 	// process (sandbox.Manager's Create, then Call): no CLI start-up, and
 	// removal is not counted.
 	FreshInprocessMS Stats `json:"fresh_inprocess_ms"`
+	// PooledMS is a whole `flmbox run --image` process that adopts a clean
+	// sandbox from a warm pool (flmbox pool fill), until its output is back;
+	// PooledReleaseMS is the rest of that process, from its output until it
+	// exits: the reset that puts the sandbox back into the pool (added for
+	// issue 15; null in reports made before).
+	PooledMS        *Stats `json:"pooled_ms"`
+	PooledReleaseMS *Stats `json:"pooled_release_ms"`
+}
+
+// PoolMemory is the host memory of one idle pooled sandbox that has served
+// a call and been reset (PSS and RSS, in KiB), measured as Memory is.
+type PoolMemory struct {
+	IdleKiB    int64 `json:"idle_kib"`
+	IdleRSSKiB int64 `json:"idle_rss_kib"`
+	Processes  int   `json:"processes"`
 }
 
 // Warm is one API and language of warm calls: medians and p95s are the

@@ -162,6 +162,9 @@ func (r *runner) flmboxIn(ctx context.Context, root string, args ...string) *exe
 func (r *runner) close(ctx context.Context) error {
 	r.logf("remove %s", r.dir)
 	var errs []error
+	// No pool is refilled while its sandboxes are removed.
+	_, err := r.m.DrainPools(ctx, sandbox.DrainOptions{})
+	errs = append(errs, err)
 	// List reconciles first: it removes what an interrupted Create left.
 	sbs, err := r.m.List(ctx)
 	errs = append(errs, err)

@@ -59,6 +59,9 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	if rep.Memory, err = r.measureMemory(ctx); err != nil {
 		return nil, err
 	}
+	if rep.Pool, err = r.measurePoolMemory(ctx); err != nil {
+		return nil, err
+	}
 	return rep, nil
 }
 

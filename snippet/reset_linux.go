@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // resetTimeout bounds how long Reset waits for killed processes to go.
@@ -34,8 +36,15 @@ const resetTimeout = 5 * time.Second
 // What Reset does not undo is documented with Agent.CleanDirs, and in
 // docs/ARCHITECTURE.md ("What a sandbox can hold, and how a reset clears
 // it").
-func (a *Agent) Reset(ctx context.Context) error {
+func (a *Agent) Reset(ctx context.Context) (err error) {
 	a.init()
+	defer func() {
+		if err == nil {
+			// As a new sandbox's agent does when it starts: the first call
+			// after a reset (a pooled sandbox's first user) finds its spare.
+			a.refill(wire.LanguagePython, a.SpareLimits)
+		}
+	}()
 	a.calls.Lock()
 	defer a.calls.Unlock()
 	// Spares being started (by the last call) may have started with the
