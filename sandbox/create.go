@@ -101,9 +101,13 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err != nil {
 		return nil, err
 	}
+	sh, err := m.shapeOf(spec, img.ManifestDigest)
+	if err != nil {
+		return nil, err
+	}
 	rec := &record.Record{Name: spec.Name, ID: runtime.NewID(), Image: spec.Image, Manifest: img.ManifestDigest,
 		Network: string(spec.Network), Platform: spec.Platform, Limits: recordLimits(spec.Limits), State: record.Creating,
-		Created: time.Now().UTC(), Shape: shapeOf(spec, img.ManifestDigest).key()}
+		Created: time.Now().UTC(), Shape: sh.key()}
 	if spec.Ephemeral {
 		if rec.Owner, err = record.Self(); err != nil {
 			return nil, fmt.Errorf("create sandbox %q: %w", spec.Name, err)

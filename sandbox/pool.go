@@ -63,7 +63,11 @@ func (m *Manager) Acquire(ctx context.Context, spec Spec) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	key := shapeOf(spec, img.ManifestDigest).key()
+	sh, err := m.shapeOf(spec, img.ManifestDigest)
+	if err != nil {
+		return nil, err
+	}
+	key := sh.key()
 	idle := m.pooled(key)
 	cfg := m.readPool(key)
 	for i, rec := range idle {

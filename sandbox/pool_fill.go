@@ -95,7 +95,10 @@ func (m *Manager) FillPool(ctx context.Context, spec Spec, o PoolOptions, parall
 	if err != nil {
 		return nil, err
 	}
-	sh := shapeOf(spec, img.ManifestDigest)
+	sh, err := m.shapeOf(spec, img.ManifestDigest)
+	if err != nil {
+		return nil, err
+	}
 	key := sh.key()
 	if o.IdleTimeout == 0 {
 		o.IdleTimeout = DefaultIdleTimeout
@@ -164,8 +167,9 @@ func (m *Manager) makePooled(ctx context.Context, spec Spec, key string) error {
 	}
 	if rec.Shape != key {
 		// The image's reference now names another manifest than the one
-		// the pool was filled with.
-		return errors.Join(fmt.Errorf("image %s is now manifest %s, not the pool's %s: fill the pool again", spec.Image, rec.Manifest, key), m.destroy(ctx, rec))
+		// the pool was filled with, or flmbox's agent was replaced.
+		return errors.Join(fmt.Errorf("pool %s: the sandboxes %s makes now are of another shape (its reference names another manifest, now %s, or flmbox was upgraded): %w",
+			key, spec.Image, rec.Manifest, errdefs.ErrFailedPrecondition), m.destroy(ctx, rec))
 	}
 	return m.park(ctx, rec)
 }

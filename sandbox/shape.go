@@ -35,14 +35,27 @@ type shape struct {
 	Pip      []string      `json:"pip,omitempty"`
 	Mounts   []Mount       `json:"mounts,omitempty"`
 	Protocol int           `json:"protocol"`
+	// Agent identifies the agent binary (its size and modification time):
+	// a sandbox runs the agent it was made with, so a pool never hands out
+	// one of an earlier build.
+	Agent string `json:"agent"`
 }
 
 // shapeOf is the shape of the sandboxes spec (its defaults filled in) makes
-// from the image whose manifest is manifest.
-func shapeOf(spec Spec, manifest string) shape {
+// from the image whose manifest is manifest with the Manager's agent.
+func (m *Manager) shapeOf(spec Spec, manifest string) (shape, error) {
+	agent, err := m.Agent()
+	if err != nil {
+		return shape{}, err
+	}
+	fi, err := os.Stat(agent)
+	if err != nil {
+		return shape{}, fmt.Errorf("agent: %w", err)
+	}
 	return shape{Manifest: manifest, Network: string(spec.Network), Platform: spec.Platform,
 		Limits: recordLimits(spec.Limits), TmpBytes: spec.TmpBytes, Env: spec.Env, Pip: spec.Pip,
-		Mounts: spec.Mounts, Protocol: wire.ProtocolVersion}
+		Mounts: spec.Mounts, Protocol: wire.ProtocolVersion,
+		Agent: fmt.Sprintf("%d-%d", fi.Size(), fi.ModTime().UnixNano())}, nil
 }
 
 // key names the shape: 16 hex digits of the SHA-256 of its JSON.
@@ -103,9 +116,12 @@ func (m *Manager) readPool(key string) *poolConfig {
 		return nil
 	}
 	c := &poolConfig{}
-	if json.Unmarshal(b, c) != nil || c.Shape.key() != key {
-		m.o.warnf("pool %s: its settings are damaged: ignoring them (flmbox pool fill sets them again)", key)
+	if err := json.Unmarshal(b, c); err != nil {
+		m.o.warnf("pool %s: its settings are damaged (%v): ignoring them (flmbox pool fill sets them again)", key, err)
 		return nil
+	}
+	if c.Shape.key() != key {
+		return nil // written by another flmbox, whose shapes hold other fields
 	}
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = DefaultIdleTimeout

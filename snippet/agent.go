@@ -327,6 +327,9 @@ func (a *Agent) answer(ctx context.Context, conn net.Conn, notify func(wire.Even
 		a.attach(req.Attach, withPrefix(conn, rest), req.AttachError != "")
 		return req, nil, false
 	}
+	if req.Copy != nil && req.Validate() == nil {
+		return req, a.copy(ctx, req.Copy, withPrefix(conn, rest)), false
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	if uc, ok := conn.(*net.UnixConn); ok {

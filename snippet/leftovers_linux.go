@@ -112,6 +112,9 @@ const helperTimeout = 10 * time.Second
 // mqueue filesystem on DIR and sends its root, open, as an SCM_RIGHTS
 // message on file descriptor 3.
 func RunHelper(args []string) error {
+	if len(args) > 0 && strings.HasPrefix(args[0], "copy-") {
+		return copyHelper(args)
+	}
 	if len(args) != 2 || args[0] != "mqueue" {
 		return fmt.Errorf("reset helper: want mqueue DIR, got %q", args)
 	}

@@ -122,6 +122,9 @@ type Request struct {
 	Attach      string `json:"attach,omitempty"`
 	AttachError string `json:"attach_error,omitempty"`
 	Standby     bool   `json:"standby,omitempty"`
+	// Copy, if set, makes the request a copy of files into or out of the
+	// sandbox (see Copy); its other fields but Version are ignored.
+	Copy *Copy `json:"copy,omitempty"`
 }
 
 // CallbackSocketEnv names the variable that holds the path, inside the
@@ -330,6 +333,9 @@ type Result struct {
 	// Callbacks counts the call's callback connections, for a call with a
 	// Callback.
 	Callbacks *CallbackStats `json:"callbacks,omitempty"`
+	// Copied counts what a Copy request copied (set by an agent that
+	// copies, even when it fails: Error).
+	Copied *CopyStats `json:"copied,omitempty"`
 	// DurationMS is the wall time of the snippet's process, from its start
 	// to its exit, in milliseconds.
 	DurationMS float64 `json:"duration_ms"`
@@ -356,6 +362,9 @@ func (r *Request) validate() error {
 	}
 	if r.Ping {
 		return nil // its other fields are ignored
+	}
+	if r.Copy != nil {
+		return r.Copy.validate()
 	}
 	maxCode := MaxCodeSize
 	switch r.Language {

@@ -65,6 +65,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			runCommand(),
 			sandboxCommand(),
 			poolCommand(),
+			cpCommand(),
 			doctorCommand(),
 			pipcacheCommand(),
 			benchCommand(),

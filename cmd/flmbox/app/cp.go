@@ -1,0 +1,124 @@
+package app
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/docker/go-units"
+	"github.com/urfave/cli/v2"
+
+	"github.com/flmbox/flmbox/internal/names"
+	"github.com/flmbox/flmbox/internal/safetar"
+	"github.com/flmbox/flmbox/sandbox"
+	"github.com/flmbox/flmbox/snippet/wire"
+)
+
+func cpCommand() *cli.Command {
+	return &cli.Command{
+		Name: "cp",
+		Usage: "copy files between a sandbox and the host, as docker cp does: into the sandbox only under /tmp, as its " +
+			"user; links are copied as links, never followed",
+		ArgsUsage: "SRC NAME:DST | NAME:SRC DST  (- for a tar stream on stdin or stdout)",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "max-size", Value: units.BytesSize(wire.DefaultCopyBytes), Usage: "the most bytes of files one copy carries"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 2 {
+				return fmt.Errorf("cp takes SRC and DST, one of them NAME:PATH in a sandbox; got %q", c.Args().Slice())
+			}
+			max, err := parseSize("--max-size", c.String("max-size"))
+			if err != nil {
+				return err
+			}
+			src, dst := c.Args().Get(0), c.Args().Get(1)
+			sname, spath, sIn := splitSandboxPath(src)
+			dname, dpath, dIn := splitSandboxPath(dst)
+			if sIn == dIn {
+				return fmt.Errorf("cp copies between a sandbox and the host: give one of SRC and DST as NAME:PATH (a host path with ':' in it: write it ./PATH)")
+			}
+			m, err := openManager(c)
+			if err != nil {
+				return err
+			}
+			o := sandbox.CopyOptions{MaxBytes: max}
+			if dIn {
+				return copyIn(c, m, src, dname, dpath, o)
+			}
+			return copyOut(c, m, sname, spath, dst, o)
+		},
+	}
+}
+
+// splitSandboxPath splits NAME:PATH; ok is false for a host path (no ':'
+// before the first '/', as docker reads it).
+func splitSandboxPath(arg string) (name, p string, ok bool) {
+	name, p, ok = strings.Cut(arg, ":")
+	if !ok || strings.Contains(name, "/") || !names.Valid(name, 64) {
+		return "", "", false
+	}
+	return name, p, true
+}
+
+// copyIn copies host path src ("-": a tar stream on stdin) into sandbox
+// name at dst.
+func copyIn(c *cli.Context, m *sandbox.Manager, src, name, dst string, o sandbox.CopyOptions) error {
+	if !strings.HasPrefix(dst, "/") {
+		return fmt.Errorf("cp: the path in the sandbox, %q, must be absolute (under /tmp)", dst)
+	}
+	if src == "-" {
+		if !strings.HasSuffix(dst, "/") {
+			dst += "/" // a stream goes into a directory
+		}
+		return m.CopyIn(c.Context, name, dst, os.Stdin, o)
+	}
+	if _, err := os.Lstat(src); err != nil {
+		return fmt.Errorf("cp: %w", err)
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		pw.CloseWithError(safetar.Archive(pw, filepath.Clean(src), filepath.Base(filepath.Clean(src)), o.MaxBytes))
+	}()
+	err := m.CopyIn(c.Context, name, dst, pr, o)
+	pr.CloseWithError(errors.New("copy ended"))
+	return err
+}
+
+// copyOut copies src of sandbox name to host path dst ("-": a tar stream
+// on stdout): into dst if it is a directory, else as dst, whose directory
+// must exist.
+func copyOut(c *cli.Context, m *sandbox.Manager, name, src, dst string, o sandbox.CopyOptions) error {
+	if !strings.HasPrefix(src, "/") {
+		return fmt.Errorf("cp: the path in the sandbox, %q, must be absolute", src)
+	}
+	var dir *os.File
+	top := ""
+	if dst != "-" {
+		var err error
+		if fi, serr := os.Stat(dst); serr == nil && fi.IsDir() {
+			dir, err = os.Open(dst)
+		} else if strings.HasSuffix(dst, "/") {
+			return fmt.Errorf("cp: %s is not a directory", dst)
+		} else {
+			dir, err = os.Open(filepath.Dir(filepath.Clean(dst)))
+			top = filepath.Base(filepath.Clean(dst))
+		}
+		if err != nil {
+			return fmt.Errorf("cp: %w", err)
+		}
+		defer dir.Close()
+	}
+	rc, err := m.CopyOut(c.Context, name, src, o)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	if dir == nil {
+		_, err = io.Copy(c.App.Writer, rc)
+		return err
+	}
+	return safetar.Extract(dir, rc, safetar.Options{MaxBytes: o.MaxBytes, Top: top})
+}

@@ -1,0 +1,126 @@
+package safetar
+
+import (
+	"archive/tar"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Archive writes p to w as a tar stream whose top-level entry is named
+// name: a regular file, a symbolic link (as a link: never followed) or a
+// directory and everything below it, walked without following a link (a
+// link inside the tree is archived as a link). The directories leading to p
+// are resolved as the caller's own open would. FIFOs, sockets and devices
+// are left out. The files' contents together may be at most maxBytes (0: no
+// bound): past it, Archive fails with ErrTooLarge.
+func Archive(w io.Writer, p, name string, maxBytes int64) error {
+	dir, err := os.Open(filepath.Dir(p))
+	if err != nil {
+		return fmt.Errorf("archive %s: %w", p, err)
+	}
+	defer dir.Close()
+	a := &archiver{tw: tar.NewWriter(w), max: maxBytes}
+	if err := a.add(dir, filepath.Base(p), name); err != nil {
+		return fmt.Errorf("archive %s: %w", p, err)
+	}
+	return a.tw.Close()
+}
+
+type archiver struct {
+	tw         *tar.Writer
+	max, total int64
+}
+
+// add archives entry base of dir as name.
+func (a *archiver) add(dir *os.File, base, name string) error {
+	var st unix.Stat_t
+	if err := unix.Fstatat(int(dir.Fd()), base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	mtime := time.Unix(st.Mtim.Sec, st.Mtim.Nsec)
+	hdr := &tar.Header{Name: name, Mode: int64(st.Mode & 0o1777), ModTime: mtime, Format: tar.FormatPAX}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFLNK:
+		target, err := readlinkat(dir, base)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, target
+		return a.tw.WriteHeader(hdr)
+	case unix.S_IFREG:
+		return a.file(dir, base, hdr)
+	case unix.S_IFDIR:
+		sub, err := openDir(dir, base)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		defer sub.Close()
+		hdr.Typeflag, hdr.Name = tar.TypeDir, name+"/"
+		if err := a.tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		names, err := sub.Readdirnames(-1)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			if err := a.add(sub, n, name+"/"+n); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return nil // a FIFO, socket or device: left out
+}
+
+// file archives the regular file base of dir, opened without following a
+// link (it may have been replaced since it was listed).
+func (a *archiver) file(dir *os.File, base string, hdr *tar.Header) error {
+	fd, err := unix.Openat(int(dir.Fd()), base, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("%s: %w", hdr.Name, err)
+	}
+	f := os.NewFile(uintptr(fd), base)
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("%s: %w", hdr.Name, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil // replaced by something else meanwhile
+	}
+	if a.max > 0 && a.total+st.Size > a.max {
+		return fmt.Errorf("%s: the files are over %d bytes: %w", hdr.Name, a.max, ErrTooLarge)
+	}
+	a.total += st.Size
+	hdr.Typeflag, hdr.Size = tar.TypeReg, st.Size
+	if err := a.tw.WriteHeader(hdr); err != nil {
+		return err
+	}
+	n, err := io.CopyN(a.tw, f, st.Size)
+	if errors.Is(err, io.EOF) {
+		return fmt.Errorf("%s: it shrank while being copied (%d of %d bytes)", hdr.Name, n, st.Size)
+	}
+	return err
+}
+
+func readlinkat(dir *os.File, name string) (string, error) {
+	for size := 256; ; size *= 2 {
+		buf := make([]byte, size)
+		n, err := unix.Readlinkat(int(dir.Fd()), name, buf)
+		if err != nil {
+			return "", err
+		}
+		if n < size {
+			return string(buf[:n]), nil
+		}
+	}
+}

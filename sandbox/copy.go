@@ -1,0 +1,107 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"strings"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/flmbox/flmbox/sandbox/record"
+	"github.com/flmbox/flmbox/snippet/wire"
+)
+
+// CopyOptions bound a copy.
+type CopyOptions struct {
+	// MaxBytes bounds the files' contents together (0:
+	// wire.DefaultCopyBytes, 1 GiB; at most wire.MaxCopyBytes).
+	MaxBytes int64
+}
+
+// CopyIn extracts the tar stream r into sandbox name at dst, as the
+// sandbox's user, through its agent (no runsc exec): dst must be under
+// /tmp. If dst is a directory (or ends with "/": then it must be one) the
+// stream's entries go into it; otherwise the stream's one top-level entry
+// is written as dst. No link in the sandbox is followed: a path that goes
+// through one (a snippet may have replaced any path under /tmp) is
+// refused, and nothing is written there. Only directories, regular files
+// and symbolic links are copied; modes are kept, set-ID bits and owners are
+// not. A copy that fails part way leaves what it wrote.
+func (m *Manager) CopyIn(ctx context.Context, name, dst string, r io.Reader, o CopyOptions) error {
+	into := strings.HasSuffix(dst, "/") && dst != "/"
+	c := &wire.Copy{Op: wire.CopyIn, Path: path.Clean(dst), Into: into, MaxBytes: o.MaxBytes}
+	res, err := m.copy(ctx, name, c, r, nil)
+	if err != nil {
+		return err
+	}
+	if res.Error != "" {
+		return fmt.Errorf("copy into sandbox %q at %s: %s: %w", name, dst, res.Error, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// CopyOut returns src of sandbox name as a tar stream, read as the
+// sandbox's user through its agent: src may be anything that user can
+// read (a file, a link, a directory tree), named by its base name in the
+// stream. Links are archived as links, never followed. A failure part way
+// is the error of the stream's Read; Close ends the copy.
+func (m *Manager) CopyOut(ctx context.Context, name, src string, o CopyOptions) (io.ReadCloser, error) {
+	rec, err := m.copyable(name)
+	if err != nil {
+		return nil, err
+	}
+	c := &wire.Copy{Op: wire.CopyOut, Path: path.Clean(src), MaxBytes: o.MaxBytes}
+	if err := (&wire.Request{Version: wire.ProtocolVersion, Copy: c}).Validate(); err != nil {
+		return nil, err
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		res, err := copyWith(ctx, rec, c, nil, pw)
+		if err == nil && res.Error != "" {
+			err = fmt.Errorf("copy %s out of sandbox %q: %s: %w", src, name, res.Error, errdefs.ErrInvalidArgument)
+		}
+		pw.CloseWithError(err)
+	}()
+	return pr, nil
+}
+
+// copyable reads the record of sandbox name, if it takes calls.
+func (m *Manager) copyable(name string) (*record.Record, error) {
+	rec, err := record.Read(m.root, name)
+	if err != nil {
+		return nil, err
+	}
+	if err := rec.Callable(); err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
+// copy runs c on sandbox name.
+func (m *Manager) copy(ctx context.Context, name string, c *wire.Copy, r io.Reader, w io.Writer) (*wire.Result, error) {
+	rec, err := m.copyable(name)
+	if err != nil {
+		return nil, err
+	}
+	return copyWith(ctx, rec, c, r, w)
+}
+
+func copyWith(ctx context.Context, rec *record.Record, c *wire.Copy, r io.Reader, w io.Writer) (*wire.Result, error) {
+	conn, err := rec.Dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	rec.Touch()
+	res, err := wire.CopyConn(ctx, conn, c, r, w)
+	if errors.Is(err, wire.ErrNoCopy) {
+		return nil, fmt.Errorf("sandbox %q: %w", rec.Name, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("copy: sandbox %q: %w", rec.Name, err)
+	}
+	return res, nil
+}

@@ -1,0 +1,219 @@
+package wire
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+)
+
+// Copy operations.
+const (
+	// CopyIn extracts a tar stream that the client sends into Path.
+	CopyIn = "in"
+	// CopyOut sends Path as a tar stream to the client.
+	CopyOut = "out"
+)
+
+// Bounds of a Copy.
+const (
+	// DefaultCopyBytes bounds a copy's files' contents when MaxBytes is 0.
+	DefaultCopyBytes = 1 << 30
+	// MaxCopyBytes is the largest MaxBytes.
+	MaxCopyBytes = 64 << 30
+	// maxFrame is the largest frame of a copy's stream.
+	maxFrame = 1 << 20
+	// CopyTimeout bounds a whole copy.
+	CopyTimeout = 30 * time.Minute
+)
+
+// Copy asks the agent to copy files into the sandbox or out of it (flmbox
+// cp), as the snippets' user, without following a link a snippet planted
+// (see package internal/safetar).
+//
+// After the request, the tar stream goes on the connection in frames: a
+// frame is the byte 'D', a 4-byte big-endian length (at most 1 MiB) and
+// that many bytes; the byte 'E' ends the stream. For CopyIn the client
+// sends the frames, then reads the Result; for CopyOut the agent sends the
+// frames, then the Result. A Result may come first (a refused request: it
+// starts with '{'); it carries Copied, which an agent that cannot copy does
+// not set.
+type Copy struct {
+	// Op is CopyIn or CopyOut.
+	Op string `json:"op"`
+	// Path is absolute and clean. CopyIn: where the stream's top-level
+	// entry goes: into Path if it is a directory, else as Path (its parent
+	// must be one); the agent takes only paths under its copy directory
+	// (/tmp). CopyOut: what is copied out (a file, a link or a directory
+	// tree), named by its base name in the stream.
+	Path string `json:"path"`
+	// Into says, for CopyIn, that Path must be a directory, and that the
+	// stream is extracted into it as it is (several top-level entries).
+	Into bool `json:"into,omitempty"`
+	// MaxBytes bounds the files' contents together (0: DefaultCopyBytes).
+	MaxBytes int64 `json:"max_bytes,omitempty"`
+}
+
+// CopyStats counts what a copy carried.
+type CopyStats struct {
+	Bytes int64 `json:"bytes"` // of the tar stream
+}
+
+func (c *Copy) validate() error {
+	switch {
+	case c.Op != CopyIn && c.Op != CopyOut:
+		return fmt.Errorf("copy %q: want %s or %s", c.Op, CopyIn, CopyOut)
+	case !strings.HasPrefix(c.Path, "/") || path.Clean(c.Path) != c.Path || strings.IndexByte(c.Path, 0) >= 0:
+		return fmt.Errorf("copy path %q: want an absolute, clean path", c.Path)
+	case c.MaxBytes < 0 || c.MaxBytes > MaxCopyBytes:
+		return fmt.Errorf("copy max bytes %d: want 0 (the default, %d) up to %d", c.MaxBytes, DefaultCopyBytes, int64(MaxCopyBytes))
+	}
+	return nil
+}
+
+// Limit is MaxBytes with its default filled in.
+func (c *Copy) Limit() int64 {
+	if c.MaxBytes == 0 {
+		return DefaultCopyBytes
+	}
+	return c.MaxBytes
+}
+
+// ErrNoCopy is in the error of a copy to an agent that cannot copy.
+var ErrNoCopy = fmt.Errorf("the sandbox's agent cannot copy files: %w", ErrProtocolVersion)
+
+// CopyConn runs a Copy request on conn, a connection from Dial: for
+// CopyIn it sends the tar stream read from r, for CopyOut it writes the
+// stream to w. It returns the agent's Result, whose Error says why a copy
+// failed on the agent's side. It does not close conn.
+func CopyConn(ctx context.Context, conn *os.File, c *Copy, r io.Reader, w io.Writer) (*Result, error) {
+	req := &Request{Version: ProtocolVersion, Copy: c}
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	conn.SetDeadline(time.Now().Add(CopyTimeout))
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	enc := json.NewEncoder(conn)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(req); err != nil {
+		return nil, agentGone("send the request", err)
+	}
+	br := bufio.NewReaderSize(conn, 64<<10)
+	var res *Result
+	var err error
+	if c.Op == CopyIn {
+		sent := make(chan error, 1)
+		go func() { sent <- writeFrames(conn, r) }()
+		res, err = readCopyResult(br)
+		serr := <-sent
+		if err == nil && res.Error == "" && serr != nil {
+			err = fmt.Errorf("send the archive: %w", serr)
+		}
+	} else {
+		var first byte
+		if first, err = br.ReadByte(); err == nil {
+			br.UnreadByte()
+			if first != '{' {
+				err = readFrames(br, w)
+			}
+			if err == nil {
+				res, err = readCopyResult(br)
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("copy: %w", context.Cause(ctx))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// readCopyResult reads the Result of a copy.
+func readCopyResult(r io.Reader) (*Result, error) {
+	var res Result
+	if err := json.NewDecoder(io.LimitReader(r, 64<<10)).Decode(&res); err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, fmt.Errorf("the sandbox's agent did not finish the copy within %s: %w", CopyTimeout, errdefs.ErrUnavailable)
+		}
+		return nil, agentGone("read the answer", err)
+	}
+	if res.Version != ProtocolVersion || res.Copied == nil {
+		return nil, ErrNoCopy
+	}
+	return &res, nil
+}
+
+// writeFrames sends r as frames, then the end of the stream.
+func writeFrames(w io.Writer, r io.Reader) error {
+	bw := bufio.NewWriterSize(w, maxFrame+5)
+	buf := make([]byte, maxFrame)
+	for {
+		n, err := io.ReadFull(r, buf)
+		if n > 0 {
+			var hdr [5]byte
+			hdr[0] = 'D'
+			binary.BigEndian.PutUint32(hdr[1:], uint32(n))
+			bw.Write(hdr[:])
+			if _, werr := bw.Write(buf[:n]); werr != nil {
+				return werr
+			}
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			break
+		}
+		if err != nil {
+			return err // no end: the agent fails the copy
+		}
+	}
+	bw.WriteByte('E')
+	return bw.Flush()
+}
+
+// WriteFrames is writeFrames for the agent's side of a CopyOut.
+func WriteFrames(w io.Writer, r io.Reader) error { return writeFrames(w, r) }
+
+// readFrames writes the frames read from r to w until the end of the
+// stream.
+func readFrames(r *bufio.Reader, w io.Writer) error {
+	for {
+		tag, err := r.ReadByte()
+		if err != nil {
+			return agentGone("read the archive", err)
+		}
+		switch tag {
+		case '\n':
+			continue // what ends the request's JSON line
+		case 'E':
+			return nil
+		case 'D':
+		default:
+			return fmt.Errorf("read the archive: a frame starts with %q", tag)
+		}
+		var n [4]byte
+		if _, err := io.ReadFull(r, n[:]); err != nil {
+			return agentGone("read the archive", err)
+		}
+		size := binary.BigEndian.Uint32(n[:])
+		if size > maxFrame {
+			return fmt.Errorf("read the archive: a frame of %d bytes, over %d", size, maxFrame)
+		}
+		if _, err := io.CopyN(w, r, int64(size)); err != nil {
+			return fmt.Errorf("read the archive: %w", err)
+		}
+	}
+}
+
+// ReadFrames is readFrames for the agent's side of a CopyIn.
+func ReadFrames(r *bufio.Reader, w io.Writer) error { return readFrames(r, w) }
