@@ -328,7 +328,7 @@ func (a *Agent) answer(ctx context.Context, conn net.Conn, notify func(wire.Even
 		return req, nil, false
 	}
 	if req.Copy != nil && req.Validate() == nil {
-		return req, a.copy(ctx, req.Copy, withPrefix(conn, rest)), false
+		return req, a.copy(ctx, req.Copy, conn, rest), false
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)

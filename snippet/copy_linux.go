@@ -33,8 +33,9 @@ import (
 // stream has ended.
 const copyHelperGrace = 10 * time.Second
 
-// copy answers a Copy request on conn, whose stream follows the request.
-func (a *Agent) copy(ctx context.Context, c *wire.Copy, conn net.Conn) *wire.Result {
+// copy answers a Copy request on conn, whose stream follows the request
+// (rest: what was read of it already).
+func (a *Agent) copy(ctx context.Context, c *wire.Copy, conn net.Conn, rest []byte) *wire.Result {
 	// As a call: a reset waits for it (nothing is copied into a sandbox
 	// after its reset), and no sweep of strays kills its helper.
 	a.calls.RLock()
@@ -61,56 +62,52 @@ func (a *Agent) copy(ctx context.Context, c *wire.Copy, conn net.Conn) *wire.Res
 		}
 		args = append(args, "copy-out", c.Path, strconv.FormatInt(c.Limit(), 10))
 	}
-	var stderr bytes.Buffer
-	cmd := &exec.Cmd{Path: exe, Args: args, Dir: "/", Env: []string{}, Stderr: &limitedBuffer{buf: &stderr, n: 4096}}
+	// The helper reads or writes the stream on the connection itself (fd
+	// 3): a copy through the agent would cost a pipe and a process switch
+	// per chunk. What the agent read past the request comes first, through
+	// a pipe (fd 4); the helper writes the stream's size on its stdout.
+	connFile, err := fileOf(conn)
+	if err != nil {
+		return fail(fmt.Errorf("copy: %w", err))
+	}
+	defer connFile.Close()
+	restR, restW, err := os.Pipe()
+	if err != nil {
+		return fail(fmt.Errorf("copy: %w", err))
+	}
+	var stderr, stdout bytes.Buffer
+	cmd := &exec.Cmd{Path: exe, Args: args, Dir: "/", Env: []string{}, ExtraFiles: []*os.File{connFile, restR},
+		Stdout: &limitedBuffer{buf: &stdout, n: 64}, Stderr: &limitedBuffer{buf: &stderr, n: 4096}}
 	if cred := a.User.credential(); cred != nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	}
-	counter := &countWriter{}
-	var streamErr error
-	if c.Op == wire.CopyIn {
-		in, err := cmd.StdinPipe()
-		if err != nil {
-			return fail(fmt.Errorf("copy: %w", err))
-		}
-		if err := cmd.Start(); err != nil {
-			return fail(fmt.Errorf("copy: start its helper: %w", err))
-		}
-		conn.SetReadDeadline(time.Now().Add(wire.CopyTimeout))
-		streamErr = wire.ReadFrames(bufio.NewReaderSize(conn, 64<<10), io.MultiWriter(in, counter))
-		in.Close()
-	} else {
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			return fail(fmt.Errorf("copy: %w", err))
-		}
-		if err := cmd.Start(); err != nil {
-			return fail(fmt.Errorf("copy: start its helper: %w", err))
-		}
-		conn.SetWriteDeadline(time.Now().Add(wire.CopyTimeout))
-		streamErr = wire.WriteFrames(conn, io.TeeReader(out, counter))
+	pid, err := startChild(cmd) // registered: the reaper leaves it to Wait
+	restR.Close()
+	if err != nil {
+		restW.Close()
+		return fail(fmt.Errorf("copy: start its helper: %w", err))
 	}
-	if streamErr != nil {
-		cmd.Process.Kill()
-	}
+	restW.Write(rest) // at most the request's buffer: within the pipe's
+	restW.Close()
 	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	go func() {
+		err := cmd.Wait()
+		forgetChild(pid)
+		done <- err
+	}()
 	var waitErr error
 	select {
 	case waitErr = <-done:
-	case <-time.After(copyHelperGrace):
+	case <-time.After(wire.CopyTimeout):
 		cmd.Process.Kill()
 		waitErr = <-done
 	case <-ctx.Done():
 		cmd.Process.Kill()
 		waitErr = <-done
 	}
-	res.Copied.Bytes = counter.n
+	res.Copied.Bytes, _ = strconv.ParseInt(strings.TrimSpace(stdout.String()), 10, 64)
 	if msg := strings.TrimSpace(stderr.String()); waitErr != nil && msg != "" {
 		return fail(errors.New(msg))
-	}
-	if streamErr != nil {
-		return fail(fmt.Errorf("copy: %w", streamErr))
 	}
 	if waitErr != nil {
 		return fail(fmt.Errorf("copy: %w", waitErr))
@@ -118,24 +115,48 @@ func (a *Agent) copy(ctx context.Context, c *wire.Copy, conn net.Conn) *wire.Res
 	return res
 }
 
+// fileOf returns a duplicate of conn's socket, blocking.
+func fileOf(conn net.Conn) (*os.File, error) {
+	uc, ok := conn.(*net.UnixConn)
+	if !ok {
+		return nil, fmt.Errorf("a connection of type %T", conn)
+	}
+	return uc.File()
+}
+
 // copyHelper runs a copy in the helper process: "copy-in ROOT PATH INTO
 // MAX" extracts the tar stream on stdin; "copy-out PATH MAX" writes PATH's
 // stream to stdout.
 func copyHelper(args []string) error {
+	// The helper runs as the snippets' user: no snippet may trace it.
+	unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+	conn := os.NewFile(3, "connection")
+	rest := os.NewFile(4, "rest")
+	counter := &countWriter{}
+	defer func() { fmt.Println(counter.n) }()
 	switch {
 	case len(args) == 5 && args[0] == "copy-in":
 		max, err := strconv.ParseInt(args[4], 10, 64)
 		if err != nil {
 			return err
 		}
-		return copyIn(args[1], args[2], args[3] == "true", max, os.Stdin)
+		stream := wire.FrameReader(bufio.NewReaderSize(io.MultiReader(rest, conn), 1<<20))
+		if err := copyIn(args[1], args[2], args[3] == "true", max, io.TeeReader(stream, counter)); err != nil {
+			return err
+		}
+		_, err = io.Copy(io.Discard, stream) // tar's zero blocks and padding: up to the end
+		return err
 	case len(args) == 3 && args[0] == "copy-out":
 		max, err := strconv.ParseInt(args[2], 10, 64)
 		if err != nil {
 			return err
 		}
 		p := args[1]
-		return safetar.Archive(os.Stdout, p, filepath.Base(p), max)
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(safetar.Archive(pw, p, filepath.Base(p), max)) }()
+		err = wire.WriteFrames(conn, io.TeeReader(pr, counter))
+		pr.CloseWithError(errors.New("the copy ended"))
+		return err
 	}
 	return fmt.Errorf("copy helper: want copy-in ROOT PATH INTO MAX or copy-out PATH MAX, got %q", args)
 }

@@ -192,14 +192,25 @@ func openParents(dir *os.File, comps []string) (*os.File, error) {
 }
 
 // openDir opens directory name in dir without following a link: a link
-// fails with a clear error.
+// fails with a clear error. It does not use O_DIRECTORY: gVisor follows a
+// link opened with O_DIRECTORY|O_NOFOLLOW (Linux fails with ELOOP), so the
+// type is checked on the open file instead.
 func openDir(dir *os.File, name string) (*os.File, error) {
-	fd, err := unix.Openat(int(dir.Fd()), name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
-		return nil, fmt.Errorf("%s is a symbolic link or not a directory: refusing to go through it: %w", name, errdefs.ErrInvalidArgument)
+	fd, err := unix.Openat(int(dir.Fd()), name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ELOOP) {
+		return nil, fmt.Errorf("%s is a symbolic link: refusing to go through it: %w", name, errdefs.ErrInvalidArgument)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", name, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("open %s: %w", name, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%s is not a directory: refusing to go through it: %w", name, errdefs.ErrInvalidArgument)
 	}
 	return os.NewFile(uintptr(fd), name), nil
 }

@@ -88,6 +88,10 @@ func (c *Copy) Limit() int64 {
 	return c.MaxBytes
 }
 
+// errResultFirst is readFrames' error when a Result comes before the end
+// of the stream.
+var errResultFirst = errors.New("a result in place of the stream")
+
 // ErrNoCopy is in the error of a copy to an agent that cannot copy.
 var ErrNoCopy = fmt.Errorf("the sandbox's agent cannot copy files: %w", ErrProtocolVersion)
 
@@ -120,15 +124,10 @@ func CopyConn(ctx context.Context, conn *os.File, c *Copy, r io.Reader, w io.Wri
 			err = fmt.Errorf("send the archive: %w", serr)
 		}
 	} else {
-		var first byte
-		if first, err = br.ReadByte(); err == nil {
-			br.UnreadByte()
-			if first != '{' {
-				err = readFrames(br, w)
-			}
-			if err == nil {
-				res, err = readCopyResult(br)
-			}
+		// The Result comes after the stream, or in its place if the agent
+		// refused the copy or failed while sending it.
+		if err = readFrames(br, w); err == nil || errors.Is(err, errResultFirst) {
+			res, err = readCopyResult(br)
 		}
 	}
 	if ctx.Err() != nil {
@@ -198,6 +197,9 @@ func readFrames(r *bufio.Reader, w io.Writer) error {
 		case 'E':
 			return nil
 		case 'D':
+		case '{':
+			r.UnreadByte()
+			return errResultFirst
 		default:
 			return fmt.Errorf("read the archive: a frame starts with %q", tag)
 		}
@@ -217,3 +219,52 @@ func readFrames(r *bufio.Reader, w io.Writer) error {
 
 // ReadFrames is readFrames for the agent's side of a CopyIn.
 func ReadFrames(r *bufio.Reader, w io.Writer) error { return readFrames(r, w) }
+
+// FrameReader returns a reader of the stream carried by the frames read
+// from r: it reads EOF at the end of the stream, and an error if r ends
+// first.
+func FrameReader(r *bufio.Reader) io.Reader { return &frameReader{r: r} }
+
+type frameReader struct {
+	r    *bufio.Reader
+	left uint32 // of the current frame
+	end  bool
+}
+
+func (f *frameReader) Read(p []byte) (int, error) {
+	for f.left == 0 {
+		if f.end {
+			return 0, io.EOF
+		}
+		tag, err := f.r.ReadByte()
+		if err != nil {
+			return 0, agentGone("read the archive", err)
+		}
+		switch tag {
+		case '\n':
+			continue
+		case 'E':
+			f.end = true
+			continue
+		case 'D':
+		default:
+			return 0, fmt.Errorf("read the archive: a frame starts with %q", tag)
+		}
+		var n [4]byte
+		if _, err := io.ReadFull(f.r, n[:]); err != nil {
+			return 0, agentGone("read the archive", err)
+		}
+		if f.left = binary.BigEndian.Uint32(n[:]); f.left > maxFrame {
+			return 0, fmt.Errorf("read the archive: a frame of %d bytes, over %d", f.left, maxFrame)
+		}
+	}
+	if uint32(len(p)) > f.left {
+		p = p[:f.left]
+	}
+	n, err := f.r.Read(p)
+	f.left -= uint32(n)
+	if err == io.EOF {
+		err = agentGone("read the archive", io.ErrUnexpectedEOF)
+	}
+	return n, err
+}

@@ -120,5 +120,9 @@ func copyOut(c *cli.Context, m *sandbox.Manager, name, src, dst string, o sandbo
 		_, err = io.Copy(c.App.Writer, rc)
 		return err
 	}
-	return safetar.Extract(dir, rc, safetar.Options{MaxBytes: o.MaxBytes, Top: top})
+	if err := safetar.Extract(dir, rc, safetar.Options{MaxBytes: o.MaxBytes, Top: top}); err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, rc) // the end of the stream, and how the copy ended
+	return err
 }
