@@ -38,7 +38,7 @@ func (m *Manager) CopyIn(ctx context.Context, name, dst string, r io.Reader, o C
 		return err
 	}
 	if res.Error != "" {
-		return fmt.Errorf("copy into sandbox %q at %s: %s: %w", name, dst, agentError(res.Error), errdefs.ErrInvalidArgument)
+		return fmt.Errorf("copy into sandbox %q at %s: %s: %w", name, dst, copyMessage(res.Error), errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -61,7 +61,7 @@ func (m *Manager) CopyOut(ctx context.Context, name, src string, o CopyOptions) 
 	go func() {
 		res, err := copyWith(ctx, rec, c, nil, pw)
 		if err == nil && res.Error != "" {
-			err = fmt.Errorf("copy %s out of sandbox %q: %s: %w", src, name, agentError(res.Error), errdefs.ErrInvalidArgument)
+			err = fmt.Errorf("copy %s out of sandbox %q: %s: %w", src, name, copyMessage(res.Error), errdefs.ErrInvalidArgument)
 		}
 		pw.CloseWithError(err)
 	}()
@@ -106,9 +106,9 @@ func copyWith(ctx context.Context, rec *record.Record, c *wire.Copy, r io.Reader
 	return res, nil
 }
 
-// agentError is the agent's message of a failed copy without its program's
+// copyMessage is the agent's message of a failed copy without its program's
 // name and its kind, which the error adds again.
-func agentError(msg string) string {
+func copyMessage(msg string) string {
 	msg = strings.TrimPrefix(msg, "flmbox-agent: ")
 	for _, kind := range []string{": invalid argument", ": already exists", ": out of range"} {
 		msg = strings.TrimSuffix(msg, kind)
