@@ -23,6 +23,8 @@ type Report struct {
 	Memory  Memory  `json:"memory"`
 	// Pool is an idle pooled sandbox's memory (added for issue 15).
 	Pool PoolMemory `json:"pool"`
+	// Copy is flmbox cp of 100 MiB in and out (added for issue 16).
+	Copy Copy `json:"copy"`
 	// Instance is `flmbox instance` driven as Flame's executor drives it
 	// (added after issue 4).
 	Instance Instance `json:"instance"`
@@ -73,6 +75,16 @@ type Allocation struct {
 	// issue 15; null in reports made before).
 	PooledMS        *Stats `json:"pooled_ms"`
 	PooledReleaseMS *Stats `json:"pooled_release_ms"`
+}
+
+// Copy is whole `flmbox cp` processes carrying a directory with one file
+// of Bytes random bytes into a sandbox's /tmp (InMS) and back out (OutMS),
+// against `tar -c | tar -x` of the same directory on the host (HostTarMS).
+type Copy struct {
+	Bytes     int64 `json:"bytes"`
+	InMS      Stats `json:"in_ms"`
+	OutMS     Stats `json:"out_ms"`
+	HostTarMS Stats `json:"host_tar_ms"`
 }
 
 // PoolMemory is the host memory of one idle pooled sandbox that has served

@@ -135,6 +135,7 @@ func TestJSONKeys(t *testing.T) {
 	want := map[string][]string{
 		"allocation": {"fresh_inprocess_ms", "fresh_ms", "pooled_ms", "pooled_release_ms", "raw_runsc_ms", "retained_ms"},
 		"pool":       {"idle_kib", "idle_rss_kib", "processes"},
+		"copy":       {"bytes", "host_tar_ms", "in_ms", "out_ms"},
 		"batch":      {"parallel", "parallel_s", "serial_s", "snippet_native_s", "snippets"},
 		"prewarm":    {"cold_ms", "cold_stats", "crane_tar_ms", "crane_tar_stats", "hit_ms", "hit_stats"},
 		"memory":     {"bare_runsc_kib", "bare_runsc_processes", "bare_runsc_rss_kib", "sandbox_kib", "sandbox_processes", "sandbox_rss_kib"},
@@ -158,7 +159,7 @@ func TestJSONKeys(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
-	if got := keys(obj); !slices.Equal(got, []string{"allocation", "batch", "callback", "image", "instance", "memory", "pool", "prewarm", "runsc", "settings", "warm"}) {
+	if got := keys(obj); !slices.Equal(got, []string{"allocation", "batch", "callback", "copy", "image", "instance", "memory", "pool", "prewarm", "runsc", "settings", "warm"}) {
 		t.Errorf("top-level keys %v", got)
 	}
 	for path, w := range want {

@@ -53,6 +53,9 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	if err := r.m.Remove(context.WithoutCancel(ctx), warm.Name); err != nil {
 		return nil, err
 	}
+	if rep.Copy, err = r.measureCopy(ctx); err != nil {
+		return nil, err
+	}
 	if rep.Batch, err = r.measureBatch(ctx); err != nil {
 		return nil, err
 	}

@@ -94,6 +94,15 @@ func tableRows(rep *Report) []row {
 		r := &rows[len(rows)-4]
 		r.baseline, r.ratio = "crane export | tar -x "+fmtMS(*p.CraneTarMS), ratio(p.ColdMS, *p.CraneTarMS)
 	}
+	if cp := rep.Copy; cp.InMS.N > 0 {
+		mib := float64(cp.Bytes) / (1 << 20)
+		tput := func(ms float64) string { return fmt.Sprintf("%.0f MiB/s", mib/(ms/1000)) }
+		rows = append(rows,
+			row{fmt.Sprintf("flmbox cp of %.0f MiB into a sandbox", mib), fmtMS(cp.InMS.Median) + " (" + tput(cp.InMS.Median) + ")",
+				"tar | tar on the host " + fmtMS(cp.HostTarMS.Median), ratio(cp.HostTarMS.Median, cp.InMS.Median) + " throughput", "≥ 0.5×", ""},
+			row{"  out of a sandbox", fmtMS(cp.OutMS.Median) + " (" + tput(cp.OutMS.Median) + ")",
+				"tar | tar on the host " + fmtMS(cp.HostTarMS.Median), ratio(cp.HostTarMS.Median, cp.OutMS.Median) + " throughput", "≥ 0.5×", ""})
+	}
 	if pm := rep.Pool; pm.IdleKiB > 0 {
 		rows = append(rows, row{"host memory of an idle pooled sandbox, used once (PSS)", fmtKiB(pm.IdleKiB), "bare runsc sleep " + fmtKiB(m.BareRunscKiB),
 			ratio(float64(pm.IdleKiB), float64(m.BareRunscKiB)), "≤ 1.25×", ""})
