@@ -64,10 +64,12 @@ func (a *Agent) sweepStrays() {
 	defer children.start.Unlock()
 	self := os.Getpid()
 	keep := func(pid, ppid int) bool {
-		switch ppid {
-		case self:
+		switch {
+		case ppid == self:
 			return isChild(pid) // spares, the zygote
-		case zpid:
+		case z != nil && ppid == zpid:
+			// (Without a zygote zpid is 0, the parent gVisor gives the
+			// processes of runsc exec.)
 			_, spare := z.procs[pid]
 			return forking || spare
 		}
