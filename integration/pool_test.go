@@ -730,3 +730,26 @@ func TestPoolDrainExpired(t *testing.T) {
 		t.Errorf("sandboxes left: %v, want %s", sbs, long.Idle[0])
 	}
 }
+
+// TestPoolIdleRefusalAdvice: the refusal of a call to an idle pooled
+// sandbox advises nothing wrong: it is not being created, and if it says to
+// remove the sandbox with sandbox rm, that command removes it.
+func TestPoolIdleRefusalAdvice(t *testing.T) {
+	reg := startRegistry(t)
+	root := poolRoot(t, reg)
+	p := fillPool(t, root, reg.digestRef(), 1)
+	idle := p.Idle[0]
+	res := faultRun(t, root, idle, "print('idle')")
+	if res.code != 125 || !strings.Contains(res.stderr, "idle in a pool") {
+		t.Fatalf("run --sandbox %s, idle in the pool: exit %d\nstdout: %s\nstderr: %s", idle, res.code, res.stdout, res.stderr)
+	}
+	if strings.Contains(res.stderr, "wait until it is created") {
+		t.Errorf("the refusal advises waiting for a sandbox that is not being created:\n%s", res.stderr)
+	}
+	if strings.Contains(res.stderr, "flmbox sandbox rm "+idle) {
+		mustFlmbox(t, root, "sandbox", "rm", idle)
+		if state := sandboxNames(t, root)[idle]; state != "" {
+			t.Errorf("the refusal advises flmbox sandbox rm %s, which exits 0 and leaves it %s", idle, state)
+		}
+	}
+}
