@@ -209,8 +209,8 @@ func (m *Manager) rename(rec *record.Record, name string) error {
 // reset as a new sandbox of its image (its preinstalls installed again)
 // and parked in the pool under a new name; else, or if it is dead or its
 // reset fails, it is removed as Remove does. Releasing a sandbox that does
-// not exist is not an error. If this process is killed during the reset,
-// Reconcile removes the sandbox.
+// not exist is not an error; releasing one idle in its pool removes it. If
+// this process is killed during the reset, Reconcile removes the sandbox.
 func (m *Manager) Release(ctx context.Context, name string) error {
 	dir, err := record.Dir(m.root, name)
 	if err != nil {
@@ -232,7 +232,7 @@ func (m *Manager) Release(ctx context.Context, name string) error {
 		m.o.warnf("%v: removing its directory; its runsc container and image lease, if any, are left to the next reconcile", err)
 		rec = &record.Record{Name: name, Dir: dir}
 	case rec.Pooled != nil:
-		return nil // idle in its pool already
+		return m.destroy(ctx, rec) // idle in its pool: it is taken out (sandbox rm pool-X)
 	}
 	defer m.expire(context.WithoutCancel(ctx), rec.Shape)
 	cfg := m.readPool(rec.Shape)

@@ -49,7 +49,7 @@ func (m *Manager) Refill(ctx context.Context, shape string) error {
 		return err
 	}
 	defer l.unlock()
-	err = m.fill(ctx, shape, 2)
+	err = m.fill(ctx, shape, 2, true)
 	m.noteRefill(shape, err)
 	return err
 }
@@ -110,13 +110,13 @@ func (m *Manager) FillPool(ctx context.Context, spec Spec, o PoolOptions, parall
 	if err != nil {
 		return nil, err
 	}
-	defer l.unlock()
 	if parallel <= 0 {
 		parallel = runtime.NumCPU()
 	}
 	m.expire(ctx, key)
-	err = m.fill(ctx, key, parallel)
+	err = m.fill(ctx, key, parallel, false)
 	m.noteRefill(key, err)
+	l.unlock()
 	if err != nil {
 		return nil, err
 	}
@@ -124,15 +124,19 @@ func (m *Manager) FillPool(ctx context.Context, spec Spec, o PoolOptions, parall
 }
 
 // fill makes sandboxes for the pool of shape key until it holds its size
-// (as read before each round: a drain ends it), parallel at a time. The
-// caller holds the pool's refill lock.
-func (m *Manager) fill(ctx context.Context, key string, parallel int) error {
+// (as read before each round: a drain ends it), parallel at a time; with
+// returning, the sandboxes that ephemeral users hold count as held (see
+// returning). The caller holds the pool's refill lock.
+func (m *Manager) fill(ctx context.Context, key string, parallel int, returning bool) error {
 	for {
 		cfg := m.readPool(key)
 		if cfg == nil {
 			return nil
 		}
 		need := cfg.Size - len(m.pooled(key))
+		if returning {
+			need -= m.returning(key)
+		}
 		if need <= 0 {
 			return nil
 		}
@@ -147,6 +151,20 @@ func (m *Manager) fill(ctx context.Context, key string, parallel int) error {
 			return fmt.Errorf("fill pool %s: %w", key, err)
 		}
 	}
+}
+
+// returning counts the sandboxes of shape key that ephemeral users hold
+// (run --image, batches, Flame sessions): each comes back to the pool when
+// it is released, so that a refill making one for it would make one too
+// many, removed when the second of the two is parked.
+func (m *Manager) returning(key string) int {
+	n := 0
+	for _, rec := range m.records() {
+		if rec.Shape == key && rec.Pooled == nil && rec.State == record.Running && rec.Owner != nil && !rec.Owner.Gone() {
+			n++
+		}
+	}
+	return n
 }
 
 // makePooled makes a sandbox of spec and parks it in the pool of shape key.
@@ -319,7 +337,16 @@ func (m *Manager) DrainPools(ctx context.Context, o DrainOptions) ([]string, err
 		if cfg != nil && !match(cfg.Image, cfg.Shape.Manifest) {
 			continue
 		}
-		if err := os.Remove(m.poolPath(k, ".json")); err != nil && !os.IsNotExist(err) {
+		// Under the pool's lock: a release parks its sandbox before (the
+		// idle ones are removed below) or sees no size after.
+		sl, err := lockFile(ctx, m.poolPath(k, ".lock"), true)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		err = os.Remove(m.poolPath(k, ".json"))
+		sl.unlock()
+		if err != nil && !os.IsNotExist(err) {
 			errs = append(errs, fmt.Errorf("drain pool %s: %w", k, err))
 			continue
 		}

@@ -52,10 +52,18 @@ func (m *Manager) shapeOf(spec Spec, manifest string) (shape, error) {
 	if err != nil {
 		return shape{}, fmt.Errorf("agent: %w", err)
 	}
+	return shapeFrom(spec, manifest, agentID(fi)), nil
+}
+
+// agentID identifies an agent binary by its size and modification time.
+func agentID(fi os.FileInfo) string { return fmt.Sprintf("%d-%d", fi.Size(), fi.ModTime().UnixNano()) }
+
+// shapeFrom is the shape of the sandboxes spec makes from the image of
+// manifest with the agent of agentID.
+func shapeFrom(spec Spec, manifest, agentID string) shape {
 	return shape{Manifest: manifest, Network: string(spec.Network), Platform: spec.Platform,
 		Limits: recordLimits(spec.Limits), TmpBytes: spec.TmpBytes, Env: spec.Env, Pip: spec.Pip,
-		Mounts: spec.Mounts, Protocol: wire.ProtocolVersion,
-		Agent: fmt.Sprintf("%d-%d", fi.Size(), fi.ModTime().UnixNano())}, nil
+		Mounts: spec.Mounts, Protocol: wire.ProtocolVersion, Agent: agentID}
 }
 
 // key names the shape: 16 hex digits of the SHA-256 of its JSON.

@@ -212,6 +212,18 @@ func (unresponsiveError) Error() string {
 }
 func (unresponsiveError) Is(target error) bool { return target == errdefs.ErrUnavailable }
 
+// ErrPooled is in the error of a call to a sandbox idle in a pool, kept
+// for whoever acquires one of its shape next. It is
+// errdefs.ErrFailedPrecondition.
+var ErrPooled error = pooledError{}
+
+type pooledError struct{}
+
+func (pooledError) Error() string {
+	return "it is idle in a pool, for whoever acquires one of its shape next"
+}
+func (pooledError) Is(target error) bool { return target == errdefs.ErrFailedPrecondition }
+
 // ErrRemoved is in the error of a call whose sandbox was removed while it
 // ran. It is errdefs.ErrNotFound.
 var ErrRemoved error = removedError{}
@@ -238,7 +250,7 @@ func (r *Record) Callable() error {
 		return fmt.Errorf("call sandbox %q: it is %s: %w", r.Name, r.State, errdefs.ErrFailedPrecondition)
 	}
 	if r.Pooled != nil {
-		return fmt.Errorf("call sandbox %q: it is idle in a pool, for whoever acquires it next: %w", r.Name, errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("call sandbox %q: %w", r.Name, ErrPooled)
 	}
 	return nil
 }

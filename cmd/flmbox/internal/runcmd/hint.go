@@ -28,6 +28,8 @@ func CallHint(err error, name string) string {
 		return "flmbox sandbox ls shows its state"
 	case errdefs.IsNotFound(err):
 		return "flmbox sandbox ls lists the sandboxes; flmbox sandbox create makes one"
+	case errors.Is(err, record.ErrPooled):
+		return "take a clean sandbox of its pool with flmbox run --image or flmbox sandbox create --image; flmbox pool drain empties the pool"
 	case errdefs.IsFailedPrecondition(err):
 		return "wait until it is created, or remove it with flmbox sandbox rm " + name
 	}
