@@ -130,7 +130,11 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err := m.store.Lease(ctx, img.ManifestDigest, leaseHolder(rec)); err != nil {
 		return nil, err
 	}
-	opts, err := m.specOpts(spec, rec, img.Rootfs, cfg.Config.Env, agent)
+	agentBin, err := m.agentCopy(agent)
+	if err != nil {
+		return nil, err
+	}
+	opts, err := m.specOpts(spec, rec, img.Rootfs, cfg.Config.Env, agentBin)
 	if err != nil {
 		return nil, err
 	}

@@ -36,6 +36,12 @@ const (
 	// StatePooled: running, reset, idle in the pool of its shape for the
 	// next Acquire; it takes no calls.
 	StatePooled State = "pooled"
+	// StateSuspended: saved in its checkpoint image, with no process
+	// (Suspend); Resume brings it back. StateSuspending and StateResuming:
+	// Suspend or Resume is at work (or was killed: Reconcile ends it).
+	StateSuspended  State = "suspended"
+	StateSuspending State = "suspending"
+	StateResuming   State = "resuming"
 )
 
 // Sandbox describes a sandbox.
@@ -55,6 +61,8 @@ type Sandbox struct {
 	// which removes it when done (or Reconcile, once that process is
 	// gone); 0 if none.
 	OwnerPID int
+	// ImageBytes is the size of a suspended sandbox's checkpoint image.
+	ImageBytes int64
 	// Shape names what it is made of (see Pool); sandboxes of one shape
 	// share a pool. Empty for sandboxes made before pools.
 	Shape string
@@ -78,6 +86,9 @@ func (m *Manager) sandbox(ctx context.Context, rec *record.Record, check bool) *
 	}
 	if sb.State == StateRunning && rec.Pooled != nil {
 		sb.State = StatePooled
+	}
+	if sb.State == StateSuspended {
+		sb.ImageBytes = checkpointBytes(rec)
 	}
 	return sb
 }

@@ -100,6 +100,11 @@ type Agent struct {
 	// (wire.Callback); empty (the default): callbacks are refused. The agent
 	// makes it, and it must be writable by the agent alone.
 	CallbackDir string
+	// Listen makes the agent's listener again after a suspend
+	// (wire.Request.Suspend), once the checkpoint is over; nil (the
+	// default): the agent refuses to be suspended. It must remove a socket
+	// file left at its path.
+	Listen func() (net.Listener, error)
 	// User is the user that snippets run as; nil (the default): the
 	// agent's own. In a sandbox the agent runs as root (of gVisor's user
 	// namespace, with a few capabilities) and snippets as the sandbox's
@@ -123,6 +128,8 @@ type Agent struct {
 	zyg            *zygote
 	zygoteFailures int
 	closed         bool
+	ln             net.Listener      // Serve's listener
+	suspended      chan net.Listener // while suspended: the next listener comes here
 	mem            memWatch
 	sweeps         bool        // KillStrays, and orphans come back to the agent
 	leftovers      atomic.Bool // a call ran code since the last sweep
@@ -219,12 +226,13 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 	parent := ctx
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
 	defer cancel(errAgentStopping)
+	a.setListener(ln)
 	stop := context.AfterFunc(parent, func() {
 		cancel(errAgentStopping)
-		ln.Close()
+		a.listener().Close()
 	})
 	defer stop()
-	defer ln.Close()
+	defer func() { a.listener().Close() }()
 	if reapsOrphans() {
 		wg.Go(func() { reapLoop(ctx) })
 	}
@@ -234,6 +242,10 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
+			}
+			if next, ok := a.awaitResume(ctx); ok {
+				ln = next // a suspend closed the listener: here is the next
+				continue
 			}
 			if isTemporary(err) { // out of descriptors: wait for calls to end
 				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
@@ -326,6 +338,9 @@ func (a *Agent) answer(ctx context.Context, conn net.Conn, notify func(wire.Even
 	if req.Attach != "" {
 		a.attach(req.Attach, withPrefix(conn, rest), req.AttachError != "")
 		return req, nil, false
+	}
+	if req.Suspend && req.Validate() == nil {
+		return req, a.suspend(), false
 	}
 	if req.Copy != nil && req.Validate() == nil {
 		return req, a.copy(ctx, req.Copy, conn, rest), false

@@ -103,8 +103,11 @@ func run(args []string) error {
 	// every scheduler handoff between threads is a costly futex; more Ps
 	// only add spinning threads.
 	goruntime.GOMAXPROCS(1)
-	_ = os.Remove(*socket) // a socket left by an earlier agent
-	ln, err := net.Listen("unix", *socket)
+	a.Listen = func() (net.Listener, error) {
+		_ = os.Remove(*socket) // a socket left by an earlier agent, or before a checkpoint
+		return net.Listen("unix", *socket)
+	}
+	ln, err := a.Listen()
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", *socket, err)
 	}

@@ -37,6 +37,13 @@ const (
 	Creating State = "creating"
 	Running  State = "running"
 	Removing State = "removing"
+	// Suspending: a suspend is at work; Suspended: the sandbox is saved
+	// in its checkpoint image and has no process; Resuming: a resume is at
+	// work. Reconcile ends a suspend or resume that was killed: suspended
+	// if the checkpoint image is whole, else running.
+	Suspending State = "suspending"
+	Suspended  State = "suspended"
+	Resuming   State = "resuming"
 )
 
 // Limits are a sandbox's cgroup limits as recorded.
@@ -212,6 +219,15 @@ func (unresponsiveError) Error() string {
 }
 func (unresponsiveError) Is(target error) bool { return target == errdefs.ErrUnavailable }
 
+// ErrSuspended is in the error of a call to a suspended sandbox, which
+// must be resumed first. It is errdefs.ErrFailedPrecondition.
+var ErrSuspended error = suspendedError{}
+
+type suspendedError struct{}
+
+func (suspendedError) Error() string        { return "it is suspended: resume it first" }
+func (suspendedError) Is(target error) bool { return target == errdefs.ErrFailedPrecondition }
+
 // ErrPooled is in the error of a call to a sandbox idle in a pool, kept
 // for whoever acquires one of its shape next. It is
 // errdefs.ErrFailedPrecondition.
@@ -246,6 +262,9 @@ const watchdogPeriod = 2 * time.Second
 // Running and in use: a sandbox being created or removed takes no calls but
 // its owner's, and one idle in a pool none.
 func (r *Record) Callable() error {
+	if r.State == Suspended {
+		return fmt.Errorf("call sandbox %q: %w", r.Name, ErrSuspended)
+	}
 	if r.State != Running {
 		return fmt.Errorf("call sandbox %q: it is %s: %w", r.Name, r.State, errdefs.ErrFailedPrecondition)
 	}

@@ -125,6 +125,13 @@ type Request struct {
 	// Copy, if set, makes the request a copy of files into or out of the
 	// sandbox (see Copy); its other fields but Version are ignored.
 	Copy *Copy `json:"copy,omitempty"`
+	// Suspend asks the agent to make the sandbox ready for a checkpoint
+	// (runsc checkpoint), unless a call is running (then it refuses): it
+	// closes its listener, removing its socket, which gVisor cannot save,
+	// answers (Result.Suspended), and listens again once the checkpoint is
+	// over: restored, resumed or failed. No call can start meanwhile. The
+	// other fields but Version are ignored.
+	Suspend bool `json:"suspend,omitempty"`
 }
 
 // CallbackSocketEnv names the variable that holds the path, inside the
@@ -336,6 +343,8 @@ type Result struct {
 	// Copied counts what a Copy request copied (set by an agent that
 	// copies, even when it fails: Error).
 	Copied *CopyStats `json:"copied,omitempty"`
+	// Suspended says that the agent is ready for a checkpoint (Suspend).
+	Suspended bool `json:"suspended,omitempty"`
 	// DurationMS is the wall time of the snippet's process, from its start
 	// to its exit, in milliseconds.
 	DurationMS float64 `json:"duration_ms"`
@@ -365,6 +374,9 @@ func (r *Request) validate() error {
 	}
 	if r.Copy != nil {
 		return r.Copy.validate()
+	}
+	if r.Suspend {
+		return nil
 	}
 	maxCode := MaxCodeSize
 	switch r.Language {

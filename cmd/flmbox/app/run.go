@@ -10,6 +10,7 @@ import (
 
 	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
 	"github.com/flmbox/flmbox/sandbox"
+	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
@@ -43,13 +44,23 @@ func runCommand() *cli.Command {
 				return fmt.Errorf("give exactly one of --sandbox NAME and --image IMAGE")
 			case name != "":
 				res, err := m.Call(c.Context, name, req)
+				resumed := false
+				if errors.Is(err, record.ErrSuspended) {
+					// Resumed first, said on stderr (or in the JSON).
+					if resumed, err = m.Resume(c.Context, name); err == nil {
+						if resumed && !c.Bool("json") {
+							fmt.Fprintf(c.App.ErrWriter, "flmbox: resumed sandbox %s\n", name)
+						}
+						res, err = m.Call(c.Context, name, req)
+					}
+				}
 				if errors.Is(err, wire.ErrInterrupted) {
 					return printInterrupted(c, res)
 				}
 				if err != nil {
 					return advise(err, runcmd.CallHint(err, name))
 				}
-				return printResult(c, res)
+				return printResultResumed(c, res, resumed)
 			}
 			spec, err := specFrom(c)
 			if err != nil {
@@ -159,8 +170,12 @@ func printInterrupted(c *cli.Context, res *wire.Result) error {
 
 // printResult prints a result and returns the exit status: the snippet's,
 // 124 on timeout, 125 if flmbox failed to run it.
-func printResult(c *cli.Context, res *wire.Result) error {
-	code, msg, err := runcmd.Print(c.App.Writer, c.App.ErrWriter, res, c.Bool("json"), c.Duration("timeout"))
+func printResult(c *cli.Context, res *wire.Result) error { return printResultResumed(c, res, false) }
+
+// printResultResumed is printResult for a call to a sandbox that was
+// resumed first (its JSON says "resumed": true).
+func printResultResumed(c *cli.Context, res *wire.Result, resumed bool) error {
+	code, msg, err := runcmd.PrintResumed(c.App.Writer, c.App.ErrWriter, res, c.Bool("json"), c.Duration("timeout"), resumed)
 	if err == nil && !c.Bool("json") {
 		io.WriteString(c.App.ErrWriter, runcmd.CallbackNote(res, c.Int("callback-conns")))
 	}

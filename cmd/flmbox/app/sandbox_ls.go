@@ -29,6 +29,8 @@ type sandboxInfo struct {
 	// name it takes); Shape names what it is made of (see pool ls).
 	ID    string `json:"id"`
 	Shape string `json:"shape,omitempty"`
+	// ImageBytes is the size of a suspended sandbox's checkpoint image.
+	ImageBytes int64 `json:"image_bytes,omitempty"`
 }
 
 func sandboxLsCommand() *cli.Command {
@@ -49,7 +51,7 @@ func sandboxLsCommand() *cli.Command {
 			infos := []sandboxInfo{}
 			for _, sb := range sbs {
 				infos = append(infos, sandboxInfo{Name: sb.Name, Image: sb.Image, Network: sb.Network, State: sb.State,
-					Created: sb.Created, LastUsed: sb.LastUsed, OwnerPID: sb.OwnerPID, ID: sb.ID, Shape: sb.Shape})
+					Created: sb.Created, LastUsed: sb.LastUsed, OwnerPID: sb.OwnerPID, ID: sb.ID, Shape: sb.Shape, ImageBytes: sb.ImageBytes})
 			}
 			if c.Bool("json") {
 				return json.NewEncoder(c.App.Writer).Encode(infos)
@@ -57,7 +59,11 @@ func sandboxLsCommand() *cli.Command {
 			tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tIMAGE\tNETWORK\tSTATE\tCREATED\tLAST USED")
 			for _, i := range infos {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s ago\t%s ago\n", i.Name, i.Image, i.Network, i.State,
+				state := string(i.State)
+				if i.ImageBytes > 0 {
+					state += " (" + units.BytesSize(float64(i.ImageBytes)) + ")"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s ago\t%s ago\n", i.Name, i.Image, i.Network, state,
 					units.HumanDuration(time.Since(i.Created)), units.HumanDuration(time.Since(i.LastUsed)))
 			}
 			return tw.Flush()

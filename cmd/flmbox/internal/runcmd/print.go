@@ -39,6 +39,9 @@ type JSON struct {
 	DurationMS      float64 `json:"duration_ms"`
 	// Callbacks is set for a call with --callback.
 	Callbacks *Callbacks `json:"callbacks,omitempty"`
+	// Resumed says that the sandbox was suspended, and resumed for the
+	// call.
+	Resumed bool `json:"resumed,omitempty"`
 }
 
 // Callbacks counts a call's callback connections (wire.CallbackStats):
@@ -82,10 +85,18 @@ func ToJSON(res *wire.Result) JSON {
 // ExitInterrupted if it was interrupted (PrintInterrupted has the signal's
 // status). msg, if not empty, is for the caller to print as "flmbox: msg".
 func Print(stdout, stderr io.Writer, res *wire.Result, asJSON bool, timeout time.Duration) (code int, msg string, err error) {
+	return PrintResumed(stdout, stderr, res, asJSON, timeout, false)
+}
+
+// PrintResumed is Print that also says, with --json, whether the sandbox
+// was resumed for the call ("resumed").
+func PrintResumed(stdout, stderr io.Writer, res *wire.Result, asJSON bool, timeout time.Duration, resumed bool) (code int, msg string, err error) {
 	if asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetEscapeHTML(false)
-		if err := enc.Encode(ToJSON(res)); err != nil {
+		out := ToJSON(res)
+		out.Resumed = resumed
+		if err := enc.Encode(out); err != nil {
 			return 0, "", err
 		}
 	} else {

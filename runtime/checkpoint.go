@@ -1,0 +1,53 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	runc "github.com/containerd/go-runc"
+	"golang.org/x/sys/unix"
+)
+
+// Checkpoint saves the container's whole gVisor sandbox (memory, processes,
+// its tmpfs files) into the directory imageDir, with runsc checkpoint. With
+// leaveRunning the sandbox goes on running afterwards (runsc's
+// --leave-running): a checkpoint that fails then leaves it alive, where
+// without it a failed checkpoint kills it. gVisor cannot save a socket bound
+// on the host (--host-uds): whatever listens on one must close it first.
+func (r *Runtime) Checkpoint(ctx context.Context, c Container, imageDir string, leaveRunning bool) error {
+	var actions []runc.CheckpointAction
+	if leaveRunning {
+		actions = append(actions, runc.LeaveRunning)
+	}
+	if err := r.runc(c).Checkpoint(ctx, c.ID, &runc.CheckpointOpts{ImagePath: imageDir}, actions...); err != nil {
+		return fmt.Errorf("checkpoint container %s with runsc: %w", c.ID, err)
+	}
+	return nil
+}
+
+// Restore makes the container c again from the checkpoint in imageDir, with
+// runsc restore --detach on the bundle directory (its config.json: its
+// mounts' host paths may differ from the checkpointed container's, but
+// every file the sandbox had looked up in them must still exist, and the
+// binaries it runs from them must be the same). The container's ID must be
+// free. Its stdio is log, as Run gives it. On failure the error quotes the
+// end of log, and the container is deleted.
+func (r *Runtime) Restore(ctx context.Context, c Container, bundle, imageDir string, log *os.File) error {
+	if err := ValidatePlatform(c.Platform); err != nil {
+		return err
+	}
+	unlock, err := r.lockCreate()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	rc := r.runc(c)
+	rc.PdeathSignal = unix.SIGKILL
+	if _, err := rc.Restore(ctx, c.ID, bundle, &runc.RestoreOpts{CheckpointOpts: runc.CheckpointOpts{ImagePath: imageDir},
+		IO: &fileIO{f: log}, Detach: true}); err != nil {
+		r.Delete(context.WithoutCancel(ctx), c)
+		return fmt.Errorf("restore container %s with runsc: %w%s", c.ID, err, logTail(log.Name()))
+	}
+	return nil
+}

@@ -1,0 +1,302 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/flmbox/flmbox/sandbox/record"
+	"github.com/flmbox/flmbox/snippet/wire"
+)
+
+// A suspended sandbox is its checkpoint image, ROOT/sandboxes/NAME/checkpoint
+// (runsc checkpoint: its memory, processes and /tmp), its record, its bundle
+// and its image lease; no process and no host memory. The image is made in
+// checkpoint.tmp and renamed when whole: that rename decides that the
+// sandbox is suspended.
+const (
+	checkpointDir = "checkpoint"
+	checkpointTmp = "checkpoint.tmp"
+)
+
+// Suspend saves sandbox name to disk and stops it: its agent closes its
+// listener (gVisor cannot save it), runsc checkpoints the sandbox, leaving
+// it running (a failed checkpoint then leaves it alive), then the sandbox
+// is deleted. It survives a reboot of the worker: Resume brings it back
+// with its /tmp, its processes and its agent's state. A sandbox with calls
+// running is refused (errdefs.ErrFailedPrecondition), as are pooled and
+// dead ones; suspending a suspended sandbox does nothing. Killed midway,
+// the sandbox is left suspended if its image is whole, else running (see
+// Reconcile).
+func (m *Manager) Suspend(ctx context.Context, name string) error {
+	rec, unlock, err := m.lockRecord(ctx, name, "suspend")
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	switch {
+	case rec.State == record.Suspended:
+		return nil
+	case rec.State != record.Running:
+		return fmt.Errorf("suspend sandbox %q: it is %s: %w", name, rec.State, errdefs.ErrFailedPrecondition)
+	case rec.Pooled != nil:
+		return fmt.Errorf("suspend sandbox %q: %w", name, record.ErrPooled)
+	}
+	rt, err := m.runtime()
+	if err != nil {
+		return err
+	}
+	if !rt.Alive(ctx, container(rec)) {
+		return fmt.Errorf("suspend sandbox %q: %w", name, record.ErrDead)
+	}
+	rec.State = record.Suspending
+	if err := record.Write(rec); err != nil {
+		return err
+	}
+	back := func(err error) error {
+		rec.State = record.Running
+		if werr := record.Write(rec); werr != nil {
+			m.o.warnf("%v", werr)
+		}
+		return fmt.Errorf("suspend sandbox %q: %w", name, err)
+	}
+	res, err := rec.Call(ctx, &wire.Request{Version: wire.ProtocolVersion, Suspend: true})
+	switch {
+	case err != nil:
+		return back(err)
+	case res.Error != "":
+		return back(fmt.Errorf("%s: %w", res.Error, errdefs.ErrFailedPrecondition))
+	case !res.Suspended:
+		return back(fmt.Errorf("its agent cannot be suspended: %w", wire.ErrProtocolVersion))
+	}
+	tmp, img := filepath.Join(rec.Dir, checkpointTmp), filepath.Join(rec.Dir, checkpointDir)
+	os.RemoveAll(tmp)
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return back(err)
+	}
+	if err := rt.Checkpoint(ctx, container(rec), tmp, true); err != nil {
+		os.RemoveAll(tmp)
+		return back(err) // its agent listens again
+	}
+	if err := os.Rename(tmp, img); err != nil {
+		os.RemoveAll(tmp)
+		return back(err)
+	}
+	// Suspended from here on: what is left is to stop it.
+	return m.finishSuspend(context.WithoutCancel(ctx), rec)
+}
+
+// finishSuspend stops the sandbox of rec, whose checkpoint image is whole,
+// and records it suspended.
+func (m *Manager) finishSuspend(ctx context.Context, rec *record.Record) error {
+	rt, err := m.runtime()
+	if err != nil {
+		return err
+	}
+	if err := rt.Delete(ctx, container(rec)); err != nil {
+		return fmt.Errorf("suspend sandbox %q: %w", rec.Name, err)
+	}
+	if err := unmountRunDir(rec); err != nil {
+		return fmt.Errorf("suspend sandbox %q: %w", rec.Name, err)
+	}
+	rec.State = record.Suspended
+	return record.Write(rec)
+}
+
+// Resume brings suspended sandbox name back from its checkpoint image:
+// its /tmp, its processes and its agent, which answers calls again as
+// before (each call a new process, as always). Resuming a running sandbox
+// does nothing, and reports false. A resume that fails says why, keeps the
+// image and leaves the sandbox suspended; two resumes at once restore it
+// once.
+func (m *Manager) Resume(ctx context.Context, name string) (resumed bool, err error) {
+	rec, unlock, err := m.lockRecord(ctx, name, "resume")
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	switch rec.State {
+	case record.Running:
+		return false, nil
+	case record.Suspended:
+	default:
+		return false, fmt.Errorf("resume sandbox %q: it is %s: %w", name, rec.State, errdefs.ErrFailedPrecondition)
+	}
+	rec.State = record.Resuming
+	if err := record.Write(rec); err != nil {
+		return false, err
+	}
+	if err := m.restore(ctx, rec); err != nil {
+		if uerr := m.undoResume(context.WithoutCancel(ctx), rec); uerr != nil {
+			m.o.warnf("%v", uerr)
+		}
+		return false, fmt.Errorf("resume sandbox %q (it stays suspended, its image kept): %w", name, err)
+	}
+	rec.State = record.Running
+	if err := record.Write(rec); err != nil {
+		return false, err
+	}
+	rec.Touch()
+	os.RemoveAll(filepath.Join(rec.Dir, checkpointDir))
+	return true, nil
+}
+
+// restore makes the sandbox of rec again from its image and waits for its
+// agent.
+func (m *Manager) restore(ctx context.Context, rec *record.Record) error {
+	rt, err := m.runtime()
+	if err != nil {
+		return err
+	}
+	img := filepath.Join(rec.Dir, checkpointDir)
+	if _, err := os.Stat(filepath.Join(img, "checkpoint.img")); err != nil {
+		return fmt.Errorf("its checkpoint image: %w: %w", err, errdefs.ErrDataLoss)
+	}
+	if err := unmountRunDir(rec); err != nil {
+		return err
+	}
+	if err := mountRunDir(rec); err != nil {
+		return err
+	}
+	if err := pointRunDir(rec); err != nil {
+		return err
+	}
+	logf, err := os.OpenFile(consolePath(rec), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	if err := rt.Restore(ctx, container(rec), rec.Dir, img, logf); err != nil {
+		return err
+	}
+	return waitForAgent(ctx, rec)
+}
+
+// undoResume deletes what a failed or killed resume made of the sandbox of
+// rec and records it suspended again.
+func (m *Manager) undoResume(ctx context.Context, rec *record.Record) error {
+	rt, err := m.runtime()
+	if err != nil {
+		return err
+	}
+	if err := rt.Delete(ctx, container(rec)); err != nil {
+		return err
+	}
+	if err := unmountRunDir(rec); err != nil {
+		return err
+	}
+	rec.State = record.Suspended
+	return record.Write(rec)
+}
+
+// pointRunDir makes the bundle's mount of the run directory name the
+// sandbox's directory now: a pooled sandbox may have been renamed since it
+// was made (a restore may bind other host paths than the checkpointed
+// sandbox's, not other files).
+func pointRunDir(rec *record.Record) error {
+	p := filepath.Join(rec.Dir, "config.json")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return fmt.Errorf("read the sandbox's bundle: %w", err)
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return fmt.Errorf("read the sandbox's bundle: %w", err)
+	}
+	changed := false
+	for i, mt := range spec.Mounts {
+		if mt.Destination == agentRunDir && mt.Source != rec.RunDir() {
+			spec.Mounts[i].Source, changed = rec.RunDir(), true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	if b, err = json.MarshalIndent(&spec, "", "  "); err != nil {
+		return err
+	}
+	if err := os.WriteFile(p+".tmp", b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(p+".tmp", p)
+}
+
+// unmountRunDir unmounts and removes the sandbox's run directory, if it is
+// there: a suspended sandbox has none (its agent's socket went with it).
+func unmountRunDir(rec *record.Record) error {
+	if err := unix.Unmount(rec.RunDir(), unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
+		return fmt.Errorf("unmount sandbox %q's run directory: %w", rec.Name, err)
+	}
+	if err := os.RemoveAll(rec.RunDir()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// lockRecord takes the lock of sandbox name's directory (waiting for
+// another process's work on it) and reads its record.
+func (m *Manager) lockRecord(ctx context.Context, name, doing string) (*record.Record, func(), error) {
+	dir, err := record.Dir(m.root, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err := lock(ctx, dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil, fmt.Errorf("no sandbox %q: %w", name, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s sandbox %q: %w", doing, name, err)
+	}
+	rec, err := record.Read(m.root, name)
+	if err != nil {
+		l.unlock()
+		return nil, nil, err
+	}
+	return rec, l.unlock, nil
+}
+
+// checkpointBytes is the size of sandbox rec's checkpoint image, 0 if it
+// has none.
+func checkpointBytes(rec *record.Record) int64 {
+	var n int64
+	filepath.WalkDir(filepath.Join(rec.Dir, checkpointDir), func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+// reconcileSuspend ends the suspend or resume of rec that a killed flmbox
+// left (the caller holds the lock): a suspend whose image is whole is
+// finished, one whose image is not is undone (the agent listens again
+// within a minute of the suspend request); a resume is undone, its image
+// kept.
+func (m *Manager) reconcileSuspend(ctx context.Context, rec *record.Record) error {
+	switch rec.State {
+	case record.Suspending:
+		if _, err := os.Stat(filepath.Join(rec.Dir, checkpointDir)); err == nil {
+			m.o.warnf("sandbox %s: finishing its suspend, which an interrupted flmbox left: its image is whole", rec.Name)
+			return m.finishSuspend(ctx, rec)
+		}
+		m.o.warnf("sandbox %s: undoing its suspend, which an interrupted flmbox left before its image was whole: it is running", rec.Name)
+		os.RemoveAll(filepath.Join(rec.Dir, checkpointTmp))
+		rec.State = record.Running
+		return record.Write(rec)
+	case record.Resuming:
+		m.o.warnf("sandbox %s: undoing its resume, which an interrupted flmbox left: it is suspended", rec.Name)
+		return m.undoResume(ctx, rec)
+	}
+	return nil
+}

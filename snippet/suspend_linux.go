@@ -1,0 +1,131 @@
+package snippet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"github.com/flmbox/flmbox/snippet/wire"
+)
+
+// A checkpoint of the sandbox (runsc checkpoint, for flmbox sandbox
+// suspend) cannot save a socket bound on the host, and the agent's listener
+// is one (runsc --host-uds=create). So on a Suspend request the agent, if no
+// call runs, opens gVisor's /proc/gvisor/checkpoint, closes its listener
+// (which removes the socket) and answers; a read of that file returns once
+// the checkpoint is over ("restore" in a restored sandbox, "resume" in one
+// left running, "error" after a failed checkpoint), and the agent listens
+// again (Listen). Calls are locked out from the suspend to the new
+// listener: no call can find the sandbox half suspended.
+
+// checkpointFile is gVisor's file whose read waits for the next checkpoint.
+const checkpointFile = "/proc/gvisor/checkpoint"
+
+// suspendTimeout bounds the wait for a checkpoint after a suspend: a host
+// that asked for one and died meanwhile leaves the agent listening again
+// after it.
+const suspendTimeout = time.Minute
+
+// suspend answers a Suspend request.
+func (a *Agent) suspend() *wire.Result {
+	res := &wire.Result{Version: wire.ProtocolVersion}
+	fail := func(err error) *wire.Result {
+		res.ExitCode, res.Error = -1, err.Error()
+		return res
+	}
+	if a.Listen == nil {
+		return fail(errors.New("suspend: this agent cannot listen again after a checkpoint"))
+	}
+	if !a.calls.TryLock() {
+		return fail(errors.New("suspend: calls are running in the sandbox: wait for them to end, or interrupt them"))
+	}
+	f, err := os.Open(checkpointFile)
+	if err != nil {
+		a.calls.Unlock()
+		return fail(fmt.Errorf("suspend: %w (a gVisor that cannot say when a checkpoint ends)", err))
+	}
+	a.mu.Lock()
+	ln := a.ln
+	next := make(chan net.Listener, 1)
+	a.suspended = next
+	a.mu.Unlock()
+	ln.Close() // and its socket: gVisor cannot save a bound host socket
+	go a.awaitCheckpoint(f, next)
+	res.Suspended = true
+	return res
+}
+
+// awaitCheckpoint waits for the end of the checkpoint (or suspendTimeout),
+// listens again and hands the listener to Serve through next.
+func (a *Agent) awaitCheckpoint(f *os.File, next chan net.Listener) {
+	done := make(chan struct{})
+	go func() {
+		buf := make([]byte, 64)
+		f.Read(buf) // "restore", "resume" or "error": listen again in every case
+		f.Close()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(suspendTimeout):
+	}
+	var ln net.Listener
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if ln, err = a.Listen(); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "flmbox-agent: listen again after a checkpoint: %v\n", err)
+		ln = closedListener{}
+	}
+	a.mu.Lock()
+	a.ln, a.suspended = ln, nil
+	a.mu.Unlock()
+	next <- ln
+	a.calls.Unlock()
+}
+
+// awaitResume waits, if the agent is suspended, for its next listener; ok
+// is false if it is not suspended (or ctx ends).
+func (a *Agent) awaitResume(ctx context.Context) (net.Listener, bool) {
+	a.mu.Lock()
+	next := a.suspended
+	a.mu.Unlock()
+	if next == nil {
+		return nil, false
+	}
+	select {
+	case ln := <-next:
+		if _, closed := ln.(closedListener); closed {
+			return nil, false
+		}
+		return ln, true
+	case <-ctx.Done():
+		return nil, false
+	}
+}
+
+func (a *Agent) setListener(ln net.Listener) {
+	a.mu.Lock()
+	a.ln = ln
+	a.mu.Unlock()
+}
+
+func (a *Agent) listener() net.Listener {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.ln
+}
+
+// closedListener stands for a listener the agent failed to make again:
+// Serve ends.
+type closedListener struct{}
+
+func (closedListener) Accept() (net.Conn, error) { return nil, net.ErrClosed }
+func (closedListener) Close() error              { return nil }
+func (closedListener) Addr() net.Addr            { return nil }
