@@ -25,6 +25,9 @@ type Report struct {
 	Pool PoolMemory `json:"pool"`
 	// Copy is flmbox cp of 100 MiB in and out (added for issue 16).
 	Copy Copy `json:"copy"`
+	// Suspend is flmbox sandbox suspend and the resume of a call (added
+	// for issue 16).
+	Suspend Suspend `json:"suspend"`
 	// Instance is `flmbox instance` driven as Flame's executor drives it
 	// (added after issue 4).
 	Instance Instance `json:"instance"`
@@ -85,6 +88,23 @@ type Copy struct {
 	InMS      Stats `json:"in_ms"`
 	OutMS     Stats `json:"out_ms"`
 	HostTarMS Stats `json:"host_tar_ms"`
+}
+
+// Suspend is a sandbox with TmpBytes in /tmp: whole `flmbox sandbox
+// suspend` processes (SuspendMS) and `flmbox run --sandbox` processes that
+// resume it, until their output (ResumeFirstResultMS), against runsc
+// checkpoint of a bare container with the same /tmp (RawCheckpointMS) and
+// its runsc restore + exec until the same output (RawRestoreFirstResultMS).
+// ImageBytes is the sandbox's checkpoint image; SuspendedProcesses the most
+// host processes a suspended sandbox had left (0: none).
+type Suspend struct {
+	TmpBytes                int64 `json:"tmp_bytes"`
+	SuspendMS               Stats `json:"suspend_ms"`
+	ResumeFirstResultMS     Stats `json:"resume_first_result_ms"`
+	RawCheckpointMS         Stats `json:"raw_checkpoint_ms"`
+	RawRestoreFirstResultMS Stats `json:"raw_restore_first_result_ms"`
+	ImageBytes              int64 `json:"image_bytes"`
+	SuspendedProcesses      int   `json:"suspended_processes"`
 }
 
 // PoolMemory is the host memory of one idle pooled sandbox that has served

@@ -136,12 +136,14 @@ func TestJSONKeys(t *testing.T) {
 		"allocation": {"fresh_inprocess_ms", "fresh_ms", "pooled_ms", "pooled_release_ms", "raw_runsc_ms", "retained_ms"},
 		"pool":       {"idle_kib", "idle_rss_kib", "processes"},
 		"copy":       {"bytes", "host_tar_ms", "in_ms", "out_ms"},
-		"batch":      {"parallel", "parallel_s", "serial_s", "snippet_native_s", "snippets"},
-		"prewarm":    {"cold_ms", "cold_stats", "crane_tar_ms", "crane_tar_stats", "hit_ms", "hit_stats"},
-		"memory":     {"bare_runsc_kib", "bare_runsc_processes", "bare_runsc_rss_kib", "sandbox_kib", "sandbox_processes", "sandbox_rss_kib"},
-		"runsc":      {"path", "platform", "version"},
-		"image":      {"index_digest", "manifest_digest", "platform", "ref", "size_bytes"},
-		"settings":   {"calls", "cpus", "pairs", "pause_ms", "prewarm_rounds", "rounds", "warmup"},
+		"suspend": {"image_bytes", "raw_checkpoint_ms", "raw_restore_first_result_ms", "resume_first_result_ms", "suspend_ms",
+			"suspended_processes", "tmp_bytes"},
+		"batch":    {"parallel", "parallel_s", "serial_s", "snippet_native_s", "snippets"},
+		"prewarm":  {"cold_ms", "cold_stats", "crane_tar_ms", "crane_tar_stats", "hit_ms", "hit_stats"},
+		"memory":   {"bare_runsc_kib", "bare_runsc_processes", "bare_runsc_rss_kib", "sandbox_kib", "sandbox_processes", "sandbox_rss_kib"},
+		"runsc":    {"path", "platform", "version"},
+		"image":    {"index_digest", "manifest_digest", "platform", "ref", "size_bytes"},
+		"settings": {"calls", "cpus", "pairs", "pause_ms", "prewarm_rounds", "rounds", "warmup"},
 		"warm[0]": {"api", "calls", "inprocess_median_ms", "inprocess_p95_ms", "language", "median_ms", "native_median_ms",
 			"native_p95_ms", "p95_ms", "runsc_exec_median_ms", "runsc_exec_p95_ms"},
 		"allocation.fresh_ms": {"max", "median", "min", "n"},
@@ -159,7 +161,7 @@ func TestJSONKeys(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
-	if got := keys(obj); !slices.Equal(got, []string{"allocation", "batch", "callback", "copy", "image", "instance", "memory", "pool", "prewarm", "runsc", "settings", "warm"}) {
+	if got := keys(obj); !slices.Equal(got, []string{"allocation", "batch", "callback", "copy", "image", "instance", "memory", "pool", "prewarm", "runsc", "settings", "suspend", "warm"}) {
 		t.Errorf("top-level keys %v", got)
 	}
 	for path, w := range want {

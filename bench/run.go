@@ -56,6 +56,9 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	if rep.Copy, err = r.measureCopy(ctx); err != nil {
 		return nil, err
 	}
+	if rep.Suspend, err = r.measureSuspend(ctx); err != nil {
+		return nil, err
+	}
 	if rep.Batch, err = r.measureBatch(ctx); err != nil {
 		return nil, err
 	}

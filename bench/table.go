@@ -103,6 +103,17 @@ func tableRows(rep *Report) []row {
 			row{"  out of a sandbox", fmtMS(cp.OutMS.Median) + " (" + tput(cp.OutMS.Median) + ")",
 				"tar | tar on the host " + fmtMS(cp.HostTarMS.Median), ratio(cp.HostTarMS.Median, cp.OutMS.Median) + " throughput", "≥ 0.5×", ""})
 	}
+	if su := rep.Suspend; su.SuspendMS.N > 0 {
+		fresh := "flmbox run --image " + fmtMS(a.FreshMS.Median)
+		rows = append(rows,
+			row{fmt.Sprintf("sandbox suspend, %d MiB in /tmp (image %s)", su.TmpBytes>>20, units.BytesSize(float64(su.ImageBytes))), fmtMS(su.SuspendMS.Median),
+				"runsc checkpoint " + fmtMS(su.RawCheckpointMS.Median), ratio(su.SuspendMS.Median, su.RawCheckpointMS.Median), "", ""},
+			row{"  resume → first result (flmbox run --sandbox)", fmtMS(su.ResumeFirstResultMS.Median), fresh,
+				ratio(su.ResumeFirstResultMS.Median, a.FreshMS.Median), "≤ 1.0×", ""},
+			row{"  against runsc restore + exec", fmtMS(su.ResumeFirstResultMS.Median), "runsc restore + exec " + fmtMS(su.RawRestoreFirstResultMS.Median),
+				ratio(su.ResumeFirstResultMS.Median, su.RawRestoreFirstResultMS.Median), "", ""},
+			row{"  host processes left while suspended", fmt.Sprint(su.SuspendedProcesses), "", "", "0", ""})
+	}
 	if pm := rep.Pool; pm.IdleKiB > 0 {
 		rows = append(rows, row{"host memory of an idle pooled sandbox, used once (PSS)", fmtKiB(pm.IdleKiB), "bare runsc sleep " + fmtKiB(m.BareRunscKiB),
 			ratio(float64(pm.IdleKiB), float64(m.BareRunscKiB)), "≤ 1.25×", ""})

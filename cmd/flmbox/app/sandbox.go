@@ -6,6 +6,6 @@ func sandboxCommand() *cli.Command {
 	return &cli.Command{
 		Name:        "sandbox",
 		Usage:       "create, list, suspend, resume and remove persistent sandboxes",
-		Subcommands: []*cli.Command{sandboxCreateCommand(), sandboxLsCommand(), sandboxRmCommand(), sandboxSuspendCommand(), sandboxResumeCommand()},
+		Subcommands: []*cli.Command{sandboxCreateCommand(), sandboxLsCommand(), sandboxRmCommand(), sandboxSuspendCommand(), sandboxResumeCommand(), sandboxGCCommand()},
 	}
 }
