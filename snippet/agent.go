@@ -71,9 +71,16 @@ type Agent struct {
 	// language ahead of time, and fork Python processes from a zygote (see
 	// spares_linux.go). Close kills them.
 	Spares bool
+	// LazySpares, with Spares, makes Serve start no process ahead of the
+	// first call: each language's spares start once a call of it has run,
+	// and are kept from then on, as with Spares alone. An idle sandbox that
+	// no call used then holds the agent alone, at the price of a first Python
+	// call that starts python3 (see spares_linux.go).
+	LazySpares bool
 	// SpareLimits are the limits of the Python spare that Serve starts at
-	// once; later spares take the limits of the last call of their language.
-	// A request with other limits starts a process of its own.
+	// once (none with LazySpares); later spares take the limits of the last
+	// call of their language. A request with other limits starts a process
+	// of its own.
 	SpareLimits wire.Limits
 	// MemInfo is a /proc/meminfo file that tells how much memory the
 	// sandbox uses; while snippets run, the agent reads it and kills those
@@ -212,7 +219,9 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 	defer a.Close()
 	var wg sync.WaitGroup
 	defer wg.Wait() // after cancel: the calls and the reaper end with ctx
-	a.refill(wire.LanguagePython, a.SpareLimits)
+	if !a.LazySpares {
+		a.refill(wire.LanguagePython, a.SpareLimits)
+	}
 	if os.Getpid() == 1 {
 		a.startSealingKeyrings() // no snippet may make a keyring: it would outlive it
 	}
