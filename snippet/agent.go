@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -144,6 +145,12 @@ type Agent struct {
 	keyrings keyrings // the sandbox's key set
 	mqueues  *os.File // the root of the sandbox's mqueue filesystem, once a reset opened it
 
+	trimMu sync.Mutex
+	trim   *time.Timer // idleTrim's, once a call has ended
+	// freeOSMemory is what idleTrim calls (nil: debug.FreeOSMemory); tests
+	// count its calls.
+	freeOSMemory func()
+
 	cbMu      sync.Mutex
 	callbacks map[string]*callback // calls' callback sockets, by ID
 }
@@ -237,6 +244,7 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 	if reapsOrphans() {
 		wg.Go(func() { reapLoop(ctx) })
 	}
+	a.idleTrim() // what starting took, unless a call comes first
 	var backoff time.Duration
 	for {
 		conn, err := ln.Accept()
@@ -316,6 +324,35 @@ func (a *Agent) afterCall(req *wire.Request, ran bool) {
 	if ran {
 		a.refill(req.Language, req.Limits)
 	}
+	a.idleTrim()
+}
+
+// trimAfter is how long the agent waits, once a call has ended and none
+// followed, before it returns its free heap to the kernel.
+const trimAfter = time.Second
+
+// idleTrim returns the agent's free memory to the kernel (a garbage
+// collection, then debug.FreeOSMemory) once no call came for trimAfter.
+// Under gVisor, memory the agent's heap grew to (each call's buffers, some
+// 4 MiB after a hundred calls) stays in the sandbox's memory file, charged
+// to the host, until Go's scavenger returns it, which it does slowly; freed
+// pages go back to the host at once. Calls back to back never wait for it.
+func (a *Agent) idleTrim() {
+	a.trimMu.Lock()
+	defer a.trimMu.Unlock()
+	if a.trim == nil {
+		a.trim = time.AfterFunc(trimAfter, func() {
+			switch {
+			case a.running.Load() > 0: // the call's end sets the timer again
+			case a.freeOSMemory != nil:
+				a.freeOSMemory()
+			default:
+				debug.FreeOSMemory()
+			}
+		})
+		return
+	}
+	a.trim.Reset(trimAfter)
 }
 
 // answer reads the request on conn and runs it, sending its events with
