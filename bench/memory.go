@@ -10,38 +10,103 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/flmbox/flmbox/sandbox"
+	"github.com/flmbox/flmbox/snippet/wire"
 )
 
-// measureMemory measures the host memory of one idle sandbox, just created
-// (its agent answering) and left idle for a while, then of a bare runsc
-// container running sleep on the same rootfs, measured the same way. One at
-// a time, so that neither shares pages with the other.
+// spareModes are the sandboxes whose idle memory and first calls the bench
+// measures side by side, each alone: flmbox's default spec, and each way of
+// starting the agent's spare processes that a spec can choose.
+var spareModes = []struct {
+	name string
+	edit func(*sandbox.Spec) // nil: the default spec
+}{
+	{"default", nil},
+}
+
+// measureMemory measures, for each of spareModes, the host memory of one
+// sandbox just created (its agent answering) and left idle for a while, its
+// first Python and shell calls, warm calls, and its memory once idle again;
+// then the memory of a bare runsc container running sleep on the same
+// rootfs, measured the same way. One at a time, so that none shares pages
+// with another.
 func (r *runner) measureMemory(ctx context.Context) (Memory, error) {
 	var rep Memory
-	r.logf("memory: one idle sandbox, one bare runsc container")
-	sb, err := r.m.Create(ctx, r.spec("bench-memory"))
-	if err != nil {
-		return rep, err
+	for _, mode := range spareModes {
+		r.logf("memory: one idle sandbox (%s spares)", mode.name)
+		m, err := r.idleSandbox(ctx, mode.name, mode.edit)
+		if err != nil {
+			return rep, err
+		}
+		rep.Modes = append(rep.Modes, m)
 	}
-	mem, err := idleMemory(ctx, sb.Bundle, r.opts.Idle)
-	if rerr := r.m.Remove(context.WithoutCancel(ctx), sb.Name); err == nil {
-		err = rerr
+	if len(rep.Modes) > 0 {
+		m := rep.Modes[0]
+		rep.SandboxKiB, rep.SandboxRSSKiB, rep.SandboxProcesses = m.KiB, m.RSSKiB, m.Processes
 	}
-	if err != nil {
-		return rep, err
-	}
-	rep.SandboxKiB, rep.SandboxRSSKiB, rep.SandboxProcesses = mem.pss, mem.rss, mem.processes
 
+	r.logf("memory: one bare runsc container")
 	id := newRawID()
 	defer r.deleteRaw(context.WithoutCancel(ctx), id)
 	if err := r.startRaw(ctx, id); err != nil {
 		return rep, err
 	}
-	if mem, err = idleMemory(ctx, r.rawBundle(), r.opts.Idle); err != nil {
+	mem, err := idleMemory(ctx, r.rawBundle(), r.opts.Idle)
+	if err != nil {
 		return rep, err
 	}
 	rep.BareRunscKiB, rep.BareRunscRSSKiB, rep.BareRunscProcesses = mem.pss, mem.rss, mem.processes
 	return rep, nil
+}
+
+// idleSandbox measures one sandbox of the bench's spec, edited by edit (if
+// not nil): its memory idle after its creation, its first Python call and
+// its first shell call (in that order, through the Go API), warm calls of
+// each language (Options.Calls each, alternating, after a call of each
+// that is not measured), and its memory idle again.
+func (r *runner) idleSandbox(ctx context.Context, name string, edit func(*sandbox.Spec)) (m MemoryMode, err error) {
+	m.Spares = name
+	spec := r.spec("bench-memory")
+	if edit != nil {
+		edit(&spec)
+	}
+	sb, err := r.m.Create(ctx, spec)
+	if err != nil {
+		return m, err
+	}
+	defer func() {
+		if rerr := r.m.Remove(context.WithoutCancel(ctx), sb.Name); err == nil {
+			err = rerr
+		}
+	}()
+	mem, err := idleMemory(ctx, sb.Bundle, r.opts.Idle)
+	if err != nil {
+		return m, err
+	}
+	m.KiB, m.RSSKiB, m.Processes = mem.pss, mem.rss, mem.processes
+	first := map[string]*float64{wire.LanguagePython: &m.FirstPythonMS, wire.LanguageShell: &m.FirstShellMS}
+	warm := map[string][]float64{}
+	for i := -1; i <= r.opts.Calls; i++ {
+		for _, s := range []snippet{pythonSnippet, shellSnippet} {
+			d, err := r.call(ctx, sb.Name, s)
+			if err != nil {
+				return m, err
+			}
+			switch {
+			case i == -1:
+				*first[s.language] = ms(d)
+			case i >= 1: // the calls right after the first are not warm yet: their spares start
+				warm[s.language] = append(warm[s.language], ms(d))
+			}
+		}
+	}
+	m.WarmPythonMS, m.WarmShellMS = summarize(warm[wire.LanguagePython]), summarize(warm[wire.LanguageShell])
+	if mem, err = idleMemory(ctx, sb.Bundle, r.opts.Idle); err != nil {
+		return m, err
+	}
+	m.UsedKiB, m.UsedRSSKiB, m.UsedProcesses = mem.pss, mem.rss, mem.processes
+	return m, nil
 }
 
 // hostMemory is the memory of a set of host processes, in KiB.

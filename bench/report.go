@@ -228,7 +228,7 @@ type Prewarm struct {
 
 // Memory is host memory of all the host processes of one idle sandbox:
 // sandbox_kib and bare_runsc_kib are PSS (shared pages split among their
-// users); RSS is reported too.
+// users); RSS is reported too. The sandbox_ keys are the first of Modes.
 type Memory struct {
 	SandboxKiB         int64 `json:"sandbox_kib"`
 	BareRunscKiB       int64 `json:"bare_runsc_kib"`
@@ -236,6 +236,26 @@ type Memory struct {
 	BareRunscRSSKiB    int64 `json:"bare_runsc_rss_kib"`
 	SandboxProcesses   int   `json:"sandbox_processes"`
 	BareRunscProcesses int   `json:"bare_runsc_processes"`
+	// Modes are sandboxes whose agents start their spare processes in
+	// different ways, measured one after the other (added for issue 15).
+	Modes []MemoryMode `json:"modes"`
+}
+
+// MemoryMode is one sandbox measured idle after its creation (PSS and RSS,
+// KiB), then its first Python and shell calls, warm calls of each (in
+// process, Stats of Settings.Calls each), and idle again after them.
+type MemoryMode struct {
+	Spares        string  `json:"spares"` // "default", or the mode of the agent's spares
+	KiB           int64   `json:"kib"`
+	RSSKiB        int64   `json:"rss_kib"`
+	Processes     int     `json:"processes"`
+	FirstPythonMS float64 `json:"first_python_ms"`
+	FirstShellMS  float64 `json:"first_shell_ms"`
+	WarmPythonMS  Stats   `json:"warm_python_ms"`
+	WarmShellMS   Stats   `json:"warm_shell_ms"`
+	UsedKiB       int64   `json:"used_kib"`
+	UsedRSSKiB    int64   `json:"used_rss_kib"`
+	UsedProcesses int     `json:"used_processes"`
 }
 
 // Runsc is the runsc measured: its path, version and gVisor platform.

@@ -69,10 +69,12 @@ func sampleReport(retained bool, crane bool) *Report {
 		Allocation: Allocation{FreshMS: s(170), RawRunscMS: s(120), FreshInprocessMS: s(140)},
 		Batch:      Batch{Snippets: 64, Parallel: 2, SerialS: 40, ParallelS: 21, SnippetNativeS: 0.2},
 		Prewarm:    Prewarm{ColdMS: 1100, HitMS: 3, Cold: s(1100), Hit: s(3)},
-		Memory:     Memory{SandboxKiB: 60000, BareRunscKiB: 30000, SandboxRSSKiB: 120000, BareRunscRSSKiB: 65000, SandboxProcesses: 9, BareRunscProcesses: 6},
-		Runsc:      Runsc{Path: "/usr/local/bin/runsc", Version: "v1", Platform: "systrap"},
-		Image:      Image{Ref: "oci-layout:/x@sha256:1", Platform: "linux/amd64", SizeBytes: 1 << 20},
-		Settings:   Settings{Pairs: 3, Warmup: 2, Rounds: 2, Calls: 10, PrewarmRounds: 2, CPUs: 2},
+		Memory: Memory{SandboxKiB: 60000, BareRunscKiB: 30000, SandboxRSSKiB: 120000, BareRunscRSSKiB: 65000, SandboxProcesses: 9, BareRunscProcesses: 6,
+			Modes: []MemoryMode{{Spares: "default", KiB: 60000, RSSKiB: 120000, Processes: 9, FirstPythonMS: 30, FirstShellMS: 20,
+				WarmPythonMS: Stats{12, 10, 20, 50}, WarmShellMS: Stats{6, 5, 9, 50}, UsedKiB: 70000, UsedRSSKiB: 130000, UsedProcesses: 11}}},
+		Runsc:    Runsc{Path: "/usr/local/bin/runsc", Version: "v1", Platform: "systrap"},
+		Image:    Image{Ref: "oci-layout:/x@sha256:1", Platform: "linux/amd64", SizeBytes: 1 << 20},
+		Settings: Settings{Pairs: 3, Warmup: 2, Rounds: 2, Calls: 10, PrewarmRounds: 2, CPUs: 2},
 		Instance: Instance{EnterFirstResultMS: s(250), SocketMS: s(12), EnterMS: s(180), FreshMS: s(160),
 			Warm: []InstanceWarm{{Language: "python", MedianMS: 14, P95MS: 20, CLIMedianMS: 16, CLIP95MS: 25, Calls: 20},
 				{Language: "shell", MedianMS: 6, P95MS: 9, CLIMedianMS: 8, CLIP95MS: 12, Calls: 20}}},
@@ -138,9 +140,11 @@ func TestJSONKeys(t *testing.T) {
 		"copy":       {"bytes", "host_tar_ms", "in_ms", "out_ms"},
 		"suspend": {"image_bytes", "raw_checkpoint_ms", "raw_restore_first_result_ms", "resume_first_result_ms", "suspend_ms",
 			"suspended_processes", "tmp_bytes"},
-		"batch":    {"parallel", "parallel_s", "serial_s", "snippet_native_s", "snippets"},
-		"prewarm":  {"cold_ms", "cold_stats", "crane_tar_ms", "crane_tar_stats", "hit_ms", "hit_stats"},
-		"memory":   {"bare_runsc_kib", "bare_runsc_processes", "bare_runsc_rss_kib", "sandbox_kib", "sandbox_processes", "sandbox_rss_kib"},
+		"batch":   {"parallel", "parallel_s", "serial_s", "snippet_native_s", "snippets"},
+		"prewarm": {"cold_ms", "cold_stats", "crane_tar_ms", "crane_tar_stats", "hit_ms", "hit_stats"},
+		"memory":  {"bare_runsc_kib", "bare_runsc_processes", "bare_runsc_rss_kib", "modes", "sandbox_kib", "sandbox_processes", "sandbox_rss_kib"},
+		"memory.modes[0]": {"first_python_ms", "first_shell_ms", "kib", "processes", "rss_kib", "spares", "used_kib", "used_processes",
+			"used_rss_kib", "warm_python_ms", "warm_shell_ms"},
 		"runsc":    {"path", "platform", "version"},
 		"image":    {"index_digest", "manifest_digest", "platform", "ref", "size_bytes"},
 		"settings": {"calls", "cpus", "pairs", "pause_ms", "prewarm_rounds", "rounds", "warmup"},
@@ -173,6 +177,8 @@ func TestJSONKeys(t *testing.T) {
 			v = obj["allocation"].(map[string]any)["fresh_ms"]
 		case "instance.warm[0]":
 			v = obj["instance"].(map[string]any)["warm"].([]any)[0]
+		case "memory.modes[0]":
+			v = obj["memory"].(map[string]any)["modes"].([]any)[0]
 		case "callback.inside_ms":
 			v = obj["callback"].(map[string]any)["inside_ms"]
 		default:

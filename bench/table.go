@@ -90,8 +90,16 @@ func tableRows(rep *Report) []row {
 		row{"host memory of an idle sandbox (PSS)", fmtKiB(m.SandboxKiB), "bare runsc sleep " + fmtKiB(m.BareRunscKiB), ratio(float64(m.SandboxKiB), float64(m.BareRunscKiB)), "", ""},
 		row{"  RSS", fmtKiB(m.SandboxRSSKiB), "bare runsc sleep " + fmtKiB(m.BareRunscRSSKiB), ratio(float64(m.SandboxRSSKiB), float64(m.BareRunscRSSKiB)), "", ""},
 	)
+	for _, md := range m.Modes {
+		rows = append(rows,
+			row{fmt.Sprintf("  %s spares: idle, new (PSS)", md.Spares), fmtKiB(md.KiB), "bare runsc sleep " + fmtKiB(m.BareRunscKiB), ratio(float64(md.KiB), float64(m.BareRunscKiB)), "", ""},
+			row{fmt.Sprintf("  %s spares: idle after calls (PSS)", md.Spares), fmtKiB(md.UsedKiB), "bare runsc sleep " + fmtKiB(m.BareRunscKiB), ratio(float64(md.UsedKiB), float64(m.BareRunscKiB)), "", ""},
+			row{fmt.Sprintf("  %s spares: first Python call, then shell", md.Spares), fmtMS(md.FirstPythonMS), fmtMS(md.FirstShellMS), "", "", ""},
+			row{fmt.Sprintf("  %s spares: warm Python, shell (Go API)", md.Spares), fmtMS(md.WarmPythonMS.Median), fmtMS(md.WarmShellMS.Median), "", "", ""},
+		)
+	}
 	if p.CraneTarMS != nil {
-		r := &rows[len(rows)-4]
+		r := &rows[len(rows)-4-4*len(m.Modes)]
 		r.baseline, r.ratio = "crane export | tar -x "+fmtMS(*p.CraneTarMS), ratio(p.ColdMS, *p.CraneTarMS)
 	}
 	if cp := rep.Copy; cp.InMS.N > 0 {

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -71,9 +72,16 @@ type Agent struct {
 	// language ahead of time, and fork Python processes from a zygote (see
 	// spares_linux.go). Close kills them.
 	Spares bool
+	// LazySpares, with Spares, makes Serve start no process ahead of the
+	// first call: each language's spares start once a call of it has run,
+	// and are kept from then on, as with Spares alone. An idle sandbox that
+	// no call used then holds the agent alone, at the price of a first Python
+	// call that starts python3 (see spares_linux.go).
+	LazySpares bool
 	// SpareLimits are the limits of the Python spare that Serve starts at
-	// once; later spares take the limits of the last call of their language.
-	// A request with other limits starts a process of its own.
+	// once (none with LazySpares); later spares take the limits of the last
+	// call of their language. A request with other limits starts a process
+	// of its own.
 	SpareLimits wire.Limits
 	// MemInfo is a /proc/meminfo file that tells how much memory the
 	// sandbox uses; while snippets run, the agent reads it and kills those
@@ -143,6 +151,12 @@ type Agent struct {
 	// As PID 1, what clears the sandbox's kernel (leftovers_linux.go).
 	keyrings keyrings // the sandbox's key set
 	mqueues  *os.File // the root of the sandbox's mqueue filesystem, once a reset opened it
+
+	trimMu sync.Mutex
+	trim   *time.Timer // idleTrim's, once a call has ended
+	// freeOSMemory is what idleTrim calls (nil: debug.FreeOSMemory); tests
+	// count its calls.
+	freeOSMemory func()
 
 	cbMu      sync.Mutex
 	callbacks map[string]*callback // calls' callback sockets, by ID
@@ -219,7 +233,9 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 	defer a.Close()
 	var wg sync.WaitGroup
 	defer wg.Wait() // after cancel: the calls and the reaper end with ctx
-	a.refill(wire.LanguagePython, a.SpareLimits)
+	if !a.LazySpares {
+		a.refill(wire.LanguagePython, a.SpareLimits)
+	}
 	if os.Getpid() == 1 {
 		a.startSealingKeyrings() // no snippet may make a keyring: it would outlive it
 	}
@@ -236,6 +252,7 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 	if reapsOrphans() {
 		wg.Go(func() { reapLoop(ctx) })
 	}
+	a.idleTrim() // what starting took, unless a call comes first
 	var backoff time.Duration
 	for {
 		conn, err := ln.Accept()
@@ -319,6 +336,35 @@ func (a *Agent) afterCall(req *wire.Request, ran bool) {
 	if ran {
 		a.refill(req.Language, req.Limits)
 	}
+	a.idleTrim()
+}
+
+// trimAfter is how long the agent waits, once a call has ended and none
+// followed, before it returns its free heap to the kernel.
+const trimAfter = time.Second
+
+// idleTrim returns the agent's free memory to the kernel (a garbage
+// collection, then debug.FreeOSMemory) once no call came for trimAfter.
+// Under gVisor, memory the agent's heap grew to (each call's buffers, some
+// 4 MiB after a hundred calls) stays in the sandbox's memory file, charged
+// to the host, until Go's scavenger returns it, which it does slowly; freed
+// pages go back to the host at once. Calls back to back never wait for it.
+func (a *Agent) idleTrim() {
+	a.trimMu.Lock()
+	defer a.trimMu.Unlock()
+	if a.trim == nil {
+		a.trim = time.AfterFunc(trimAfter, func() {
+			switch {
+			case a.running.Load() > 0: // the call's end sets the timer again
+			case a.freeOSMemory != nil:
+				a.freeOSMemory()
+			default:
+				debug.FreeOSMemory()
+			}
+		})
+		return
+	}
+	a.trim.Reset(trimAfter)
 }
 
 // answer reads the request on conn and runs it, sending its events with

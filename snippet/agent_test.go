@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -634,5 +635,29 @@ func TestCallPing(t *testing.T) {
 	a := testAgent(t)
 	if res := call(t, serve(t, a), wire.PingRequest()); res.ExitCode != 0 || res.Error != "" {
 		t.Fatalf("ping: %s", dump(res))
+	}
+}
+
+// TestIdleTrim checks that the agent returns its free memory once, a
+// while after the last of calls back to back, and not while one runs.
+func TestIdleTrim(t *testing.T) {
+	var trims atomic.Int32
+	a := testAgent(t)
+	a.freeOSMemory = func() { trims.Add(1) }
+	start := time.Now()
+	for range 3 {
+		run(t, a, request(wire.LanguageShell, "true"))
+	}
+	res := run(t, a, request(wire.LanguageShell, "sleep 1.5"))
+	if res.ExitCode != 0 {
+		t.Fatalf("sleep: %s", dump(res))
+	}
+	if n := trims.Load(); n != 0 {
+		t.Fatalf("%d trims while calls came or ran (%s)", n, time.Since(start))
+	}
+	waitUntil(t, "a trim", func() bool { return trims.Load() == 1 })
+	time.Sleep(trimAfter + 200*time.Millisecond)
+	if n := trims.Load(); n != 1 {
+		t.Fatalf("%d trims after one idle period, want 1", n)
 	}
 }

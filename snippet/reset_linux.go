@@ -39,7 +39,7 @@ const resetTimeout = 5 * time.Second
 func (a *Agent) Reset(ctx context.Context) (err error) {
 	a.init()
 	defer func() {
-		if err == nil {
+		if err == nil && !a.LazySpares {
 			// As a new sandbox's agent does when it starts: the first call
 			// after a reset (a pooled sandbox's first user) finds its spare.
 			a.refill(wire.LanguagePython, a.SpareLimits)

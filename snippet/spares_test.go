@@ -493,3 +493,66 @@ func TestZygoteReportsAChildItWasGiven(t *testing.T) {
 		}
 	}
 }
+
+// TestLazySpares checks that with LazySpares the agent starts no process
+// before the first call of each language, runs that call in a process of
+// its own, and keeps spares (and the zygote) from then on, as without it.
+func TestLazySpares(t *testing.T) {
+	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), Spares: true, LazySpares: true}
+	socket := serve(t, a)
+	idle := func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return len(a.spares) == 0 && len(a.refilling) == 0 && a.zyg == nil
+	}
+	// A ping is answered once Serve accepts, after it would have started
+	// the first spare.
+	if res := call(t, socket, &wire.Request{Version: wire.ProtocolVersion, Ping: true}); res.Error != "" {
+		t.Fatalf("ping: %s", dump(res))
+	}
+	time.Sleep(100 * time.Millisecond)
+	if !idle() {
+		t.Fatal("a lazy agent started a process before any call")
+	}
+	// A shell call starts the shell's spare only.
+	res := call(t, socket, request(wire.LanguageShell, "echo $PPID"))
+	if res.ExitCode != 0 || strings.TrimSpace(string(res.Stdout.Data)) != strconv.Itoa(os.Getpid()) {
+		t.Fatalf("the first shell call: %s", dump(res))
+	}
+	if a.shellIsDash {
+		waitSpare(t, a, wire.LanguageShell)
+	}
+	a.mu.Lock()
+	py := a.spares[wire.LanguagePython] != nil || a.refilling[wire.LanguagePython] != nil || a.zyg != nil
+	a.mu.Unlock()
+	if py {
+		t.Fatal("a shell call started a Python process")
+	}
+	// The first Python call runs in a python3 the agent starts for it; the
+	// next ones in spares forked by the zygote.
+	pids := map[string]bool{}
+	for i := range 3 {
+		res := call(t, socket, request(wire.LanguagePython, "import os; print(os.getpid(), os.getppid())"))
+		f := strings.Fields(string(res.Stdout.Data))
+		if res.ExitCode != 0 || len(f) != 2 || pids[f[0]] {
+			t.Fatalf("Python call %d: %s", i, dump(res))
+		}
+		pids[f[0]] = true
+		if parent := f[1] == strconv.Itoa(os.Getpid()); parent != (i == 0) {
+			t.Errorf("Python call %d ran in a child of %s; want the agent's own python3 first, then the zygote's", i, f[1])
+		}
+		waitSpare(t, a, wire.LanguagePython)
+	}
+	if a.zygote(false) == nil {
+		t.Fatal("no zygote after three Python calls")
+	}
+	// A reset drops them all, and the next calls start them again.
+	if res := call(t, socket, request(wire.LanguageShell, "true", func(r *wire.Request) { r.Reset = true })); res.ExitCode != 0 {
+		t.Fatalf("reset: %s", dump(res))
+	}
+	res = call(t, socket, request(wire.LanguagePython, "print(1)"))
+	if res.ExitCode != 0 {
+		t.Fatalf("a Python call after the reset: %s", dump(res))
+	}
+	waitSpare(t, a, wire.LanguagePython)
+}

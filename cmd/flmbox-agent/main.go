@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/signal"
 	goruntime "runtime"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -38,7 +39,7 @@ func main() {
 	}
 }
 
-const usage = "usage: flmbox-agent --socket PATH [--limits JSON] [--memory-budget BYTES] [--inode-bytes BYTES] [--user UID:GID] [--callback-dir DIR] [--spares=false] [--meminfo FILE] [--clean-dir DIR]..."
+const usage = "usage: flmbox-agent --socket PATH [--limits JSON] [--memory-budget BYTES] [--inode-bytes BYTES] [--user UID:GID] [--callback-dir DIR] [--spares=true|false|lazy] [--meminfo FILE] [--clean-dir DIR]..."
 
 // dirs is a flag that may be given several times.
 type dirs []string
@@ -50,13 +51,72 @@ func (d *dirs) Set(v string) error {
 	return nil
 }
 
+// spareMode is --spares: a boolean flag (--spares alone is true) that
+// also takes lazy.
+type spareMode string
+
+const (
+	sparesTrue  spareMode = "true"
+	sparesFalse spareMode = "false"
+	sparesLazy  spareMode = "lazy" // snippet.Agent.LazySpares
+)
+
+func (m *spareMode) String() string   { return string(*m) }
+func (m *spareMode) IsBoolFlag() bool { return true }
+
+func (m *spareMode) Set(v string) error {
+	if v == string(sparesLazy) {
+		*m = sparesLazy
+		return nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return fmt.Errorf("want true, false or lazy")
+	}
+	*m = sparesFalse
+	if b {
+		*m = sparesTrue
+	}
+	return nil
+}
+
 func run(args []string) error {
 	if len(args) > 0 && args[0] == snippet.HelperArg {
 		return snippet.RunHelper(args[1:]) // started by the agent's reset
 	}
+	a, socket, err := parseArgs(args)
+	if err != nil || a == nil {
+		return err // no agent: -h
+	}
+	// Snippets must not be able to trace the agent or read its memory,
+	// even when they run as its user (no --user).
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("make the agent non-dumpable: %w", err)
+	}
+	// One P: the agent's goroutines wait on the snippet, and under gVisor
+	// every scheduler handoff between threads is a costly futex; more Ps
+	// only add spinning threads.
+	goruntime.GOMAXPROCS(1)
+	a.Listen = func() (net.Listener, error) {
+		_ = os.Remove(socket) // a socket left by an earlier agent, or before a checkpoint
+		return net.Listen("unix", socket)
+	}
+	ln, err := a.Listen()
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", socket, err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return a.Serve(ctx, ln)
+}
+
+// parseArgs returns the agent that the command line asks for and the socket
+// it is to listen on; with -h it prints the usage and returns no agent.
+func parseArgs(args []string) (*snippet.Agent, string, error) {
 	fs := flag.NewFlagSet("flmbox-agent", flag.ContinueOnError)
 	socket := fs.String("socket", "", "Unix socket to listen on (required)")
-	spares := fs.Bool("spares", true, "start each language's next snippet process ahead of time")
+	spares := sparesTrue
+	fs.Var(&spares, "spares", "start each language's next snippet process ahead of time: true, false, or lazy (none before the first call of each language)")
 	limits := fs.String("limits", "", "the limits of the first spare, as JSON (wire.Limits)")
 	meminfo := fs.String("meminfo", "/proc/meminfo", "where the sandbox's memory use is read while snippets run; empty: no memory watch")
 	budget := fs.Int64("memory-budget", 0, "the bytes that snippets and /tmp may use together (default: MemTotal)")
@@ -71,47 +131,29 @@ func run(args []string) error {
 			fmt.Println(usage)
 			fs.SetOutput(os.Stdout)
 			fs.PrintDefaults()
-			return nil
+			return nil, "", nil
 		}
-		return fmt.Errorf("%w; %s", err, usage)
+		return nil, "", fmt.Errorf("%w; %s", err, usage)
 	}
 	if *socket == "" || fs.NArg() > 0 {
-		return errors.New(usage)
+		return nil, "", errors.New(usage)
 	}
 	if len(clean) == 0 {
 		clean = dirs{"/tmp", "/dev/shm"}
 	}
-	a := &snippet.Agent{Spares: *spares, CleanDirs: clean, MemInfo: *meminfo, MemoryBudget: *budget, InodeBytes: *inodeBytes, KillStrays: true, CallbackDir: *callbackDir}
+	a := &snippet.Agent{Spares: spares != sparesFalse, LazySpares: spares == sparesLazy, CleanDirs: clean, MemInfo: *meminfo,
+		MemoryBudget: *budget, InodeBytes: *inodeBytes, KillStrays: true, CallbackDir: *callbackDir}
 	if *user != "" {
 		u, err := snippet.ParseUser(*user)
 		if err != nil {
-			return fmt.Errorf("--user: %w", err)
+			return nil, "", fmt.Errorf("--user: %w", err)
 		}
 		a.User = u
 	}
 	if *limits != "" {
 		if err := json.Unmarshal([]byte(*limits), &a.SpareLimits); err != nil {
-			return fmt.Errorf("--limits: %w", err)
+			return nil, "", fmt.Errorf("--limits: %w", err)
 		}
 	}
-	// Snippets must not be able to trace the agent or read its memory,
-	// even when they run as its user (no --user).
-	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
-		return fmt.Errorf("make the agent non-dumpable: %w", err)
-	}
-	// One P: the agent's goroutines wait on the snippet, and under gVisor
-	// every scheduler handoff between threads is a costly futex; more Ps
-	// only add spinning threads.
-	goruntime.GOMAXPROCS(1)
-	a.Listen = func() (net.Listener, error) {
-		_ = os.Remove(*socket) // a socket left by an earlier agent, or before a checkpoint
-		return net.Listen("unix", *socket)
-	}
-	ln, err := a.Listen()
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", *socket, err)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	return a.Serve(ctx, ln)
+	return a, *socket, nil
 }
