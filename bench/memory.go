@@ -23,6 +23,7 @@ var spareModes = []struct {
 	edit func(*sandbox.Spec) // nil: the default spec
 }{
 	{"default", nil},
+	{"lazy", func(s *sandbox.Spec) { s.LazySpares = true }},
 }
 
 // measureMemory measures, for each of spareModes, the host memory of one

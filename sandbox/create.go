@@ -183,9 +183,7 @@ func (m *Manager) specOpts(spec Spec, rec *record.Record, rootfsDir string, imag
 		runtime.WithEnv(Environment(imageEnv, append(pipEnv, spec.Env...))),
 		runtime.WithBind(agent, agentBinary, true),
 		runtime.WithBind(m.wheels.WheelsDir(), pipcacheMount, true),
-		runtime.WithArgs(agentBinary, "--socket", agentSocket, "--user", fmt.Sprintf("%d:%d", UID, GID), "--limits", string(spareLimits),
-			"--memory-budget", strconv.FormatInt(spec.Limits.MemoryBytes, 10),
-			"--inode-bytes", strconv.FormatInt(runtime.InodeBytes, 10)),
+		runtime.WithArgs(agentArgs(spec, spareLimits)...),
 	}
 	for _, mt := range spec.Mounts {
 		opts = append(opts, runtime.WithBind(mt.Source, mt.Destination, mt.ReadOnly))
@@ -194,6 +192,17 @@ func (m *Manager) specOpts(spec Spec, rec *record.Record, rootfsDir string, imag
 		withRunDir(rec),
 		runtime.WithNetwork(spec.Network),
 		runtime.WithLimits(spec.Limits)), nil
+}
+
+// agentArgs is the agent's command line in a sandbox of spec.
+func agentArgs(spec Spec, spareLimits []byte) []string {
+	args := []string{agentBinary, "--socket", agentSocket, "--user", fmt.Sprintf("%d:%d", UID, GID), "--limits", string(spareLimits),
+		"--memory-budget", strconv.FormatInt(spec.Limits.MemoryBytes, 10),
+		"--inode-bytes", strconv.FormatInt(runtime.InodeBytes, 10)}
+	if spec.LazySpares {
+		args = append(args, "--spares=lazy")
+	}
+	return args
 }
 
 // claim makes the sandbox's directory with its record, locked, under its

@@ -50,6 +50,7 @@ func TestShapeKey(t *testing.T) {
 		"Mounts":      func(s *shape) { s.Mounts[0].ReadOnly = false },
 		"Protocol":    func(s *shape) { s.Protocol = 2 },
 		"Agent":       func(s *shape) { s.Agent = "4700001-1764600000000000000" },
+		"LazySpares":  func(s *shape) { s.LazySpares = true },
 	}
 	// Every field of shape has a change here: a field added later must be
 	// in the key, and in this test.

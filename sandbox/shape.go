@@ -35,6 +35,8 @@ type shape struct {
 	Pip      []string      `json:"pip,omitempty"`
 	Mounts   []Mount       `json:"mounts,omitempty"`
 	Protocol int           `json:"protocol"`
+	// LazySpares is Spec.LazySpares.
+	LazySpares bool `json:"lazy_spares,omitempty"`
 	// Agent identifies the agent binary (its size and modification time):
 	// a sandbox runs the agent it was made with, so a pool never hands out
 	// one of an earlier build.
@@ -63,7 +65,7 @@ func agentID(fi os.FileInfo) string { return fmt.Sprintf("%d-%d", fi.Size(), fi.
 func shapeFrom(spec Spec, manifest, agentID string) shape {
 	return shape{Manifest: manifest, Network: string(spec.Network), Platform: spec.Platform,
 		Limits: recordLimits(spec.Limits), TmpBytes: spec.TmpBytes, Env: spec.Env, Pip: spec.Pip,
-		Mounts: spec.Mounts, Protocol: wire.ProtocolVersion, Agent: agentID}
+		Mounts: spec.Mounts, Protocol: wire.ProtocolVersion, Agent: agentID, LazySpares: spec.LazySpares}
 }
 
 // key names the shape: 16 hex digits of the SHA-256 of its JSON.
@@ -79,7 +81,7 @@ func (s shape) key() string {
 // spec is a Spec that makes sandboxes of the shape from image.
 func (s shape) spec(image string) Spec {
 	return Spec{Image: image, Network: runtime.Network(s.Network), Platform: s.Platform, Limits: runtimeLimits(s.Limits),
-		TmpBytes: s.TmpBytes, Env: s.Env, Pip: s.Pip, Mounts: s.Mounts}
+		TmpBytes: s.TmpBytes, Env: s.Env, Pip: s.Pip, Mounts: s.Mounts, LazySpares: s.LazySpares}
 }
 
 // DefaultIdleTimeout is how long a sandbox stays idle in a pool, by

@@ -25,6 +25,14 @@ type Spec struct {
 	Network runtime.Network
 	// Platform is gVisor's platform (systrap, ptrace, kvm). Default: runsc's.
 	Platform string
+	// LazySpares makes the agent start no spare process (a Python ready
+	// for the next call, the zygote) before the first call of each
+	// language, nor after a reset (flmbox-agent --spares=lazy): an idle
+	// sandbox then costs about a bare runsc container's memory, and the
+	// first call of each language pays for its interpreter's start (see
+	// docs/ARCHITECTURE.md, "What an idle sandbox costs"). Part of a
+	// pool's shape.
+	LazySpares bool
 	// Limits are the sandbox's limits; its zero fields take DefaultLimits'.
 	// MemoryBytes bounds the snippets' processes and /tmp together (a
 	// snippet that would exceed it is killed); the cgroup allows a quarter

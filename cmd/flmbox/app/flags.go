@@ -94,6 +94,7 @@ func sandboxFlags() []cli.Flag {
 		&cli.StringSliceFlag{Name: "env", Aliases: []string{"e"}, Usage: "set `K=V` in the sandbox's environment"},
 		&cli.StringFlag{Name: "gvisor-platform", Usage: "gVisor platform: systrap, ptrace or kvm (default: runsc's)"},
 		&cli.GenericFlag{Name: "pip", Value: &stringList{}, Usage: "preinstall `REQUIREMENT` from the wheel cache when the sandbox is created (repeatable)"},
+		&cli.BoolFlag{Name: "lazy-spares", Usage: "start no interpreter ahead of each language's first call: an idle sandbox costs less memory, that first call more time"},
 	)
 }
 
@@ -134,6 +135,7 @@ func specFrom(c *cli.Context) (sandbox.Spec, error) {
 		return s, fmt.Errorf("--cpus and --pids must be positive")
 	}
 	s.Pip = listFlag(c, "pip")
+	s.LazySpares = c.Bool("lazy-spares")
 	if err := sandbox.CheckRequirements(s.Pip); err != nil {
 		return s, err
 	}
