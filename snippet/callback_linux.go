@@ -98,7 +98,8 @@ func (a *Agent) openCallback(cb *wire.Callback, notify func(wire.Event) error) (
 		c.close()
 		return nil, nil, fmt.Errorf("announce the callbacks: %w", err)
 	}
-	c.accepting.Go(c.accept)
+	c.accepting.Add(1)
+	go c.accept()
 	env = []string{wire.CallbackSocketEnv + "=" + c.path}
 	for _, name := range cb.Env {
 		env = append(env, name+"="+c.path)
@@ -131,45 +132,60 @@ func (a *Agent) callbackDir() (string, error) {
 	return dir, nil
 }
 
-// accept takes the snippet's connections until the listener is closed.
+// accept takes the snippet's connections until the listener is closed. A
+// connection that takes a standby is forwarded on this goroutine, and
+// another takes the next connections: one hop fewer on the way of the
+// snippet's first bytes.
 func (c *callback) accept() {
 	for {
 		conn, err := c.ln.AcceptUnix()
 		if err != nil {
+			c.accepting.Done()
 			return
 		}
-		c.take(conn)
+		host := c.take(conn)
+		if host == nil {
+			continue
+		}
+		c.accepting.Add(1) // this goroutine is counted still
+		go c.accept()
+		c.accepting.Done()
+		c.forwarded(conn, host, true)
+		return
 	}
 }
 
-// take announces conn to the client, or refuses it.
-func (c *callback) take(conn *net.UnixConn) {
+// take forwards conn, or announces it to the client, or refuses it. A
+// connection that takes a standby connection of the client's is returned
+// with it, counted in c.wg, for the caller to forward (forwarded).
+func (c *callback) take(conn *net.UnixConn) (host net.Conn) {
 	if !c.fromCall(conn) {
 		c.refuse(conn)
-		return
+		return nil
 	}
 	c.mu.Lock()
 	if c.closed || c.n >= c.conns {
 		c.mu.Unlock()
 		c.refuse(conn)
-		return
+		return nil
 	}
 	c.n++
 	if len(c.standby) > 0 {
-		host := c.standby[0]
+		host = c.standby[0]
 		c.standby = c.standby[1:]
-		c.forwardLocked(conn, host, true)
+		c.openLocked(conn, host)
 		c.mu.Unlock()
-		return
+		return host
 	}
 	id := c.id + "-" + strconv.Itoa(c.n)
 	c.pending[id] = conn
 	c.mu.Unlock()
 	if err := c.notify(wire.Event{Callback: id}); err != nil {
 		c.drop(id)
-		return
+		return nil
 	}
 	time.AfterFunc(attachTimeout, func() { c.drop(id) })
+	return nil
 }
 
 // drop refuses the connection id if it still waits for the client.
@@ -268,8 +284,9 @@ func (a *Agent) attach(id string, host net.Conn, refused bool) {
 		c.refuse(conn)
 		return
 	}
-	c.forwardLocked(conn, host, false)
+	c.openLocked(conn, host)
 	c.mu.Unlock()
+	go c.forwarded(conn, host, false)
 }
 
 // standby keeps host, a connection of the client's, for the next connection
@@ -291,18 +308,23 @@ func (a *Agent) standby(id string, host net.Conn) {
 	c.standby = append(c.standby, host)
 }
 
-// forwardLocked forwards conn to host on a goroutine of its own; c.mu is
-// held. A standby host connection is woken by a first byte (see forward).
-func (c *callback) forwardLocked(conn *net.UnixConn, host net.Conn, standby bool) {
+// openLocked counts conn forwarded to host, in c.wg until forwarded ends;
+// c.mu is held.
+func (c *callback) openLocked(conn *net.UnixConn, host net.Conn) {
 	c.stats.Connections++
 	c.open[conn], c.open[host] = struct{}{}, struct{}{}
-	c.wg.Go(func() {
-		c.forward(conn, host, standby)
-		c.mu.Lock()
-		delete(c.open, conn)
-		delete(c.open, host)
-		c.mu.Unlock()
-	})
+	c.wg.Add(1)
+}
+
+// forwarded forwards conn to host (see forward), for a connection counted
+// by openLocked.
+func (c *callback) forwarded(conn *net.UnixConn, host net.Conn, standby bool) {
+	defer c.wg.Done()
+	c.forward(conn, host, standby)
+	c.mu.Lock()
+	delete(c.open, conn)
+	delete(c.open, host)
+	c.mu.Unlock()
 }
 
 // forward copies bytes both ways between the snippet's conn and the
@@ -329,9 +351,15 @@ func (c *callback) forward(conn *net.UnixConn, host net.Conn, standby bool) {
 	if standby {
 		wake = []byte{wire.CallbackWake}
 	}
+	// The snippet's bytes are copied on this goroutine; the host's, on one
+	// started once the wake byte is sent (nothing comes before).
 	var wg sync.WaitGroup
-	wg.Go(func() { c.copy(host, conn, &last, cut, true, wake) })
-	wg.Go(func() { c.copy(conn, host, &last, cut, false, nil) })
+	in := func() { wg.Go(func() { c.copy(conn, host, &last, cut, false, nil, nil) }) }
+	if !standby {
+		in()
+		in = nil
+	}
+	c.copy(host, conn, &last, cut, true, wake, in)
 	wg.Wait()
 }
 
@@ -340,8 +368,9 @@ func (c *callback) forward(conn *net.UnixConn, host net.Conn, standby bool) {
 const wakeWait = 2 * time.Millisecond
 
 // copy copies src to dst (out: from the snippet) within the limits, wake
-// first (with the first bytes read within wakeWait, or alone).
-func (c *callback) copy(dst, src net.Conn, last *atomic.Int64, cut func(), out bool, wake []byte) {
+// first (with the first bytes read within wakeWait, or alone), and calls
+// then, if not nil, after its first write.
+func (c *callback) copy(dst, src net.Conn, last *atomic.Int64, cut func(), out bool, wake []byte, then func()) {
 	buf := make([]byte, 32<<10)
 	var total int64
 	for {
@@ -374,6 +403,10 @@ func (c *callback) copy(dst, src net.Conn, last *atomic.Int64, cut func(), out b
 			if _, werr := dst.Write(data); werr != nil {
 				cut()
 				return
+			}
+			if then != nil {
+				then()
+				then = nil
 			}
 		}
 		switch {
