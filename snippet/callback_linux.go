@@ -329,8 +329,10 @@ func (c *callback) forwarded(conn *net.UnixConn, host net.Conn, standby bool) {
 
 // forward copies bytes both ways between the snippet's conn and the
 // client's host until both directions end, then closes both. A direction
-// ends at EOF (passed on as a half close), or cuts the connection (both
-// closed at once) past c.bytes or after c.idle without a byte either way.
+// ends at EOF (passed on as a half close, unless the other direction has
+// ended: then closing both passes it on, with one call across to the host
+// fewer), or cuts the connection (both closed at once) past c.bytes or
+// after c.idle without a byte either way.
 //
 // A standby connection of the client's waits for a first byte
 // (wire.CallbackWake) before it dials its server: it is sent with the
@@ -341,12 +343,11 @@ func (c *callback) forwarded(conn *net.UnixConn, host net.Conn, standby bool) {
 func (c *callback) forward(conn *net.UnixConn, host net.Conn, standby bool) {
 	defer conn.Close()
 	defer host.Close()
-	var last atomic.Int64 // unix nanoseconds of the last byte either way
-	last.Store(time.Now().UnixNano())
-	cut := func() {
+	l := &link{cut: func() {
 		conn.Close()
 		host.Close()
-	}
+	}}
+	l.last.Store(time.Now().UnixNano())
 	var wake []byte
 	if standby {
 		wake = []byte{wire.CallbackWake}
@@ -354,13 +355,20 @@ func (c *callback) forward(conn *net.UnixConn, host net.Conn, standby bool) {
 	// The snippet's bytes are copied on this goroutine; the host's, on one
 	// started once the wake byte is sent (nothing comes before).
 	var wg sync.WaitGroup
-	in := func() { wg.Go(func() { c.copy(conn, host, &last, cut, false, nil, nil) }) }
+	in := func() { wg.Go(func() { c.copy(conn, host, l, false, nil, nil) }) }
 	if !standby {
 		in()
 		in = nil
 	}
-	c.copy(host, conn, &last, cut, true, wake, in)
+	c.copy(host, conn, l, true, wake, in)
 	wg.Wait()
+}
+
+// link is what the two directions of a forwarded connection share.
+type link struct {
+	last  atomic.Int64   // unix nanoseconds of the last byte either way
+	ended [2]atomic.Bool // a direction's EOF, from the snippet (0) or the host (1)
+	cut   func()         // closes both ends at once
 }
 
 // wakeWait is how long a standby's wake byte waits for the snippet's first
@@ -370,11 +378,11 @@ const wakeWait = 2 * time.Millisecond
 // copy copies src to dst (out: from the snippet) within the limits, wake
 // first (with the first bytes read within wakeWait, or alone), and calls
 // then, if not nil, after its first write.
-func (c *callback) copy(dst, src net.Conn, last *atomic.Int64, cut func(), out bool, wake []byte, then func()) {
+func (c *callback) copy(dst, src net.Conn, l *link, out bool, wake []byte, then func()) {
 	buf := make([]byte, 32<<10)
 	var total int64
 	for {
-		deadline := time.Unix(0, last.Load()).Add(c.idle)
+		deadline := time.Unix(0, l.last.Load()).Add(c.idle)
 		if wake != nil {
 			deadline = time.Now().Add(wakeWait)
 		}
@@ -384,7 +392,7 @@ func (c *callback) copy(dst, src net.Conn, last *atomic.Int64, cut func(), out b
 			err = nil // the snippet waits for the server to speak first
 		}
 		if n > 0 {
-			last.Store(time.Now().UnixNano())
+			l.last.Store(time.Now().UnixNano())
 			if total+int64(n) > c.bytes {
 				n = int(c.bytes - total)
 				err = errOverLimit
@@ -401,7 +409,7 @@ func (c *callback) copy(dst, src net.Conn, last *atomic.Int64, cut func(), out b
 			// A side that stops reading is idle too: its write is cut.
 			dst.SetWriteDeadline(time.Now().Add(c.idle))
 			if _, werr := dst.Write(data); werr != nil {
-				cut()
+				l.cut()
 				return
 			}
 			if then != nil {
@@ -412,18 +420,26 @@ func (c *callback) copy(dst, src net.Conn, last *atomic.Int64, cut func(), out b
 		switch {
 		case err == nil:
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			if time.Since(time.Unix(0, last.Load())) < c.idle {
+			if time.Since(time.Unix(0, l.last.Load())) < c.idle {
 				continue // the other direction carried bytes
 			}
-			cut()
+			l.cut()
 			return
 		case errors.Is(err, io.EOF):
+			dir := 1
+			if out {
+				dir = 0
+			}
+			l.ended[dir].Store(true)
+			if l.ended[1-dir].Load() {
+				return // forward closes both
+			}
 			if cw, ok := dst.(interface{ CloseWrite() error }); ok {
 				cw.CloseWrite()
 			}
 			return
 		default:
-			cut()
+			l.cut()
 			return
 		}
 	}
