@@ -98,7 +98,8 @@ func (a *Agent) openCallback(cb *wire.Callback, notify func(wire.Event) error) (
 		c.close()
 		return nil, nil, fmt.Errorf("announce the callbacks: %w", err)
 	}
-	c.accepting.Go(c.accept)
+	c.accepting.Add(1)
+	go c.accept()
 	env = []string{wire.CallbackSocketEnv + "=" + c.path}
 	for _, name := range cb.Env {
 		env = append(env, name+"="+c.path)
@@ -131,45 +132,60 @@ func (a *Agent) callbackDir() (string, error) {
 	return dir, nil
 }
 
-// accept takes the snippet's connections until the listener is closed.
+// accept takes the snippet's connections until the listener is closed. A
+// connection that takes a standby is forwarded on this goroutine, and
+// another takes the next connections: one hop fewer on the way of the
+// snippet's first bytes.
 func (c *callback) accept() {
 	for {
 		conn, err := c.ln.AcceptUnix()
 		if err != nil {
+			c.accepting.Done()
 			return
 		}
-		c.take(conn)
+		host := c.take(conn)
+		if host == nil {
+			continue
+		}
+		c.accepting.Add(1) // this goroutine is counted still
+		go c.accept()
+		c.accepting.Done()
+		c.forwarded(conn, host, true)
+		return
 	}
 }
 
-// take announces conn to the client, or refuses it.
-func (c *callback) take(conn *net.UnixConn) {
+// take forwards conn, or announces it to the client, or refuses it. A
+// connection that takes a standby connection of the client's is returned
+// with it, counted in c.wg, for the caller to forward (forwarded).
+func (c *callback) take(conn *net.UnixConn) (host net.Conn) {
 	if !c.fromCall(conn) {
 		c.refuse(conn)
-		return
+		return nil
 	}
 	c.mu.Lock()
 	if c.closed || c.n >= c.conns {
 		c.mu.Unlock()
 		c.refuse(conn)
-		return
+		return nil
 	}
 	c.n++
 	if len(c.standby) > 0 {
-		host := c.standby[0]
+		host = c.standby[0]
 		c.standby = c.standby[1:]
-		c.forwardLocked(conn, host, true)
+		c.openLocked(conn, host)
 		c.mu.Unlock()
-		return
+		return host
 	}
 	id := c.id + "-" + strconv.Itoa(c.n)
 	c.pending[id] = conn
 	c.mu.Unlock()
 	if err := c.notify(wire.Event{Callback: id}); err != nil {
 		c.drop(id)
-		return
+		return nil
 	}
 	time.AfterFunc(attachTimeout, func() { c.drop(id) })
+	return nil
 }
 
 // drop refuses the connection id if it still waits for the client.
@@ -268,8 +284,9 @@ func (a *Agent) attach(id string, host net.Conn, refused bool) {
 		c.refuse(conn)
 		return
 	}
-	c.forwardLocked(conn, host, false)
+	c.openLocked(conn, host)
 	c.mu.Unlock()
+	go c.forwarded(conn, host, false)
 }
 
 // standby keeps host, a connection of the client's, for the next connection
@@ -291,24 +308,31 @@ func (a *Agent) standby(id string, host net.Conn) {
 	c.standby = append(c.standby, host)
 }
 
-// forwardLocked forwards conn to host on a goroutine of its own; c.mu is
-// held. A standby host connection is woken by a first byte (see forward).
-func (c *callback) forwardLocked(conn *net.UnixConn, host net.Conn, standby bool) {
+// openLocked counts conn forwarded to host, in c.wg until forwarded ends;
+// c.mu is held.
+func (c *callback) openLocked(conn *net.UnixConn, host net.Conn) {
 	c.stats.Connections++
 	c.open[conn], c.open[host] = struct{}{}, struct{}{}
-	c.wg.Go(func() {
-		c.forward(conn, host, standby)
-		c.mu.Lock()
-		delete(c.open, conn)
-		delete(c.open, host)
-		c.mu.Unlock()
-	})
+	c.wg.Add(1)
+}
+
+// forwarded forwards conn to host (see forward), for a connection counted
+// by openLocked.
+func (c *callback) forwarded(conn *net.UnixConn, host net.Conn, standby bool) {
+	defer c.wg.Done()
+	c.forward(conn, host, standby)
+	c.mu.Lock()
+	delete(c.open, conn)
+	delete(c.open, host)
+	c.mu.Unlock()
 }
 
 // forward copies bytes both ways between the snippet's conn and the
 // client's host until both directions end, then closes both. A direction
-// ends at EOF (passed on as a half close), or cuts the connection (both
-// closed at once) past c.bytes or after c.idle without a byte either way.
+// ends at EOF (passed on as a half close, unless the other direction has
+// ended: then closing both passes it on, with one call across to the host
+// fewer), or cuts the connection (both closed at once) past c.bytes or
+// after c.idle without a byte either way.
 //
 // A standby connection of the client's waits for a first byte
 // (wire.CallbackWake) before it dials its server: it is sent with the
@@ -319,20 +343,32 @@ func (c *callback) forwardLocked(conn *net.UnixConn, host net.Conn, standby bool
 func (c *callback) forward(conn *net.UnixConn, host net.Conn, standby bool) {
 	defer conn.Close()
 	defer host.Close()
-	var last atomic.Int64 // unix nanoseconds of the last byte either way
-	last.Store(time.Now().UnixNano())
-	cut := func() {
+	l := &link{cut: func() {
 		conn.Close()
 		host.Close()
-	}
+	}}
+	l.last.Store(time.Now().UnixNano())
 	var wake []byte
 	if standby {
 		wake = []byte{wire.CallbackWake}
 	}
+	// The snippet's bytes are copied on this goroutine; the host's, on one
+	// started once the wake byte is sent (nothing comes before).
 	var wg sync.WaitGroup
-	wg.Go(func() { c.copy(host, conn, &last, cut, true, wake) })
-	wg.Go(func() { c.copy(conn, host, &last, cut, false, nil) })
+	in := func() { wg.Go(func() { c.copy(conn, host, l, false, nil, nil) }) }
+	if !standby {
+		in()
+		in = nil
+	}
+	c.copy(host, conn, l, true, wake, in)
 	wg.Wait()
+}
+
+// link is what the two directions of a forwarded connection share.
+type link struct {
+	last  atomic.Int64   // unix nanoseconds of the last byte either way
+	ended [2]atomic.Bool // a direction's EOF, from the snippet (0) or the host (1)
+	cut   func()         // closes both ends at once
 }
 
 // wakeWait is how long a standby's wake byte waits for the snippet's first
@@ -340,12 +376,13 @@ func (c *callback) forward(conn *net.UnixConn, host net.Conn, standby bool) {
 const wakeWait = 2 * time.Millisecond
 
 // copy copies src to dst (out: from the snippet) within the limits, wake
-// first (with the first bytes read within wakeWait, or alone).
-func (c *callback) copy(dst, src net.Conn, last *atomic.Int64, cut func(), out bool, wake []byte) {
+// first (with the first bytes read within wakeWait, or alone), and calls
+// then, if not nil, after its first write.
+func (c *callback) copy(dst, src net.Conn, l *link, out bool, wake []byte, then func()) {
 	buf := make([]byte, 32<<10)
 	var total int64
 	for {
-		deadline := time.Unix(0, last.Load()).Add(c.idle)
+		deadline := time.Unix(0, l.last.Load()).Add(c.idle)
 		if wake != nil {
 			deadline = time.Now().Add(wakeWait)
 		}
@@ -355,7 +392,7 @@ func (c *callback) copy(dst, src net.Conn, last *atomic.Int64, cut func(), out b
 			err = nil // the snippet waits for the server to speak first
 		}
 		if n > 0 {
-			last.Store(time.Now().UnixNano())
+			l.last.Store(time.Now().UnixNano())
 			if total+int64(n) > c.bytes {
 				n = int(c.bytes - total)
 				err = errOverLimit
@@ -372,25 +409,37 @@ func (c *callback) copy(dst, src net.Conn, last *atomic.Int64, cut func(), out b
 			// A side that stops reading is idle too: its write is cut.
 			dst.SetWriteDeadline(time.Now().Add(c.idle))
 			if _, werr := dst.Write(data); werr != nil {
-				cut()
+				l.cut()
 				return
+			}
+			if then != nil {
+				then()
+				then = nil
 			}
 		}
 		switch {
 		case err == nil:
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			if time.Since(time.Unix(0, last.Load())) < c.idle {
+			if time.Since(time.Unix(0, l.last.Load())) < c.idle {
 				continue // the other direction carried bytes
 			}
-			cut()
+			l.cut()
 			return
 		case errors.Is(err, io.EOF):
+			dir := 1
+			if out {
+				dir = 0
+			}
+			l.ended[dir].Store(true)
+			if l.ended[1-dir].Load() {
+				return // forward closes both
+			}
 			if cw, ok := dst.(interface{ CloseWrite() error }); ok {
 				cw.CloseWrite()
 			}
 			return
 		default:
-			cut()
+			l.cut()
 			return
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/flmbox/flmbox/snippet/wire"
 )
@@ -289,6 +290,57 @@ for i in range(3):
 	res := callbackCall(t, socket, path, request(wire.LanguagePython, code, func(r *wire.Request) { r.Callback = &wire.Callback{} }))
 	if want := strings.Repeat("hello from the host\n", 3); string(res.Stdout.Data) != want || res.Callbacks.Connections != 3 {
 		t.Fatalf("got %s, callbacks %+v", dump(res), res.Callbacks)
+	}
+}
+
+// TestCallbackBackToBack: connections one after another, each closed by the
+// server once it answered and then by the snippet, all get their answer
+// and the server reads EOF on each: the standby connections are replaced
+// as they are taken, and a direction that ends last closes both.
+func TestCallbackBackToBack(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "once.sock")
+	var eofs atomic.Int32
+	serveUnix(t, path, func(c net.Conn) {
+		defer c.Close()
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			return
+		}
+		fmt.Fprintf(c, "ok: %s", line)
+		c.(*net.UnixConn).CloseWrite()
+		if n, _ := c.Read(make([]byte, 1)); n == 0 {
+			eofs.Add(1)
+		}
+	})
+	_, socket := callbackAgent(t)
+	const n = 20
+	code := fmt.Sprintf(`import os, socket
+for i in range(%d):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.environ['FLMBOX_CALLBACK_SOCKET'])
+    s.sendall(b'%%d\n' %% i)
+    got = b''
+    while True:
+        b = s.recv(65536)
+        if not b:
+            break
+        got += b
+    print(got.decode(), end='')
+    s.close()`, n)
+	res := callbackCall(t, socket, path, request(wire.LanguagePython, code, func(r *wire.Request) { r.Callback = &wire.Callback{} }))
+	var want strings.Builder
+	for i := range n {
+		fmt.Fprintf(&want, "ok: %d\n", i)
+	}
+	if string(res.Stdout.Data) != want.String() || res.Callbacks.Connections != n || res.Callbacks.Refused != 0 {
+		t.Fatalf("got %s, callbacks %+v", dump(res), res.Callbacks)
+	}
+	// The last connection's server may read its EOF after the call ends.
+	for deadline := time.Now().Add(5 * time.Second); eofs.Load() != n && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := eofs.Load(); got != n {
+		t.Fatalf("the server read EOF on %d connections, want %d", got, n)
 	}
 }
 

@@ -219,6 +219,9 @@ func exchange(conn *os.File, req *Request) (*Result, error) {
 		ev, path := v.Event, conn.Name()
 		callbacks.Go(func() {
 			if ev.Ready != "" {
+				for range standbys - 1 {
+					callbacks.Go(func() { standby(cbCtx, path, ev.Ready, req.CallbackDial, &callbacks, &refused) })
+				}
 				standby(cbCtx, path, ev.Ready, req.CallbackDial, &callbacks, &refused)
 				return
 			}
@@ -295,35 +298,45 @@ func Refuse(ctx context.Context, path, id string, err error) error {
 	return conn.Close()
 }
 
+// standbys is how many standby connections the client keeps attached to a
+// call's callbacks. A standby taken is replaced once the connection that
+// took it has its first answer (or ended), not at once: attaching costs
+// the sandbox a connection to accept and a request to read, which would
+// otherwise compete with the exchange for its CPU. The second standby
+// serves a snippet that connects again before that.
+const standbys = 2
+
 // standby keeps a connection attached to the callbacks id of the agent at
 // path, waiting for the snippet's next connection; once one takes it, it
-// dials the server, forwards on a goroutine of wg, and attaches the next,
-// until the agent closes one (the call ended) or ctx ends. It counts the
+// dials the server and forwards, and has another standby attached (on a
+// goroutine of wg) once the server answered or the connection ended, until
+// the agent closes one (the call ended) or ctx ends. It counts the
 // connections it could not reach the server for in refused.
 func standby(ctx context.Context, path, id string, dial func(context.Context) (io.ReadWriteCloser, error), wg *sync.WaitGroup, refused *atomic.Int32) {
-	for ctx.Err() == nil {
-		agent, err := attach(ctx, path, &Request{Version: ProtocolVersion, Attach: id, Standby: true})
-		if err != nil {
-			return
-		}
-		stop := context.AfterFunc(ctx, func() { agent.Close() })
-		var b [1]byte
-		_, err = io.ReadFull(agent, b[:])
-		stop()
-		if err != nil {
-			agent.Close()
-			return
-		}
-		wg.Go(func() {
-			defer agent.Close()
-			server, err := dial(ctx)
-			if err != nil {
-				refused.Add(1) // the snippet reads EOF
-				return
-			}
-			forward(ctx, agent, server)
-		})
+	if ctx.Err() != nil {
+		return
 	}
+	agent, err := attach(ctx, path, &Request{Version: ProtocolVersion, Attach: id, Standby: true})
+	if err != nil {
+		return
+	}
+	defer agent.Close()
+	stop := context.AfterFunc(ctx, func() { agent.Close() })
+	// The wake byte comes with the snippet's first bytes, in one read.
+	buf := make([]byte, copyBuffer)
+	n, err := agent.Read(buf)
+	stop()
+	if n == 0 || err != nil && !errors.Is(err, io.EOF) {
+		return
+	}
+	next := sync.OnceFunc(func() { wg.Go(func() { standby(ctx, path, id, dial, wg, refused) }) })
+	defer next()
+	server, err := dial(ctx)
+	if err != nil {
+		refused.Add(1) // the snippet reads EOF
+		return
+	}
+	forward(ctx, agent, server, buf, copy(buf, buf[1:n]), next)
 }
 
 // Forward attaches the callback connection id of the agent at path
@@ -337,13 +350,20 @@ func Forward(ctx context.Context, path, id string, server io.ReadWriteCloser) er
 		return err
 	}
 	defer agent.Close()
-	forward(ctx, agent, server)
+	forward(ctx, agent, server, make([]byte, copyBuffer), 0, nil)
 	return nil
 }
 
+// copyBuffer is the size of each direction's buffer of a forwarded
+// callback connection.
+const copyBuffer = 32 << 10
+
 // forward copies bytes both ways between agent and server until both
-// directions end or ctx does.
-func forward(ctx context.Context, agent *os.File, server io.ReadWriteCloser) {
+// directions end or ctx does: agent's to server on this goroutine with buf,
+// whose first read bytes were read already, server's to agent on another.
+// answered, if not nil, is called once the server's first bytes are passed
+// on, or at its EOF.
+func forward(ctx context.Context, agent *os.File, server io.ReadWriteCloser, buf []byte, read int, answered func()) {
 	defer server.Close()
 	stop := context.AfterFunc(ctx, func() {
 		server.Close()
@@ -351,15 +371,41 @@ func forward(ctx context.Context, agent *os.File, server io.ReadWriteCloser) {
 	})
 	defer stop()
 	var wg sync.WaitGroup
-	wg.Go(func() { pipe(server, agent) })
-	wg.Go(func() { pipe(agent, server) })
+	wg.Go(func() { pipe(agent, server, make([]byte, copyBuffer), 0, answered) })
+	pipe(server, agent, buf, read, nil)
 	wg.Wait()
 }
 
-// pipe copies src to dst; at src's EOF it half-closes dst.
-func pipe(dst io.Writer, src io.Reader) {
-	if _, err := io.Copy(dst, src); err != nil {
-		return
+// pipe copies src to dst with buf, whose first read bytes are src's
+// first, calling first (if not nil) after its first write or at src's end;
+// at src's EOF it half-closes dst.
+func pipe(dst io.Writer, src io.Reader, buf []byte, read int, first func()) {
+	defer func() {
+		if first != nil {
+			first()
+		}
+	}()
+	for {
+		n, err := read, error(nil)
+		if read == 0 {
+			n, err = src.Read(buf)
+		}
+		read = 0
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+			if first != nil {
+				first()
+				first = nil
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return
+		}
 	}
 	switch c := dst.(type) {
 	case interface{ CloseWrite() error }:
