@@ -5,7 +5,10 @@
 // A Manager, opened on a state root (Open), creates a sandbox from an image
 // (Create: pull or find the image in the cache, lease it, start runsc, wait
 // for the agent, preinstall pip requirements), calls it (Call, Reset),
-// lists it (Get, List) and removes it (Remove). RunOnce runs one snippet in
+// lists it (Get, List), suspends it to disk and resumes it (Suspend,
+// Resume, GC), copies files in and out (CopyIn, CopyOut) and removes it
+// (Remove). Acquire and Release take sandboxes from a warm pool per shape
+// and give them back reset (FillPool, Pools, DrainPools). RunOnce runs one snippet in
 // a fresh sandbox; Batch runs up to MaxBatch independent snippets, in fresh
 // sandboxes or side by side in one. Reconcile undoes what a killed flmbox
 // process left half made, and removes the sandboxes of a process that made
@@ -19,11 +22,14 @@
 // sandbox's states:
 //
 //	creating ──▶ running ──▶ removing ──▶ (gone)
-//	    │           │
-//	    │           ├──▶ dead (its gVisor processes died; only Remove)
-//	    │           └──▶ unresponsive (its agent does not answer a ping:
-//	    │                 stopped or starved; checked, not recorded, and it
-//	    │                 may come back)
+//	    │          ├──▶ dead (its gVisor processes died; only Remove)
+//	    │          ├──▶ unresponsive (its agent does not answer a ping:
+//	    │          │     stopped or starved; checked, not recorded, and it
+//	    │          │     may come back)
+//	    │          ├──▶ pooled ──▶ running (Release parks it reset in the
+//	    │          │     pool of its shape; Acquire takes it)
+//	    │          └──▶ suspending ──▶ suspended ──▶ resuming ──▶ running
+//	    │                (Suspend, Resume; a step that fails goes back)
 //	    └──▶ (gone: a failed Create removes what it made; a killed one is
 //	          left to Reconcile)
 //
