@@ -1,16 +1,11 @@
 package bench
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"time"
 
+	"github.com/flmbox/flmbox/internal/procmem"
 	"github.com/flmbox/flmbox/sandbox"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
@@ -53,11 +48,11 @@ func (r *runner) measureMemory(ctx context.Context) (Memory, error) {
 	if err := r.startRaw(ctx, id); err != nil {
 		return rep, err
 	}
-	mem, err := idleMemory(ctx, r.rawBundle(), r.opts.Idle)
+	mem, err := idleMemory(ctx, id, r.opts.Idle)
 	if err != nil {
 		return rep, err
 	}
-	rep.BareRunscKiB, rep.BareRunscRSSKiB, rep.BareRunscProcesses = mem.pss, mem.rss, mem.processes
+	rep.BareRunscKiB, rep.BareRunscRSSKiB, rep.BareRunscProcesses = mem.PSS, mem.RSS, mem.Processes
 	return rep, nil
 }
 
@@ -81,11 +76,11 @@ func (r *runner) idleSandbox(ctx context.Context, name string, edit func(*sandbo
 			err = rerr
 		}
 	}()
-	mem, err := idleMemory(ctx, sb.Bundle, r.opts.Idle)
+	mem, err := idleMemory(ctx, sb.ID, r.opts.Idle)
 	if err != nil {
 		return m, err
 	}
-	m.KiB, m.RSSKiB, m.Processes = mem.pss, mem.rss, mem.processes
+	m.KiB, m.RSSKiB, m.Processes = mem.PSS, mem.RSS, mem.Processes
 	first := map[string]*float64{wire.LanguagePython: &m.FirstPythonMS, wire.LanguageShell: &m.FirstShellMS}
 	warm := map[string][]float64{}
 	for i := -1; i <= r.opts.Calls; i++ {
@@ -103,138 +98,27 @@ func (r *runner) idleSandbox(ctx context.Context, name string, edit func(*sandbo
 		}
 	}
 	m.WarmPythonMS, m.WarmShellMS = summarize(warm[wire.LanguagePython]), summarize(warm[wire.LanguageShell])
-	if mem, err = idleMemory(ctx, sb.Bundle, r.opts.Idle); err != nil {
+	if mem, err = idleMemory(ctx, sb.ID, r.opts.Idle); err != nil {
 		return m, err
 	}
-	m.UsedKiB, m.UsedRSSKiB, m.UsedProcesses = mem.pss, mem.rss, mem.processes
+	m.UsedKiB, m.UsedRSSKiB, m.UsedProcesses = mem.PSS, mem.RSS, mem.Processes
 	return m, nil
 }
 
-// hostMemory is the memory of a set of host processes, in KiB.
-type hostMemory struct {
-	rss, pss  int64
-	processes int
-}
-
-// idleMemory waits for idle, then measures the runsc container of bundle.
-func idleMemory(ctx context.Context, bundle string, idle time.Duration) (hostMemory, error) {
+// idleMemory waits for idle, then measures the host processes of the
+// runsc container id.
+func idleMemory(ctx context.Context, id string, idle time.Duration) (procmem.Memory, error) {
 	select {
 	case <-ctx.Done():
-		return hostMemory{}, ctx.Err()
+		return procmem.Memory{}, ctx.Err()
 	case <-time.After(idle):
 	}
-	pids, err := bundleProcesses(bundle)
+	pids, err := procmem.Container(id)
 	if err != nil {
-		return hostMemory{}, err
-	}
-	return processMemory(pids)
-}
-
-// bundleProcesses returns every host process of the runsc container of
-// bundle: those whose command line names the bundle (runsc's sandbox and
-// gofer processes: --bundle=DIR or --bundle DIR) and all their descendants
-// (systrap's stub processes).
-func bundleProcesses(bundle string) ([]int, error) {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil, err
-	}
-	children := map[int][]int{}
-	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if ppid, err := parentPID(pid); err == nil {
-			children[ppid] = append(children[ppid], pid)
-		}
-		if cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); err == nil && namesBundle(cmd, bundle) {
-			pids = append(pids, pid)
-		}
+		return procmem.Memory{}, err
 	}
 	if len(pids) == 0 {
-		return nil, fmt.Errorf("measure memory: no host process of the container of %s", bundle)
+		return procmem.Memory{}, fmt.Errorf("measure memory: no host process of container %s", id)
 	}
-	// A process can both name the bundle and descend from one that does
-	// (gVisor's stub processes are forks of the sandbox process): count it
-	// once.
-	seen := map[int]bool{}
-	for _, pid := range pids {
-		seen[pid] = true
-	}
-	for i := 0; i < len(pids); i++ {
-		for _, c := range children[pids[i]] {
-			if !seen[c] {
-				pids = append(pids, c)
-				seen[c] = true
-			}
-		}
-	}
-	return pids, nil
-}
-
-// namesBundle reports whether a NUL-separated command line has
-// --bundle=DIR or --bundle DIR (or -bundle).
-func namesBundle(cmdline []byte, dir string) bool {
-	args := strings.Split(string(bytes.TrimRight(cmdline, "\x00")), "\x00")
-	for i, a := range args {
-		flag, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if flag != "bundle" || a == flag {
-			continue
-		}
-		if hasValue && value == dir || !hasValue && i+1 < len(args) && args[i+1] == dir {
-			return true
-		}
-	}
-	return false
-}
-
-// parentPID reads the parent of pid from /proc/PID/stat.
-func parentPID(pid int) (int, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The fields after the command name, which ends with the last ')'.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 2 {
-		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
-	}
-	return strconv.Atoi(f[1])
-}
-
-// processMemory sums Rss and Pss of /proc/PID/smaps_rollup over pids.
-func processMemory(pids []int) (hostMemory, error) {
-	var m hostMemory
-	for _, pid := range pids {
-		f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
-		if err != nil {
-			continue // exited meanwhile
-		}
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			f := strings.Fields(sc.Text())
-			if len(f) != 3 || f[2] != "kB" {
-				continue
-			}
-			n, _ := strconv.ParseInt(f[1], 10, 64)
-			switch f[0] {
-			case "Rss:":
-				m.rss += n
-			case "Pss:":
-				m.pss += n
-			}
-		}
-		f.Close()
-		m.processes++
-	}
-	if m.processes == 0 {
-		return m, fmt.Errorf("measure memory: the container's processes are gone")
-	}
-	return m, nil
+	return procmem.Of(pids)
 }
