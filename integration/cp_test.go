@@ -370,6 +370,54 @@ func readTar(t *testing.T, stream []byte) map[string]string {
 	}
 }
 
+// TestCpStreams: "cp - NAME:DIR" extracts a tar stream on stdin into a
+// directory of the sandbox; "cp NAME:PATH -" writes PATH's tar stream to
+// stdout; a hostile stream on stdin is refused, nothing written outside.
+func TestCpStreams(t *testing.T) {
+	root := cpSandbox(t)
+	shell(t, root, "s", "mkdir /tmp/d /tmp/m")
+	stream := tarOf(t, regular("a.txt", "a\n", 0o644), directory("sub/"), regular("sub/b.txt", "b\n", 0o600), link("sub/l", "b.txt"))
+	if out := mustCp(t, root, stream, "-", "s:/tmp/d"); out != "" {
+		t.Errorf("cp - printed %q", out)
+	}
+	if out := shell(t, root, "s", "cat /tmp/d/a.txt /tmp/d/sub/l; stat -c '%a %u %F' /tmp/d/sub/b.txt; readlink /tmp/d/sub/l"); out != "a\nb\n600 65534 regular file\nb.txt\n" {
+		t.Errorf("after cp -: %q", out)
+	}
+	got := readTar(t, []byte(mustCp(t, root, nil, "s:/tmp/d", "-")))
+	want := map[string]string{"d/": "5 755 ", "d/a.txt": "0 644 a\n", "d/sub/": "5 755 ", "d/sub/b.txt": "0 600 b\n", "d/sub/l": "2 777 b.txt"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("cp s:/tmp/d - wrote %v, want %v", got, want)
+	}
+	if got := readTar(t, []byte(mustCp(t, root, nil, "s:/tmp/d/a.txt", "-"))); fmt.Sprint(got) != fmt.Sprint(map[string]string{"a.txt": "0 644 a\n"}) {
+		t.Errorf("cp s:/tmp/d/a.txt - wrote %v", got)
+	}
+	// A stream goes into a directory, which must be there.
+	cpRefused(t, root, stream, "not a directory", "-", "s:/tmp/nodir")
+
+	// Hostile streams, into /tmp/m: nothing is written outside it (see
+	// TestCpStreamsThroughLinks for links).
+	for _, tc := range []struct {
+		name   string
+		stream []byte
+		want   string
+	}{
+		{"dot dot", tarOf(t, regular("../evil", "x", 0o644)), `".."`},
+		{"dot dot inside", tarOf(t, directory("ok/"), regular("ok/../../evil", "x", 0o644)), `".."`},
+		{"absolute", tarOf(t, regular("/tmp/evil", "x", 0o644)), "an absolute name"},
+		{"hard link", tarOf(t, tar.Header{Name: "h", Typeflag: tar.TypeLink, Linkname: "/etc/passwd"}), "only directories, regular files and symbolic links"},
+		{"device", tarOf(t, tar.Header{Name: "null", Typeflag: tar.TypeChar, Devmajor: 1, Devminor: 3, Mode: 0o666}), "only directories"},
+		{"fifo", tarOf(t, tar.Header{Name: "fifo", Typeflag: tar.TypeFifo}), "only directories"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cpRefused(t, root, tc.stream, tc.want, "-", "s:/tmp/m/")
+		})
+	}
+	// The "ok" of "ok/../../evil" was made before that entry was refused.
+	if out := shell(t, root, "s", "find /tmp /etc -name 'evil*' 2>/dev/null | wc -l; ls -A /tmp/m | tr '\\n' ' '; find /tmp/m -type b -o -type c -o -type p | wc -l"); out != "0\nok 0\n" {
+		t.Errorf("after the hostile streams: %q, want no evil anywhere, and /tmp/m holding only ok", out)
+	}
+}
+
 // TestCpOutsideTmpAndUnreadable: a copy into a path outside /tmp is refused;
 // a copy out of what the sandbox's user cannot read fails, saying why;
 // links in the sandbox come out as links, never as what they point to.
