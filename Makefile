@@ -91,6 +91,7 @@ unit:
 
 fuzz:
 	$(GO) test -run=NONE -fuzz=FuzzUnpack -fuzztime=$(FUZZTIME) ./rootfs/
+	$(GO) test -run=NONE -fuzz=FuzzExtract -fuzztime=$(FUZZTIME) ./internal/safetar/
 
 # Integration tests need root, runsc and the test image; a missing piece fails them.
 integration: deps runsc
