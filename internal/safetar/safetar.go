@@ -22,6 +22,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
+	"unsafe"
 )
 
 // Options bound and shape an extraction.
@@ -42,8 +43,9 @@ var ErrTooLarge = fmt.Errorf("too large: %w", errdefs.ErrOutOfRange)
 // through a symbolic link (one in the stream, or one that was there
 // already) is refused, as are absolute names and names with "..". An
 // existing file or link in the way of a file or link is replaced; an
-// existing directory is kept (its mode unchanged). Directories' modes are
-// set last, so that a read-only directory can be filled first.
+// existing directory is kept (its mode unchanged). The modes of the
+// directories it makes are set last, so that a read-only directory can be
+// filled first.
 func Extract(dir *os.File, r io.Reader, o Options) error {
 	tr := tar.NewReader(r)
 	var total int64
@@ -76,8 +78,9 @@ func Extract(dir *os.File, r io.Reader, o Options) error {
 		last := comps[len(comps)-1]
 		switch hdr.Typeflag {
 		case tar.TypeDir:
-			err = makeDir(parent, last)
-			if err == nil {
+			var made bool
+			made, err = makeDir(parent, last)
+			if err == nil && made {
 				dirs = append(dirs, dirMode{name, uint32(hdr.Mode) & 0o1777, hdr.ModTime})
 			}
 		case tar.TypeReg, tar.TypeRegA:
@@ -131,16 +134,16 @@ func entryPath(name, top string) ([]string, error) {
 	if strings.HasPrefix(name, "/") || strings.ContainsRune(name, 0) {
 		return nil, fmt.Errorf("archive entry %q: an absolute name: %w", name, errdefs.ErrInvalidArgument)
 	}
-	clean := path.Clean(name)
-	if clean == "." {
-		return nil, nil
-	}
-	comps := strings.Split(clean, "/")
 	for _, c := range strings.Split(name, "/") {
 		if c == ".." {
 			return nil, fmt.Errorf("archive entry %q: a name with \"..\": %w", name, errdefs.ErrInvalidArgument)
 		}
 	}
+	clean := path.Clean(name)
+	if clean == "." {
+		return nil, nil
+	}
+	comps := strings.Split(clean, "/")
 	if top != "" {
 		comps[0] = top
 	}
@@ -215,17 +218,18 @@ func openDir(dir *os.File, name string) (*os.File, error) {
 	return os.NewFile(uintptr(fd), name), nil
 }
 
-// makeDir makes directory name in dir, or keeps one that is there.
-func makeDir(dir *os.File, name string) error {
-	err := unix.Mkdirat(int(dir.Fd()), name, 0o700)
+// makeDir makes directory name in dir, or keeps one that is there (made
+// is then false).
+func makeDir(dir *os.File, name string) (made bool, err error) {
+	err = unix.Mkdirat(int(dir.Fd()), name, 0o700)
 	if errors.Is(err, unix.EEXIST) {
 		f, err := openDir(dir, name)
 		if err != nil {
-			return err
+			return false, err
 		}
-		return f.Close()
+		return false, f.Close()
 	}
-	return err
+	return err == nil, err
 }
 
 // replaceable removes what is at name in dir unless it is a directory
@@ -274,8 +278,10 @@ func setTimes(dir *os.File, name string, t time.Time) {
 		return
 	}
 	if name == "" {
-		tv := unix.NsecToTimeval(t.UnixNano())
-		unix.Futimes(int(dir.Fd()), []unix.Timeval{tv, tv})
+		// futimens (utimensat on the descriptor itself): Futimes would
+		// round to microseconds.
+		ts := [2]unix.Timespec{unix.NsecToTimespec(t.UnixNano()), unix.NsecToTimespec(t.UnixNano())}
+		unix.Syscall6(unix.SYS_UTIMENSAT, dir.Fd(), 0, uintptr(unsafe.Pointer(&ts[0])), 0, 0, 0)
 		return
 	}
 	ts := unix.NsecToTimespec(t.UnixNano())

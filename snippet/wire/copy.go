@@ -117,9 +117,26 @@ func CopyConn(ctx context.Context, conn *os.File, c *Copy, r io.Reader, w io.Wri
 	var err error
 	if c.Op == CopyIn {
 		sent := make(chan error, 1)
-		go func() { sent <- writeFrames(conn, r) }()
+		go func() {
+			err := writeFrames(conn, r)
+			var rerr *readError
+			if errors.As(err, &rerr) {
+				// The stream failed on this side: the agent reads EOF
+				// before the end of the stream, fails the copy and answers.
+				closeWrite(conn)
+			}
+			sent <- err
+		}()
 		res, err = readCopyResult(br)
-		serr := <-sent
+		var serr error
+		select {
+		case serr = <-sent:
+		case <-ctx.Done(): // the reader may block for ever (a stdin that sends nothing)
+		}
+		var rerr *readError
+		if errors.As(serr, &rerr) {
+			return nil, fmt.Errorf("copy: %w", rerr.err) // why the agent failed: what it read was cut short
+		}
 		if err == nil && res.Error == "" && serr != nil {
 			err = fmt.Errorf("send the archive: %w", serr)
 		}
@@ -173,12 +190,19 @@ func writeFrames(w io.Writer, r io.Reader) error {
 			break
 		}
 		if err != nil {
-			return err // no end: the agent fails the copy
+			bw.Flush()
+			return &readError{err} // no end: the agent fails the copy
 		}
 	}
 	bw.WriteByte('E')
 	return bw.Flush()
 }
+
+// readError is writeFrames' error when its reader failed.
+type readError struct{ err error }
+
+func (e *readError) Error() string { return e.err.Error() }
+func (e *readError) Unwrap() error { return e.err }
 
 // WriteFrames is writeFrames for the agent's side of a CopyOut.
 func WriteFrames(w io.Writer, r io.Reader) error { return writeFrames(w, r) }

@@ -111,7 +111,7 @@ func TestReadFramesRefuses(t *testing.T) {
 		hungUp             bool
 	}{
 		{"bad tag", "X", "a frame starts with 'X'", false},
-		{"bad tag after a frame", frame(2, "ab") + "{", "a frame starts with '{'", false},
+		{"a result after a frame", frame(2, "ab") + "{", "a result in place of the stream", false},
 		{"oversize frame", frame(maxFrame+1, ""), "a frame of 1048577 bytes, over 1048576", false},
 		{"huge frame", frame(1<<32-1, ""), "over 1048576", false},
 		{"length cut short", "D\x00\x00", "read the archive", true},
