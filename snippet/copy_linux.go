@@ -152,11 +152,11 @@ func copyHelper(args []string) error {
 			return err
 		}
 		p := args[1]
-		pr, pw := io.Pipe()
-		go func() { pw.CloseWithError(safetar.Archive(pw, p, filepath.Base(p), max)) }()
-		err = wire.WriteFrames(conn, io.TeeReader(pr, counter))
-		pr.CloseWithError(errors.New("the copy ended"))
-		return err
+		fw := wire.FrameWriter(io.MultiWriter(conn, counter))
+		if err := safetar.Archive(fw, p, filepath.Base(p), max); err != nil {
+			return err // without the end of the stream: the client fails the copy
+		}
+		return fw.Close()
 	}
 	return fmt.Errorf("copy helper: want copy-in ROOT PATH INTO MAX or copy-out PATH MAX, got %q", args)
 }

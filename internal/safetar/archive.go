@@ -105,7 +105,7 @@ func (a *archiver) file(dir *os.File, base string, hdr *tar.Header) error {
 	if err := a.tw.WriteHeader(hdr); err != nil {
 		return err
 	}
-	n, err := io.CopyN(a.tw, f, st.Size)
+	n, err := copyN(a.tw, f, st.Size)
 	if errors.Is(err, io.EOF) {
 		return fmt.Errorf("%s: it shrank while being copied (%d of %d bytes)", hdr.Name, n, st.Size)
 	}

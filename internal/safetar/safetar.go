@@ -261,7 +261,7 @@ func writeFile(dir *os.File, name string, r io.Reader, hdr *tar.Header) error {
 	}
 	f := os.NewFile(uintptr(fd), name)
 	defer f.Close()
-	if n, err := io.CopyN(f, r, hdr.Size); err != nil {
+	if n, err := copyN(f, r, hdr.Size); err != nil {
 		return fmt.Errorf("write (%d of %d bytes): %w", n, hdr.Size, err)
 	}
 	if err := unix.Fchmod(fd, uint32(hdr.Mode)&0o1777); err != nil {
@@ -286,4 +286,23 @@ func setTimes(dir *os.File, name string, t time.Time) {
 	}
 	ts := unix.NsecToTimespec(t.UnixNano())
 	unix.UtimesNanoAt(int(dir.Fd()), name, []unix.Timespec{ts, ts}, unix.AT_SYMLINK_NOFOLLOW)
+}
+
+// copyBytes is the buffer of a file's copy: under gVisor every read and
+// write is a trip through the sentry, so a file of 100 MiB copied 32 KiB at
+// a time (io.Copy's) took three times as long as with 1 MiB.
+const copyBytes = 1 << 20
+
+// copyN copies n bytes from r to w through a buffer of copyBytes (hiding
+// ReadFrom and WriteTo, which would copy 32 KiB at a time).
+func copyN(w io.Writer, r io.Reader, n int64) (int64, error) {
+	buf := make([]byte, min(n, copyBytes))
+	if n == 0 {
+		return 0, nil
+	}
+	m, err := io.CopyBuffer(struct{ io.Writer }{w}, struct{ io.Reader }{io.LimitReader(r, n)}, buf)
+	if err == nil && m < n {
+		err = io.EOF
+	}
+	return m, err
 }

@@ -198,14 +198,57 @@ func writeFrames(w io.Writer, r io.Reader) error {
 	return bw.Flush()
 }
 
+// FrameWriter returns a writer that sends what is written to it to w as
+// frames of up to 1 MiB; Close sends what it holds and the end of the
+// stream (not closing w). It is for a sender that produces the stream by
+// writing (tar.Writer), without a pipe between it and writeFrames.
+func FrameWriter(w io.Writer) io.WriteCloser {
+	return &frameWriter{w: w, buf: make([]byte, 5, maxFrame+5)}
+}
+
+type frameWriter struct {
+	w   io.Writer
+	buf []byte // a frame's header, then its bytes
+	err error
+}
+
+func (f *frameWriter) Write(p []byte) (int, error) {
+	n := 0
+	for len(p) > 0 && f.err == nil {
+		k := min(len(p), cap(f.buf)-len(f.buf))
+		f.buf = append(f.buf, p[:k]...)
+		p, n = p[k:], n+k
+		if len(f.buf) == cap(f.buf) {
+			f.flush()
+		}
+	}
+	return n, f.err
+}
+
+// flush sends the frame held, if any.
+func (f *frameWriter) flush() {
+	if len(f.buf) == 5 || f.err != nil {
+		return
+	}
+	f.buf[0] = 'D'
+	binary.BigEndian.PutUint32(f.buf[1:5], uint32(len(f.buf)-5))
+	_, f.err = f.w.Write(f.buf)
+	f.buf = f.buf[:5]
+}
+
+func (f *frameWriter) Close() error {
+	f.flush()
+	if f.err == nil {
+		_, f.err = f.w.Write([]byte{'E'})
+	}
+	return f.err
+}
+
 // readError is writeFrames' error when its reader failed.
 type readError struct{ err error }
 
 func (e *readError) Error() string { return e.err.Error() }
 func (e *readError) Unwrap() error { return e.err }
-
-// WriteFrames is writeFrames for the agent's side of a CopyOut.
-func WriteFrames(w io.Writer, r io.Reader) error { return writeFrames(w, r) }
 
 // readFrames writes the frames read from r to w until the end of the
 // stream.
@@ -240,9 +283,6 @@ func readFrames(r *bufio.Reader, w io.Writer) error {
 		}
 	}
 }
-
-// ReadFrames is readFrames for the agent's side of a CopyIn.
-func ReadFrames(r *bufio.Reader, w io.Writer) error { return readFrames(r, w) }
 
 // FrameReader returns a reader of the stream carried by the frames read
 // from r: it reads EOF at the end of the stream, and an error if r ends
