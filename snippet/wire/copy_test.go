@@ -284,3 +284,36 @@ func TestCopyConn(t *testing.T) {
 		}
 	})
 }
+
+// TestFrameWriter: what a FrameWriter is given, in writes of any size,
+// comes out of a FrameReader whole, in frames of at most 1 MiB, and the
+// stream ends where Close ended it.
+func TestFrameWriter(t *testing.T) {
+	data := make([]byte, 3<<20+7)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	for _, chunk := range []int{1, 512, 32 << 10, maxFrame, maxFrame + 3, len(data)} {
+		var stream bytes.Buffer
+		fw := FrameWriter(&stream)
+		for p := data; len(p) > 0; {
+			n := min(chunk, len(p))
+			if _, err := fw.Write(p[:n]); err != nil {
+				t.Fatal(err)
+			}
+			p = p[n:]
+		}
+		if err := fw.Close(); err != nil {
+			t.Fatal(err)
+		}
+		stream.WriteString("{}") // what follows the stream (the Result) is not read
+		br := bufio.NewReader(&stream)
+		got, err := io.ReadAll(FrameReader(br))
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("chunks of %d: read %d bytes (%v), want %d", chunk, len(got), err, len(data))
+		}
+		if rest, _ := io.ReadAll(br); string(rest) != "{}" {
+			t.Errorf("chunks of %d: after the stream %q, want the Result", chunk, rest)
+		}
+	}
+}
