@@ -64,9 +64,18 @@ demo: deps runsc build testimage
 	$$f sandbox create --name demo --image $$image; \
 	$$f run --sandbox demo --language shell -c 'mkdir -p /tmp/demo && printf "region,revenue,cost\neast,120,75\nwest,80,55\neast,150,90\nwest,100,70\n" > /tmp/demo/sales.csv'; \
 	$$f run --sandbox demo demo/demo1.py; \
+	: "... suspended to disk between two calls (no process left), resumed by the third, and its result copied out"; \
+	$$f sandbox suspend demo; \
+	$$f sandbox ls; \
 	$$f run --sandbox demo --language shell -c 'cat /tmp/demo/summary.json; echo'; \
+	d=$$(mktemp -d); $$f cp demo:/tmp/demo/summary.json $$d/; cat $$d/summary.json; echo; rm -rf $$d; \
 	$$f sandbox ls; \
 	$$f sandbox rm demo; \
+	: "A warm pool: run --image takes a clean running sandbox and gives it back reset"; \
+	$$f pool fill $$image --size 1; \
+	$$f run --image $$image -c 'import os; print("pid", os.getpid(), "tmp", os.listdir("/tmp"))'; \
+	$$f pool ls; \
+	$$f pool drain; \
 	: "Demo 2: a batch of four snippets, each in a clean sandbox; results in input order"; \
 	$$f run --batch demo/demo2.json --image $$image; \
 	: "Demo 3: callbacks: a snippet in a --network none sandbox calls the host's tool server 20 times"; \
