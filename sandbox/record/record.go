@@ -296,7 +296,9 @@ func (r *Record) Dial(ctx context.Context) (*os.File, error) {
 // fails with ErrUnresponsive (or ErrDead) within seconds.
 func (r *Record) CallConn(ctx context.Context, conn *os.File, req *wire.Request) (*wire.Result, error) {
 	req.Limits = r.SnippetLimits()
-	r.Touch()
+	if !req.Suspend { // a suspend is not a use: sandbox gc --remove-idle counts from the last call
+		r.Touch()
+	}
 	callCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	stop := r.watchdog(callCtx, cancel)
