@@ -659,6 +659,26 @@ func TestSuspendKilledWithItsImage(t *testing.T) {
 	})
 }
 
+// TestSuspendKilledBeforeItsImage: flmbox sandbox suspend SIGKILLed after
+// the agent closed its listener for the checkpoint, before the image is
+// whole: the sandbox must be listed running and answer calls.
+//
+// It fails: the reconcile records the sandbox running, but its agent
+// listens again only when a checkpoint ends or a minute after the suspend
+// request (snippet/suspend_linux.go, suspendTimeout). Until then sandbox ls
+// lists it dead and a call fails with "the sandbox is dead ... remove it
+// with flmbox sandbox rm NAME and create another": killed before runsc
+// checkpoint, for a minute; killed during it, until the sandbox's own
+// checkpoint ends.
+func TestSuspendKilledBeforeItsImage(t *testing.T) {
+	suspendKilled(t, []suspendKill{
+		// The agent closed its listener; no image yet.
+		{killPoint{verb: "checkpoint", when: "before"}, "running"},
+		// runsc is writing the image.
+		{killPoint{verb: "checkpoint", when: "during"}, "running"},
+	})
+}
+
 // TestResumeKilled: flmbox sandbox resume SIGKILLed midway leaves a
 // sandbox that the next sandbox ls lists suspended, its image kept and
 // nothing of the restore left running; it then resumes with /tmp intact.
