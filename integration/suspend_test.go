@@ -1,0 +1,905 @@
+//go:build integration
+
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Suspend and resume (flmbox sandbox suspend, resume and gc) against the
+// real runsc, through the flmbox CLI: what a suspended sandbox keeps (its
+// /tmp, its pip installs, over a simulated reboot and over several cycles),
+// what it costs (no host process), what is refused, what a killed suspend or
+// resume leaves, a damaged image, and gc.
+
+// suspendInfo is a sandbox as sandbox ls --json lists it.
+type suspendInfo struct {
+	Name       string    `json:"name"`
+	State      string    `json:"state"`
+	ID         string    `json:"id"`
+	LastUsed   time.Time `json:"last_used"`
+	ImageBytes int64     `json:"image_bytes"`
+}
+
+// suspendLs runs sandbox ls --json, which reconciles first, and returns
+// sandbox name as it lists it (nil if it does not) and ls's stderr.
+func suspendLs(t *testing.T, root, name string) (*suspendInfo, string) {
+	t.Helper()
+	res := flmbox(t, root, "sandbox", "ls", "--json")
+	if res.code != 0 {
+		t.Fatalf("sandbox ls --json: exit %d\nstdout: %s\nstderr: %s", res.code, res.stdout, res.stderr)
+	}
+	var sbs []suspendInfo
+	if err := json.Unmarshal([]byte(res.stdout), &sbs); err != nil {
+		t.Fatalf("sandbox ls --json printed %q: %v", res.stdout, err)
+	}
+	for _, sb := range sbs {
+		if sb.Name == name {
+			return &sb, res.stderr
+		}
+	}
+	return nil, res.stderr
+}
+
+// suspendState is sandbox name's state as sandbox ls --json says, "" if it
+// lists no such sandbox.
+func suspendState(t *testing.T, root, name string) string {
+	t.Helper()
+	if sb, _ := suspendLs(t, root, name); sb != nil {
+		return sb.State
+	}
+	return ""
+}
+
+// suspendProcs lists the host processes whose command line names id, "PID
+// cmdline" a line.
+func suspendProcs(id string) string {
+	var out strings.Builder
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !strings.Contains(string(b), id) {
+			continue
+		}
+		fmt.Fprintf(&out, "%d %s\n", pid, strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " ")))
+	}
+	return out.String()
+}
+
+// suspendNoProcesses fails the test unless, within 10 s (a killed process
+// may wait a moment to be reaped), no host process names id: a suspended
+// sandbox holds no memory.
+func suspendNoProcesses(t *testing.T, id string) {
+	t.Helper()
+	var left string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if left = suspendProcs(id); left == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+	}
+	t.Fatalf("host processes name the suspended sandbox's container %s:\n%s", id, left)
+}
+
+// suspendContainers lists the containers runsc knows under root.
+func suspendContainers(t *testing.T, root string) []string {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(root, "runsc")); os.IsNotExist(err) {
+		return nil
+	}
+	out, err := exec.Command(runscPath, "--root", filepath.Join(root, "runsc"), "list", "-quiet").CombinedOutput()
+	if err != nil {
+		t.Fatalf("runsc list: %v: %s", err, out)
+	}
+	return strings.Fields(string(out))
+}
+
+// suspendRunscCount counts the containers called id that runsc knows under
+// root.
+func suspendRunscCount(t *testing.T, root, id string) int {
+	t.Helper()
+	n := 0
+	for _, c := range suspendContainers(t, root) {
+		if c == id {
+			n++
+		}
+	}
+	return n
+}
+
+// suspendSandboxPID is the host pid of sandbox id's runsc-sandbox process.
+func suspendSandboxPID(t *testing.T, root, id string) int {
+	t.Helper()
+	out, err := exec.Command(runscPath, "--root", filepath.Join(root, "runsc"), "state", id).Output()
+	if err != nil {
+		t.Fatalf("runsc state %s: %v", id, err)
+	}
+	var st struct{ Pid int }
+	if err := json.Unmarshal(out, &st); err != nil || st.Pid <= 0 {
+		t.Fatalf("runsc state %s printed %s: %v", id, out, err)
+	}
+	return st.Pid
+}
+
+// suspendMust runs sandbox suspend NAME and checks that ls lists it
+// suspended with an image and that no host process names it.
+func suspendMust(t *testing.T, root, name string) *suspendInfo {
+	t.Helper()
+	mustFlmbox(t, root, "sandbox", "suspend", name)
+	sb, _ := suspendLs(t, root, name)
+	if sb == nil || sb.State != "suspended" || sb.ImageBytes <= 0 {
+		t.Fatalf("sandbox ls after suspend: %+v, want suspended with an image", sb)
+	}
+	suspendNoProcesses(t, sb.ID)
+	return sb
+}
+
+// suspendManifest is the checksum of every file in the sandbox's /tmp,
+// "SHA256  PATH" a line, sorted.
+const suspendManifest = `find /tmp -type f -print0 | sort -z | xargs -0 sha256sum`
+
+// suspendFill writes mib MiB of random bytes to /tmp/big in sandbox name.
+func suspendFill(t *testing.T, root, name string, mib int) {
+	t.Helper()
+	mustFlmbox(t, root, "run", "--sandbox", name, "-l", "shell", "-c",
+		fmt.Sprintf("head -c %d /dev/urandom > /tmp/big && mkdir -p /tmp/dir && echo kept > /tmp/dir/small", mib<<20))
+}
+
+// suspendCheck fails the test unless sandbox name answers a call and its
+// /tmp holds what manifest (suspendManifest's output) says.
+func suspendCheck(t *testing.T, root, name, manifest string) {
+	t.Helper()
+	if got := mustFlmbox(t, root, "run", "--sandbox", name, "-l", "shell", "-c", suspendManifest); got != manifest {
+		t.Fatalf("/tmp of %s changed:\nbefore:\n%s\nafter:\n%s", name, manifest, got)
+	}
+}
+
+// hookedRunsc writes a runsc wrapper and returns its path. It runs the
+// tests' runsc, and appends the verb of each command (checkpoint, restore,
+// kill, delete, ...) to $HOOK_LOG if set. With $HOOK_VERB and $HOOK_WHEN
+// set, on that verb it touches $HOOK_MARK and then: "before" sleeps instead
+// of running runsc, "during" runs runsc, "after" runs runsc and then sleeps;
+// the test SIGKILLs flmbox's process group (the wrapper and runsc with it).
+func hookedRunsc(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "runsc")
+	script := `#!/bin/sh
+verb=
+for a in "$@"; do
+	case $a in checkpoint|restore|run|create|start|state|kill|delete|list|wait) verb=$a; break;; esac
+done
+[ -n "$HOOK_LOG" ] && echo "$verb" >> "$HOOK_LOG"
+hook=
+[ -n "$HOOK_VERB" ] && [ "$verb" = "$HOOK_VERB" ] && hook=$HOOK_WHEN
+case $hook in
+before) touch "$HOOK_MARK"; exec sleep 600;;
+during) touch "$HOOK_MARK";;
+esac
+` + runscPath + ` "$@"
+rc=$?
+if [ "$hook" = after ]; then touch "$HOOK_MARK"; exec sleep 600; fi
+exit $rc
+`
+	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// killPoint is where to SIGKILL a flmbox command: on runsc verb, when
+// ("before", "during", "after"), and once until holds too, if not nil.
+type killPoint struct {
+	verb, when string
+	until      func() bool
+}
+
+func (p killPoint) String() string { return p.when + " runsc " + p.verb }
+
+// killAt runs flmbox args... with hookedRunsc, SIGKILLs its process group
+// at p and reaps it. It returns false if flmbox ended before p was reached
+// (a "during" point whose until never held).
+func killAt(t *testing.T, root string, p killPoint, args ...string) (reached bool) {
+	t.Helper()
+	mark := filepath.Join(t.TempDir(), "mark")
+	cmd := exec.Command(flmboxBin, append([]string{"--root", root, "--runsc", hookedRunsc(t)}, args...)...)
+	cmd.Env = append(os.Environ(), "HOOK_VERB="+p.verb, "HOOK_WHEN="+p.when, "HOOK_MARK="+mark)
+	k := startKillable(t, cmd)
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(2 * time.Millisecond) {
+		if _, err := os.Stat(mark); err == nil && (p.until == nil || p.until()) {
+			k.kill()
+			return true
+		}
+		select {
+		case err := <-k.exited:
+			k.killed = true
+			if p.when == "during" {
+				t.Logf("flmbox %v ended (%v) before the test saw it %s:\n%s", args, err, p, k.out.Bytes())
+				return false
+			}
+			t.Fatalf("flmbox %v ended (%v) before it reached %s:\n%s", args, err, p, k.out.Bytes())
+		default:
+		}
+		if time.Now().After(deadline) {
+			k.kill()
+			t.Fatalf("flmbox %v did not reach %s within 2m:\n%s", args, p, k.out.Bytes())
+		}
+	}
+}
+
+// TestSuspendDemo1Reboot: demo 1's first two calls, a suspend, a simulated
+// reboot (no process of the sandbox left, runsc's state of it gone with
+// the mounts) and a resume: the third call prints what it prints in a
+// sandbox never suspended.
+func TestSuspendDemo1Reboot(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	demo := func(name string, between func()) string {
+		faultSandbox(t, root, reg, name)
+		mustFlmbox(t, root, "run", "--sandbox", name, "--language", "shell", "-c",
+			`mkdir -p /tmp/demo && printf 'region,revenue,cost\neast,120,75\nwest,80,55\neast,150,90\nwest,100,70\n' > /tmp/demo/sales.csv`)
+		if out := mustFlmbox(t, root, "run", "--sandbox", name, "../demo/demo1.py"); out != "{\"rows\": 4, \"revenue\": 450, \"profit\": 160}\nLinux\n" {
+			t.Fatalf("demo1.py in %s printed %q", name, out)
+		}
+		between()
+		return mustFlmbox(t, root, "run", "--sandbox", name, "--language", "shell", "-c", "cat /tmp/demo/summary.json; echo")
+	}
+	want := demo("control", func() {})
+	mustFlmbox(t, root, "sandbox", "rm", "control")
+	if want != "{\"rows\": 4, \"revenue\": 450, \"profit\": 160}\n" {
+		t.Fatalf("the third call of a sandbox never suspended printed %q", want)
+	}
+
+	got := demo("demo", func() {
+		sb := suspendMust(t, root, "demo")
+		// The reboot: no process of the sandbox (asserted above; none is
+		// killed), and what lived in memory or in runsc's state goes:
+		// runsc's null-netns mount and its root.
+		if ids := suspendContainers(t, root); len(ids) != 0 {
+			t.Errorf("runsc still knows containers of the suspended sandbox: %q", ids)
+		}
+		if err := unix.Unmount(filepath.Join(root, "runsc", "null-netns"), unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
+			t.Fatal(err)
+		}
+		if err := os.RemoveAll(filepath.Join(root, "runsc")); err != nil {
+			t.Fatal(err)
+		}
+		if mounts := mountsUnder(t, root); len(mounts) != 0 {
+			t.Fatalf("mounts under the root of a suspended sandbox: %q", mounts)
+		}
+		if st := suspendState(t, root, "demo"); st != "suspended" {
+			t.Fatalf("after the reboot sandbox ls says %q", st)
+		}
+		if res := flmbox(t, root, "sandbox", "resume", "demo"); res.code != 0 || res.stdout != "" {
+			t.Fatalf("resume after the reboot: exit %d\nstdout: %s\nstderr: %s", res.code, res.stdout, res.stderr)
+		}
+		if st := suspendState(t, root, "demo"); st != "running" {
+			t.Fatalf("after resume sandbox ls says %q", st)
+		}
+		if n := suspendRunscCount(t, root, sb.ID); n != 1 {
+			t.Fatalf("runsc knows %d containers %s after resume", n, sb.ID)
+		}
+	})
+	if got != want {
+		t.Fatalf("the third call after suspend, reboot and resume printed %q, without suspending %q", got, want)
+	}
+}
+
+// TestSuspendCyclesKeepFiles: a 50 MiB file and a module pip installed in
+// /tmp/site-packages survive three suspend/resume cycles (E2B lost files
+// after the second); every file of /tmp keeps its checksum. While
+// suspended, the sandbox has an image of at least its /tmp and no host
+// process names its container: it holds no memory.
+func TestSuspendCyclesKeepFiles(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	const name = "cycles"
+	mustFlmbox(t, root, "pipcache", "add", writeTestWheel(t, t.TempDir(), "flmbox-susp", "1.0"))
+	faultSandbox(t, root, reg, name)
+	if out := mustFlmbox(t, root, "run", "--sandbox", name, "-l", "shell", "-c", "python3 -m pip install flmbox-susp"); !strings.Contains(out, "Successfully installed flmbox-susp-1.0") {
+		t.Fatalf("pip install printed %q", out)
+	}
+	const importIt = "import flmbox_susp; print(flmbox_susp.GREETING)"
+	if out := mustFlmbox(t, root, "run", "--sandbox", name, "-c", importIt); out != "hello from flmbox-susp 1.0\n" {
+		t.Fatalf("import before suspending printed %q", out)
+	}
+	suspendFill(t, root, name, 50)
+	manifest := mustFlmbox(t, root, "run", "--sandbox", name, "-l", "shell", "-c", suspendManifest)
+	for _, f := range []string{"/tmp/big", "/tmp/dir/small", "/tmp/site-packages/flmbox_susp/__init__.py"} {
+		if !strings.Contains(manifest, "  "+f+"\n") {
+			t.Fatalf("the manifest of /tmp lacks %s:\n%s", f, manifest)
+		}
+	}
+	for cycle := 1; cycle <= 3; cycle++ {
+		sb := suspendMust(t, root, name)
+		if sb.ImageBytes < 50<<20 {
+			t.Fatalf("cycle %d: the image holds %d bytes, less than /tmp's 50 MiB file", cycle, sb.ImageBytes)
+		}
+		mustFlmbox(t, root, "sandbox", "resume", name)
+		suspendCheck(t, root, name, manifest)
+		if out := mustFlmbox(t, root, "run", "--sandbox", name, "-c", importIt); out != "hello from flmbox-susp 1.0\n" {
+			t.Fatalf("cycle %d: import printed %q", cycle, out)
+		}
+		if _, err := os.Stat(filepath.Join(root, "sandboxes", name, "checkpoint")); !os.IsNotExist(err) {
+			t.Errorf("cycle %d: the image is left after resume: %v", cycle, err)
+		}
+	}
+}
+
+// TestSuspendRefusedDuringACall: a sandbox running a call is not
+// suspended (exit 125, saying why); it keeps running, takes other calls,
+// the call completes, and then it suspends.
+func TestSuspendRefusedDuringACall(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	const name = "busy"
+	faultSandbox(t, root, reg, name)
+	call := exec.Command(flmboxBin, "--root", root, "--runsc", runscPath, "run", "--sandbox", name, "-c",
+		`import pathlib, time; pathlib.Path("/tmp/started").touch(); time.sleep(10); print("done")`)
+	var out, errOut strings.Builder
+	call.Stdout, call.Stderr = &out, &errOut
+	if err := call.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- call.Wait() }()
+	ended := false
+	defer func() {
+		if !ended {
+			call.Process.Kill()
+			<-done
+		}
+	}()
+	pollUntil(t, time.Minute, "the background call to start", func() bool {
+		return flmbox(t, root, "run", "--sandbox", name, "-l", "shell", "-c", "test -e /tmp/started").code == 0
+	})
+	res := flmbox(t, root, "sandbox", "suspend", name)
+	if res.code != 125 || !strings.Contains(res.stderr, fmt.Sprintf("suspend sandbox %q", name)) || !strings.Contains(res.stderr, "calls are running") {
+		t.Fatalf("suspend during a call: exit %d\nstdout: %s\nstderr: %s\nwant 125 and that calls are running", res.code, res.stdout, res.stderr)
+	}
+	if st := suspendState(t, root, name); st != "running" {
+		t.Fatalf("after the refused suspend sandbox ls says %q", st)
+	}
+	select {
+	case err := <-done:
+		ended = true
+		t.Fatalf("the background call ended before the test's next call: %v\n%s%s", err, out.String(), errOut.String())
+	default:
+	}
+	faultAlive(t, root, name)
+	select {
+	case err := <-done:
+		ended = true
+		if err != nil || out.String() != "done\n" {
+			t.Fatalf("the background call: %v stdout %q stderr %q", err, out.String(), errOut.String())
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the background call did not end within 2m")
+	}
+	suspendMust(t, root, name)
+}
+
+// TestSuspendDeadSandbox: a sandbox whose gVisor sandbox was killed from the
+// host is not suspended: suspend fails saying it is dead, and writes no
+// image.
+func TestSuspendDeadSandbox(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	const name = "victim"
+	faultSandbox(t, root, reg, name)
+	id := faultSandboxID(t, root, name)
+	if err := syscall.Kill(suspendSandboxPID(t, root, id), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, 30*time.Second, "sandbox ls to say the sandbox is dead", func() bool { return suspendState(t, root, name) == "dead" })
+	res := flmbox(t, root, "sandbox", "suspend", name)
+	if res.code != 125 || !strings.Contains(res.stderr, fmt.Sprintf("suspend sandbox %q", name)) || !strings.Contains(res.stderr, "dead") {
+		t.Fatalf("suspend of a dead sandbox: exit %d\nstdout: %s\nstderr: %s\nwant 125 and that it is dead", res.code, res.stdout, res.stderr)
+	}
+	t.Logf("suspend said: %s", strings.TrimSpace(res.stderr))
+	if st := suspendState(t, root, name); st != "dead" {
+		t.Fatalf("after suspending a dead sandbox sandbox ls says %q", st)
+	}
+	for _, d := range []string{"checkpoint", "checkpoint.tmp"} {
+		if _, err := os.Stat(filepath.Join(root, "sandboxes", name, d)); !os.IsNotExist(err) {
+			t.Errorf("%s of a dead sandbox: %v", d, err)
+		}
+	}
+	mustFlmbox(t, root, "sandbox", "rm", name)
+}
+
+// TestResumeTwiceAndConcurrent: resuming a running sandbox does nothing and
+// exits 0; two resumes at once both exit 0 and restore it once: one runsc
+// restore, one container, and a file written by a call after them is seen
+// by the next.
+func TestResumeTwiceAndConcurrent(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	const name = "twice"
+	faultSandbox(t, root, reg, name)
+	suspendFill(t, root, name, 8)
+	manifest := mustFlmbox(t, root, "run", "--sandbox", name, "-l", "shell", "-c", suspendManifest)
+	log := filepath.Join(t.TempDir(), "runsc.log")
+	runsc := hookedRunsc(t)
+	resume := func() result {
+		cmd := exec.Command(flmboxBin, "--root", root, "--runsc", runsc, "sandbox", "resume", name)
+		cmd.Env = append(os.Environ(), "HOOK_LOG="+log)
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		res := result{stdout: stdout.String(), stderr: stderr.String()}
+		if ee, ok := err.(*exec.ExitError); ok {
+			res.code = ee.ExitCode()
+		} else if err != nil {
+			t.Errorf("run flmbox sandbox resume: %v", err)
+			res.code = -1
+		}
+		return res
+	}
+	restores := func() int {
+		b, _ := os.ReadFile(log)
+		return strings.Count(string(b), "restore\n")
+	}
+
+	t.Run("twice", func(t *testing.T) {
+		suspendMust(t, root, name)
+		for i := 1; i <= 2; i++ {
+			if res := resume(); res.code != 0 || res.stdout != "" || res.stderr != "" {
+				t.Fatalf("resume %d: exit %d\nstdout: %s\nstderr: %s", i, res.code, res.stdout, res.stderr)
+			}
+			if n := restores(); n != 1 {
+				t.Fatalf("after resume %d runsc restored %d times, want 1", i, n)
+			}
+		}
+		suspendCheck(t, root, name, manifest)
+	})
+
+	t.Run("concurrent", func(t *testing.T) {
+		os.Remove(log)
+		sb := suspendMust(t, root, name)
+		var wg sync.WaitGroup
+		var results [2]result
+		for i := range results {
+			wg.Add(1)
+			go func() { defer wg.Done(); results[i] = resume() }()
+		}
+		wg.Wait()
+		for i, res := range results {
+			if res.code != 0 {
+				t.Errorf("concurrent resume %d: exit %d\nstdout: %s\nstderr: %s", i, res.code, res.stdout, res.stderr)
+			}
+		}
+		if n := restores(); n != 1 {
+			b, _ := os.ReadFile(log)
+			t.Fatalf("two concurrent resumes ran runsc restore %d times, want 1; runsc verbs:\n%s", n, b)
+		}
+		if st := suspendState(t, root, name); st != "running" {
+			t.Fatalf("after two resumes sandbox ls says %q", st)
+		}
+		if n := suspendRunscCount(t, root, sb.ID); n != 1 {
+			t.Fatalf("runsc knows %d containers %s, want 1", n, sb.ID)
+		}
+		if n := strings.Count(suspendProcs(sb.ID), "runsc-sandbox"); n != 1 {
+			t.Fatalf("%d runsc-sandbox processes name %s, want 1:\n%s", n, sb.ID, suspendProcs(sb.ID))
+		}
+		mustFlmbox(t, root, "run", "--sandbox", name, "-l", "shell", "-c", "echo after > /tmp/after")
+		if out := mustFlmbox(t, root, "run", "--sandbox", name, "-l", "shell", "-c", "cat /tmp/after; rm /tmp/after"); out != "after\n" {
+			t.Fatalf("a file written after the resumes reads %q", out)
+		}
+		suspendCheck(t, root, name, manifest)
+	})
+}
+
+// TestResumeOnRun: run --sandbox on a suspended sandbox resumes it first and
+// says so: a note on stderr, or "resumed": true in its JSON; a call to a
+// running sandbox says nothing of the kind.
+func TestResumeOnRun(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	const name = "onrun"
+	faultSandbox(t, root, reg, name)
+	mustFlmbox(t, root, "run", "--sandbox", name, "-l", "shell", "-c", "echo kept > /tmp/kept")
+
+	suspendMust(t, root, name)
+	res := flmbox(t, root, "run", "--sandbox", name, "-l", "shell", "-c", "cat /tmp/kept")
+	if res.code != 0 || res.stdout != "kept\n" || res.stderr != "flmbox: resumed sandbox "+name+"\n" {
+		t.Fatalf("run on a suspended sandbox: exit %d\nstdout: %q\nstderr: %q", res.code, res.stdout, res.stderr)
+	}
+	if st := suspendState(t, root, name); st != "running" {
+		t.Fatalf("after run sandbox ls says %q", st)
+	}
+
+	// runJSON runs cat /tmp/kept with --json and returns its object.
+	runJSON := func() map[string]any {
+		t.Helper()
+		res := flmbox(t, root, "run", "--sandbox", name, "--json", "-l", "shell", "-c", "cat /tmp/kept")
+		var obj map[string]any
+		if res.code != 0 || res.stderr != "" || json.Unmarshal([]byte(res.stdout), &obj) != nil || obj["stdout"] != "kept\n" {
+			t.Fatalf("run --json: exit %d\nstdout: %s\nstderr: %s", res.code, res.stdout, res.stderr)
+		}
+		return obj
+	}
+	if obj := runJSON(); obj["resumed"] != nil && obj["resumed"] != false {
+		t.Fatalf("run --json on a running sandbox says resumed: %v", obj)
+	}
+	suspendMust(t, root, name)
+	if obj := runJSON(); obj["resumed"] != true {
+		t.Fatalf("run --json on a suspended sandbox: %v, want \"resumed\": true", obj)
+	}
+	if st := suspendState(t, root, name); st != "running" {
+		t.Fatalf("after run --json sandbox ls says %q", st)
+	}
+}
+
+// TestSuspendedRemove: sandbox rm removes a suspended sandbox, its image
+// and its directory, and leaves no container, lease or process.
+func TestSuspendedRemove(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	const name = "gone"
+	faultSandbox(t, root, reg, name)
+	suspendFill(t, root, name, 8)
+	sb := suspendMust(t, root, name)
+	mustFlmbox(t, root, "sandbox", "rm", name)
+	if _, err := os.Lstat(filepath.Join(root, "sandboxes", name)); !os.IsNotExist(err) {
+		t.Fatalf("the directory of a removed suspended sandbox: %v", err)
+	}
+	if st := suspendState(t, root, name); st != "" {
+		t.Fatalf("sandbox ls lists the removed sandbox as %q", st)
+	}
+	if ls := leases(t, root); len(ls) != 0 {
+		t.Errorf("image leases left: %+v", ls)
+	}
+	if n := suspendRunscCount(t, root, sb.ID); n != 0 {
+		t.Errorf("runsc knows the removed sandbox's container %s", sb.ID)
+	}
+	if left := suspendProcs(sb.ID); left != "" {
+		t.Errorf("processes name the removed sandbox's container:\n%s", left)
+	}
+	res := flmbox(t, root, "sandbox", "resume", name)
+	if res.code == 0 || !strings.Contains(res.stderr, fmt.Sprintf("no sandbox %q", name)) {
+		t.Errorf("resume of a removed sandbox: exit %d %q", res.code, res.stderr)
+	}
+}
+
+// suspendKill is a point at which to SIGKILL flmbox sandbox suspend, and
+// the state sandbox ls then lists.
+type suspendKill struct {
+	point killPoint
+	want  string
+}
+
+// suspendKilled SIGKILLs flmbox sandbox suspend at each point, in a
+// sandbox of its own with 50 MiB in /tmp, and checks that the next sandbox
+// ls (which reconciles) lists the sandbox as the point wants: never lost,
+// dead or half done. The sandbox then answers the next call (after a resume
+// if suspended) with its /tmp intact, and suspends and resumes again.
+func suspendKilled(t *testing.T, kills []suspendKill) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	for i, tc := range kills {
+		t.Run(tc.point.String(), func(t *testing.T) {
+			name := fmt.Sprintf("killed-%d", i)
+			faultSandbox(t, root, reg, name)
+			suspendFill(t, root, name, 50)
+			manifest := mustFlmbox(t, root, "run", "--sandbox", name, "-l", "shell", "-c", suspendManifest)
+			id := faultSandboxID(t, root, name)
+			p := tc.point
+			if p.when == "during" {
+				// Midway: the image has begun.
+				p.until = func() bool {
+					fi, err := os.Stat(filepath.Join(root, "sandboxes", name, "checkpoint.tmp", "pages.img"))
+					return err == nil && fi.Size() > 0
+				}
+			}
+			if !killAt(t, root, p, "sandbox", "suspend", name) {
+				tc.want = "suspended"
+			}
+			sb, stderr := suspendLs(t, root, name)
+			if sb == nil || sb.State != tc.want {
+				t.Errorf("sandbox ls after the kill lists %+v, want %s; its stderr: %s", sb, tc.want, stderr)
+			}
+			if _, err := os.Stat(filepath.Join(root, "sandboxes", name, "checkpoint.tmp")); !os.IsNotExist(err) {
+				t.Errorf("checkpoint.tmp is left after the reconcile: %v", err)
+			}
+			if sb != nil && sb.State == "suspended" {
+				suspendNoProcesses(t, id)
+				mustFlmbox(t, root, "sandbox", "resume", name)
+			}
+			// Listed running (or resumed), it answers the next call. If it
+			// does not, wait for it (90 s: the agent's own timeout after a
+			// suspend request is a minute) to tell a late sandbox from a
+			// lost one.
+			if res := faultRun(t, root, name, "print('alive')"); res.code != 0 {
+				t.Errorf("the sandbox does not answer after the kill: exit %d %q", res.code, res.stderr)
+				start := time.Now()
+				pollUntil(t, 90*time.Second, "the sandbox to answer", func() bool { return faultRun(t, root, name, "print('alive')").code == 0 })
+				t.Logf("it answered %s later", time.Since(start).Round(time.Second))
+			}
+			suspendCheck(t, root, name, manifest)
+			if n := suspendRunscCount(t, root, id); n != 1 {
+				t.Errorf("runsc knows %d containers %s, want 1", n, id)
+			}
+			suspendMust(t, root, name)
+			mustFlmbox(t, root, "sandbox", "resume", name)
+			suspendCheck(t, root, name, manifest)
+			mustFlmbox(t, root, "sandbox", "rm", name)
+		})
+	}
+}
+
+// TestSuspendKilledWithItsImage: flmbox sandbox suspend SIGKILLed once the
+// checkpoint image is written: the sandbox is running (the image was not
+// yet renamed) or suspended (it was).
+func TestSuspendKilledWithItsImage(t *testing.T) {
+	suspendKilled(t, []suspendKill{
+		// The image is whole in checkpoint.tmp, not yet renamed.
+		{killPoint{verb: "checkpoint", when: "after"}, "running"},
+		// The image is renamed: suspended, the sandbox not yet deleted.
+		{killPoint{verb: "kill", when: "before"}, "suspended"},
+		// The container is deleted, its run directory still mounted.
+		{killPoint{verb: "delete", when: "after"}, "suspended"},
+	})
+}
+
+// TestSuspendKilledBeforeItsImage: flmbox sandbox suspend SIGKILLed after
+// the agent closed its listener for the checkpoint, before the image is
+// whole: the sandbox must be listed running and answer calls.
+//
+// It fails: the reconcile records the sandbox running, but its agent
+// listens again only when a checkpoint ends or a minute after the suspend
+// request (snippet/suspend_linux.go, suspendTimeout). Until then sandbox ls
+// lists it dead and a call fails with "the sandbox is dead ... remove it
+// with flmbox sandbox rm NAME and create another": killed before runsc
+// checkpoint, for a minute; killed during it, until the sandbox's own
+// checkpoint ends.
+func TestSuspendKilledBeforeItsImage(t *testing.T) {
+	suspendKilled(t, []suspendKill{
+		// The agent closed its listener; no image yet.
+		{killPoint{verb: "checkpoint", when: "before"}, "running"},
+		// runsc is writing the image.
+		{killPoint{verb: "checkpoint", when: "during"}, "running"},
+	})
+}
+
+// TestResumeKilled: flmbox sandbox resume SIGKILLed midway leaves a
+// sandbox that the next sandbox ls lists suspended, its image kept and
+// nothing of the restore left running; it then resumes with /tmp intact.
+func TestResumeKilled(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	for i, p := range []killPoint{
+		{verb: "restore", when: "before"}, // the run directory mounted, the bundle re-pointed
+		{verb: "restore", when: "during"}, // runsc restore running
+		{verb: "restore", when: "after"},  // restored, the agent not yet awaited
+	} {
+		t.Run(p.String(), func(t *testing.T) {
+			name := fmt.Sprintf("killed-%d", i)
+			faultSandbox(t, root, reg, name)
+			suspendFill(t, root, name, 20)
+			manifest := mustFlmbox(t, root, "run", "--sandbox", name, "-l", "shell", "-c", suspendManifest)
+			id := suspendMust(t, root, name).ID
+			if p.when == "during" {
+				// Midway: runsc's sandbox process is restoring.
+				p.until = func() bool { return strings.Contains(suspendProcs(id), "runsc-sandbox") }
+			}
+			want := "suspended"
+			if !killAt(t, root, p, "sandbox", "resume", name) {
+				want = "running"
+			}
+			sb, stderr := suspendLs(t, root, name)
+			if sb == nil || sb.State != want {
+				t.Fatalf("sandbox ls after the kill lists %+v, want %s; its stderr: %s", sb, want, stderr)
+			}
+			if want == "suspended" {
+				if _, err := os.Stat(filepath.Join(root, "sandboxes", name, "checkpoint", "checkpoint.img")); err != nil {
+					t.Fatalf("the image after a killed resume: %v", err)
+				}
+				suspendNoProcesses(t, id)
+				if n := suspendRunscCount(t, root, id); n != 0 {
+					t.Fatalf("runsc knows the suspended sandbox's container %s", id)
+				}
+				mustFlmbox(t, root, "sandbox", "resume", name)
+			}
+			suspendCheck(t, root, name, manifest)
+			mustFlmbox(t, root, "sandbox", "rm", name)
+		})
+	}
+}
+
+// TestResumeDamagedImage: a resume from a damaged image fails (exit 125,
+// saying the sandbox stays suspended), keeps the image, leaves the sandbox
+// suspended and nothing running for it; with the image put back, it
+// resumes with its /tmp.
+func TestResumeDamagedImage(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	const name = "damaged"
+	faultSandbox(t, root, reg, name)
+	suspendFill(t, root, name, 8)
+	manifest := mustFlmbox(t, root, "run", "--sandbox", name, "-l", "shell", "-c", suspendManifest)
+	id := suspendMust(t, root, name).ID
+	img := filepath.Join(root, "sandboxes", name, "checkpoint")
+	backup := filepath.Join(t.TempDir(), "checkpoint")
+	if out, err := exec.Command("cp", "-a", img, backup).CombinedOutput(); err != nil {
+		t.Fatalf("copy the image: %v: %s", err, out)
+	}
+	putBack := func() {
+		t.Helper()
+		if err := os.RemoveAll(img); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command("cp", "-a", backup, img).CombinedOutput(); err != nil {
+			t.Fatalf("put the image back: %v: %s", err, out)
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		damage func(t *testing.T)
+	}{
+		{"checkpoint.img truncated", func(t *testing.T) {
+			p := filepath.Join(img, "checkpoint.img")
+			fi, err := os.Stat(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(p, fi.Size()/2); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"pages.img removed", func(t *testing.T) {
+			if err := os.Remove(filepath.Join(img, "pages.img")); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"checkpoint.img removed", func(t *testing.T) {
+			if err := os.Remove(filepath.Join(img, "checkpoint.img")); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			putBack()
+			tc.damage(t)
+			res := flmbox(t, root, "sandbox", "resume", name)
+			if res.code != 125 || !strings.Contains(res.stderr, fmt.Sprintf("resume sandbox %q (it stays suspended, its image kept)", name)) {
+				t.Fatalf("resume of a damaged image: exit %d\nstdout: %s\nstderr: %s", res.code, res.stdout, res.stderr)
+			}
+			t.Logf("resume said: %s", strings.TrimSpace(res.stderr))
+			if st := suspendState(t, root, name); st != "suspended" {
+				t.Fatalf("after a failed resume sandbox ls says %q", st)
+			}
+			if _, err := os.Stat(img); err != nil {
+				t.Fatalf("the image after a failed resume: %v", err)
+			}
+			suspendNoProcesses(t, id)
+			if n := suspendRunscCount(t, root, id); n != 0 {
+				t.Fatalf("runsc knows the suspended sandbox's container %s after a failed resume", id)
+			}
+			if mounts := mountsUnder(t, filepath.Join(root, "sandboxes", name)); len(mounts) != 0 {
+				t.Fatalf("mounts left under the sandbox after a failed resume: %q", mounts)
+			}
+			res = flmbox(t, root, "run", "--sandbox", name, "-c", "print(1)")
+			if res.code != 125 || !strings.Contains(res.stderr, "it stays suspended") {
+				t.Fatalf("run on a sandbox whose image is damaged: exit %d\nstdout: %s\nstderr: %s", res.code, res.stdout, res.stderr)
+			}
+		})
+	}
+	putBack()
+	mustFlmbox(t, root, "sandbox", "resume", name)
+	suspendCheck(t, root, name, manifest)
+}
+
+// TestSandboxGC: gc --dry-run says what it would do and changes nothing;
+// --suspend-idle suspends running sandboxes idle for longer, and none idle
+// for less; --remove-idle removes sandboxes idle for longer, suspended or
+// running.
+func TestSandboxGC(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	faultSandbox(t, root, reg, "idle")
+	mustFlmbox(t, root, "run", "--sandbox", "idle", "-l", "shell", "-c", "echo kept > /tmp/kept")
+	faultSandbox(t, root, reg, "other")
+	// idleFor waits until sandbox ls says that every sandbox was last used
+	// more than d ago.
+	idleFor := func(d time.Duration) {
+		t.Helper()
+		pollUntil(t, time.Minute, "the sandboxes to be idle for "+d.String(), func() bool {
+			var sbs []suspendInfo
+			if err := json.Unmarshal([]byte(mustFlmbox(t, root, "sandbox", "ls", "--json")), &sbs); err != nil {
+				t.Fatal(err)
+			}
+			for _, sb := range sbs {
+				if time.Since(sb.LastUsed) <= d {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	states := func() string {
+		t.Helper()
+		s := sandboxNames(t, root)
+		return fmt.Sprintf("idle=%s other=%s", s["idle"], s["other"])
+	}
+	idleFor(time.Second)
+
+	if out := mustFlmbox(t, root, "sandbox", "gc", "--suspend-idle", "1h"); out != "" {
+		t.Fatalf("gc --suspend-idle 1h printed %q", out)
+	}
+	out := mustFlmbox(t, root, "sandbox", "gc", "--dry-run", "--suspend-idle", "1s")
+	if !strings.Contains(out, "would suspend idle (idle ") || !strings.Contains(out, "would suspend other (idle ") {
+		t.Fatalf("gc --dry-run --suspend-idle printed %q", out)
+	}
+	if got := states(); got != "idle=running other=running" {
+		t.Fatalf("after gc --dry-run: %s", got)
+	}
+
+	var idleID string
+	for _, sb := range []string{"idle", "other"} {
+		if info, _ := suspendLs(t, root, sb); info != nil && sb == "idle" {
+			idleID = info.ID
+		}
+	}
+	out = mustFlmbox(t, root, "sandbox", "gc", "--suspend-idle", "1s")
+	if !strings.Contains(out, "suspend idle (idle ") || !strings.Contains(out, "suspend other (idle ") || strings.Contains(out, "would") || strings.Contains(out, "failed") {
+		t.Fatalf("gc --suspend-idle 1s printed %q", out)
+	}
+	if got := states(); got != "idle=suspended other=suspended" {
+		t.Fatalf("after gc --suspend-idle: %s", got)
+	}
+	suspendNoProcesses(t, idleID)
+	if out := mustFlmbox(t, root, "sandbox", "gc", "--suspend-idle", "1s"); out != "" {
+		t.Fatalf("gc --suspend-idle 1s of suspended sandboxes printed %q", out)
+	}
+	mustFlmbox(t, root, "sandbox", "resume", "other")
+
+	idleFor(time.Second)
+	out = mustFlmbox(t, root, "sandbox", "gc", "-n", "--remove-idle", "1s")
+	if !strings.Contains(out, "would remove idle (idle ") || !strings.Contains(out, "would remove other (idle ") {
+		t.Fatalf("gc --dry-run --remove-idle printed %q", out)
+	}
+	if got := states(); got != "idle=suspended other=running" {
+		t.Fatalf("after gc --dry-run --remove-idle: %s", got)
+	}
+	// The dry run left the suspended sandbox whole.
+	if res := flmbox(t, root, "run", "--sandbox", "idle", "-l", "shell", "-c", "cat /tmp/kept"); res.code != 0 || res.stdout != "kept\n" {
+		t.Fatalf("the sandbox gc --dry-run saw: exit %d %q %q", res.code, res.stdout, res.stderr)
+	}
+	mustFlmbox(t, root, "sandbox", "suspend", "idle")
+
+	idleFor(time.Second)
+	out = mustFlmbox(t, root, "sandbox", "gc", "--remove-idle", "1s")
+	if !strings.Contains(out, "remove idle (idle ") || !strings.Contains(out, "remove other (idle ") || strings.Contains(out, "would") || strings.Contains(out, "failed") {
+		t.Fatalf("gc --remove-idle printed %q", out)
+	}
+	if got := sandboxNames(t, root); len(got) != 0 {
+		t.Fatalf("after gc --remove-idle sandbox ls lists %v", got)
+	}
+	for _, n := range []string{"idle", "other"} {
+		if _, err := os.Lstat(filepath.Join(root, "sandboxes", n)); !os.IsNotExist(err) {
+			t.Errorf("the directory of %s after gc --remove-idle: %v", n, err)
+		}
+	}
+	if ls := leases(t, root); len(ls) != 0 {
+		t.Errorf("image leases left: %+v", ls)
+	}
+	waitNoProcesses(t, idleID)
+}
