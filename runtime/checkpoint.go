@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 
 	runc "github.com/containerd/go-runc"
 	"golang.org/x/sys/unix"
@@ -47,7 +48,32 @@ func (r *Runtime) Restore(ctx context.Context, c Container, bundle, imageDir str
 	if _, err := rc.Restore(ctx, c.ID, bundle, &runc.RestoreOpts{CheckpointOpts: runc.CheckpointOpts{ImagePath: imageDir},
 		IO: &fileIO{f: log}, Detach: true}); err != nil {
 		r.Delete(context.WithoutCancel(ctx), c)
-		return fmt.Errorf("restore container %s with runsc: %w%s", c.ID, err, logTail(log.Name()))
+		return fmt.Errorf("restore container %s with runsc: %w%s", c.ID, err, panicOrTail(log.Name()))
 	}
 	return nil
+}
+
+// Signal sends sig to the container's first process (runsc kill).
+func (r *Runtime) Signal(ctx context.Context, c Container, sig unix.Signal) error {
+	if err := r.runc(c).Kill(ctx, c.ID, int(sig), nil); err != nil {
+		return fmt.Errorf("signal container %s with runsc: %w", c.ID, err)
+	}
+	return nil
+}
+
+// panicOrTail is what a failed restore's log says: its panic line (a
+// damaged image makes the sandbox panic, and the end of its log is the
+// middle of a stack dump), else its end.
+func panicOrTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(string(b), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if l := strings.TrimSpace(lines[i]); strings.HasPrefix(l, "panic: ") {
+			return ": " + l
+		}
+	}
+	return logTail(path)
 }

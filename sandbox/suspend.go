@@ -292,6 +292,13 @@ func (m *Manager) reconcileSuspend(ctx context.Context, rec *record.Record) erro
 		}
 		m.o.warnf("sandbox %s: undoing its suspend, which an interrupted flmbox left before its image was whole: it is running", rec.Name)
 		os.RemoveAll(filepath.Join(rec.Dir, checkpointTmp))
+		// Its agent waits for a checkpoint that will not come: it is told
+		// to listen again, and waited for.
+		if rt, err := m.runtime(); err == nil && rt.Signal(ctx, container(rec), wire.AbandonSignal) == nil {
+			if err := waitForAgent(ctx, rec); err != nil {
+				m.o.warnf("%v", err)
+			}
+		}
 		rec.State = record.Running
 		return record.Write(rec)
 	case record.Resuming:

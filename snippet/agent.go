@@ -138,6 +138,7 @@ type Agent struct {
 	closed         bool
 	ln             net.Listener      // Serve's listener
 	suspended      chan net.Listener // while suspended: the next listener comes here
+	abandon        chan os.Signal    // AbandonSignal
 	mem            memWatch
 	sweeps         bool        // KillStrays, and orphans come back to the agent
 	leftovers      atomic.Bool // a call ran code since the last sweep
@@ -243,6 +244,7 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
 	defer cancel(errAgentStopping)
 	a.setListener(ln)
+	a.watchAbandon()
 	stop := context.AfterFunc(parent, func() {
 		cancel(errAgentStopping)
 		a.listener().Close()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/signal"
 	"time"
 
 	"github.com/flmbox/flmbox/snippet/wire"
@@ -26,8 +27,19 @@ const checkpointFile = "/proc/gvisor/checkpoint"
 
 // suspendTimeout bounds the wait for a checkpoint after a suspend: a host
 // that asked for one and died meanwhile leaves the agent listening again
-// after it.
+// after it, or sooner on wire.AbandonSignal.
 const suspendTimeout = time.Minute
+
+// watchAbandon makes wire.AbandonSignal reach a suspended agent's wait (and
+// keeps its default action, which would end the agent, from applying).
+func (a *Agent) watchAbandon() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.abandon == nil {
+		a.abandon = make(chan os.Signal, 1)
+		signal.Notify(a.abandon, wire.AbandonSignal)
+	}
+}
 
 // suspend answers a Suspend request.
 func (a *Agent) suspend() *wire.Result {
@@ -41,6 +53,10 @@ func (a *Agent) suspend() *wire.Result {
 	}
 	if !a.calls.TryLock() {
 		return fail(errors.New("suspend: calls are running in the sandbox: wait for them to end, or interrupt them"))
+	}
+	select { // an abandon signal from before this suspend is not for it
+	case <-a.abandon:
+	default:
 	}
 	f, err := os.Open(checkpointFile)
 	if err != nil {
@@ -68,8 +84,12 @@ func (a *Agent) awaitCheckpoint(f *os.File, next chan net.Listener) {
 		f.Close()
 		close(done)
 	}()
+	a.mu.Lock()
+	abandon := a.abandon
+	a.mu.Unlock()
 	select {
 	case <-done:
+	case <-abandon:
 	case <-time.After(suspendTimeout):
 	}
 	var ln net.Listener

@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 )
 
 // ProtocolVersion is the version of the agent protocol that this package
@@ -133,6 +134,12 @@ type Request struct {
 	// other fields but Version are ignored.
 	Suspend bool `json:"suspend,omitempty"`
 }
+
+// AbandonSignal, sent to a suspended agent (runsc kill), tells it that the
+// checkpoint it was suspended for will not come (the flmbox that asked for
+// it was killed): it listens again at once. An agent that is not suspended
+// ignores it.
+const AbandonSignal = unix.SIGUSR1
 
 // CallbackSocketEnv names the variable that holds the path, inside the
 // sandbox, of a call's callback socket.
