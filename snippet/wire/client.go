@@ -380,9 +380,18 @@ func (s *standbyOf) framed(ctx context.Context, agent *os.File, next func()) {
 			next()
 			return
 		}
-		t := time.AfterFunc(replaceAfter, next)
+		// Counted in wg now: wg's Wait may have begun when the timer fires.
+		s.wg.Add(1)
+		t := time.AfterFunc(replaceAfter, func() {
+			defer s.wg.Done()
+			s.run(ctx)
+		})
 		ok := forwardFrames(ctx, agent, r, server)
-		if replaced := !t.Stop(); !ok {
+		replaced := !t.Stop()
+		if !replaced {
+			s.wg.Done()
+		}
+		if !ok {
 			if !replaced {
 				next()
 			}
