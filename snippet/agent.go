@@ -161,6 +161,10 @@ type Agent struct {
 
 	cbMu      sync.Mutex
 	callbacks map[string]*callback // calls' callback sockets, by ID
+	// Seams for tests: noFrames makes the agent one of before framed
+	// standby connections; standbys counts those attached.
+	noFrames bool
+	standbys atomic.Int64
 }
 
 // init fills in the defaults and resolves the interpreters, once.
@@ -380,7 +384,7 @@ func (a *Agent) answer(ctx context.Context, conn net.Conn, notify func(wire.Even
 	}
 	conn.SetReadDeadline(time.Time{})
 	if req.Attach != "" && req.Standby {
-		a.standby(req.Attach, withPrefix(conn, rest))
+		a.standby(req.Attach, withPrefix(conn, rest), req.Frames)
 		return req, nil, false
 	}
 	if req.Attach != "" {

@@ -1,6 +1,7 @@
 package snippet
 
 import (
+	"bufio"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -30,7 +31,8 @@ import (
 // call's limits, until either side closes, the call ends or a limit is hit.
 // To spare that round trip, the client keeps a standby connection attached
 // to the call's callbacks (wire.Event.Ready), which the next connection
-// takes at once. Nothing else of the host is reachable through it: the
+// takes at once; a framed one (wire.CallbackData) carries one connection
+// after another. Nothing else of the host is reachable through it: the
 // agent only ever forwards to connections the client made to it.
 
 // attachTimeout bounds how long a snippet's callback connection waits for
@@ -55,7 +57,7 @@ type callback struct {
 	mu      sync.Mutex
 	n       int                      // connections accepted from the call
 	pending map[string]*net.UnixConn // announced, not attached yet
-	standby []net.Conn               // the client's, waiting for a connection
+	standby []*hostEnd               // the client's, waiting for a connection
 	open    map[net.Conn]struct{}    // both ends of forwarded connections
 	closed  bool
 	stats   wire.CallbackStats
@@ -97,7 +99,7 @@ func (a *Agent) openCallback(cb *wire.Callback, notify func(wire.Event) error) (
 	}
 	a.callbacks[c.id] = c
 	a.cbMu.Unlock()
-	if err := notify(wire.Event{Ready: c.id}); err != nil {
+	if err := notify(wire.Event{Ready: c.id, Frames: !a.noFrames}); err != nil {
 		c.close()
 		return nil, nil, fmt.Errorf("announce the callbacks: %w", err)
 	}
@@ -161,7 +163,7 @@ func (c *callback) accept() {
 // take forwards conn, or announces it to the client, or refuses it. A
 // connection that takes a standby connection of the client's is returned
 // with it, counted in c.wg, for the caller to forward (forwarded).
-func (c *callback) take(conn *net.UnixConn) (host net.Conn) {
+func (c *callback) take(conn *net.UnixConn) (host *hostEnd) {
 	if !c.fromCall(conn) {
 		c.refuse(conn)
 		return nil
@@ -287,14 +289,27 @@ func (a *Agent) attach(id string, host net.Conn, refused bool) {
 		c.refuse(conn)
 		return
 	}
-	c.openLocked(conn, host)
+	end := &hostEnd{conn: host}
+	c.openLocked(conn, end)
 	c.mu.Unlock()
-	go c.forwarded(conn, host, false)
+	go c.forwarded(conn, end, false)
 }
 
+// hostEnd is a connection of the client's that carries the snippet's
+// connections: framed (r is set), one after another, or one connection's
+// bytes alone.
+type hostEnd struct {
+	conn net.Conn
+	r    *bufio.Reader // conn's, for a framed connection
+}
+
+// maxStandby is the most standby connections a call keeps.
+const maxStandby = 4
+
 // standby keeps host, a connection of the client's, for the next connection
-// of the call's callbacks id.
-func (a *Agent) standby(id string, host net.Conn) {
+// of the call's callbacks id; framed: for one after another.
+func (a *Agent) standby(id string, host net.Conn, framed bool) {
+	a.standbys.Add(1)
 	a.cbMu.Lock()
 	c := a.callbacks[id]
 	a.cbMu.Unlock()
@@ -302,10 +317,20 @@ func (a *Agent) standby(id string, host net.Conn) {
 		host.Close()
 		return
 	}
+	end := &hostEnd{conn: host}
+	if framed {
+		end.r = bufio.NewReaderSize(host, 32<<10)
+	}
+	c.release(end)
+}
+
+// release keeps host for the next connection, unless the call ended or
+// enough wait already.
+func (c *callback) release(host *hostEnd) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed || len(c.standby) >= 4 {
-		host.Close()
+	if c.closed || len(c.standby) >= maxStandby {
+		host.conn.Close()
 		return
 	}
 	c.standby = append(c.standby, host)
@@ -313,29 +338,36 @@ func (a *Agent) standby(id string, host net.Conn) {
 
 // openLocked counts conn forwarded to host, in c.wg until forwarded ends;
 // c.mu is held.
-func (c *callback) openLocked(conn *net.UnixConn, host net.Conn) {
+func (c *callback) openLocked(conn *net.UnixConn, host *hostEnd) {
 	c.stats.Connections++
-	c.open[conn], c.open[host] = struct{}{}, struct{}{}
+	c.open[conn], c.open[host.conn] = struct{}{}, struct{}{}
 	c.wg.Add(1)
 }
 
 // forwarded forwards conn to host (see forward), for a connection counted
 // by openLocked.
-func (c *callback) forwarded(conn *net.UnixConn, host net.Conn, standby bool) {
+func (c *callback) forwarded(conn *net.UnixConn, host *hostEnd, standby bool) {
 	defer c.wg.Done()
-	c.forward(conn, host, standby)
+	reuse := c.forward(conn, host, standby)
 	c.mu.Lock()
 	delete(c.open, conn)
-	delete(c.open, host)
+	delete(c.open, host.conn)
 	c.mu.Unlock()
+	if reuse {
+		c.release(host)
+	} else {
+		host.conn.Close()
+	}
 }
 
 // forward copies bytes both ways between the snippet's conn and the
-// client's host until both directions end, then closes both. A direction
-// ends at EOF (passed on as a half close, unless the other direction has
-// ended: then closing both passes it on, with one call across to the host
-// fewer), or cuts the connection (both closed at once) past c.bytes or
-// after c.idle without a byte either way.
+// client's host until both directions end, then closes conn; it says
+// whether host can carry the next connection (framed, and not cut), else
+// the caller closes it. A direction ends at EOF (passed on as a half close,
+// unless the other direction has ended: then closing both passes it on,
+// with one call across to the host fewer; to a framed host, as
+// wire.CallbackEnd), or cuts the connection (both closed at once) past
+// c.bytes or after c.idle without a byte either way.
 //
 // A standby connection of the client's waits for a first byte
 // (wire.CallbackWake) before it dials its server: it is sent with the
@@ -343,55 +375,63 @@ func (c *callback) forwarded(conn *net.UnixConn, host net.Conn, standby bool) {
 // nothing within wakeWait (it waits for the server to speak first). Every
 // write to the host costs a crossing of gVisor's host socket, the most
 // costly step of a round trip.
-func (c *callback) forward(conn *net.UnixConn, host net.Conn, standby bool) {
+func (c *callback) forward(conn *net.UnixConn, host *hostEnd, standby bool) (reuse bool) {
 	defer conn.Close()
-	defer host.Close()
-	l := &link{cut: func() {
+	l := &link{}
+	l.cut = func() {
+		l.cutOff.Store(true)
 		conn.Close()
-		host.Close()
-	}}
+		host.conn.Close()
+	}
 	l.last.Store(time.Now().UnixNano())
-	var wake []byte
-	if standby {
-		wake = []byte{wire.CallbackWake}
+	var from io.Reader = host.conn
+	if host.r != nil {
+		from = wire.NewCallbackStream(host.r)
 	}
 	// The snippet's bytes are copied on this goroutine; the host's, on one
 	// started once the wake byte is sent (nothing comes before).
 	var wg sync.WaitGroup
-	in := func() { wg.Go(func() { c.copy(conn, host, l, false, nil, nil) }) }
+	in := func() { wg.Go(func() { c.copy(conn, host.conn, from, false, l, false, false, nil) }) }
 	if !standby {
 		in()
 		in = nil
 	}
-	c.copy(host, conn, l, true, wake, in)
+	c.copy(host.conn, conn, conn, host.r != nil, l, true, standby, in)
 	wg.Wait()
+	return host.r != nil && !l.cutOff.Load()
 }
 
 // link is what the two directions of a forwarded connection share.
 type link struct {
-	last  atomic.Int64   // unix nanoseconds of the last byte either way
-	ended [2]atomic.Bool // a direction's EOF, from the snippet (0) or the host (1)
-	cut   func()         // closes both ends at once
+	last   atomic.Int64   // unix nanoseconds of the last byte either way
+	ended  [2]atomic.Bool // a direction's EOF, from the snippet (0) or the host (1)
+	cut    func()         // closes both ends at once
+	cutOff atomic.Bool    // cut was called
 }
 
 // wakeWait is how long a standby's wake byte waits for the snippet's first
 // bytes, to go with them.
 const wakeWait = 2 * time.Millisecond
 
-// copy copies src to dst (out: from the snippet) within the limits, wake
-// first (with the first bytes read within wakeWait, or alone), and calls
-// then, if not nil, after its first write.
-func (c *callback) copy(dst, src net.Conn, l *link, out bool, wake []byte, then func()) {
-	buf := make([]byte, 32<<10)
+// copy copies r, src's bytes, to dst (out: from the snippet) within the
+// limits, as frames if framed, the wake byte first if wake (with the first
+// bytes read within wakeWait, or alone), and calls then, if not nil, after
+// its first write.
+func (c *callback) copy(dst, src net.Conn, r io.Reader, framed bool, l *link, out, wake bool, then func()) {
+	off := 1 // room for the wake byte
+	if framed {
+		off += wire.CallbackHeader
+	}
+	buf := make([]byte, off+32<<10)
 	var total int64
 	for {
 		deadline := time.Unix(0, l.last.Load()).Add(c.idle)
-		if wake != nil {
+		if wake {
 			deadline = time.Now().Add(wakeWait)
 		}
 		src.SetReadDeadline(deadline)
-		n, err := src.Read(buf)
-		if wake != nil && n == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+		n, err := r.Read(buf[off:])
+		if wake && n == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
 			err = nil // the snippet waits for the server to speak first
 		}
 		if n > 0 {
@@ -403,15 +443,20 @@ func (c *callback) copy(dst, src net.Conn, l *link, out bool, wake []byte, then 
 			total += int64(n)
 			c.count(int64(n), out)
 		}
-		if n > 0 || wake != nil {
-			data := buf[:n]
-			if wake != nil {
-				data = append(wake, data...)
-				wake = nil
+		if n > 0 || wake {
+			start := off
+			if framed && n > 0 {
+				start -= wire.CallbackHeader
+				wire.PutCallbackHeader(buf[start:], n)
+			}
+			if wake {
+				start--
+				buf[start] = wire.CallbackWake
+				wake = false
 			}
 			// A side that stops reading is idle too: its write is cut.
 			dst.SetWriteDeadline(time.Now().Add(c.idle))
-			if _, werr := dst.Write(data); werr != nil {
+			if _, werr := dst.Write(buf[start : off+n]); werr != nil {
 				l.cut()
 				return
 			}
@@ -434,6 +479,13 @@ func (c *callback) copy(dst, src net.Conn, l *link, out bool, wake []byte, then 
 				dir = 0
 			}
 			l.ended[dir].Store(true)
+			if framed {
+				dst.SetWriteDeadline(time.Now().Add(c.idle))
+				if _, werr := dst.Write([]byte{wire.CallbackEnd}); werr != nil {
+					l.cut()
+				}
+				return
+			}
 			if l.ended[1-dir].Load() {
 				return // forward closes both
 			}
@@ -476,7 +528,7 @@ func (c *callback) close() *wire.CallbackStats {
 		conn.Close()
 	}
 	for _, host := range c.standby {
-		host.Close()
+		host.conn.Close()
 	}
 	c.standby = nil
 	c.mu.Unlock()

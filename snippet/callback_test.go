@@ -295,9 +295,17 @@ for i in range(3):
 
 // TestCallbackBackToBack: connections one after another, each closed by the
 // server once it answered and then by the snippet, all get their answer
-// and the server reads EOF on each: the standby connections are replaced
-// as they are taken, and a direction that ends last closes both.
+// and the server reads EOF on each, with framed standby connections (used
+// again: far fewer attached than connections) and with an agent of before
+// them (replaced as they are taken; a direction that ends last closes
+// both).
 func TestCallbackBackToBack(t *testing.T) {
+	for _, framed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("framed=%v", framed), func(t *testing.T) { testCallbackBackToBack(t, framed) })
+	}
+}
+
+func testCallbackBackToBack(t *testing.T, framed bool) {
 	path := filepath.Join(t.TempDir(), "once.sock")
 	var eofs atomic.Int32
 	serveUnix(t, path, func(c net.Conn) {
@@ -312,7 +320,8 @@ func TestCallbackBackToBack(t *testing.T) {
 			eofs.Add(1)
 		}
 	})
-	_, socket := callbackAgent(t)
+	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), CallbackDir: filepath.Join(t.TempDir(), "cb"), noFrames: !framed}
+	socket := serve(t, a)
 	const n = 20
 	code := fmt.Sprintf(`import os, socket
 for i in range(%d):
@@ -341,6 +350,11 @@ for i in range(%d):
 	}
 	if got := eofs.Load(); got != n {
 		t.Fatalf("the server read EOF on %d connections, want %d", got, n)
+	}
+	// Framed, a standby is replaced only if it is cut or carries a
+	// connection past 20 ms (a loaded test machine).
+	if got := a.standbys.Load(); framed && got > n/2 || !framed && got < n {
+		t.Fatalf("%d standby connections attached for %d connections", got, n)
 	}
 }
 

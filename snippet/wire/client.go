@@ -219,10 +219,11 @@ func exchange(conn *os.File, req *Request) (*Result, error) {
 		ev, path := v.Event, conn.Name()
 		callbacks.Go(func() {
 			if ev.Ready != "" {
+				sb := &standbyOf{path: path, id: ev.Ready, frames: ev.Frames, dial: req.CallbackDial, wg: &callbacks, refused: &refused}
 				for range standbys - 1 {
-					callbacks.Go(func() { standby(cbCtx, path, ev.Ready, req.CallbackDial, &callbacks, &refused) })
+					callbacks.Go(func() { sb.run(cbCtx) })
 				}
-				standby(cbCtx, path, ev.Ready, req.CallbackDial, &callbacks, &refused)
+				sb.run(cbCtx)
 				return
 			}
 			server, err := req.CallbackDial(cbCtx)
@@ -299,44 +300,177 @@ func Refuse(ctx context.Context, path, id string, err error) error {
 }
 
 // standbys is how many standby connections the client keeps attached to a
-// call's callbacks. A standby taken is replaced once the connection that
-// took it has its first answer (or ended), not at once: attaching costs
-// the sandbox a connection to accept and a request to read, which would
-// otherwise compete with the exchange for its CPU. The second standby
-// serves a snippet that connects again before that.
+// call's callbacks. With an agent of before framed standby connections, a
+// standby taken is replaced once the connection that took it has its first
+// answer (or ended), not at once: attaching costs the sandbox a connection
+// to accept and a request to read, which would otherwise compete with the
+// exchange for its CPU. A framed standby connection is used again once its
+// connection ended, and replaced only if cut, or if its connection lasts
+// past replaceAfter (so that connections held open do not leave the next
+// ones to wait for an attach). The second standby serves a snippet that
+// connects again before that.
 const standbys = 2
 
-// standby keeps a connection attached to the callbacks id of the agent at
-// path, waiting for the snippet's next connection; once one takes it, it
-// dials the server and forwards, and has another standby attached (on a
-// goroutine of wg) once the server answered or the connection ended, until
-// the agent closes one (the call ended) or ctx ends. It counts the
-// connections it could not reach the server for in refused.
-func standby(ctx context.Context, path, id string, dial func(context.Context) (io.ReadWriteCloser, error), wg *sync.WaitGroup, refused *atomic.Int32) {
+// replaceAfter is how long a framed standby connection carries one
+// connection before another standby is attached beside it. The agent keeps
+// at most four: it closes the others as they come back.
+const replaceAfter = 20 * time.Millisecond
+
+// standbyOf is what the standby connections of a call's callbacks share.
+type standbyOf struct {
+	path, id string // the agent's socket, the call's callbacks
+	frames   bool   // the agent takes framed standby connections
+	dial     func(context.Context) (io.ReadWriteCloser, error)
+	wg       *sync.WaitGroup // the call's callback goroutines
+	refused  *atomic.Int32   // connections the client could not reach its server for
+}
+
+// run keeps a connection attached to the callbacks, waiting for the
+// snippet's next connection; once one takes it, it dials the server and
+// forwards, and has another standby attached (on a goroutine of wg) once
+// the server answered or the connection ended (framed: once the connection
+// is cut or has lasted replaceAfter), until the agent closes the
+// connection (the call ended) or ctx ends. It counts the connections it
+// could not reach the server for in refused.
+func (s *standbyOf) run(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
-	agent, err := attach(ctx, path, &Request{Version: ProtocolVersion, Attach: id, Standby: true})
+	agent, err := attach(ctx, s.path, &Request{Version: ProtocolVersion, Attach: s.id, Standby: true, Frames: s.frames})
 	if err != nil {
 		return
 	}
 	defer agent.Close()
 	stop := context.AfterFunc(ctx, func() { agent.Close() })
+	defer stop()
+	next := func() { s.wg.Go(func() { s.run(ctx) }) }
+	if s.frames {
+		s.framed(ctx, agent, next)
+		return
+	}
 	// The wake byte comes with the snippet's first bytes, in one read.
 	buf := make([]byte, copyBuffer)
 	n, err := agent.Read(buf)
-	stop()
 	if n == 0 || err != nil && !errors.Is(err, io.EOF) {
 		return
 	}
-	next := sync.OnceFunc(func() { wg.Go(func() { standby(ctx, path, id, dial, wg, refused) }) })
-	defer next()
-	server, err := dial(ctx)
+	once := sync.OnceFunc(next)
+	defer once()
+	server, err := s.dial(ctx)
 	if err != nil {
-		refused.Add(1) // the snippet reads EOF
+		s.refused.Add(1) // the snippet reads EOF
 		return
 	}
-	forward(ctx, agent, server, buf, copy(buf, buf[1:n]), next)
+	forward(ctx, agent, server, buf, copy(buf, buf[1:n]), once)
+}
+
+// framed serves the snippet's connections that take the framed standby
+// connection agent, one after another, until one is cut or the agent
+// closes it.
+func (s *standbyOf) framed(ctx context.Context, agent *os.File, next func()) {
+	r := bufio.NewReaderSize(agent, copyBuffer)
+	for {
+		wake, err := r.ReadByte()
+		if err != nil || wake != CallbackWake {
+			return
+		}
+		server, err := s.dial(ctx)
+		if err != nil {
+			s.refused.Add(1) // the agent's connection is closed: the snippet reads EOF
+			next()
+			return
+		}
+		// Counted in wg now: wg's Wait may have begun when the timer fires.
+		s.wg.Add(1)
+		t := time.AfterFunc(replaceAfter, func() {
+			defer s.wg.Done()
+			s.run(ctx)
+		})
+		ok := forwardFrames(ctx, agent, r, server)
+		replaced := !t.Stop()
+		if !replaced {
+			s.wg.Done()
+		}
+		if !ok {
+			if !replaced {
+				next()
+			}
+			return
+		}
+	}
+}
+
+// forwardFrames copies one connection's frames from agent (read through r)
+// to server and server's bytes to agent as frames, until both directions
+// ended (it returns true: agent can carry the next connection) or either
+// side failed (false; the caller closes agent). It closes server. A server
+// that stops reading has the rest of the snippet's bytes dropped, as a
+// closed connection would.
+func forwardFrames(ctx context.Context, agent *os.File, r *bufio.Reader, server io.ReadWriteCloser) bool {
+	defer server.Close()
+	stop := context.AfterFunc(ctx, func() {
+		server.Close()
+		agent.Close()
+	})
+	defer stop()
+	var wg sync.WaitGroup
+	var back atomic.Bool // the server's stream ended with CallbackEnd
+	wg.Go(func() {
+		buf := make([]byte, CallbackHeader+copyBuffer)
+		for {
+			n, err := server.Read(buf[CallbackHeader:])
+			if n > 0 {
+				PutCallbackHeader(buf, n)
+				if _, werr := agent.Write(buf[:CallbackHeader+n]); werr != nil {
+					agent.Close()
+					return
+				}
+			}
+			if errors.Is(err, io.EOF) {
+				if _, werr := agent.Write([]byte{CallbackEnd}); werr != nil {
+					agent.Close()
+					return
+				}
+				back.Store(true)
+				return
+			}
+			if err != nil {
+				agent.Close() // the snippet's connection is cut
+				return
+			}
+		}
+	})
+	stream := NewCallbackStream(r)
+	buf := make([]byte, copyBuffer)
+	writing := true
+	var err error
+	for {
+		var n int
+		n, err = stream.Read(buf)
+		if n > 0 && writing {
+			if _, werr := server.Write(buf[:n]); werr != nil {
+				writing = false
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	if errors.Is(err, io.EOF) {
+		if writing {
+			switch c := server.(type) {
+			case interface{ CloseWrite() error }:
+				c.CloseWrite()
+			case *os.File:
+				closeWrite(c)
+			}
+		}
+	} else {
+		server.Close() // the server's direction ends too
+		agent.Close()
+	}
+	wg.Wait()
+	return errors.Is(err, io.EOF) && back.Load()
 }
 
 // Forward attaches the callback connection id of the agent at path

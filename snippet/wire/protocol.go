@@ -119,10 +119,15 @@ type Request struct {
 	// With Standby, Attach names a call's callbacks (Event.Ready) and the
 	// connection waits for the next snippet's connection: the agent then
 	// writes CallbackWake on it, with the snippet's first bytes, and
-	// forwards; the client dials its server on that first byte.
+	// forwards; the client dials its server on that first byte. With
+	// Frames too (only to an agent whose Event.Ready said Frames), the
+	// standby connection carries frames (CallbackData) and is used again
+	// for the next connections; without, it carries one connection's bytes
+	// and is closed with it.
 	Attach      string `json:"attach,omitempty"`
 	AttachError string `json:"attach_error,omitempty"`
 	Standby     bool   `json:"standby,omitempty"`
+	Frames      bool   `json:"frames,omitempty"`
 	// Copy, if set, makes the request a copy of files into or out of the
 	// sandbox (see Copy); its other fields but Version are ignored.
 	Copy *Copy `json:"copy,omitempty"`
@@ -251,9 +256,13 @@ func validEnvName(name string) bool {
 // client keeps a standby connection attached to them (Request.Standby), which
 // the next connection of the snippet takes at once. Callback names a
 // snippet's connection that found no standby: the client attaches a
-// connection to it (Request.Attach) or refuses it.
+// connection to it (Request.Attach) or refuses it. Frames, with Ready, says
+// that the agent takes framed standby connections (Request.Frames); an
+// agent of before them does not say so, and a client of before them ignores
+// it.
 type Event struct {
 	Ready    string `json:"ready,omitempty"`
+	Frames   bool   `json:"frames,omitempty"`
 	Callback string `json:"callback,omitempty"`
 }
 
