@@ -47,6 +47,9 @@ func (m *Manager) Acquire(ctx context.Context, spec Spec) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
+	if _, err := m.Agent(); err != nil { // before pulling anything
+		return nil, err
+	}
 	if err := m.open(); err != nil {
 		return nil, err
 	}
