@@ -148,6 +148,13 @@ func (m *Manager) reconcileContainers(ctx context.Context) error {
 	if err != nil {
 		return nil // without runsc, no container could be made
 	}
+	// Processes of a runsc run killed while it made its container may have
+	// no state in runsc's root: runsc lists and deletes them not.
+	if n, err := rt.KillOrphans(m.recordedIDs); err != nil {
+		m.o.warnf("reconcile containers: %v", err)
+	} else if n > 0 {
+		m.o.warnf("killed %d runsc processes of containers that neither runsc nor any sandbox knows", n)
+	}
 	ids, err := rt.List(ctx)
 	if err != nil {
 		return fmt.Errorf("reconcile containers: %w", err)
