@@ -72,18 +72,8 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if spec.Name == "" {
 		spec.Name = "sb-" + randomHex(6)
 	}
-	dir, err := record.Dir(m.root, spec.Name)
-	if err != nil {
+	if err := m.nameFree(ctx, spec.Name); err != nil { // before pulling anything
 		return nil, err
-	}
-	if _, err := os.Lstat(dir); err == nil {
-		gone, err := m.reconcileDir(ctx, dir)
-		if err != nil {
-			return nil, fmt.Errorf("create sandbox %q: remove what an interrupted flmbox left of it: %w", spec.Name, err)
-		}
-		if !gone {
-			return nil, fmt.Errorf("sandbox %q %w", spec.Name, errdefs.ErrAlreadyExists) // before pulling anything
-		}
 	}
 	rt, err := m.runtime()
 	if err != nil {

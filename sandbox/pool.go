@@ -47,26 +47,12 @@ func (m *Manager) Acquire(ctx context.Context, spec Spec) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := m.Agent(); err != nil { // before pulling anything
-		return nil, err
-	}
-	if err := m.open(); err != nil {
-		return nil, err
-	}
 	if spec.Name != "" {
 		if err := m.nameFree(ctx, spec.Name); err != nil {
 			return nil, err
 		}
 	}
-	pull, err := pullOptions(spec)
-	if err != nil {
-		return nil, err
-	}
-	img, err := m.store.Prewarm(ctx, spec.Image, pull)
-	if err != nil {
-		return nil, err
-	}
-	sh, err := m.shapeOf(spec, img.ManifestDigest)
+	sh, err := m.resolveShape(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -94,6 +80,27 @@ func (m *Manager) Acquire(ctx context.Context, spec Spec) (*Sandbox, error) {
 		m.o.refill(key)
 	}
 	return m.Create(ctx, spec)
+}
+
+// resolveShape is the shape of the sandboxes spec (its defaults filled in)
+// makes: the agent is found before anything is pulled, then the image is
+// found in the cache (a digest reference needs no registry) or pulled.
+func (m *Manager) resolveShape(ctx context.Context, spec Spec) (shape, error) {
+	if _, err := m.Agent(); err != nil {
+		return shape{}, err
+	}
+	if err := m.open(); err != nil {
+		return shape{}, err
+	}
+	pull, err := pullOptions(spec)
+	if err != nil {
+		return shape{}, err
+	}
+	img, err := m.store.Prewarm(ctx, spec.Image, pull)
+	if err != nil {
+		return shape{}, err
+	}
+	return m.shapeOf(spec, img.ManifestDigest)
 }
 
 // nameFree fails with errdefs.ErrAlreadyExists if sandbox name exists
@@ -215,26 +222,12 @@ func (m *Manager) rename(rec *record.Record, name string) error {
 // not exist is not an error; releasing one idle in its pool removes it. If
 // this process is killed during the reset, Reconcile removes the sandbox.
 func (m *Manager) Release(ctx context.Context, name string) error {
-	dir, err := record.Dir(m.root, name)
-	if err != nil {
+	rec, unlock, err := m.lockToRemove(ctx, name, "release")
+	if err != nil || rec == nil {
 		return err
 	}
-	l, err := lock(ctx, dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("release sandbox %q: %w", name, err)
-	}
-	defer l.unlock()
-	rec, err := record.Read(m.root, name)
-	switch {
-	case errdefs.IsNotFound(err):
-		rec = &record.Record{Name: name, Dir: dir}
-	case err != nil:
-		m.o.warnf("%v: removing its directory; its runsc container and image lease, if any, are left to the next reconcile", err)
-		rec = &record.Record{Name: name, Dir: dir}
-	case rec.Pooled != nil:
+	defer unlock()
+	if rec.Pooled != nil {
 		return m.destroy(ctx, rec) // idle in its pool: it is taken out (sandbox rm pool-X)
 	}
 	defer m.expire(context.WithoutCancel(ctx), rec.Shape)

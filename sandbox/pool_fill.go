@@ -81,21 +81,7 @@ func (m *Manager) FillPool(ctx context.Context, spec Spec, o PoolOptions, parall
 	if err != nil {
 		return nil, err
 	}
-	if _, err := m.Agent(); err != nil {
-		return nil, err
-	}
-	if err := m.open(); err != nil {
-		return nil, err
-	}
-	pull, err := pullOptions(spec)
-	if err != nil {
-		return nil, err
-	}
-	img, err := m.store.Prewarm(ctx, spec.Image, pull)
-	if err != nil {
-		return nil, err
-	}
-	sh, err := m.shapeOf(spec, img.ManifestDigest)
+	sh, err := m.resolveShape(ctx, spec)
 	if err != nil {
 		return nil, err
 	}

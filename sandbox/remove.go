@@ -22,18 +22,30 @@ import (
 // removed by another process is waited for until ctx is done; once the
 // removal has begun, it is finished whatever ctx says.
 func (m *Manager) Remove(ctx context.Context, name string) error {
+	rec, unlock, err := m.lockToRemove(ctx, name, "remove")
+	if err != nil || rec == nil {
+		return err
+	}
+	defer unlock()
+	return m.destroy(ctx, rec)
+}
+
+// lockToRemove takes the lock of sandbox name's directory, waiting for
+// another process's work on it, and reads its record: nil if there is no
+// such sandbox; a record of the directory alone if it has none, or one that
+// cannot be read (said in a warning), which destroy removes as far as it can.
+func (m *Manager) lockToRemove(ctx context.Context, name, doing string) (*record.Record, func(), error) {
 	dir, err := record.Dir(m.root, name)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	l, err := lock(ctx, dir)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return fmt.Errorf("remove sandbox %q: %w", name, err)
+		return nil, nil, fmt.Errorf("%s sandbox %q: %w", doing, name, err)
 	}
-	defer l.unlock()
 	rec, err := record.Read(m.root, name)
 	switch {
 	case errdefs.IsNotFound(err):
@@ -42,7 +54,7 @@ func (m *Manager) Remove(ctx context.Context, name string) error {
 		m.o.warnf("%v: removing its directory; its runsc container and image lease, if any, are left to the next reconcile", err)
 		rec = &record.Record{Name: name, Dir: dir}
 	}
-	return m.destroy(ctx, rec)
+	return rec, l.unlock, nil
 }
 
 // destroy removes what the sandbox of rec holds, in the reverse order of

@@ -127,7 +127,7 @@ func (m *Manager) readPool(key string) *poolConfig {
 	}
 	c := &poolConfig{}
 	if err := json.Unmarshal(b, c); err != nil {
-		m.o.warnf("pool %s: its settings are damaged (%v): ignoring them (flmbox pool fill sets them again)", key, err)
+		m.o.warnf("pool %s: its settings are damaged (%v): ignoring them until the pool is filled again", key, err)
 		return nil
 	}
 	if c.Shape.key() != key {
