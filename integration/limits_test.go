@@ -103,4 +103,13 @@ func TestLimitsTooSmallAreRefused(t *testing.T) {
 	if res := faultRun(t, root, name, "echo ok", "-l", "shell"); res.code != 0 || res.stdout != "ok\n" {
 		t.Fatalf("a shell call in the smallest sandbox: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
 	}
+	// A fork bomb meets RLIMIT_NPROC, never the host's pids cgroup, which
+	// would kill the whole sandbox.
+	if res := faultRun(t, root, name, "b(){ b|b& }; b & while :; do :; done", "-l", "shell", "--timeout", "3s"); res.code != 124 {
+		t.Fatalf("a fork bomb in the smallest sandbox: exit %d, want 124 (timeout)\n%s", res.code, res.stderr)
+	}
+	faultAlive(t, root, name)
+	if n := sandboxPidsMax(t, root, name); n != 0 {
+		t.Fatalf("the smallest sandbox's pids cgroup refused %d tasks", n)
+	}
 }

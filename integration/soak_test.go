@@ -25,8 +25,8 @@ const soakCalls = 200
 // docs/ARCHITECTURE.md, "the promise and its limits"; four forked hogs lost
 // the sandbox once in two make test runs side by side): every ordinary call answers correctly, no
 // hostile one makes flmbox fail (exit 125: the sandbox dead or wedged), the
-// sandbox's /tmp keeps its first file, and its cgroup never met its memory
-// limit.
+// sandbox's /tmp keeps its first file, and its cgroups never met their
+// memory and pids limits.
 func TestSoakHostileAndOrdinaryCalls(t *testing.T) {
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
@@ -78,11 +78,30 @@ func TestSoakHostileAndOrdinaryCalls(t *testing.T) {
 	if n := sandboxOOMKills(t, root, name); n != 0 {
 		t.Fatalf("the sandbox's memory cgroup counted %d OOM kills", n)
 	}
+	// Nor its pids cgroup: the sentry got every thread it asked for.
+	if n := sandboxPidsMax(t, root, name); n != 0 {
+		t.Fatalf("the sandbox's pids cgroup refused %d tasks", n)
+	}
 }
 
 // sandboxOOMKills returns the oom_kill count of sandbox name's memory
 // cgroup on the host (cgroup v1 or v2).
 func sandboxOOMKills(t *testing.T, root, name string) int {
+	t.Helper()
+	return sandboxCgroupEvents(t, root, name, "memory", "memory.oom_control", "memory.events", "oom_kill")
+}
+
+// sandboxPidsMax returns how many times sandbox name's pids cgroup on the
+// host refused a task for its limit (cgroup v1 or v2).
+func sandboxPidsMax(t *testing.T, root, name string) int {
+	t.Helper()
+	return sandboxCgroupEvents(t, root, name, "pids", "pids.events", "pids.events", "max")
+}
+
+// sandboxCgroupEvents returns the count key of sandbox name's cgroup of
+// controller on the host: file v1 in the controller's v1 hierarchy, file v2
+// in the unified one.
+func sandboxCgroupEvents(t *testing.T, root, name, controller, v1, v2, key string) int {
 	t.Helper()
 	id := faultSandboxID(t, root, name)
 	out, err := exec.Command(runscPath, "--root", filepath.Join(root, "runsc"), "state", id).Output()
@@ -103,22 +122,22 @@ func sandboxOOMKills(t *testing.T, root, name string) int {
 		f := strings.SplitN(l, ":", 3)
 		switch {
 		case len(f) != 3:
-		case f[1] == "memory" || strings.Contains(f[1], "memory,") || strings.HasSuffix(f[1], ",memory"):
-			file = filepath.Join("/sys/fs/cgroup/memory", f[2], "memory.oom_control")
+		case f[1] == controller || strings.Contains(f[1], controller+",") || strings.HasSuffix(f[1], ","+controller):
+			file = filepath.Join("/sys/fs/cgroup", f[1], f[2], v1)
 		case f[0] == "0" && f[1] == "" && file == "":
-			file = filepath.Join("/sys/fs/cgroup", f[2], "memory.events")
+			file = filepath.Join("/sys/fs/cgroup", f[2], v2)
 		}
 	}
 	events, err := os.ReadFile(file)
 	if err != nil {
-		t.Fatalf("the sandbox's memory cgroup (%s): %v", cg, err)
+		t.Fatalf("the sandbox's %s cgroup (%s): %v", controller, cg, err)
 	}
 	for _, l := range strings.Split(string(events), "\n") {
-		if v, ok := strings.CutPrefix(l, "oom_kill "); ok {
+		if v, ok := strings.CutPrefix(l, key+" "); ok {
 			n, _ := strconv.Atoi(v)
 			return n
 		}
 	}
-	t.Fatalf("no oom_kill in %s", events)
+	t.Fatalf("no %s in %s", key, events)
 	return 0
 }

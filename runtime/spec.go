@@ -196,9 +196,24 @@ type Limits struct {
 	MemoryBytes int64 `json:"memory_bytes"`
 	// CPUs is the CPU quota in CPUs (0: none).
 	CPUs float64 `json:"cpus"`
-	// Pids is the limit on processes (0: none).
+	// Pids is the limit on processes (0: none). The cgroup's limit is Pids +
+	// PidsHeadroom(Pids): the host counts gVisor's own threads and stub
+	// processes, not the sandbox's processes.
 	Pids int64 `json:"pids"`
 }
+
+// PidsHeadroom is what a sandbox's pids cgroup allows above its Pids: Pids
+// again, plus 64. The host counts tasks of gVisor's, not the sandbox's
+// processes: some 30 threads of the sentry and the gofer in an idle
+// sandbox, and, on the systrap platform, one stub process for each address
+// space alive at once inside, which the sentry keeps for reuse and never
+// ends. Snippets may start Pids/4 tasks (RLIMIT_NPROC, set by the agent):
+// at --pids 256, a shell fork bomb, a fork loop and a thread loop took the
+// host count to 180-196 (230 after the soak's hostile calls with runsc's
+// debug log on), and a sandbox whose cgroup allowed 256 died under a fork
+// bomb on a busy machine (the sentry could not make a thread); a cgroup
+// allowing 120 lost it at once.
+func PidsHeadroom(pids int64) int64 { return pids + 64 }
 
 // MemoryHeadroom is what a sandbox's cgroup allows above its MemoryBytes: a
 // quarter, 256 to 512 MiB. It holds gVisor's own memory (some 25 MiB in an
@@ -240,7 +255,7 @@ func WithLimits(l Limits) SpecOpt {
 			r.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota}
 		}
 		if l.Pids > 0 {
-			n := l.Pids
+			n := l.Pids + PidsHeadroom(l.Pids)
 			r.Pids = &specs.LinuxPids{Limit: &n}
 		}
 		return nil

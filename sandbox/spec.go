@@ -80,15 +80,16 @@ const (
 	// run of 10; with 256 MiB, in 2 of 40 (what the watch reads then lags
 	// by up to a quarter of a second: see docs/ARCHITECTURE.md).
 	MinMemoryBytes = 256 << 20
-	// MinPids is the smallest Limits.Pids. The host's pids cgroup counts
-	// gVisor's own threads (some 30 in an idle sandbox) and about two more
-	// for each process inside, and a snippet may start Pids/4 (RLIMIT_NPROC,
-	// shared with the agent's threads, its spares and its zygote): with 32
-	// a fork loop made the sentry fail to make a thread and the sandbox
-	// died; with 16, runsc failed at create ("cannot read client sync
-	// file"), with 4 it crashed (its Go runtime could not start a thread).
-	// With 64, a fork loop, a shell fork bomb and a thread loop peaked at
-	// 54 tasks, and a snippet could still start 4 processes.
+	// MinPids is the smallest Limits.Pids. The host's pids cgroup allows
+	// runtime.PidsHeadroom more: it counts gVisor's own threads (some 30
+	// in an idle sandbox) and a stub process per address space inside, and
+	// a snippet's user may start Pids/4 tasks (RLIMIT_NPROC). With a
+	// cgroup of exactly Pids: at 32 a fork loop made the sentry fail to
+	// make a thread and the sandbox died; at 16, runsc failed at create
+	// ("cannot read client sync file"), at 4 it crashed (its Go runtime
+	// could not start a thread). With 64 (a cgroup of 192), a fork loop, a
+	// shell fork bomb and a thread loop peak at 74 host tasks, and a
+	// snippet can still start 16 tasks.
 	MinPids = 64
 	// MinCPUs is the smallest Limits.CPUs: with 0.1, a sandbox starts in
 	// about a second and a first Python call takes 0.8 s; with 0.05, 3 s
