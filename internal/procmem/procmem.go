@@ -9,8 +9,11 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Memory is the memory of a set of host processes, in KiB.
@@ -83,34 +86,63 @@ func parent(pid int) (int, error) {
 	return strconv.Atoi(f[1])
 }
 
-// Of sums Rss and Pss of /proc/PID/smaps_rollup over pids; processes gone
-// meanwhile are left out. It fails if all are gone.
+// Of sums Rss and Pss of /proc/PID/smaps_rollup over pids, once per
+// address space: systrap's stub threads are processes of their own that
+// share one address space (clone with CLONE_VM, not CLONE_THREAD), and each
+// of them shows that address space's whole memory. Processes gone meanwhile
+// are left out. It fails if all are gone.
 func Of(pids []int) (Memory, error) {
 	var m Memory
+	var counted []int // one pid per address space counted
 	for _, pid := range pids {
-		f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+		rss, pss, err := rollup(pid)
 		if err != nil {
 			continue // exited meanwhile
 		}
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			f := strings.Fields(sc.Text())
-			if len(f) != 3 || f[2] != "kB" {
-				continue
-			}
-			n, _ := strconv.ParseInt(f[1], 10, 64)
-			switch f[0] {
-			case "Rss:":
-				m.RSS += n
-			case "Pss:":
-				m.PSS += n
-			}
-		}
-		f.Close()
 		m.Processes++
+		if slices.ContainsFunc(counted, func(c int) bool { return sameVM(pid, c) }) {
+			continue
+		}
+		counted = append(counted, pid)
+		m.RSS += rss
+		m.PSS += pss
 	}
 	if m.Processes == 0 {
 		return m, fmt.Errorf("measure memory: the processes are gone")
 	}
 	return m, nil
+}
+
+// rollup returns Rss and Pss of /proc/pid/smaps_rollup, in KiB.
+func rollup(pid int) (rss, pss int64, err error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 3 || f[2] != "kB" {
+			continue
+		}
+		n, _ := strconv.ParseInt(f[1], 10, 64)
+		switch f[0] {
+		case "Rss:":
+			rss += n
+		case "Pss:":
+			pss += n
+		}
+	}
+	return rss, pss, sc.Err()
+}
+
+// kcmpVM is kcmp(2)'s KCMP_VM: do two processes share their address space?
+const kcmpVM = 1
+
+// sameVM reports whether processes a and b share one address space. Where
+// kcmp(2) cannot tell (no kernel support, a process gone), they do not.
+func sameVM(a, b int) bool {
+	r, _, errno := unix.Syscall6(unix.SYS_KCMP, uintptr(a), uintptr(b), kcmpVM, 0, 0, 0)
+	return errno == 0 && r == 0
 }

@@ -1,7 +1,9 @@
 package procmem
 
 import (
+	"os"
 	"os/exec"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -38,5 +40,47 @@ func TestContainer(t *testing.T) {
 	}
 	if pids, err := Container(id + "-none"); err != nil || len(pids) != 0 {
 		t.Fatalf("found processes %v (%v) of a container nobody runs", pids, err)
+	}
+}
+
+// TestOfCountsAnAddressSpaceOnce measures a process and one of its threads
+// (a task sharing its address space, as systrap's stub threads do): their
+// memory counts once; a child process has an address space of its own.
+func TestOfCountsAnAddressSpaceOnce(t *testing.T) {
+	self := os.Getpid()
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tid int
+	for _, e := range tasks {
+		if n, _ := strconv.Atoi(e.Name()); n != self {
+			tid = n
+		}
+	}
+	if tid == 0 {
+		t.Fatal("the test process has no thread but its main one")
+	}
+	if !sameVM(self, tid) {
+		t.Fatalf("kcmp says thread %d does not share process %d's address space", tid, self)
+	}
+	child := exec.Command("sleep", "30")
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { child.Process.Kill(); child.Wait() }()
+	if sameVM(self, child.Process.Pid) {
+		t.Fatal("kcmp says a child process shares the test's address space")
+	}
+	alone, err := Of([]int{self})
+	if err != nil {
+		t.Fatal(err)
+	}
+	both, err := Of([]int{self, tid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if both.Processes != 2 || both.RSS > alone.RSS*3/2 {
+		t.Fatalf("a process and its thread: %+v; the process alone: %+v (want its memory once)", both, alone)
 	}
 }
