@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path"
 	"strings"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 
 	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
@@ -95,6 +97,9 @@ func copyWith(ctx context.Context, rec *record.Record, c *wire.Copy, r io.Reader
 		return nil, err
 	}
 	defer conn.Close()
+	if c.Op == wire.CopyIn {
+		growSendBuffer(conn, copyInSendBuffer)
+	}
 	rec.Touch()
 	res, err := wire.CopyConn(ctx, conn, c, r, w)
 	if errors.Is(err, wire.ErrNoCopy) {
@@ -104,6 +109,30 @@ func copyWith(ctx context.Context, rec *record.Record, c *wire.Copy, r io.Reader
 		return nil, fmt.Errorf("copy: sandbox %q: %w", rec.Name, err)
 	}
 	return res, nil
+}
+
+// copyInSendBuffer is the send buffer of a copy's connection into a
+// sandbox. The agent's copy helper reads it under gVisor, where each read
+// of a host socket costs the sentry a wakeup whatever it brings: with the
+// host's default (208 KiB) 100 MiB took 260 ms (median of 8) against 185
+// ms with 2 MiB, 190 ms with 4 MiB and 200 ms with 16 MiB, side by side.
+// (Out of a sandbox the sender is the sentry's socket, whose buffer a
+// setsockopt inside does not change.)
+const copyInSendBuffer = 2 << 20
+
+// growSendBuffer sets the send buffer of the socket f to n bytes, over the
+// host's net.core.wmem_max where flmbox may (CAP_NET_ADMIN), else up to
+// it. A buffer left smaller only makes the copy slower.
+func growSendBuffer(f *os.File, n int) {
+	rc, err := f.SyscallConn() // not Fd: that would make f blocking
+	if err != nil {
+		return
+	}
+	rc.Control(func(fd uintptr) {
+		if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, n) != nil {
+			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, n)
+		}
+	})
 }
 
 // copyMessage is the agent's message of a failed copy without its program's
