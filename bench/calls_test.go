@@ -99,7 +99,7 @@ func TestRawSpec(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := s.Linux.Resources
-	if r.Pids == nil || *r.Pids.Limit != sandbox.DefaultLimits.Pids {
+	if want := sandbox.DefaultLimits.Pids + runtime.PidsHeadroom(sandbox.DefaultLimits.Pids); r.Pids == nil || *r.Pids.Limit != want {
 		t.Errorf("pids %+v", r.Pids)
 	}
 	if want := sandbox.DefaultLimits.MemoryBytes + runtime.MemoryHeadroom(sandbox.DefaultLimits.MemoryBytes); r.Memory == nil || *r.Memory.Limit != want {

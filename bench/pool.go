@@ -25,7 +25,7 @@ func (r *runner) fillPool(ctx context.Context) error {
 	return err
 }
 
-// drainPool removes the bench's pool.
+// drainPool removes the bench's pools.
 func (r *runner) drainPool(ctx context.Context) error {
 	_, err := r.m.DrainPools(ctx, sandbox.DrainOptions{Image: r.ref})
 	return err
@@ -46,45 +46,72 @@ func (r *runner) pooledAllocator(release *[]float64) allocator {
 	}
 }
 
-// measurePoolMemory measures the host memory of one idle pooled sandbox
-// that has served a call and been reset, measured as measureMemory does
-// (after Idle, alone: run it when no other sandbox of the bench runs).
-func (r *runner) measurePoolMemory(ctx context.Context) (PoolMemory, error) {
-	var rep PoolMemory
-	r.logf("memory: one idle pooled sandbox, used once")
-	if err := r.fillPool(ctx); err != nil {
-		return rep, err
-	}
+// measurePoolMemory measures the host memory of idle pooled sandboxes that
+// have each served a call and been reset, one of flmbox's default spares
+// and one with lazy spares (each its own pool of one), beside a bare runsc
+// container: all three alive at once, left idle for Idle, measured one
+// right after the other. PSS splits the pages processes share evenly among
+// them, runsc's own text above all (some 28 MiB, the larger part of an idle
+// sandbox's PSS when it runs alone): measured side by side, each container
+// gets the same share of it, whatever else runs on the host.
+func (r *runner) measurePoolMemory(ctx context.Context) (rep PoolMemory, err error) {
+	r.logf("memory: idle pooled sandboxes, used once (default and lazy spares), beside a bare runsc container")
 	defer r.drainPool(context.WithoutCancel(ctx))
-	if _, _, err := timeOutputExit(r.flmbox(ctx, "run", "--image", r.ref, "--env", poolEnv, "-c", pythonSnippet.code), wantOutput); err != nil {
-		return rep, err
+	lazy := r.poolSpec()
+	lazy.LazySpares = true
+	for _, spec := range []sandbox.Spec{r.poolSpec(), lazy} {
+		if _, err := r.m.FillPool(ctx, spec, sandbox.PoolOptions{Size: 1}, 1); err != nil {
+			return rep, err
+		}
+		args := []string{"run", "--image", r.ref, "--env", poolEnv}
+		if spec.LazySpares {
+			args = append(args, "--lazy-spares")
+		}
+		if _, _, err := timeOutputExit(r.flmbox(ctx, append(args, "-c", pythonSnippet.code)...), wantOutput); err != nil {
+			return rep, err
+		}
 	}
+	ids := map[bool]string{} // by LazySpares
 	pools, err := r.m.Pools(ctx, false)
 	if err != nil {
 		return rep, err
 	}
-	var id string
 	for _, p := range pools {
 		if p.Spec.Image == r.ref && len(p.Idle) == 1 {
-			id = p.Idle[0].ID
+			ids[p.Spec.LazySpares] = p.Idle[0].ID
 		}
 	}
-	if id == "" {
-		return rep, fmt.Errorf("memory: the pool holds no idle sandbox after its use")
+	if ids[false] == "" || ids[true] == "" {
+		return rep, fmt.Errorf("memory: the pools hold no idle sandbox after their use")
+	}
+	bare := newRawID()
+	defer r.deleteRaw(context.WithoutCancel(ctx), bare)
+	if err := r.startRaw(ctx, bare); err != nil {
+		return rep, err
 	}
 	select {
 	case <-ctx.Done():
 		return rep, ctx.Err()
 	case <-time.After(r.opts.Idle):
 	}
-	pids, err := procmem.Container(id)
-	if err != nil {
-		return rep, err
+	for _, m := range []struct {
+		id        string
+		pss, rss  *int64
+		processes *int
+	}{
+		{ids[false], &rep.IdleKiB, &rep.IdleRSSKiB, &rep.Processes},
+		{ids[true], &rep.LazyIdleKiB, &rep.LazyIdleRSSKiB, &rep.LazyProcesses},
+		{bare, &rep.BareKiB, &rep.BareRSSKiB, &rep.BareProcesses},
+	} {
+		pids, err := procmem.Container(m.id)
+		if err != nil {
+			return rep, err
+		}
+		mem, err := procmem.Of(pids)
+		if err != nil {
+			return rep, err
+		}
+		*m.pss, *m.rss, *m.processes = mem.PSS, mem.RSS, mem.Processes
 	}
-	mem, err := procmem.Of(pids)
-	if err != nil {
-		return rep, err
-	}
-	rep.IdleKiB, rep.IdleRSSKiB, rep.Processes = mem.PSS, mem.RSS, mem.Processes
 	return rep, nil
 }

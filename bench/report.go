@@ -107,12 +107,20 @@ type Suspend struct {
 	SuspendedProcesses      int   `json:"suspended_processes"`
 }
 
-// PoolMemory is the host memory of one idle pooled sandbox that has served
-// a call and been reset (PSS and RSS, in KiB), measured as Memory is.
+// PoolMemory is the host memory (PSS and RSS, in KiB) of idle pooled
+// sandboxes that have served a call and been reset, with flmbox's default
+// spares and with lazy ones, and of a bare runsc container running sleep,
+// all three alive at once and measured side by side.
 type PoolMemory struct {
-	IdleKiB    int64 `json:"idle_kib"`
-	IdleRSSKiB int64 `json:"idle_rss_kib"`
-	Processes  int   `json:"processes"`
+	IdleKiB        int64 `json:"idle_kib"`
+	IdleRSSKiB     int64 `json:"idle_rss_kib"`
+	Processes      int   `json:"processes"`
+	LazyIdleKiB    int64 `json:"lazy_idle_kib"`
+	LazyIdleRSSKiB int64 `json:"lazy_idle_rss_kib"`
+	LazyProcesses  int   `json:"lazy_processes"`
+	BareKiB        int64 `json:"bare_runsc_kib"`
+	BareRSSKiB     int64 `json:"bare_runsc_rss_kib"`
+	BareProcesses  int   `json:"bare_runsc_processes"`
 }
 
 // Warm is one API and language of warm calls: medians and p95s are the
