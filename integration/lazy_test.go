@@ -37,3 +37,30 @@ func TestLazySpares(t *testing.T) {
 		t.Errorf("pool ls after a lazy run --image: want the default pool alone:\n%s", out)
 	}
 }
+
+// TestLazyPoolParksTheAgentAlone: a sandbox of a --lazy-spares pool, used
+// once and released, waits in the pool with its agent alone: the release's
+// reset starts no spare (no shell waits in it when the next user adopts
+// it, lists its processes from Python and finds neither sh nor a second
+// Python).
+func TestLazyPoolParksTheAgentAlone(t *testing.T) {
+	reg := startRegistry(t)
+	root := poolRoot(t, reg)
+	image := reg.digestRef()
+	pooled := sandboxID(t, root, fillPool(t, root, image, 1, "--lazy-spares").Idle[0])
+	if got := mustFlmbox(t, root, "run", "--image", image, "--lazy-spares", "-l", "shell", "-c", "echo used"); strings.TrimSpace(got) != "used" {
+		t.Fatalf("first use: %q", got)
+	}
+	mustFlmbox(t, root, "sandbox", "create", "--name", "next", "--lazy-spares", "--image", image)
+	t.Cleanup(func() { flmbox(t, root, "sandbox", "rm", "next") })
+	if id := sandboxID(t, root, "next"); id != pooled {
+		t.Fatalf("sandbox create took container %s, not the pooled %s", id, pooled)
+	}
+	out := mustFlmbox(t, root, "run", "--sandbox", "next", "-c",
+		"import os\nfor p in os.listdir('/proc'):\n    if p.isdigit() and int(p) != os.getpid():\n        try: print(open('/proc/%s/cmdline' % p, 'rb').read().replace(b'\\0', b' ').decode())\n        except OSError: pass")
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if !strings.Contains(l, "flmbox-agent") {
+			t.Errorf("the adopted lazy sandbox holds more than its agent: %q\n%s", l, out)
+		}
+	}
+}

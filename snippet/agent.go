@@ -336,10 +336,12 @@ func (w *answerWriter) result(res *wire.Result) {
 }
 
 // afterCall kills what the calls left behind, if none is running, and
-// starts the next spare of req's language if a process ran req's code.
+// starts the next spare of req's language if a process ran req's code. With
+// lazy spares, a reset with no code (a pool's release) is no use of its
+// language: a pooled sandbox waits with the agent alone.
 func (a *Agent) afterCall(req *wire.Request, ran bool) {
 	a.sweepStrays()
-	if ran {
+	if ran && !(a.LazySpares && req.Reset && req.Code == "") {
 		a.refill(req.Language, req.Limits)
 	}
 	a.idleTrim()
