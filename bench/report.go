@@ -103,8 +103,12 @@ type Suspend struct {
 	ResumeFirstResultMS     Stats `json:"resume_first_result_ms"`
 	RawCheckpointMS         Stats `json:"raw_checkpoint_ms"`
 	RawRestoreFirstResultMS Stats `json:"raw_restore_first_result_ms"`
-	ImageBytes              int64 `json:"image_bytes"`
-	SuspendedProcesses      int   `json:"suspended_processes"`
+	// FreshFirstResultMS is `flmbox run --image` until its first result,
+	// measured in the same rounds as the resumes (added when the
+	// allocation pairs' figure, measured minutes apart, swung the ratio).
+	FreshFirstResultMS Stats `json:"fresh_first_result_ms"`
+	ImageBytes         int64 `json:"image_bytes"`
+	SuspendedProcesses int   `json:"suspended_processes"`
 }
 
 // PoolMemory is the host memory (PSS and RSS, in KiB) of idle pooled

@@ -139,7 +139,7 @@ func TestJSONKeys(t *testing.T) {
 		"pool": {"bare_runsc_kib", "bare_runsc_processes", "bare_runsc_rss_kib", "idle_kib", "idle_rss_kib", "lazy_idle_kib",
 			"lazy_idle_rss_kib", "lazy_processes", "processes"},
 		"copy": {"bytes", "host_tar_ms", "in_ms", "out_ms"},
-		"suspend": {"image_bytes", "raw_checkpoint_ms", "raw_restore_first_result_ms", "resume_first_result_ms", "suspend_ms",
+		"suspend": {"fresh_first_result_ms", "image_bytes", "raw_checkpoint_ms", "raw_restore_first_result_ms", "resume_first_result_ms", "suspend_ms",
 			"suspended_processes", "tmp_bytes"},
 		"batch":   {"parallel", "parallel_s", "serial_s", "snippet_native_s", "snippets"},
 		"prewarm": {"cold_ms", "cold_stats", "crane_tar_ms", "crane_tar_stats", "hit_ms", "hit_stats"},

@@ -20,8 +20,9 @@ var fillTmp = fmt.Sprintf("head -c %d /dev/urandom > /tmp/fill", suspendTmpBytes
 // whole `flmbox sandbox suspend` of a sandbox with 20 MiB in /tmp and the
 // `flmbox run --sandbox` that resumes it until its first result, side by
 // side with runsc checkpoint of a bare container with the same /tmp and its
-// runsc restore + exec until the same snippet's output; it checks that a
-// suspended sandbox has no process left.
+// runsc restore + exec until the same snippet's output, and with a new
+// sandbox's first result (`flmbox run --image`) in the same rounds; it
+// checks that a suspended sandbox has no process left.
 func (r *runner) measureSuspend(ctx context.Context) (Suspend, error) {
 	rep := Suspend{TmpBytes: suspendTmpBytes}
 	r.logf("suspend: a sandbox with 20 MiB in /tmp, and runsc checkpoint/restore of a bare container")
@@ -36,7 +37,7 @@ func (r *runner) measureSuspend(ctx context.Context) (Suspend, error) {
 	if err := r.writeRawBundle(); err != nil {
 		return rep, err
 	}
-	var suspend, resume, ckpt, restore []float64
+	var suspend, resume, ckpt, restore, fresh []float64
 	for i := -1; i < r.opts.Pairs; i++ {
 		ds, err := timed(r.flmbox(ctx, "sandbox", "suspend", sb.Name))
 		if err != nil {
@@ -58,12 +59,18 @@ func (r *runner) measureSuspend(ctx context.Context) (Suspend, error) {
 		if err != nil {
 			return rep, err
 		}
+		df, err := r.freshCLI(ctx)
+		if err != nil {
+			return rep, err
+		}
 		if i >= 0 {
 			suspend, resume, ckpt, restore = append(suspend, ms(ds)), append(resume, ms(dr)), append(ckpt, ms(dc)), append(restore, ms(drr))
+			fresh = append(fresh, ms(df))
 		}
 	}
 	rep.SuspendMS, rep.ResumeFirstResultMS = summarize(suspend), summarize(resume)
 	rep.RawCheckpointMS, rep.RawRestoreFirstResultMS = summarize(ckpt), summarize(restore)
+	rep.FreshFirstResultMS = summarize(fresh)
 	return rep, nil
 }
 
