@@ -408,11 +408,7 @@ func (s *standbyOf) framed(ctx context.Context, agent *os.File, next func()) {
 // closed connection would.
 func forwardFrames(ctx context.Context, agent *os.File, r *bufio.Reader, server io.ReadWriteCloser) bool {
 	defer server.Close()
-	stop := context.AfterFunc(ctx, func() {
-		server.Close()
-		agent.Close()
-	})
-	defer stop()
+	defer closeOnDone(ctx, server, agent)()
 	var wg sync.WaitGroup
 	var back atomic.Bool // the server's stream ended with CallbackEnd
 	wg.Go(func() {
@@ -488,6 +484,16 @@ func Forward(ctx context.Context, path, id string, server io.ReadWriteCloser) er
 	return nil
 }
 
+// closeOnDone closes server and agent once ctx is done, which ends a
+// forwarded connection's copies in both directions; the function it returns
+// stops that.
+func closeOnDone(ctx context.Context, server io.Closer, agent *os.File) func() bool {
+	return context.AfterFunc(ctx, func() {
+		server.Close()
+		agent.Close()
+	})
+}
+
 // copyBuffer is the size of each direction's buffer of a forwarded
 // callback connection.
 const copyBuffer = 32 << 10
@@ -499,11 +505,7 @@ const copyBuffer = 32 << 10
 // on, or at its EOF.
 func forward(ctx context.Context, agent *os.File, server io.ReadWriteCloser, buf []byte, read int, answered func()) {
 	defer server.Close()
-	stop := context.AfterFunc(ctx, func() {
-		server.Close()
-		agent.Close()
-	})
-	defer stop()
+	defer closeOnDone(ctx, server, agent)()
 	var wg sync.WaitGroup
 	wg.Go(func() { pipe(agent, server, make([]byte, copyBuffer), 0, answered) })
 	pipe(server, agent, buf, read, nil)
