@@ -112,10 +112,8 @@ func tableRows(rep *Report) []row {
 				"tar | tar on the host " + fmtMS(cp.HostTarMS.Median), ratio(cp.HostTarMS.Median, cp.OutMS.Median) + " throughput", "≥ 0.5×", ""})
 	}
 	if su := rep.Suspend; su.SuspendMS.N > 0 {
-		fresh, freshMS := "flmbox run --image "+fmtMS(a.FreshMS.Median), a.FreshMS.Median
-		if su.FreshFirstResultMS.N > 0 { // measured in the same rounds
-			fresh, freshMS = "flmbox run --image "+fmtMS(su.FreshFirstResultMS.Median)+" (same rounds)", su.FreshFirstResultMS.Median
-		}
+		// measureSuspend times run --image in the same rounds as the resumes.
+		fresh, freshMS := "flmbox run --image "+fmtMS(su.FreshFirstResultMS.Median)+" (same rounds)", su.FreshFirstResultMS.Median
 		rows = append(rows,
 			row{fmt.Sprintf("sandbox suspend, %d MiB in /tmp (image %s)", su.TmpBytes>>20, units.BytesSize(float64(su.ImageBytes))), fmtMS(su.SuspendMS.Median),
 				"runsc checkpoint " + fmtMS(su.RawCheckpointMS.Median), ratio(su.SuspendMS.Median, su.RawCheckpointMS.Median), "", ""},
