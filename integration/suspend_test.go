@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -150,6 +151,45 @@ func suspendMust(t *testing.T, root, name string) *suspendInfo {
 	}
 	suspendNoProcesses(t, sb.ID)
 	return sb
+}
+
+// suspendCPUQuota returns the CPU quota of container id's cgroup on the
+// host, as its runsc-sandbox process's /proc/PID/cgroup names it:
+// cpu.cfs_quota_us under cgroup v1, the quota of cpu.max under v2.
+func suspendCPUQuota(t *testing.T, id string) string {
+	t.Helper()
+	var pid string
+	for _, line := range strings.Split(suspendProcs(id), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && strings.HasSuffix(f[1], "runsc-sandbox") {
+			pid = f[0]
+		}
+	}
+	if pid == "" {
+		t.Fatalf("no runsc-sandbox process names %s:\n%s", id, suspendProcs(id))
+	}
+	b, err := os.ReadFile("/proc/" + pid + "/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 || f[2] == "/" {
+			continue
+		}
+		file := filepath.Join("/sys/fs/cgroup", f[2], "cpu.max")
+		if slices.Contains(strings.Split(f[1], ","), "cpu") {
+			file = filepath.Join("/sys/fs/cgroup/cpu", f[2], "cpu.cfs_quota_us")
+		} else if f[0] != "0" {
+			continue
+		}
+		q, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Fields(string(q))[0]
+	}
+	t.Fatalf("no cgroup of its own with a cpu controller holds %s's sandbox:\n%s", id, b)
+	return ""
 }
 
 // suspendManifest is the checksum of every file in the sandbox's /tmp,
@@ -333,6 +373,10 @@ func TestSuspendCyclesKeepFiles(t *testing.T) {
 			t.Fatalf("cycle %d: the image holds %d bytes, less than /tmp's 50 MiB file", cycle, sb.ImageBytes)
 		}
 		mustFlmbox(t, root, "sandbox", "resume", name)
+		// runsc restored it under a raised quota: its own (--cpus 1) is back.
+		if q := suspendCPUQuota(t, sb.ID); q != "100000" {
+			t.Errorf("cycle %d: the resumed sandbox's CPU quota is %s µs per 100 ms, want its own 100000", cycle, q)
+		}
 		suspendCheck(t, root, name, manifest)
 		if out := mustFlmbox(t, root, "run", "--sandbox", name, "-c", importIt); out != "hello from flmbox-susp 1.0\n" {
 			t.Fatalf("cycle %d: import printed %q", cycle, out)

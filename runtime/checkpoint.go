@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	runc "github.com/containerd/go-runc"
@@ -32,12 +33,18 @@ func (r *Runtime) Checkpoint(ctx context.Context, c Container, imageDir string, 
 // mounts' host paths may differ from the checkpointed container's, but
 // every file the sandbox had looked up in them must still exist, and the
 // binaries it runs from them must be the same). The container's ID must be
-// free. Its stdio is log, as Run gives it. On failure the error quotes the
-// end of log, and the container is deleted.
+// free. Its stdio is log, as Run gives it. runsc restores it under a raised
+// CPU quota, and its own is set before Restore returns (see restoreQuota).
+// On failure the error quotes the end of log, and the container is deleted.
 func (r *Runtime) Restore(ctx context.Context, c Container, bundle, imageDir string, log *os.File) error {
 	if err := ValidatePlatform(c.Platform); err != nil {
 		return err
 	}
+	dir, cpu, err := restoreBundle(bundle)
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
 	unlock, err := r.lockCreate()
 	if err != nil {
 		return err
@@ -45,10 +52,22 @@ func (r *Runtime) Restore(ctx context.Context, c Container, bundle, imageDir str
 	defer unlock()
 	rc := r.runc(c)
 	rc.PdeathSignal = unix.SIGKILL
-	if _, err := rc.Restore(ctx, c.ID, bundle, &runc.RestoreOpts{CheckpointOpts: runc.CheckpointOpts{ImagePath: imageDir},
-		IO: &fileIO{f: log}, Detach: true}); err != nil {
+	pidFile := filepath.Join(dir, "pid")
+	if _, err := rc.Restore(ctx, c.ID, dir, &runc.RestoreOpts{CheckpointOpts: runc.CheckpointOpts{ImagePath: imageDir},
+		IO: &fileIO{f: log}, Detach: true, PidFile: pidFile}); err != nil {
 		r.Delete(context.WithoutCancel(ctx), c)
 		return fmt.Errorf("restore container %s with runsc: %w%s", c.ID, err, panicOrTail(log.Name()))
+	}
+	if cpu == nil {
+		return nil
+	}
+	pid, err := runc.ReadPidFile(pidFile)
+	if err == nil {
+		err = setCPUQuota(pid, cpu)
+	}
+	if err != nil {
+		r.Delete(context.WithoutCancel(ctx), c)
+		return fmt.Errorf("restore container %s: %w", c.ID, err)
 	}
 	return nil
 }

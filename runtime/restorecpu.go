@@ -1,0 +1,140 @@
+package runtime
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// A restore's CPU quota.
+//
+// Restoring a sandbox is gVisor's own burst of work, not its processes':
+// its kernel's state is decoded on one thread while its memory loads on
+// another. A quota of one CPU throttles that burst (the cgroup's
+// nr_throttled grew on every resume of a default sandbox, and its first
+// result came 15 to 28 ms later than with the quota out of the way,
+// alternating rounds on a 2-core worker). The sandbox's processes see no
+// difference: runsc gives a sandbox max(2, ceil(quota)) CPUs (capped at the
+// host's), and a restored kernel keeps the CPU count it was saved with. So
+// Restore starts the container from a copy of its bundle whose quota is
+// raised to that many CPUs, and writes the spec's own quota into the
+// container's cgroup once runsc is done, before it returns: no call can
+// reach the sandbox before its limit holds again.
+
+// restoreDir is the directory in a bundle that holds the copy of its spec
+// that runsc restores the container from, and the container's pid file.
+const restoreDir = "restore"
+
+// minSandboxCPUs is the fewest CPUs runsc gives a sandbox, whatever its
+// quota (runsc/sandbox: "Dropping below 2 CPUs can trigger application to
+// disable locks").
+const minSandboxCPUs = 2
+
+// restoreQuota returns the CPU quota a restore of a container with limit
+// cpu runs under, and whether it differs from the limit's own.
+func restoreQuota(cpu *specs.LinuxCPU) (int64, bool) {
+	if cpu == nil || cpu.Quota == nil || *cpu.Quota <= 0 || cpu.Period == nil || *cpu.Period == 0 {
+		return 0, false
+	}
+	cpus := max(minSandboxCPUs, math.Ceil(float64(*cpu.Quota)/float64(*cpu.Period)))
+	q := int64(cpus) * int64(*cpu.Period)
+	return q, q > *cpu.Quota
+}
+
+// restoreBundle returns the bundle directory runsc restores the container
+// of bundle from: a copy of its spec with the quota restoreQuota gives, in
+// bundle's restoreDir, and the limit to set once it runs (nil if none: the
+// spec has no quota to raise). Either way the directory is fresh; the
+// caller removes it.
+func restoreBundle(bundle string) (dir string, cpu *specs.LinuxCPU, err error) {
+	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return "", nil, fmt.Errorf("read the container's bundle: %w", err)
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return "", nil, fmt.Errorf("read the container's bundle: %w", err)
+	}
+	dir = filepath.Join(bundle, restoreDir)
+	os.RemoveAll(dir)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", nil, fmt.Errorf("write the container's restore bundle: %w", err)
+	}
+	if spec.Linux != nil && spec.Linux.Resources != nil {
+		if q, raise := restoreQuota(spec.Linux.Resources.CPU); raise {
+			cpu = spec.Linux.Resources.CPU
+			raised := *cpu
+			raised.Quota = &q
+			spec.Linux.Resources.CPU = &raised
+		}
+	}
+	if b, err = json.Marshal(&spec); err != nil {
+		return "", nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600); err != nil {
+		return "", nil, fmt.Errorf("write the container's restore bundle: %w", err)
+	}
+	return dir, cpu, nil
+}
+
+// cgroupRoot is where the host's cgroup hierarchies are mounted.
+var cgroupRoot = "/sys/fs/cgroup"
+
+// setCPUQuota writes cpu's quota into the cgroup of the process pid (a
+// container's sandbox process, in the cgroup runsc made for the container).
+func setCPUQuota(pid int, cpu *specs.LinuxCPU) error {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return fmt.Errorf("find the container's cgroup: %w", err)
+	}
+	file, value, err := cpuQuotaFile(string(b), cpu)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(file, []byte(value), 0); err != nil {
+		return fmt.Errorf("set the container's CPU quota: %w", err)
+	}
+	return nil
+}
+
+// cpuQuotaFile returns the file to write cpu's quota to, and what to
+// write, for a process whose /proc/PID/cgroup is procCgroup: cpu.max
+// under cgroup v2, cpu.cfs_quota_us under v1 (in the cpu hierarchy, where
+// runsc puts its cgroups). A process in a root cgroup has none of its own
+// to limit: that is an error.
+func cpuQuotaFile(procCgroup string, cpu *specs.LinuxCPU) (file, value string, err error) {
+	for _, line := range strings.Split(strings.TrimSpace(procCgroup), "\n") {
+		// hierarchy-ID:controller-list:path
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 || f[2] == "/" {
+			continue
+		}
+		switch {
+		case hasController(f[1], "cpu"): // v1 (also beside v2's line in a hybrid)
+			return filepath.Join(cgroupRoot, "cpu", f[2], "cpu.cfs_quota_us"), strconv.FormatInt(*cpu.Quota, 10), nil
+		case f[0] == "0" && f[1] == "" && file == "":
+			file = filepath.Join(cgroupRoot, f[2], "cpu.max")
+			value = strconv.FormatInt(*cpu.Quota, 10) + " " + strconv.FormatUint(*cpu.Period, 10)
+		}
+	}
+	if file == "" {
+		return "", "", fmt.Errorf("find the container's cgroup: its process is in no cgroup of its own with a cpu controller: %w", errdefs.ErrFailedPrecondition)
+	}
+	return file, value, nil
+}
+
+func hasController(list, name string) bool {
+	for _, c := range strings.Split(list, ",") {
+		if c == name {
+			return true
+		}
+	}
+	return false
+}
