@@ -372,6 +372,11 @@ func TestSuspendCyclesKeepFiles(t *testing.T) {
 		if sb.ImageBytes < 50<<20 {
 			t.Fatalf("cycle %d: the image holds %d bytes, less than /tmp's 50 MiB file", cycle, sb.ImageBytes)
 		}
+		// A resume removes its image in the background; what a process that
+		// exited first left of it is gone once the sandbox is suspended again.
+		if _, err := os.Stat(filepath.Join(root, "sandboxes", name, "checkpoint.old")); !os.IsNotExist(err) {
+			t.Errorf("cycle %d: the previous image is left after a suspend: %v", cycle, err)
+		}
 		mustFlmbox(t, root, "sandbox", "resume", name)
 		// runsc restored it under a raised quota: its own (--cpus 1) is back.
 		if q := suspendCPUQuota(t, sb.ID); q != "100000" {
