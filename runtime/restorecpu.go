@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -94,9 +93,9 @@ func setCPUQuota(pid int, cpu *specs.LinuxCPU) error {
 	if err != nil {
 		return fmt.Errorf("find the container's cgroup: %w", err)
 	}
-	file, value, err := cpuQuotaFile(string(b), cpu)
-	if err != nil {
-		return err
+	file, value := cpuQuotaFile(string(b), cpu)
+	if file == "" {
+		return nil // runsc made it no cgroup of its own: its quota never applied
 	}
 	if err := os.WriteFile(file, []byte(value), 0); err != nil {
 		return fmt.Errorf("set the container's CPU quota: %w", err)
@@ -107,9 +106,10 @@ func setCPUQuota(pid int, cpu *specs.LinuxCPU) error {
 // cpuQuotaFile returns the file to write cpu's quota to, and what to
 // write, for a process whose /proc/PID/cgroup is procCgroup: cpu.max
 // under cgroup v2, cpu.cfs_quota_us under v1 (in the cpu hierarchy, where
-// runsc puts its cgroups). A process in a root cgroup has none of its own
-// to limit: that is an error.
-func cpuQuotaFile(procCgroup string, cpu *specs.LinuxCPU) (file, value string, err error) {
+// runsc puts its cgroups); no file if the process is in no cgroup of its
+// own with a cpu controller (a root cgroup is not the container's to
+// limit).
+func cpuQuotaFile(procCgroup string, cpu *specs.LinuxCPU) (file, value string) {
 	for _, line := range strings.Split(strings.TrimSpace(procCgroup), "\n") {
 		// hierarchy-ID:controller-list:path
 		f := strings.SplitN(line, ":", 3)
@@ -118,16 +118,13 @@ func cpuQuotaFile(procCgroup string, cpu *specs.LinuxCPU) (file, value string, e
 		}
 		switch {
 		case hasController(f[1], "cpu"): // v1 (also beside v2's line in a hybrid)
-			return filepath.Join(cgroupRoot, "cpu", f[2], "cpu.cfs_quota_us"), strconv.FormatInt(*cpu.Quota, 10), nil
+			return filepath.Join(cgroupRoot, "cpu", f[2], "cpu.cfs_quota_us"), strconv.FormatInt(*cpu.Quota, 10)
 		case f[0] == "0" && f[1] == "" && file == "":
 			file = filepath.Join(cgroupRoot, f[2], "cpu.max")
 			value = strconv.FormatInt(*cpu.Quota, 10) + " " + strconv.FormatUint(*cpu.Period, 10)
 		}
 	}
-	if file == "" {
-		return "", "", fmt.Errorf("find the container's cgroup: its process is in no cgroup of its own with a cpu controller: %w", errdefs.ErrFailedPrecondition)
-	}
-	return file, value, nil
+	return file, value
 }
 
 func hasController(list, name string) bool {
