@@ -63,7 +63,7 @@ func (r *Runtime) Restore(ctx context.Context, c Container, bundle, imageDir str
 	}
 	pid, err := runc.ReadPidFile(pidFile)
 	if err == nil {
-		err = setCPUQuota(pid, cpu)
+		err = setCPUQuota(c.ID, pid, cpu)
 	}
 	if err != nil {
 		r.Delete(context.WithoutCancel(ctx), c)

@@ -86,16 +86,16 @@ func restoreBundle(bundle string) (dir string, cpu *specs.LinuxCPU, err error) {
 // cgroupRoot is where the host's cgroup hierarchies are mounted.
 var cgroupRoot = "/sys/fs/cgroup"
 
-// setCPUQuota writes cpu's quota into the cgroup of the process pid (a
-// container's sandbox process, in the cgroup runsc made for the container).
-func setCPUQuota(pid int, cpu *specs.LinuxCPU) error {
+// setCPUQuota writes cpu's quota into the cgroup of container id, whose
+// sandbox process is pid.
+func setCPUQuota(id string, pid int, cpu *specs.LinuxCPU) error {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
 		return fmt.Errorf("find the container's cgroup: %w", err)
 	}
-	file, value := cpuQuotaFile(string(b), cpu)
+	file, value := cpuQuotaFile(string(b), id, cpu)
 	if file == "" {
-		return nil // runsc made it no cgroup of its own: its quota never applied
+		return nil // runsc made it no cgroup: its quota never applied
 	}
 	if err := os.WriteFile(file, []byte(value), 0); err != nil {
 		return fmt.Errorf("set the container's CPU quota: %w", err)
@@ -104,27 +104,34 @@ func setCPUQuota(pid int, cpu *specs.LinuxCPU) error {
 }
 
 // cpuQuotaFile returns the file to write cpu's quota to, and what to
-// write, for a process whose /proc/PID/cgroup is procCgroup: cpu.max
-// under cgroup v2, cpu.cfs_quota_us under v1 (in the cpu hierarchy, where
-// runsc puts its cgroups); no file if the process is in no cgroup of its
-// own with a cpu controller (a root cgroup is not the container's to
-// limit).
-func cpuQuotaFile(procCgroup string, cpu *specs.LinuxCPU) (file, value string) {
+// write, for the sandbox process of container id, whose /proc/PID/cgroup
+// is procCgroup: cpu.cfs_quota_us in the cgroup v1 cpu hierarchy (where
+// runsc puts its cgroups; a hybrid host's v2 line is not runsc's), cpu.max
+// under cgroup v2 alone. The cgroup must be the container's, named for its
+// ID as runsc names it: else (runsc made none) there is no file.
+func cpuQuotaFile(procCgroup, id string, cpu *specs.LinuxCPU) (file, value string) {
+	ours := func(path string) bool { return strings.Contains(filepath.Base(path), id) }
+	v1, v2 := false, ""
 	for _, line := range strings.Split(strings.TrimSpace(procCgroup), "\n") {
 		// hierarchy-ID:controller-list:path
 		f := strings.SplitN(line, ":", 3)
-		if len(f) != 3 || f[2] == "/" {
-			continue
-		}
 		switch {
-		case hasController(f[1], "cpu"): // v1 (also beside v2's line in a hybrid)
+		case len(f) != 3:
+		case f[0] == "0":
+			v2 = f[2]
+		case hasController(f[1], "cpu"):
+			if !ours(f[2]) {
+				return "", ""
+			}
 			return filepath.Join(cgroupRoot, "cpu", f[2], "cpu.cfs_quota_us"), strconv.FormatInt(*cpu.Quota, 10)
-		case f[0] == "0" && f[1] == "" && file == "":
-			file = filepath.Join(cgroupRoot, f[2], "cpu.max")
-			value = strconv.FormatInt(*cpu.Quota, 10) + " " + strconv.FormatUint(*cpu.Period, 10)
+		default:
+			v1 = true
 		}
 	}
-	return file, value
+	if v1 || !ours(v2) {
+		return "", ""
+	}
+	return filepath.Join(cgroupRoot, v2, "cpu.max"), strconv.FormatInt(*cpu.Quota, 10) + " " + strconv.FormatUint(*cpu.Period, 10)
 }
 
 func hasController(list, name string) bool {

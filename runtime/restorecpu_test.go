@@ -91,15 +91,20 @@ func mustJSON(t *testing.T, v any) []byte {
 
 func TestCPUQuotaFile(t *testing.T) {
 	cpu := cpuLimit(50000, 100000)
+	const id = "flmbox-a"
 	for _, c := range []struct {
 		name, cgroup, file, value string
 	}{
 		{"v1", "12:pids:/flmbox-a\n4:cpu,cpuacct:/flmbox-a\n1:name=systemd:/flmbox-a\n", "/sys/fs/cgroup/cpu/flmbox-a/cpu.cfs_quota_us", "50000"},
+		{"v1, nested", "4:cpu:/kubepods/pod1/flmbox-a\n", "/sys/fs/cgroup/cpu/kubepods/pod1/flmbox-a/cpu.cfs_quota_us", "50000"},
 		{"v2", "0::/flmbox-a\n", "/sys/fs/cgroup/flmbox-a/cpu.max", "50000 100000"},
-		{"hybrid: v1's cpu hierarchy wins", "0::/user.slice\n4:cpu,cpuacct:/flmbox-a\n", "/sys/fs/cgroup/cpu/flmbox-a/cpu.cfs_quota_us", "50000"},
-		{"no cgroup of its own: nothing to limit", "4:cpu,cpuacct:/\n0::/\n", "", ""},
+		{"hybrid: the v1 cpu hierarchy, never v2's line", "0::/flmbox-a\n4:cpu,cpuacct:/flmbox-a\n", "/sys/fs/cgroup/cpu/flmbox-a/cpu.cfs_quota_us", "50000"},
+		{"hybrid without a cpu hierarchy: v2's line is not runsc's", "0::/flmbox-a\n3:pids:/flmbox-a\n", "", ""},
+		{"v1, the caller's cgroup: runsc made none", "4:cpu,cpuacct:/\n", "", ""},
+		{"v1, another's cgroup", "4:cpu,cpuacct:/user.slice\n", "", ""},
+		{"v2, the caller's cgroup", "0::/user.slice/session-1.scope\n", "", ""},
 	} {
-		file, value := cpuQuotaFile(c.cgroup, cpu)
+		file, value := cpuQuotaFile(c.cgroup, id, cpu)
 		if file != c.file || value != c.value {
 			t.Errorf("%s: cpuQuotaFile = %q, %q; want %q, %q", c.name, file, value, c.file, c.value)
 		}
