@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -91,14 +92,14 @@ var cgroupRoot = "/sys/fs/cgroup"
 func setCPUQuota(id string, pid int, cpu *specs.LinuxCPU) error {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
-		return fmt.Errorf("find the container's cgroup: %w", err)
+		return fmt.Errorf("find the container's cgroup: %w: %w", err, errdefs.ErrUnavailable)
 	}
 	file, value := cpuQuotaFile(string(b), id, cpu)
 	if file == "" {
 		return nil // runsc made it no cgroup: its quota never applied
 	}
 	if err := os.WriteFile(file, []byte(value), 0); err != nil {
-		return fmt.Errorf("set the container's CPU quota: %w", err)
+		return fmt.Errorf("set the container's CPU quota: %w: %w", err, errdefs.ErrUnavailable)
 	}
 	return nil
 }
