@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/containerd/errdefs"
 	runc "github.com/containerd/go-runc"
 	"golang.org/x/sys/unix"
 )
@@ -40,7 +41,7 @@ func (r *Runtime) Restore(ctx context.Context, c Container, bundle, imageDir str
 	if err := ValidatePlatform(c.Platform); err != nil {
 		return err
 	}
-	dir, cpu, err := restoreBundle(bundle)
+	dir, cpu, cgroup, err := restoreBundle(bundle, c.ID)
 	if err != nil {
 		return err
 	}
@@ -62,8 +63,10 @@ func (r *Runtime) Restore(ctx context.Context, c Container, bundle, imageDir str
 		return nil
 	}
 	pid, err := runc.ReadPidFile(pidFile)
-	if err == nil {
-		err = setCPUQuota(c.ID, pid, cpu)
+	if err != nil {
+		err = fmt.Errorf("read runsc's pid file: %w: %w", err, errdefs.ErrUnavailable)
+	} else {
+		err = setCPUQuota(pid, cgroup, cpu)
 	}
 	if err != nil {
 		r.Delete(context.WithoutCancel(ctx), c)

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/containerd/errdefs"
+	"github.com/flmbox/flmbox/internal/mountinfo"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -49,23 +50,32 @@ func restoreQuota(cpu *specs.LinuxCPU) (int64, bool) {
 }
 
 // restoreBundle returns the bundle directory runsc restores the container
-// of bundle from: a copy of its spec with the quota restoreQuota gives, in
-// bundle's restoreDir, and the limit to set once it runs (nil if none: the
-// spec has no quota to raise). Either way the directory is fresh; the
-// caller removes it.
-func restoreBundle(bundle string) (dir string, cpu *specs.LinuxCPU, err error) {
+// of bundle from: a copy of its spec with the quota restoreQuota gives (and
+// its relative paths made absolute: runsc resolves them against the bundle
+// it gets), in bundle's restoreDir, and the limit to set once it runs (nil
+// if none: the spec has no quota to raise) with the name of the cgroup runsc
+// makes for it. Either way the directory is fresh; the caller removes it.
+func restoreBundle(bundle, id string) (dir string, cpu *specs.LinuxCPU, cgroup string, err error) {
 	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
 	if err != nil {
-		return "", nil, fmt.Errorf("read the container's bundle: %w", err)
+		return "", nil, "", fmt.Errorf("read the container's bundle: %w: %w", err, errdefs.ErrDataLoss)
 	}
 	var spec specs.Spec
 	if err := json.Unmarshal(b, &spec); err != nil {
-		return "", nil, fmt.Errorf("read the container's bundle: %w", err)
+		return "", nil, "", fmt.Errorf("read the container's bundle: %w: %w", err, errdefs.ErrDataLoss)
+	}
+	if spec.Root != nil && spec.Root.Path != "" && !filepath.IsAbs(spec.Root.Path) {
+		spec.Root.Path = filepath.Join(bundle, spec.Root.Path)
+	}
+	for i, m := range spec.Mounts {
+		if m.Type == "bind" && m.Source != "" && !filepath.IsAbs(m.Source) {
+			spec.Mounts[i].Source = filepath.Join(bundle, m.Source)
+		}
 	}
 	dir = filepath.Join(bundle, restoreDir)
 	os.RemoveAll(dir)
 	if err := os.Mkdir(dir, 0o700); err != nil {
-		return "", nil, fmt.Errorf("write the container's restore bundle: %w", err)
+		return "", nil, "", fmt.Errorf("write the container's restore bundle: %w: %w", err, errdefs.ErrUnavailable)
 	}
 	if spec.Linux != nil && spec.Linux.Resources != nil {
 		if q, raise := restoreQuota(spec.Linux.Resources.CPU); raise {
@@ -73,66 +83,103 @@ func restoreBundle(bundle string) (dir string, cpu *specs.LinuxCPU, err error) {
 			raised := *cpu
 			raised.Quota = &q
 			spec.Linux.Resources.CPU = &raised
+			// runsc names a container's cgroup after its cgroupsPath, by
+			// default after its ID.
+			cgroup = id
+			if spec.Linux.CgroupsPath != "" {
+				cgroup = filepath.Base(spec.Linux.CgroupsPath)
+			}
 		}
 	}
-	if b, err = json.Marshal(&spec); err != nil {
-		return "", nil, err
+	if b, err = json.Marshal(&spec); err == nil {
+		err = os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600); err != nil {
-		return "", nil, fmt.Errorf("write the container's restore bundle: %w", err)
+	if err != nil {
+		return "", nil, "", fmt.Errorf("write the container's restore bundle: %w: %w", err, errdefs.ErrUnavailable)
 	}
-	return dir, cpu, nil
+	return dir, cpu, cgroup, nil
 }
 
-// cgroupRoot is where the host's cgroup hierarchies are mounted.
-var cgroupRoot = "/sys/fs/cgroup"
-
-// setCPUQuota writes cpu's quota into the cgroup of container id, whose
-// sandbox process is pid.
-func setCPUQuota(id string, pid int, cpu *specs.LinuxCPU) error {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+// setCPUQuota writes cpu's quota into cgroup, the cgroup runsc made for a
+// container whose sandbox process is pid. A sandbox process in no cgroup of
+// that name is in none runsc made (runsc did not manage its cgroups): no
+// quota, raised or not, ever applied to it, and nothing is written.
+func setCPUQuota(pid int, cgroup string, cpu *specs.LinuxCPU) error {
+	procCgroup, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
 		return fmt.Errorf("find the container's cgroup: %w: %w", err, errdefs.ErrUnavailable)
 	}
-	file, value := cpuQuotaFile(string(b), id, cpu)
-	if file == "" {
-		return nil // runsc made it no cgroup: its quota never applied
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return fmt.Errorf("find the container's cgroup: %w: %w", err, errdefs.ErrUnavailable)
 	}
-	if err := os.WriteFile(file, []byte(value), 0); err != nil {
+	file, value, err := cpuQuotaFile(string(procCgroup), string(mounts), cgroup, cpu)
+	if err != nil || file == "" {
+		return err
+	}
+	f, err := os.OpenFile(file, os.O_WRONLY|os.O_TRUNC, 0) // never a new file
+	if err == nil {
+		_, err = f.WriteString(value)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("set the container's CPU quota: %w: %w", err, errdefs.ErrUnavailable)
 	}
 	return nil
 }
 
 // cpuQuotaFile returns the file to write cpu's quota to, and what to
-// write, for the sandbox process of container id, whose /proc/PID/cgroup
-// is procCgroup: cpu.cfs_quota_us in the cgroup v1 cpu hierarchy (where
-// runsc puts its cgroups; a hybrid host's v2 line is not runsc's), cpu.max
-// under cgroup v2 alone. The cgroup must be the container's, named for its
-// ID as runsc names it: else (runsc made none) there is no file.
-func cpuQuotaFile(procCgroup, id string, cpu *specs.LinuxCPU) (file, value string) {
-	ours := func(path string) bool { return strings.Contains(filepath.Base(path), id) }
-	v1, v2 := false, ""
+// write, for a process whose /proc/PID/cgroup is procCgroup, if its cgroup
+// is named cgroup (else no file): cpu.cfs_quota_us in the cgroup v1
+// hierarchy with the cpu controller (a hybrid host's v2 line is not
+// runsc's), cpu.max under cgroup v2 alone. The cgroup's path is where
+// mounts (this process's /proc/self/mountinfo) mounts that hierarchy's
+// root, so that nested hosts (a hierarchy mounted from a cgroup of its own)
+// work too; a path outside every such mount is an error.
+func cpuQuotaFile(procCgroup, mounts, cgroup string, cpu *specs.LinuxCPU) (file, value string, err error) {
+	path, v1 := "", false
 	for _, line := range strings.Split(strings.TrimSpace(procCgroup), "\n") {
 		// hierarchy-ID:controller-list:path
 		f := strings.SplitN(line, ":", 3)
 		switch {
 		case len(f) != 3:
 		case f[0] == "0":
-			v2 = f[2]
-		case hasController(f[1], "cpu"):
-			if !ours(f[2]) {
-				return "", ""
+			if !v1 {
+				path = f[2]
 			}
-			return filepath.Join(cgroupRoot, "cpu", f[2], "cpu.cfs_quota_us"), strconv.FormatInt(*cpu.Quota, 10)
-		default:
-			v1 = true
+		case hasController(f[1], "cpu"):
+			path, v1 = f[2], true
 		}
 	}
-	if v1 || !ours(v2) {
-		return "", ""
+	if path == "" || filepath.Base(path) != cgroup {
+		return "", "", nil
 	}
-	return filepath.Join(cgroupRoot, v2, "cpu.max"), strconv.FormatInt(*cpu.Quota, 10) + " " + strconv.FormatUint(*cpu.Period, 10)
+	value = strconv.FormatInt(*cpu.Quota, 10)
+	name := "cpu.cfs_quota_us"
+	if !v1 {
+		value += " " + strconv.FormatUint(*cpu.Period, 10)
+		name = "cpu.max"
+	}
+	for _, line := range strings.Split(mounts, "\n") {
+		// ID parent major:minor root mount-point options [optional...] - type source super-options
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 3 {
+			continue
+		}
+		if v1 && (g[0] != "cgroup" || !hasController(g[2], "cpu")) || !v1 && g[0] != "cgroup2" {
+			continue
+		}
+		root, point := mountinfo.Unescape(f[3]), mountinfo.Unescape(f[4])
+		rel, err := filepath.Rel(root, path)
+		if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+			continue
+		}
+		return filepath.Join(point, rel, name), value, nil
+	}
+	return "", "", fmt.Errorf("find the container's cgroup %s: no cgroup hierarchy mounted here holds it: %w", path, errdefs.ErrUnavailable)
 }
 
 func hasController(list, name string) bool {

@@ -47,12 +47,12 @@ func TestRestoreBundle(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	dir, cpu, err := restoreBundle(bundle)
+	dir, cpu, cgroup, err := restoreBundle(bundle, "flmbox-a")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if dir != filepath.Join(bundle, restoreDir) || cpu == nil || *cpu.Quota != 100000 {
-		t.Fatalf("restoreBundle = %q, %+v; want its restore directory and the quota of 100000", dir, cpu)
+	if dir != filepath.Join(bundle, restoreDir) || cpu == nil || *cpu.Quota != 100000 || cgroup != "flmbox-a" {
+		t.Fatalf("restoreBundle = %q, %+v, %q; want its restore directory, the quota of 100000 and the container's cgroup", dir, cpu, cgroup)
 	}
 	var got specs.Spec
 	b, err = os.ReadFile(filepath.Join(dir, "config.json"))
@@ -72,10 +72,24 @@ func TestRestoreBundle(t *testing.T) {
 		t.Errorf("the bundle's own config.json changed")
 	}
 
+	// Relative paths are the bundle's, not the copy's.
+	spec.Root.Path = "rootfs"
+	spec.Mounts = []specs.Mount{{Destination: "/data", Type: "bind", Source: "data"}}
+	os.WriteFile(filepath.Join(bundle, "config.json"), mustJSON(t, spec), 0o600)
+	if dir, _, _, err = restoreBundle(bundle, "flmbox-a"); err != nil {
+		t.Fatal(err)
+	}
+	b, _ = os.ReadFile(filepath.Join(dir, "config.json"))
+	got = specs.Spec{}
+	json.Unmarshal(b, &got)
+	if got.Root.Path != filepath.Join(bundle, "rootfs") || got.Mounts[0].Source != filepath.Join(bundle, "data") {
+		t.Errorf("restore bundle's root %q and bind source %q: want them in %s", got.Root.Path, got.Mounts[0].Source, bundle)
+	}
+
 	// No quota to raise: the copy is the spec as it is, and no limit is set afterwards.
 	spec.Linux.Resources.CPU = nil
 	os.WriteFile(filepath.Join(bundle, "config.json"), mustJSON(t, spec), 0o600)
-	if _, cpu, err := restoreBundle(bundle); err != nil || cpu != nil {
+	if _, cpu, _, err := restoreBundle(bundle, "flmbox-a"); err != nil || cpu != nil {
 		t.Errorf("restoreBundle of a spec without a quota = %+v, %v; want no limit", cpu, err)
 	}
 }
@@ -91,22 +105,32 @@ func mustJSON(t *testing.T, v any) []byte {
 
 func TestCPUQuotaFile(t *testing.T) {
 	cpu := cpuLimit(50000, 100000)
-	const id = "flmbox-a"
+	const (
+		v1Mounts = "30 25 0:26 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n" +
+			"31 25 0:27 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids\n" +
+			"40 25 0:35 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n"
+		// A container's view without a cgroup namespace: its hierarchies are
+		// mounted from its own cgroup.
+		nestedMounts = "30 25 0:26 /docker/c1 /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n"
+		v2Mounts     = "40 25 0:35 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n"
+	)
 	for _, c := range []struct {
-		name, cgroup, file, value string
+		name, cgroup, mounts, file, value string
+		fails                             bool
 	}{
-		{"v1", "12:pids:/flmbox-a\n4:cpu,cpuacct:/flmbox-a\n1:name=systemd:/flmbox-a\n", "/sys/fs/cgroup/cpu/flmbox-a/cpu.cfs_quota_us", "50000"},
-		{"v1, nested", "4:cpu:/kubepods/pod1/flmbox-a\n", "/sys/fs/cgroup/cpu/kubepods/pod1/flmbox-a/cpu.cfs_quota_us", "50000"},
-		{"v2", "0::/flmbox-a\n", "/sys/fs/cgroup/flmbox-a/cpu.max", "50000 100000"},
-		{"hybrid: the v1 cpu hierarchy, never v2's line", "0::/flmbox-a\n4:cpu,cpuacct:/flmbox-a\n", "/sys/fs/cgroup/cpu/flmbox-a/cpu.cfs_quota_us", "50000"},
-		{"hybrid without a cpu hierarchy: v2's line is not runsc's", "0::/flmbox-a\n3:pids:/flmbox-a\n", "", ""},
-		{"v1, the caller's cgroup: runsc made none", "4:cpu,cpuacct:/\n", "", ""},
-		{"v1, another's cgroup", "4:cpu,cpuacct:/user.slice\n", "", ""},
-		{"v2, the caller's cgroup", "0::/user.slice/session-1.scope\n", "", ""},
+		{"v1", "12:pids:/flmbox-a\n4:cpu:/flmbox-a\n1:name=systemd:/flmbox-a\n0::/\n", v1Mounts, "/sys/fs/cgroup/cpu/flmbox-a/cpu.cfs_quota_us", "50000", false},
+		{"v1, nested without a cgroup namespace", "4:cpu,cpuacct:/docker/c1/flmbox-a\n", nestedMounts, "/sys/fs/cgroup/cpu,cpuacct/flmbox-a/cpu.cfs_quota_us", "50000", false},
+		{"v2", "0::/flmbox-a\n", v2Mounts, "/sys/fs/cgroup/flmbox-a/cpu.max", "50000 100000", false},
+		{"hybrid: the v1 cpu hierarchy, never v2's line", "0::/flmbox-a\n4:cpu:/flmbox-a\n", v1Mounts, "/sys/fs/cgroup/cpu/flmbox-a/cpu.cfs_quota_us", "50000", false},
+		{"runsc made none: the caller's cgroup", "4:cpu:/\n0::/\n", v1Mounts, "", "", false},
+		{"runsc made none: another's cgroup", "4:cpu:/user.slice\n", v1Mounts, "", "", false},
+		{"v2, the caller's cgroup", "0::/user.slice/session-1.scope\n", v2Mounts, "", "", false},
+		{"a cgroup outside every mount", "4:cpu:/other/flmbox-a\n", nestedMounts, "", "", true},
+		{"no cpu hierarchy mounted", "4:cpu:/flmbox-a\n", v2Mounts, "", "", true},
 	} {
-		file, value := cpuQuotaFile(c.cgroup, id, cpu)
-		if file != c.file || value != c.value {
-			t.Errorf("%s: cpuQuotaFile = %q, %q; want %q, %q", c.name, file, value, c.file, c.value)
+		file, value, err := cpuQuotaFile(c.cgroup, c.mounts, "flmbox-a", cpu)
+		if file != c.file || value != c.value || (err != nil) != c.fails {
+			t.Errorf("%s: cpuQuotaFile = %q, %q, %v; want %q, %q, failing %v", c.name, file, value, err, c.file, c.value, c.fails)
 		}
 	}
 }

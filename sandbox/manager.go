@@ -31,6 +31,8 @@ type Manager struct {
 	store  *rootfs.Store
 	wheels *pipcache.Cache
 	rt     *runtime.Runtime
+
+	bg sync.WaitGroup // work left running in the background (Wait)
 }
 
 type options struct {
@@ -86,6 +88,12 @@ func Open(root string, opts ...Option) (*Manager, error) {
 	}
 	return m, nil
 }
+
+// Wait waits for the work that the Manager's calls left running in the
+// background: the removal of a resumed sandbox's checkpoint image, which
+// its first call need not wait for. A process that exits without waiting
+// leaves the image to the sandbox's next suspend, or to Reconcile.
+func (m *Manager) Wait() { m.bg.Wait() }
 
 // Root is the Manager's state root.
 func (m *Manager) Root() string { return m.root }

@@ -253,7 +253,10 @@ func (m *Manager) reconcileDir(ctx context.Context, dir string) (gone bool, err 
 		return false, fmt.Errorf("reconcile sandbox %q: %w", name, err)
 	case rec.Renamed():
 		m.o.warnf("removing sandbox %s, which an interrupted flmbox left renamed from %s (taking it from a pool or giving it back)", name, rec.Name)
-	case rec.State == record.Running && !rec.Owner.Gone(), rec.State == record.Suspended:
+	case rec.State == record.Running && !rec.Owner.Gone():
+		removeStaleImages(rec)
+		return false, nil
+	case rec.State == record.Suspended:
 		return false, nil
 	case rec.State == record.Suspending, rec.State == record.Resuming:
 		return false, m.reconcileSuspend(ctx, rec)

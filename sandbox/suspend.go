@@ -23,8 +23,9 @@ import (
 // checkpoint.tmp and renamed when whole: that rename decides that the
 // sandbox is suspended. A resume renames it checkpoint.old and removes it
 // in the background (unlinking its pages, tens of MiB in the page cache,
-// takes milliseconds that the first call need not wait for); the next
-// suspend removes what a process that ended first left of it.
+// takes milliseconds that the first call need not wait for; see
+// Manager.Wait); the next suspend, or Reconcile, removes what a process
+// that ended first left of it.
 const (
 	checkpointDir = "checkpoint"
 	checkpointTmp = "checkpoint.tmp"
@@ -83,7 +84,7 @@ func (m *Manager) Suspend(ctx context.Context, name string) error {
 	}
 	tmp, img := filepath.Join(rec.Dir, checkpointTmp), filepath.Join(rec.Dir, checkpointDir)
 	os.RemoveAll(tmp)
-	os.RemoveAll(filepath.Join(rec.Dir, checkpointOld))
+	removeStaleImages(rec)
 	if err := os.Mkdir(tmp, 0o700); err != nil {
 		return back(err)
 	}
@@ -150,19 +151,32 @@ func (m *Manager) Resume(ctx context.Context, name string) (resumed bool, err er
 		return false, err
 	}
 	rec.Touch()
-	removeImage(rec)
+	m.removeImage(rec)
 	return true, nil
 }
 
 // removeImage removes the checkpoint image of the running sandbox of rec:
-// renamed at once, removed in the background.
-func removeImage(rec *record.Record) {
+// renamed at once, removed in the background (Wait).
+func (m *Manager) removeImage(rec *record.Record) {
 	img, old := filepath.Join(rec.Dir, checkpointDir), filepath.Join(rec.Dir, checkpointOld)
 	if os.Rename(img, old) != nil { // an older one still being removed
 		os.RemoveAll(img)
 		return
 	}
-	go os.RemoveAll(old)
+	m.bg.Add(1)
+	go func() {
+		defer m.bg.Done()
+		os.RemoveAll(old)
+	}()
+}
+
+// removeStaleImages removes what is left of the checkpoint images of the
+// running sandbox of rec: one being removed by a process that exited
+// first, or one a resume killed after it recorded the sandbox running
+// left whole (a new checkpoint could not take its name).
+func removeStaleImages(rec *record.Record) {
+	os.RemoveAll(filepath.Join(rec.Dir, checkpointOld))
+	os.RemoveAll(filepath.Join(rec.Dir, checkpointDir))
 }
 
 // restore makes the sandbox of rec again from its image and waits for its

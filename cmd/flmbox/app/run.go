@@ -60,7 +60,9 @@ func runCommand() *cli.Command {
 				if err != nil {
 					return advise(err, runcmd.CallHint(err, name))
 				}
-				return printResultResumed(c, res, resumed)
+				err = printResultResumed(c, res, resumed)
+				m.Wait() // the resume's image removal, after the output
+				return err
 			}
 			spec, err := specFrom(c)
 			if err != nil {

@@ -48,6 +48,7 @@ func sandboxResumeCommand() *cli.Command {
 				_, err := m.Resume(c.Context, name)
 				errs = append(errs, err)
 			}
+			m.Wait() // the resumes' image removals
 			return errors.Join(errs...)
 		},
 	}
