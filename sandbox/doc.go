@@ -6,7 +6,8 @@
 // (Create: pull or find the image in the cache, lease it, start runsc, wait
 // for the agent, preinstall pip requirements), calls it (Call, Reset),
 // lists it (Get, List), suspends it to disk and resumes it (Suspend,
-// Resume, GC), copies files in and out (CopyIn, CopyOut) and removes it
+// Resume, GC; Wait for what a resume left in the background), copies files
+// in and out (CopyIn, CopyOut) and removes it
 // (Remove). Acquire and Release take sandboxes from a warm pool per shape
 // and give them back reset (FillPool, Pools, DrainPools). RunOnce runs one snippet in
 // a fresh sandbox; Batch runs up to MaxBatch independent snippets, in fresh
