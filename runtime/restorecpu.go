@@ -6,12 +6,14 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/containerd/errdefs"
-	"github.com/flmbox/flmbox/internal/mountinfo"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/flmbox/flmbox/internal/mountinfo"
 )
 
 // A restore's CPU quota.
@@ -109,11 +111,11 @@ func setCPUQuota(pid int, cgroup string, cpu *specs.LinuxCPU) error {
 	if err != nil {
 		return fmt.Errorf("find the container's cgroup: %w: %w", err, errdefs.ErrUnavailable)
 	}
-	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := mountinfo.Read()
 	if err != nil {
 		return fmt.Errorf("find the container's cgroup: %w: %w", err, errdefs.ErrUnavailable)
 	}
-	file, value, err := cpuQuotaFile(string(procCgroup), string(mounts), cgroup, cpu)
+	file, value, err := cpuQuotaFile(string(procCgroup), mounts, cgroup, cpu)
 	if err != nil || file == "" {
 		return err
 	}
@@ -135,10 +137,10 @@ func setCPUQuota(pid int, cgroup string, cpu *specs.LinuxCPU) error {
 // is named cgroup (else no file): cpu.cfs_quota_us in the cgroup v1
 // hierarchy with the cpu controller (a hybrid host's v2 line is not
 // runsc's), cpu.max under cgroup v2 alone. The cgroup's path is where
-// mounts (this process's /proc/self/mountinfo) mounts that hierarchy's
+// mounts (this process's mount table) mounts that hierarchy's
 // root, so that nested hosts (a hierarchy mounted from a cgroup of its own)
 // work too; a path outside every such mount is an error.
-func cpuQuotaFile(procCgroup, mounts, cgroup string, cpu *specs.LinuxCPU) (file, value string, err error) {
+func cpuQuotaFile(procCgroup string, mounts []mountinfo.Mount, cgroup string, cpu *specs.LinuxCPU) (file, value string, err error) {
 	path, v1 := "", false
 	for _, line := range strings.Split(strings.TrimSpace(procCgroup), "\n") {
 		// hierarchy-ID:controller-list:path
@@ -162,31 +164,19 @@ func cpuQuotaFile(procCgroup, mounts, cgroup string, cpu *specs.LinuxCPU) (file,
 		value += " " + strconv.FormatUint(*cpu.Period, 10)
 		name = "cpu.max"
 	}
-	for _, line := range strings.Split(mounts, "\n") {
-		// ID parent major:minor root mount-point options [optional...] - type source super-options
-		pre, post, ok := strings.Cut(line, " - ")
-		f, g := strings.Fields(pre), strings.Fields(post)
-		if !ok || len(f) < 5 || len(g) < 3 {
+	for _, m := range mounts {
+		if v1 && (m.Type != "cgroup" || !hasController(m.SuperOptions, "cpu")) || !v1 && m.Type != "cgroup2" {
 			continue
 		}
-		if v1 && (g[0] != "cgroup" || !hasController(g[2], "cpu")) || !v1 && g[0] != "cgroup2" {
-			continue
-		}
-		root, point := mountinfo.Unescape(f[3]), mountinfo.Unescape(f[4])
-		rel, err := filepath.Rel(root, path)
+		rel, err := filepath.Rel(m.Root, path)
 		if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
 			continue
 		}
-		return filepath.Join(point, rel, name), value, nil
+		return filepath.Join(m.Point, rel, name), value, nil
 	}
 	return "", "", fmt.Errorf("find the container's cgroup %s: no cgroup hierarchy mounted here holds it: %w", path, errdefs.ErrUnavailable)
 }
 
-func hasController(list, name string) bool {
-	for _, c := range strings.Split(list, ",") {
-		if c == name {
-			return true
-		}
-	}
-	return false
-}
+// hasController reports whether a comma-separated list of cgroup
+// controllers (or mount options) holds name.
+func hasController(list, name string) bool { return slices.Contains(strings.Split(list, ","), name) }

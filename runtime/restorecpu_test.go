@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/flmbox/flmbox/internal/mountinfo"
 )
 
 func cpuLimit(quota int64, period uint64) *specs.LinuxCPU {
@@ -128,7 +130,7 @@ func TestCPUQuotaFile(t *testing.T) {
 		{"a cgroup outside every mount", "4:cpu:/other/flmbox-a\n", nestedMounts, "", "", true},
 		{"no cpu hierarchy mounted", "4:cpu:/flmbox-a\n", v2Mounts, "", "", true},
 	} {
-		file, value, err := cpuQuotaFile(c.cgroup, c.mounts, "flmbox-a", cpu)
+		file, value, err := cpuQuotaFile(c.cgroup, mountinfo.Parse(c.mounts), "flmbox-a", cpu)
 		if file != c.file || value != c.value || (err != nil) != c.fails {
 			t.Errorf("%s: cpuQuotaFile = %q, %q, %v; want %q, %q, failing %v", c.name, file, value, err, c.file, c.value, c.fails)
 		}

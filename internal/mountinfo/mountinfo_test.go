@@ -24,3 +24,13 @@ func TestUnder(t *testing.T) {
 		t.Errorf("mounts under /: %q, %v; want / among them, last", mps, err)
 	}
 }
+
+func TestParse(t *testing.T) {
+	got := Parse("30 25 0:26 /docker/c1 /sys/fs/cgroup/cpu\\040x rw,relatime shared:9 - cgroup cgroup rw,cpu,cpuacct\n" +
+		"short line\n" +
+		"31 25 0:27 / /mnt rw\n")
+	want := []Mount{{Root: "/docker/c1", Point: "/sys/fs/cgroup/cpu x", Type: "cgroup", SuperOptions: "rw,cpu,cpuacct"}, {Root: "/", Point: "/mnt"}}
+	if !slices.Equal(got, want) {
+		t.Errorf("Parse = %+v, want %+v", got, want)
+	}
+}
