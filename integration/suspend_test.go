@@ -344,7 +344,8 @@ func TestSuspendDemo1Reboot(t *testing.T) {
 
 // TestSuspendCyclesKeepFiles: a 50 MiB file and a module pip installed in
 // /tmp/site-packages survive three suspend/resume cycles (E2B lost files
-// after the second); every file of /tmp keeps its checksum. While
+// after the second), the last one with the wheel removed from the cache
+// meanwhile; every file of /tmp keeps its checksum. While
 // suspended, the sandbox has an image of at least its /tmp and no host
 // process names its container: it holds no memory.
 func TestSuspendCyclesKeepFiles(t *testing.T) {
@@ -387,6 +388,12 @@ func TestSuspendCyclesKeepFiles(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(root, "sandboxes", name, "checkpoint.old")); !os.IsNotExist(err) {
 			t.Errorf("cycle %d: the previous image is left after a suspend: %v", cycle, err)
 		}
+		if cycle == 3 {
+			// The wheel pip installed from leaves the cache while the
+			// sandbox is suspended: the sandbox had opened it through its
+			// wheels mount, and resumes without it.
+			mustFlmbox(t, root, "pipcache", "rm", "flmbox-susp")
+		}
 		mustFlmbox(t, root, "sandbox", "resume", name)
 		// runsc restored it under a raised quota: its own (--cpus 1) is back.
 		if q := suspendCPUQuota(t, sb.ID); q != "100000" {
@@ -395,6 +402,11 @@ func TestSuspendCyclesKeepFiles(t *testing.T) {
 		suspendCheck(t, root, name, manifest)
 		if out := mustFlmbox(t, root, "run", "--sandbox", name, "-c", importIt); out != "hello from flmbox-susp 1.0\n" {
 			t.Fatalf("cycle %d: import printed %q", cycle, out)
+		}
+		if cycle == 3 {
+			if out := mustFlmbox(t, root, "run", "--sandbox", name, "-l", "shell", "-c", "ls /dev/.flmbox/wheels"); strings.Contains(out, "flmbox_susp") {
+				t.Fatalf("the resumed sandbox still lists the removed wheel: %q", out)
+			}
 		}
 		// sandbox resume waits for the image's removal (Manager.Wait).
 		for _, img := range []string{"checkpoint", "checkpoint.old"} {

@@ -32,8 +32,8 @@ func (r *Runtime) Checkpoint(ctx context.Context, c Container, imageDir string, 
 // Restore makes the container c again from the checkpoint in imageDir, with
 // runsc restore --detach on the bundle directory (its config.json: its
 // mounts' host paths may differ from the checkpointed container's, but
-// every file the sandbox had looked up in them must still exist, and the
-// binaries it runs from them must be the same). The container's ID must be
+// every file the sandbox's kernel still holds from them must exist, and
+// the binaries it runs from them must be the same). The container's ID must be
 // free. Its stdio is log, as Run gives it. runsc restores it under a raised
 // CPU quota, and its own is set before Restore returns (see restoreQuota).
 // On failure the error quotes the end of log, and the container is deleted.
