@@ -230,6 +230,49 @@ func sandboxNames(t *testing.T, root string) map[string]string {
 	return names
 }
 
+// TestCreateKilledDuringRunscRun: a sandbox create killed while runsc run
+// was making its container (runsc's sandbox process already up, runsc's
+// command and its state unfinished) leaves nothing either: the next
+// sandbox ls removes the container, its processes, the image's lease and
+// the sandbox's directory, and the name can be taken again.
+func TestCreateKilledDuringRunscRun(t *testing.T) {
+	reg := startRegistry(t)
+	image := reg.digestRef()
+	root := sandboxRoot(t, reg)
+	var id string
+	booted := func() bool {
+		var rec struct{ ID string }
+		b, err := os.ReadFile(filepath.Join(root, "sandboxes", "half", "sandbox.json"))
+		if err != nil || json.Unmarshal(b, &rec) != nil || rec.ID == "" {
+			return false
+		}
+		id = rec.ID
+		out, _ := exec.Command("pgrep", "-f", "runsc-sandbox .*"+id).Output()
+		return len(strings.Fields(string(out))) > 0
+	}
+	if !killAt(t, root, killPoint{verb: "run", when: "during", until: booted}, "sandbox", "create", "--name", "half", "--image", image) {
+		t.Fatal("runsc run ended before its sandbox process was seen")
+	}
+	t.Logf("killed flmbox while runsc run made %s; %d host processes name it", id, runscProcesses(t, id))
+	if names := sandboxNames(t, root); len(names) != 0 {
+		t.Fatalf("sandbox ls after the killed create: %v", names)
+	}
+	waitNoProcesses(t, id)
+	if ls := leases(t, root); len(ls) != 0 {
+		t.Fatalf("leases left after sandbox ls: %+v", ls)
+	}
+	if _, err := os.Stat(filepath.Join(root, "sandboxes", "half")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the killed sandbox's directory is left: %v", err)
+	}
+	if n := suspendRunscCount(t, root, id); n != 0 {
+		t.Fatalf("runsc still knows %d containers %s", n, id)
+	}
+	if out := mustFlmbox(t, root, "sandbox", "create", "--name", "half", "--image", image); out != "half\n" {
+		t.Fatalf("sandbox create printed %q", out)
+	}
+	faultAlive(t, root, "half")
+}
+
 // TestCreateKilledAfterItsLease: a sandbox create killed once it had
 // leased its image and runsc had started its container leaves nothing that
 // keeps the image or the name: the next sandbox ls reconciles it away
