@@ -230,11 +230,30 @@ func sandboxNames(t *testing.T, root string) map[string]string {
 	return names
 }
 
+// noCgroups fails the test if a host cgroup of container id is left
+// (runsc makes them at /sys/fs/cgroup/CONTROLLER/ID, or /sys/fs/cgroup/ID
+// under cgroup v2 alone).
+func noCgroups(t *testing.T, id string) {
+	t.Helper()
+	left, err := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", id)); err == nil {
+		left = append(left, filepath.Join("/sys/fs/cgroup", id))
+	}
+	if len(left) > 0 {
+		t.Fatalf("cgroups of container %s are left: %v", id, left)
+	}
+}
+
 // TestCreateKilledDuringRunscRun: a sandbox create killed while runsc run
 // was making its container (runsc's sandbox process already up, runsc's
 // command and its state unfinished) leaves nothing either: the next
-// sandbox ls removes the container, its processes, the image's lease and
-// the sandbox's directory, and the name can be taken again.
+// sandbox ls removes the container, its processes and host cgroups, the
+// image's lease and the sandbox's directory, and the name can be taken
+// again. (The cgroups were once left: runsc removes only those it made and
+// knows of.)
 func TestCreateKilledDuringRunscRun(t *testing.T) {
 	reg := startRegistry(t)
 	image := reg.digestRef()
@@ -267,6 +286,7 @@ func TestCreateKilledDuringRunscRun(t *testing.T) {
 	if n := suspendRunscCount(t, root, id); n != 0 {
 		t.Fatalf("runsc still knows %d containers %s", n, id)
 	}
+	noCgroups(t, id)
 	if out := mustFlmbox(t, root, "sandbox", "create", "--name", "half", "--image", image); out != "half\n" {
 		t.Fatalf("sandbox create printed %q", out)
 	}
@@ -296,6 +316,7 @@ func TestCreateKilledAfterItsLease(t *testing.T) {
 			t.Fatalf("the killed sandbox's directory is left: %v", err)
 		}
 		waitNoProcesses(t, id)
+		noCgroups(t, id)
 		if out := mustFlmbox(t, root, "images", "rm", image); !strings.Contains(out, "Deleted: ") {
 			t.Fatalf("images rm printed %q", out)
 		}
@@ -315,6 +336,7 @@ func TestCreateKilledAfterItsLease(t *testing.T) {
 			t.Fatalf("sandbox create printed %q", out)
 		}
 		waitNoProcesses(t, id)
+		noCgroups(t, id)
 		faultAlive(t, root, "same")
 		if newID := faultSandboxID(t, root, "same"); newID == id {
 			t.Fatalf("the new sandbox has the killed one's container ID %s", id)

@@ -755,7 +755,8 @@ func TestSuspendKilledBeforeItsImage(t *testing.T) {
 
 // TestResumeKilled: flmbox sandbox resume SIGKILLed midway leaves a
 // sandbox that the next sandbox ls lists suspended, its image kept and
-// nothing of the restore left running; it then resumes with /tmp intact.
+// nothing of the restore left running (no process, no host cgroup); it
+// then resumes with /tmp intact, and its removal leaves no cgroup either.
 func TestResumeKilled(t *testing.T) {
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
@@ -790,10 +791,14 @@ func TestResumeKilled(t *testing.T) {
 				if n := suspendRunscCount(t, root, id); n != 0 {
 					t.Fatalf("runsc knows the suspended sandbox's container %s", id)
 				}
+				noCgroups(t, id)
 				mustFlmbox(t, root, "sandbox", "resume", name)
 			}
 			suspendCheck(t, root, name, manifest)
 			mustFlmbox(t, root, "sandbox", "rm", name)
+			// A resume killed while runsc made its cgroups left them, and the
+			// next runsc found them made and never removed them.
+			noCgroups(t, id)
 		})
 	}
 }

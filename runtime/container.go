@@ -224,9 +224,12 @@ func alive(pid int) bool {
 	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
 }
 
-// Delete kills the container's processes and deletes runsc's state of it.
-// Deleting a container that does not exist is not an error; a ctx done
-// before runsc said so is.
+// Delete kills the container's processes and deletes runsc's state of it
+// and its cgroups. Processes that runsc does not know (a runsc run or
+// restore killed while it made the container leaves its sandbox and gofer
+// running, with no state or an unfinished one) are killed too. Deleting a
+// container that does not exist is not an error; a ctx done before runsc
+// said so is.
 func (r *Runtime) Delete(ctx context.Context, c Container) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("delete container %s: %w", c.ID, err)
@@ -239,7 +242,10 @@ func (r *Runtime) Delete(ctx context.Context, c Container) error {
 			return fmt.Errorf("delete container %s with runsc: %w", c.ID, err)
 		}
 	}
-	return nil
+	if _, err := r.killProcesses(func(id string) bool { return id == c.ID }); err != nil {
+		return fmt.Errorf("delete container %s: %w", c.ID, err)
+	}
+	return removeCgroups(c.ID)
 }
 
 // List returns the IDs of the containers runsc knows under the Runtime's

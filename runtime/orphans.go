@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"slices"
 	"strconv"
@@ -12,26 +13,46 @@ import (
 
 // KillOrphans kills the runsc processes of this Runtime's root (sandbox
 // and gofer processes; a sandbox's own children go with it) whose container
-// ID is not among known(), and returns how many it killed. A runsc run
-// killed while it was creating a container can leave them running with no
-// state in runsc's root, so that runsc neither lists nor deletes them.
+// ID is not among known(), removes those containers' cgroups, and returns
+// how many containers it killed. A runsc run killed while it was creating
+// a container can leave them running with no state in runsc's root, so
+// that runsc neither lists nor deletes them.
 // known is called after the processes are listed, so that a container being
 // made meanwhile (its ID known before its processes exist) is never killed.
 func (r *Runtime) KillOrphans(known func() []string) (int, error) {
+	var k []string
+	listed := false
+	ids, err := r.killProcesses(func(id string) bool {
+		if !listed {
+			k, listed = known(), true
+		}
+		return strings.HasPrefix(id, "flmbox-") && !slices.Contains(k, id)
+	})
+	var errs []error
+	for _, id := range ids {
+		errs = append(errs, removeCgroups(id))
+	}
+	return len(ids), errors.Join(append(errs, err)...)
+}
+
+// killProcesses SIGKILLs the runsc processes of this Runtime's root whose
+// container ID kill says yes to (it is asked once the processes are
+// listed), and returns those IDs, once each.
+func (r *Runtime) killProcesses(kill func(id string) bool) ([]string, error) {
 	procs, err := r.processes()
 	if err != nil || len(procs) == 0 {
-		return 0, err
+		return nil, err
 	}
-	k := known()
-	n := 0
+	var ids []string
 	for pid, id := range procs {
-		if strings.HasPrefix(id, "flmbox-") && !slices.Contains(k, id) {
-			if unix.Kill(pid, unix.SIGKILL) == nil {
-				n++
+		if kill(id) {
+			unix.Kill(pid, unix.SIGKILL) // gone already is as good
+			if !slices.Contains(ids, id) {
+				ids = append(ids, id)
 			}
 		}
 	}
-	return n, nil
+	return ids, nil
 }
 
 // processes returns runsc's sandbox and gofer processes whose command line

@@ -165,7 +165,7 @@ func (m *Manager) reconcileContainers(ctx context.Context) error {
 	if n, err := rt.KillOrphans(m.recordedIDs); err != nil {
 		m.o.warnf("reconcile containers: %v", err)
 	} else if n > 0 {
-		m.o.warnf("killed %d runsc processes of containers that neither runsc nor any sandbox knows", n)
+		m.o.warnf("killed the runsc processes of %d containers that neither runsc nor any sandbox knows", n)
 	}
 	ids, err := rt.List(ctx)
 	if err != nil {
