@@ -17,17 +17,27 @@ import (
 // cgroupRoot/ID under cgroup v2 alone.
 const cgroupRoot = "/sys/fs/cgroup"
 
+// cgroupName is the name of the cgroups runsc makes for container id
+// whose spec has cgroupsPath.
+func cgroupName(cgroupsPath, id string) string {
+	if cgroupsPath != "" {
+		return filepath.Base(cgroupsPath)
+	}
+	return id
+}
+
 // cgroupBusyWait bounds how long removeCgroups retries a cgroup whose
 // processes are still leaving it (runsc waits as long).
 const cgroupBusyWait = 5 * time.Second
 
-// removeCgroups removes the cgroups of container id, which must have no
-// process left. runsc removes the ones it made, but not those of a runsc
-// killed while it made them, nor ones it found already there (a later runsc
-// of the same ID, as a resume is, then keeps them for ever). Only empty
-// directories are removed (rmdir); none is not an error.
-func removeCgroups(id string) error {
-	return removeCgroupsUnder(cgroupRoot, id, cgroupBusyWait)
+// removeCgroups removes the cgroups named name (cgroupName) of a
+// container, which must have no process left. runsc removes the ones it
+// made, but not those of a runsc killed while it made them, nor ones it
+// found already there (a later runsc of the same ID, as a resume is, then
+// keeps them for ever). Only empty directories are removed (rmdir); none
+// is not an error.
+func removeCgroups(name string) error {
+	return removeCgroupsUnder(cgroupRoot, name, cgroupBusyWait)
 }
 
 func removeCgroupsUnder(root, id string, wait time.Duration) error {

@@ -242,10 +242,12 @@ func (r *Runtime) Delete(ctx context.Context, c Container) error {
 			return fmt.Errorf("delete container %s with runsc: %w", c.ID, err)
 		}
 	}
-	if _, err := r.killProcesses(func(id string) bool { return id == c.ID }); err != nil {
-		return fmt.Errorf("delete container %s: %w", c.ID, err)
+	procs, err := r.processes()
+	if err != nil {
+		return fmt.Errorf("delete container %s: list its processes: %w", c.ID, err)
 	}
-	return removeCgroups(c.ID)
+	killContainers(procs, func(id string) bool { return id == c.ID })
+	return removeCgroups(cgroupName("", c.ID)) // flmbox's specs have no cgroupsPath
 }
 
 // List returns the IDs of the containers runsc knows under the Runtime's

@@ -20,39 +20,32 @@ import (
 // known is called after the processes are listed, so that a container being
 // made meanwhile (its ID known before its processes exist) is never killed.
 func (r *Runtime) KillOrphans(known func() []string) (int, error) {
-	var k []string
-	listed := false
-	ids, err := r.killProcesses(func(id string) bool {
-		if !listed {
-			k, listed = known(), true
-		}
-		return strings.HasPrefix(id, "flmbox-") && !slices.Contains(k, id)
-	})
-	var errs []error
-	for _, id := range ids {
-		errs = append(errs, removeCgroups(id))
-	}
-	return len(ids), errors.Join(append(errs, err)...)
-}
-
-// killProcesses SIGKILLs the runsc processes of this Runtime's root whose
-// container ID kill says yes to (it is asked once the processes are
-// listed), and returns those IDs, once each.
-func (r *Runtime) killProcesses(kill func(id string) bool) ([]string, error) {
 	procs, err := r.processes()
 	if err != nil || len(procs) == 0 {
-		return nil, err
+		return 0, err
 	}
+	k := known()
+	ids := killContainers(procs, func(id string) bool { return strings.HasPrefix(id, "flmbox-") && !slices.Contains(k, id) })
+	var errs []error
+	for _, id := range ids {
+		errs = append(errs, removeCgroups(cgroupName("", id)))
+	}
+	return len(ids), errors.Join(errs...)
+}
+
+// killContainers SIGKILLs the processes of procs (processes' map) whose
+// container ID match says yes to, and returns those IDs, once each.
+func killContainers(procs map[int]string, match func(id string) bool) []string {
 	var ids []string
 	for pid, id := range procs {
-		if kill(id) {
+		if match(id) {
 			unix.Kill(pid, unix.SIGKILL) // gone already is as good
 			if !slices.Contains(ids, id) {
 				ids = append(ids, id)
 			}
 		}
 	}
-	return ids, nil
+	return ids
 }
 
 // processes returns runsc's sandbox and gofer processes whose command line

@@ -85,12 +85,7 @@ func restoreBundle(bundle, id string) (dir string, cpu *specs.LinuxCPU, cgroup s
 			raised := *cpu
 			raised.Quota = &q
 			spec.Linux.Resources.CPU = &raised
-			// runsc names a container's cgroup after its cgroupsPath, by
-			// default after its ID.
-			cgroup = id
-			if spec.Linux.CgroupsPath != "" {
-				cgroup = filepath.Base(spec.Linux.CgroupsPath)
-			}
+			cgroup = cgroupName(spec.Linux.CgroupsPath, id)
 		}
 	}
 	if b, err = json.Marshal(&spec); err == nil {
