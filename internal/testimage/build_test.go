@@ -71,7 +71,13 @@ func TestWriteLayerCanceled(t *testing.T) {
 // cacheDir, as a build would.
 func packFake(t *testing.T, cacheDir string) string {
 	t.Helper()
-	entry := filepath.Join(cacheDir, defaultRecipe().key())
+	return packFakeRecipe(t, cacheDir, defaultRecipe())
+}
+
+// packFakeRecipe packs fakeRootfs into the cache entry of r in cacheDir.
+func packFakeRecipe(t *testing.T, cacheDir string, r recipe) string {
+	t.Helper()
+	entry := filepath.Join(cacheDir, r.key())
 	rootfs := filepath.Join(entry, "rootfs")
 	if err := os.MkdirAll(entry, 0o755); err != nil {
 		t.Fatal(err)

@@ -44,6 +44,9 @@ func build(ctx context.Context, r recipe, cacheDir, final string, log logger) (e
 		return err
 	}
 	log.printf("debootstrap done in %s", time.Since(t).Round(time.Second))
+	if err := r.checkTree(rootfs); err != nil {
+		return err
+	}
 	cs, err := cleanTree(rootfs)
 	if err != nil {
 		return err

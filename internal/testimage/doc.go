@@ -14,6 +14,11 @@
 //     tests can check an unpacked tree against them.
 //   - linux/arm64: a tiny placeholder with one file, for platform selection.
 //
+// A variant for the conformance suite (Options.Testsuite, built on demand)
+// adds Debian's libpython3.11-testsuite, CPython's own regression tests for
+// the image's python3.11, of the same version (the build checks it), and is
+// packed the same way; it has a cache entry of its own.
+//
 // The cache is keyed by a hash of the recipe (suite, variant, architecture,
 // packages, mirror and a version of the layer split) and laid out as
 //

@@ -9,10 +9,12 @@ import (
 	"encoding/json"
 	"io"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -200,4 +202,54 @@ func TestBuild(t *testing.T) {
 			t.Errorf("second Build: %s at %s, first %s at %s", again.IndexDigest, again.LayoutPath, img.IndexDigest, img.LayoutPath)
 		}
 	})
+}
+
+// TestBuildTestsuite builds the conformance variant (or uses this
+// machine's cache) and runs one module of CPython's tests with python3 -m
+// test in a chroot of its tree, as the sandbox's user, with a /tmp of its
+// own: the suite runs from the tree as packed.
+func TestBuildTestsuite(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	var log bytes.Buffer
+	img, err := Build(ctx, Options{Testsuite: true, Log: &log})
+	t.Logf("build log:\n%s", log.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if filepath.Base(filepath.Dir(img.LayoutPath)) != testsuiteRecipe().key() {
+		t.Errorf("layout %s is not in the variant's cache entry %s", img.LayoutPath, testsuiteRecipe().key())
+	}
+	def, err := Build(ctx, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if def.IndexDigest == img.IndexDigest {
+		t.Fatal("the variant is the default image")
+	}
+	for _, name := range []string{TestsuiteDir + "/regrtest.py", TestsuiteDir + "/test_atexit.py", "usr/bin/python3.11"} {
+		if _, err := os.Stat(filepath.Join(img.RootfsDir, name)); err != nil {
+			t.Errorf("tree: %v", err)
+		}
+	}
+	if err := checkSameVersion(filepath.Join(img.RootfsDir, "var/lib/dpkg/status"), pythonPackage, testsuitePackage); err != nil {
+		t.Error(err)
+	}
+	contents := verifyIndex(t, img.Index)
+	if python := contents[img.AMD64Digest][1]; !python.has(TestsuiteDir+"/test_atexit.py") || !python.has(TestsuiteDir+"/") {
+		t.Errorf("layer 2 lacks %s", TestsuiteDir)
+	}
+
+	// A mount namespace of its own (private mounts): the tmpfs on the
+	// tree's /tmp and /proc vanish with the shell.
+	script := `set -e
+mount -t tmpfs -o mode=1777 tmpfs "$1/tmp"
+mount -t proc proc "$1/proc"
+exec chroot --userspec=65534:65534 "$1" env -i PATH=/usr/bin:/bin HOME=/tmp LANG=C.UTF-8 python3 -m test test_atexit`
+	cmd := exec.CommandContext(ctx, "sh", "-c", script, "sh", img.RootfsDir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "Tests result: SUCCESS") {
+		t.Fatalf("python3 -m test test_atexit in a chroot of %s: %v\n%s", img.RootfsDir, err, out)
+	}
 }
