@@ -38,9 +38,20 @@ type MountPoint struct {
 	Path string `json:"path"`
 	// Type is MountPointDir or MountPointFile.
 	Type MountPointType `json:"type"`
+	// Optional says that an image which has the path as another type (a
+	// symlink, say: /etc/resolv.conf often is one) keeps it: the point is
+	// skipped, recorded as such (Image.Skipped), and the runtime mounts
+	// nothing there. Without it, such an image fails with
+	// errdefs.ErrFailedPrecondition.
+	Optional bool `json:"optional,omitempty"`
 }
 
-func (mp MountPoint) String() string { return fmt.Sprintf("%s (%s)", mp.Path, mp.Type) }
+func (mp MountPoint) String() string {
+	if mp.Optional {
+		return fmt.Sprintf("%s (%s, optional)", mp.Path, mp.Type)
+	}
+	return fmt.Sprintf("%s (%s)", mp.Path, mp.Type)
+}
 
 // StoreOption configures a Store.
 type StoreOption func(*Store)
@@ -67,6 +78,7 @@ func checkMountPoints(points []MountPoint) ([]MountPoint, error) {
 			if out[i].Type != mp.Type {
 				return nil, fmt.Errorf("mount point %s is asked for both as a %s and as a %s: %w", mp.Path, out[i].Type, mp.Type, errdefs.ErrInvalidArgument)
 			}
+			out[i].Optional = out[i].Optional && mp.Optional // required if anyone requires it
 			continue
 		}
 		out = append(out, mp)
@@ -113,11 +125,12 @@ func (s *Store) requiredMountPoints(o *PullOptions) ([]MountPoint, error) {
 	return checkMountPoints(slices.Concat(s.mountPoints, o.MountPoints))
 }
 
-// missingMountPoints returns the points that img's record lacks.
+// missingMountPoints returns the points that img's record lacks, neither
+// made nor skipped.
 func (img *Image) missingMountPoints(points []MountPoint) []MountPoint {
 	var out []MountPoint
 	for _, mp := range points {
-		if !slices.Contains(img.MountPoints, mp) {
+		if !slices.Contains(img.MountPoints, mp) && !slices.Contains(img.Skipped, mp) {
 			out = append(out, mp)
 		}
 	}
@@ -152,11 +165,12 @@ func (s *Store) addMountPoints(hex string, img *Image, points []MountPoint) (*Im
 	if len(missing) == 0 {
 		return img, nil
 	}
-	done, added, err := prepareMountPoints(img.Rootfs, missing)
-	if len(done) > 0 || len(added) > 0 {
+	p, err := prepareMountPoints(img.Rootfs, missing)
+	if len(p.done) > 0 || len(p.skipped) > 0 || len(p.added) > 0 {
 		rec := *img
-		rec.MountPoints = slices.Concat(img.MountPoints, done)
-		rec.Added = slices.Concat(img.Added, added)
+		rec.MountPoints = slices.Concat(img.MountPoints, p.done)
+		rec.Skipped = slices.Concat(img.Skipped, p.skipped)
+		rec.Added = slices.Concat(img.Added, p.added)
 		if werr := writeJSONAtomic(filepath.Join(s.entryDir(hex), "image.json"), rec.stored()); werr != nil {
 			return nil, fmt.Errorf("record the mount points of image %s: %w", img.ManifestDigest, werr)
 		}

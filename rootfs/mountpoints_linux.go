@@ -12,6 +12,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// preparedPoints is what prepareMountPoints did.
+type preparedPoints struct {
+	done    []MountPoint // made or found with their type
+	skipped []MountPoint // optional, found with another type
+	added   []string     // paths created, resolved in the tree, parents first
+}
+
 // prepareMountPoints makes points (checked, parents first) in tree, after
 // its last layer. Paths are resolved as the unpacker resolves a layer's
 // parents: inside the tree with chroot semantics (openat2 RESOLVE_IN_ROOT),
@@ -19,32 +26,38 @@ import (
 // last component is never followed. A mount point that exists with its
 // type is kept as it is. Every point is checked before anything is made, so
 // that one the image has with another type (a symlink included) changes
-// nothing: it fails with errdefs.ErrFailedPrecondition, naming the path.
+// nothing: it fails with errdefs.ErrFailedPrecondition, naming the path,
+// unless it is Optional, which is skipped.
 //
 // New directories get mode 0755, new files 0644, both empty and owned by
 // the process. The directories they are made in keep their access and
-// modification times. It returns the points made or found, and the paths it
-// created (resolved in the tree, parents first), also on failure.
-func prepareMountPoints(tree string, points []MountPoint) (done []MountPoint, added []string, err error) {
+// modification times. What it made is returned also on failure.
+func prepareMountPoints(tree string, points []MountPoint) (p preparedPoints, err error) {
 	root, err := unix.Open(tree, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, nil, fmt.Errorf("open tree %s: %w", tree, err)
+		return p, fmt.Errorf("open tree %s: %w", tree, err)
 	}
 	defer unix.Close(root)
+	var todo []MountPoint
 	for _, mp := range points {
 		if _, err := walkMountPoint(root, mp, false); err != nil {
-			return nil, nil, err
+			if mp.Optional && errors.Is(err, errdefs.ErrFailedPrecondition) {
+				p.skipped = append(p.skipped, mp)
+				continue
+			}
+			return preparedPoints{}, err
 		}
+		todo = append(todo, mp)
 	}
-	for _, mp := range points {
+	for _, mp := range todo {
 		a, err := walkMountPoint(root, mp, true)
-		added = append(added, a...)
+		p.added = append(p.added, a...)
 		if err != nil {
-			return done, added, err
+			return p, err
 		}
-		done = append(done, mp)
+		p.done = append(p.done, mp)
 	}
-	return done, added, nil
+	return p, nil
 }
 
 // walkMountPoint resolves mp in the tree open at root, component by

@@ -235,6 +235,7 @@ func TestMountPointsAgainstTheImage(t *testing.T) {
 		points  []MountPoint
 		added   []string // on success
 		made    []string // paths in the tree that must be of the points' types
+		skipped []string // optional points left alone
 		errText string   // on failure
 	}{{
 		name:   "existing directory and file are kept",
@@ -284,6 +285,18 @@ func TestMountPointsAgainstTheImage(t *testing.T) {
 		points:  []MountPoint{filePoint("/dev/agent")},
 		errText: "mount point /dev/agent: the image has a directory at /dev/agent, where it needs a regular file",
 	}, {
+		name:    "an optional file that the image has as a symlink is skipped",
+		layer:   ents(dirEnt("etc/", 0o755), symEnt("etc/resolv.conf", "../run/systemd/resolve/stub-resolv.conf"), fileEnt("etc/hosts", "image's", 0o644)),
+		points:  []MountPoint{optional(filePoint("/etc/resolv.conf")), optional(filePoint("/etc/hosts")), optional(filePoint("/etc/hostname")), dirPoint("/dev/run")},
+		added:   []string{"/dev", "/dev/run", "/etc/hostname"},
+		made:    []string{"etc/hostname", "dev/run"},
+		skipped: []string{"/etc/resolv.conf"},
+	}, {
+		name:    "optional files below a file are skipped",
+		layer:   ents(fileEnt("etc", "x", 0o644)),
+		points:  []MountPoint{optional(filePoint("/etc/hosts")), optional(filePoint("/etc/hostname"))},
+		skipped: []string{"/etc/hostname", "/etc/hosts"},
+	}, {
 		name:    "a refusal makes nothing, not even the points before it",
 		layer:   ents(fileEnt("zzz", "x", 0o644)),
 		points:  []MountPoint{dirPoint("/aaa/run"), dirPoint("/zzz")},
@@ -299,13 +312,14 @@ func TestMountPointsAgainstTheImage(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			done, added, err := prepareMountPoints(e.root, points)
+			p, err := prepareMountPoints(e.root, points)
+			done, added := p.done, p.added
 			e.checkSentinel(t)
 			if c.errText != "" {
 				if err == nil || !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), e.expand(c.errText)) {
 					t.Fatalf("error %v, want a failed precondition saying %q", err, e.expand(c.errText))
 				}
-				if done != nil || added != nil || !maps.Equal(treeOf(t, e.root, nil), before) {
+				if done != nil || added != nil || p.skipped != nil || !maps.Equal(treeOf(t, e.root, nil), before) {
 					t.Fatalf("a refusal made %v %q, or changed the tree", done, added)
 				}
 				return
@@ -317,8 +331,19 @@ func TestMountPointsAgainstTheImage(t *testing.T) {
 			for _, a := range c.added {
 				wantAdded = append(wantAdded, e.expand(a))
 			}
-			if !slices.Equal(done, points) || !slices.Equal(added, wantAdded) {
-				t.Fatalf("made %v, added %q; want %v, %q", done, added, points, wantAdded)
+			var wantDone []MountPoint
+			var skipped []string
+			for _, mp := range points {
+				if slices.Contains(c.skipped, mp.Path) {
+					continue
+				}
+				wantDone = append(wantDone, mp)
+			}
+			for _, mp := range p.skipped {
+				skipped = append(skipped, mp.Path)
+			}
+			if !slices.Equal(done, wantDone) || !slices.Equal(added, wantAdded) || !slices.Equal(skipped, c.skipped) {
+				t.Fatalf("made %v, added %q, skipped %q; want %v, %q, %q", done, added, skipped, wantDone, wantAdded, c.skipped)
 			}
 			for _, p := range c.made {
 				if _, err := os.Lstat(filepath.Join(e.root, e.expand(p))); err != nil {
@@ -330,8 +355,8 @@ func TestMountPointsAgainstTheImage(t *testing.T) {
 				t.Errorf("the tree changed beyond its additions:\n%v\nwant\n%v", after, before)
 			}
 			// A second preparation finds everything in place.
-			if done, added, err := prepareMountPoints(e.root, points); err != nil || len(added) != 0 || !slices.Equal(done, points) {
-				t.Errorf("second preparation: %v %q %v", done, added, err)
+			if p, err := prepareMountPoints(e.root, points); err != nil || len(p.added) != 0 || !slices.Equal(p.done, wantDone) {
+				t.Errorf("second preparation: %v %q %v", p.done, p.added, err)
 			}
 		})
 	}
@@ -351,6 +376,32 @@ func TestMountPointRefusalInAPull(t *testing.T) {
 		t.Fatalf("pull of an image with a file at a mount point: %v", err)
 	}
 	assertClean(t, s)
+}
+
+// TestOptionalMountPointInAPull: an optional mount point that the image has
+// with another type is skipped and recorded as such; the pull succeeds and
+// the next prewarm does not try it again.
+func TestOptionalMountPointInAPull(t *testing.T) {
+	r := newTestRegistry(t)
+	ref, _ := pushIndex(t, r, "py")
+	mp := MountPoint{Path: "/etc/hello", Type: MountPointDir, Optional: true}
+	s, err := OpenStore(filepath.Join(t.TempDir(), "images"), WithMountPoints(mp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		res, err := s.Prewarm(context.Background(), ref, &PullOptions{Platform: amd64})
+		if err != nil {
+			t.Fatalf("prewarm %d: %v", i, err)
+		}
+		rec := readImageJSON(t, s, res.ManifestDigest)
+		if !slices.Equal(res.Skipped, []MountPoint{mp}) || !slices.Equal(rec.Skipped, []MountPoint{mp}) || len(rec.MountPoints) != 0 || len(rec.Added) != 0 {
+			t.Fatalf("prewarm %d: skipped %v (recorded %v), made %v, added %q", i, res.Skipped, rec.Skipped, rec.MountPoints, rec.Added)
+		}
+		if fi, err := os.Lstat(filepath.Join(res.Rootfs, "etc/hello")); err != nil || !fi.Mode().IsRegular() {
+			t.Fatalf("the image's /etc/hello: %v %v", fi, err)
+		}
+	}
 }
 
 func TestCheckMountPoints(t *testing.T) {
@@ -373,8 +424,8 @@ func TestCheckMountPoints(t *testing.T) {
 			t.Errorf("OpenStore with %q: %v, want an invalid argument", bad, err)
 		}
 	}
-	got, err := checkMountPoints([]MountPoint{{"/b", MountPointDir}, {"/a/x", MountPointFile}, {"/b", MountPointDir}, {"/a", MountPointDir}})
-	if want := []MountPoint{{"/a", MountPointDir}, {"/a/x", MountPointFile}, {"/b", MountPointDir}}; err != nil || !slices.Equal(got, want) {
+	got, err := checkMountPoints([]MountPoint{{"/b", MountPointDir, false}, {"/a/x", MountPointFile, true}, {"/b", MountPointDir, false}, {"/a", MountPointDir, false}, {"/a/x", MountPointFile, false}})
+	if want := []MountPoint{{"/a", MountPointDir, false}, {"/a/x", MountPointFile, false}, {"/b", MountPointDir, false}}; err != nil || !slices.Equal(got, want) {
 		t.Errorf("checkMountPoints: %v %v, want %v", got, err, want)
 	}
 }
@@ -391,11 +442,17 @@ func TestPrepareMountPointsClosesItsDescriptors(t *testing.T) {
 	}
 	before := count()
 	for range 20 {
-		if _, _, err := prepareMountPoints(t.TempDir(), fuzzMountPoints); err != nil {
+		if _, err := prepareMountPoints(t.TempDir(), fuzzMountPoints); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if after := count(); after > before+2 {
 		t.Fatalf("%d descriptors open before, %d after making mount points 20 times", before, after)
 	}
+}
+
+// optional is mp made optional.
+func optional(mp MountPoint) MountPoint {
+	mp.Optional = true
+	return mp
 }

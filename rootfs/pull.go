@@ -105,6 +105,9 @@ type Result struct {
 	SizeBytes int64 `json:"size_bytes"`
 	// Cached is true when nothing had to be fetched or unpacked.
 	Cached bool `json:"cached"`
+	// Skipped are the optional mount points the tree does not have: the
+	// image has their paths as another type (MountPoint.Optional).
+	Skipped []MountPoint `json:"-"`
 }
 
 // Prewarm makes IMAGE available as an unpacked rootfs in the cache and
@@ -195,7 +198,7 @@ func (s *Store) Prewarm(ctx context.Context, image string, opts *PullOptions) (*
 		return nil, err
 	}
 	return &Result{IndexDigest: topDigest.String(), Platform: o.Platform.String(), ManifestDigest: img.ManifestDigest,
-		Rootfs: img.Rootfs, SizeBytes: img.SizeBytes, Cached: cached}, nil
+		Rootfs: img.Rootfs, SizeBytes: img.SizeBytes, Cached: cached, Skipped: img.Skipped}, nil
 }
 
 // cached answers a Prewarm from the alias of (named, p), with no network,
@@ -218,7 +221,7 @@ func (s *Store) cached(ctx context.Context, named v1.Hash, p Platform, points []
 	}
 	s.touch(m.Hex)
 	return &Result{IndexDigest: named.String(), Platform: p.String(), ManifestDigest: img.ManifestDigest,
-		Rootfs: img.Rootfs, SizeBytes: img.SizeBytes, Cached: true}, true, nil
+		Rootfs: img.Rootfs, SizeBytes: img.SizeBytes, Cached: true, Skipped: img.Skipped}, true, nil
 }
 
 // pickManifest returns the first image manifest of the index for p, as
@@ -331,12 +334,12 @@ func (s *Store) build(ctx context.Context, src source, named, md v1.Hash, m *v1.
 	}
 	// After the last layer, before the entry is published: the tree is
 	// never changed in place while sandboxes may use it.
-	mountPoints, added, err := prepareMountPoints(filepath.Join(staging, "rootfs"), points)
+	mp, err := prepareMountPoints(filepath.Join(staging, "rootfs"), points)
 	if err != nil {
 		return nil, false, fmt.Errorf("prepare the mount points of image %s: %w", md, err)
 	}
 	img := &Image{ManifestDigest: md.String(), Platform: o.Platform.String(), ConfigDigest: m.Config.Digest.String(),
-		SizeBytes: size, Created: time.Now().UTC(), MountPoints: mountPoints, Added: added}
+		SizeBytes: size, Created: time.Now().UTC(), MountPoints: mp.done, Skipped: mp.skipped, Added: mp.added}
 	for _, l := range m.Layers {
 		img.Layers = append(img.Layers, l.Digest.String())
 	}

@@ -66,6 +66,9 @@ type Image struct {
 	// within each preparation. An entry cached by an earlier flmbox has
 	// none recorded.
 	MountPoints []MountPoint `json:"mount_points,omitempty"`
+	// Skipped are the optional mount points that the image has as another
+	// type (MountPoint.Optional): nothing is to be mounted there.
+	Skipped []MountPoint `json:"skipped_mount_points,omitempty"`
 	// Added are the paths the Store created in the tree for MountPoints,
 	// resolved in the tree, parents first: the mount points the image
 	// lacked and their missing parents. They are all that the Store adds to
