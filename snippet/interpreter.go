@@ -265,7 +265,7 @@ const pythonZygoteDef = `def _flmbox_zygote():
     poll = select.poll()
     poll.register(3, select.POLLIN)
     poll.register(wake_r, select.POLLIN)
-    limits = (resource.RLIMIT_AS, resource.RLIMIT_NPROC, resource.RLIMIT_FSIZE)
+    limits = (resource.RLIMIT_NPROC, resource.RLIMIT_FSIZE)
 
     def send(msg):
         try:
@@ -307,7 +307,7 @@ const pythonZygoteDef = `def _flmbox_zygote():
                     fds += [int.from_bytes(data[i:i + 4], sys.byteorder) for i in range(0, len(data) - 3, 4)]
             word = msg.split()
             try:
-                if len(fds) not in (3, 4) or len(word) != 5:
+                if len(fds) not in (3, 4) or len(word) != 4:
                     raise ValueError('bad request %r with %d descriptors' % (msg, len(fds)))
                 values = [int(w) for w in word[2:]]
                 pid = os.fork()
@@ -389,13 +389,17 @@ func shellExports(env []string) string {
 }
 
 // pythonCommand runs code with the bootstrap; the code goes through the gate.
+// The snippet's own stdout and stderr are unbuffered (-u), so that what it
+// printed before a timeout or the memory watch killed it is in the result;
+// unlike PYTHONUNBUFFERED, -u does not reach the Pythons it starts.
 func pythonCommand(user *User) command {
-	return command{args: []string{"python3", "-S", "-s", "-c", pythonBootstrap(user)}, codeInGate: true, envHeader: true}
+	return command{args: []string{"python3", "-S", "-s", "-u", "-c", pythonBootstrap(user)}, codeInGate: true, envHeader: true}
 }
 
-// zygoteCommand starts the Python zygote.
+// zygoteCommand starts the Python zygote; its children's stdout and stderr
+// are unbuffered, as pythonCommand's.
 func zygoteCommand(user *User) command {
-	return command{args: []string{"python3", "-S", "-s", "-c", pythonZygote(user)}}
+	return command{args: []string{"python3", "-S", "-s", "-u", "-c", pythonZygote(user)}}
 }
 
 // shellCommand runs code with sh -c; the gate carries a newline.

@@ -74,28 +74,32 @@ type memWatch struct {
 	// has acted: tests wait on it to know that the watch saw a change.
 	checks int
 	// What /proc/meminfo does not show yet (see growthSince): its last
-	// reading, the resident memory of each watched process group when it
-	// last changed, when those were last measured, and how much they had
-	// grown then.
+	// reading, the resident memory of each process of the watched groups
+	// when it was first measured since that reading, when those were last
+	// measured, and how much they had grown then.
 	lastMem int64
-	rssBase map[int]int64
+	rssBase map[int]int64 // pid → resident bytes at its first measure
 	rssAt   time.Time
 	growth  int64
 }
 
 // memRSSPoll is how often, while snippets run, the watch measures how much
-// their process groups grew since /proc/meminfo last changed: gVisor
-// refreshes it only every so often (it rate-limits its scan of the sandbox's
-// memory), and next to six processes growing at full speed it changed by
-// steps of up to 163 MiB, 244 ms apart, which outran the cgroup's headroom
-// (two sandboxes lost in 40 runs at 256 MiB). A pass over /proc costs some
+// their processes grew since /proc/meminfo last changed: gVisor refreshes
+// it only every so often (it rate-limits its scan of the sandbox's memory),
+// and next to six processes growing at full speed it changed by steps of
+// up to 163 MiB, 244 ms apart, which outran the cgroup's headroom (two
+// sandboxes lost in 40 runs at 256 MiB). A pass over /proc costs some
 // 0.3 ms under gVisor.
 const memRSSPoll = 20 * time.Millisecond
 
-// growthSince returns how much the watched snippets' process groups grew,
-// in resident memory, since /proc/meminfo last changed (its reading is
-// memUsed), measuring it again every memRSSPoll: a lower bound of what the
-// reading does not show yet. A process group's first measure is its base.
+// growthSince returns how much the processes of the watched snippets'
+// groups grew, in resident memory, since /proc/meminfo last changed (its
+// reading is memUsed), measuring them again every memRSSPoll: a lower bound
+// of what the reading does not show yet. Each process counts from its own
+// first measure, so a forked child's pages shared with its parent (which
+// gVisor's resident figure shows in both, as it shows Pss = Rss) count
+// once: 100 forked Pythons were killed as out of memory when a group's
+// new members counted whole.
 func (a *Agent) growthSince(memUsed int64) int64 {
 	w := &a.mem
 	w.mu.Lock()
@@ -106,12 +110,12 @@ func (a *Agent) growthSince(memUsed int64) int64 {
 		defer w.mu.Unlock()
 		return w.growth
 	}
-	pgids := make([]int, 0, len(w.procs))
+	pgids := make(map[int]bool, len(w.procs))
 	for p := range w.procs {
-		pgids = append(pgids, p.pid)
+		pgids[p.pid] = true
 	}
 	w.mu.Unlock()
-	rss := groupsRSS()
+	procs := readProcRSS()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.rssAt = time.Now()
@@ -122,13 +126,16 @@ func (a *Agent) growthSince(memUsed int64) int64 {
 		w.rssBase = map[int]int64{}
 	}
 	var growth int64
-	for _, pgid := range pgids {
-		base, ok := w.rssBase[pgid]
-		if !ok {
-			w.rssBase[pgid] = rss[pgid]
+	for _, pr := range procs {
+		if !pgids[pr.pgid] {
 			continue
 		}
-		growth += max(0, rss[pgid]-base)
+		base, ok := w.rssBase[pr.pid]
+		if !ok {
+			w.rssBase[pr.pid] = pr.rss
+			continue
+		}
+		growth += max(0, pr.rss-base)
 	}
 	w.growth = growth
 	return growth
@@ -322,11 +329,31 @@ func memTolerance(reserve int64) int64 { return max(reserve/2, 8<<20) }
 // groupsRSS returns the resident memory of each process group, by its ID,
 // from one pass over /proc; files a group wrote to /tmp do not count.
 func groupsRSS() map[int]int64 {
-	ents, _ := os.ReadDir("/proc")
 	rss := map[int]int64{}
+	for _, p := range readProcRSS() {
+		rss[p.pgid] += p.rss
+	}
+	return rss
+}
+
+// procRSS is a process's resident memory.
+type procRSS struct {
+	pid, pgid int
+	rss       int64 // bytes
+}
+
+// readProcRSS returns the resident memory of every process, from one pass
+// over /proc.
+func readProcRSS() []procRSS {
+	ents, _ := os.ReadDir("/proc")
+	out := make([]procRSS, 0, len(ents))
 	page := int64(os.Getpagesize())
 	for _, e := range ents {
 		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
 			continue
 		}
 		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
@@ -346,10 +373,10 @@ func groupsRSS() map[int]int64 {
 		pgid, err1 := strconv.Atoi(string(f[2]))
 		pages, err2 := strconv.ParseInt(string(f[21]), 10, 64)
 		if err1 == nil && err2 == nil {
-			rss[pgid] += pages * page
+			out = append(out, procRSS{pid: pid, pgid: pgid, rss: pages * page})
 		}
 	}
-	return rss
+	return out
 }
 
 // readMemInfo reads MemTotal and MemAvailable, in bytes, from a

@@ -603,7 +603,6 @@ func setLimits(pid int, l wire.Limits) error {
 		value    int64
 		name     string
 	}{
-		{unix.RLIMIT_AS, l.MemoryBytes, "memory (RLIMIT_AS)"},
 		{unix.RLIMIT_NPROC, l.Procs, "processes (RLIMIT_NPROC)"},
 		{unix.RLIMIT_FSIZE, l.FileBytes, "file size (RLIMIT_FSIZE)"},
 	} {

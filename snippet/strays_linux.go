@@ -33,8 +33,10 @@ const strayDeadline = time.Second
 
 // sweepStrays kills the strays if a call that ran code ended since the last
 // sweep and no call is running now; when one is, the sweep is left to the
-// end of the last one. It returns once the strays are gone (zombies at
-// most, which the reaper reaps), so that a call that follows finds none.
+// end of the last one. It returns once the strays are gone, reaped too when
+// the agent is their parent (it reaps the orphans, as PID 1): a zombie
+// still counts in its user's RLIMIT_NPROC, and a call that follows must be
+// able to start as many processes as the limit says.
 func (a *Agent) sweepStrays() {
 	if !a.sweeps || !a.leftovers.Load() {
 		return
@@ -82,7 +84,7 @@ func (a *Agent) sweepStrays() {
 			a.leftovers.Store(true) // try again at the next call
 			return
 		}
-		var left int
+		left := reaping(procs, self, keep)
 		for _, pid := range strays(procs, self, keep) {
 			if unkillable[pid] {
 				continue
@@ -103,6 +105,18 @@ func (a *Agent) sweepStrays() {
 			return
 		}
 	}
+}
+
+// reaping returns how many zombies of procs the agent (self) has to reap
+// that keep does not keep: dead strays that still count.
+func reaping(procs map[int]procEntry, self int, keep func(pid, ppid int) bool) int {
+	n := 0
+	for pid, p := range procs {
+		if !p.alive && p.ppid == self && !keep(pid, p.ppid) {
+			n++
+		}
+	}
+	return n
 }
 
 // strays returns the live processes of procs (those of self, see ours) that

@@ -92,7 +92,7 @@ func (z *zygote) fork(limits wire.Limits, stdin bool) (*proc, error) {
 	z.next++
 	z.forks[id] = f
 	z.mu.Unlock()
-	msg := fmt.Appendf(nil, "F %d %d %d %d", id, limits.MemoryBytes, limits.Procs, limits.FileBytes)
+	msg := fmt.Appendf(nil, "F %d %d %d", id, limits.Procs, limits.FileBytes)
 	fds := []int{int(pp.outW.Fd()), int(pp.errW.Fd()), int(pp.gateR.Fd())}
 	if pp.inR != nil {
 		fds = append(fds, int(pp.inR.Fd()))

@@ -167,11 +167,13 @@ func (r *Record) RunDir() string { return filepath.Join(r.Dir, "run") }
 // SocketPath is the agent's socket on the host.
 func (r *Record) SocketPath() string { return filepath.Join(r.RunDir(), "agent.sock") }
 
-// SnippetLimits bounds a snippet's own process well inside the sandbox's
-// cgroup limits (half the memory, a quarter of the processes), so that a
-// runaway snippet fails alone and the sandbox lives.
+// SnippetLimits are the rlimits of a snippet's process: the snippets' user
+// may have Limits.Pids processes and threads in the sandbox, all calls
+// together (RLIMIT_NPROC), so that a fork bomb fails its own forks and the
+// sandbox lives (its cgroup allows more: runtime.PidsHeadroom). Memory is
+// bounded by the agent's memory watch, not by an rlimit.
 func (r *Record) SnippetLimits() wire.Limits {
-	return wire.Limits{MemoryBytes: r.Limits.MemoryBytes / 2, Procs: r.Limits.Pids / 4}
+	return wire.Limits{Procs: r.Limits.Pids}
 }
 
 const lastUsedFile = "last-used"

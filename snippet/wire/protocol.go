@@ -295,13 +295,12 @@ func PingRequest() *Request { return &Request{Version: ProtocolVersion, Ping: tr
 //
 // Under gVisor these keep a runaway snippet from killing its sandbox: the
 // sandbox's cgroup limits apply to the whole sandbox, which dies when it hits
-// them, while an rlimit only fails the snippet's own allocation or fork.
+// them, while an rlimit only fails the snippet's own fork or write. Memory
+// is not among them: RLIMIT_AS counts address space, not memory used (glibc
+// reserves 64 MiB per thread for its arenas), and so failed threads and
+// large read-only maps long before memory ran out; the agent's memory watch
+// (Agent.MemoryBudget) bounds what the snippets use.
 type Limits struct {
-	// MemoryBytes is RLIMIT_AS: the virtual memory of each process. Python
-	// raises MemoryError past it. It counts address space, not resident
-	// memory, so runtimes that reserve much more than they use (a JVM, Go
-	// programs, OpenBLAS with many threads) need a generous value.
-	MemoryBytes int64 `json:"memory_bytes"`
 	// Procs is RLIMIT_NPROC: fork fails with EAGAIN once the snippet's user
 	// has this many processes (threads included) in the whole sandbox: the
 	// other snippets running at the same time count too (in flmbox's
@@ -433,8 +432,8 @@ func (r *Request) validate() error {
 	if r.Interpreter != "" && !validInterpreter(r.Interpreter) {
 		return fmt.Errorf("interpreter %q: want a command name such as python3.11 or bash (letters, digits, '.', '_', '+', '-'; no '/')", r.Interpreter)
 	}
-	if l := r.Limits; l.MemoryBytes < 0 || l.Procs < 0 || l.FileBytes < 0 {
-		return fmt.Errorf("limits must not be negative (0 sets none): memory %d, procs %d, file size %d", l.MemoryBytes, l.Procs, l.FileBytes)
+	if l := r.Limits; l.Procs < 0 || l.FileBytes < 0 {
+		return fmt.Errorf("limits must not be negative (0 sets none): procs %d, file size %d", l.Procs, l.FileBytes)
 	}
 	return nil
 }

@@ -27,7 +27,7 @@ func TestValidate(t *testing.T) {
 		{"largest shell code", ok(func(r *Request) { r.Language, r.Code = LanguageShell, strings.Repeat("#", MaxShellCodeSize) }), ""},
 		{"max timeout", ok(func(r *Request) { r.TimeoutMS = MaxTimeout.Milliseconds() }), ""},
 		{"max output and limits", ok(func(r *Request) {
-			r.MaxOutput, r.Limits = MaxMaxOutput, Limits{MemoryBytes: 1 << 30, Procs: 10, FileBytes: 1}
+			r.MaxOutput, r.Limits = MaxMaxOutput, Limits{Procs: 10, FileBytes: 1}
 		}), ""},
 		{"largest stdin, env, interpreter", ok(func(r *Request) {
 			r.Stdin, r.Env, r.Interpreter = make([]byte, MaxStdinSize), []string{"A=" + strings.Repeat("x", MaxEnvSize-2)}, "python3.11"
@@ -62,7 +62,7 @@ func TestValidate(t *testing.T) {
 		{"beyond a Duration", ok(func(r *Request) { r.TimeoutMS = 1 << 62 }), "timeout 1281023894007h: want"},
 		{"negative max output", ok(func(r *Request) { r.MaxOutput = -1 }), "max output -1 bytes"},
 		{"huge max output", ok(func(r *Request) { r.MaxOutput = MaxMaxOutput + 1 }), "max output 67108865 bytes"},
-		{"negative memory", ok(func(r *Request) { r.Limits.MemoryBytes = -1 }), "limits must not be negative"},
+		{"negative procs", ok(func(r *Request) { r.Limits.Procs = -1 }), "limits must not be negative"},
 		{"negative procs", ok(func(r *Request) { r.Limits.Procs = -1 }), "limits must not be negative"},
 		{"negative file size", ok(func(r *Request) { r.Limits.FileBytes = -1 }), "limits must not be negative"},
 	} {
