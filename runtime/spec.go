@@ -105,6 +105,14 @@ func WithBind(src, dst string, readonly bool) SpecOpt {
 	}
 }
 
+// WithHostname sets the sandbox's host name (default "sandbox").
+func WithHostname(name string) SpecOpt {
+	return func(s *specs.Spec) error {
+		s.Hostname = name
+		return nil
+	}
+}
+
 // WithUser sets the user the sandbox's processes run as.
 func WithUser(uid, gid uint32) SpecOpt {
 	return func(s *specs.Spec) error {
@@ -196,24 +204,25 @@ type Limits struct {
 	MemoryBytes int64 `json:"memory_bytes"`
 	// CPUs is the CPU quota in CPUs (0: none).
 	CPUs float64 `json:"cpus"`
-	// Pids is the limit on processes (0: none). The cgroup's limit is Pids +
-	// PidsHeadroom(Pids): the host counts gVisor's own threads and stub
-	// processes, not the sandbox's processes.
+	// Pids is the limit on processes and threads (0: none). The cgroup's
+	// limit is Pids + PidsHeadroom(Pids): the host counts gVisor's own
+	// threads and stub processes, not the sandbox's processes.
 	Pids int64 `json:"pids"`
 }
 
-// PidsHeadroom is what a sandbox's pids cgroup allows above its Pids: Pids
-// again, plus 64. The host counts tasks of gVisor's, not the sandbox's
-// processes: some 30 threads of the sentry and the gofer in an idle
-// sandbox, and, on the systrap platform, one stub process for each address
-// space alive at once inside, which the sentry keeps for reuse and never
-// ends. Snippets may start Pids/4 tasks (RLIMIT_NPROC, set by the agent):
-// at --pids 256, a shell fork bomb, a fork loop and a thread loop took the
-// host count to 180-196 (230 after the soak's hostile calls with runsc's
-// debug log on), and a sandbox whose cgroup allowed 256 died under a fork
-// bomb on a busy machine (the sentry could not make a thread); a cgroup
-// allowing 120 lost it at once.
-func PidsHeadroom(pids int64) int64 { return pids + 64 }
+// PidsHeadroom is what a sandbox's pids cgroup allows above its Pids: three
+// times Pids, plus 128. The host counts tasks of gVisor's, not the
+// sandbox's processes: some 45 threads of the sentry and the gofer in an
+// idle sandbox, and, on the systrap platform, for each address space alive
+// at once inside, a stub process and up to one "sysmsg" thread per CPU the
+// sandbox has (separate host processes), which the sentry keeps for reuse
+// and never ends. Snippets may start Pids tasks (RLIMIT_NPROC, set by the
+// agent): at --pids 256, 255 sleeping processes left 528 stub tasks behind
+// them and took the host count to 573, and a sandbox whose cgroup allowed
+// 576 crawled once 255 threads ran. A sandbox whose cgroup is full dies (the
+// sentry cannot make a thread); so the host's limit is a backstop against
+// a runaway sentry, far from what snippets can reach.
+func PidsHeadroom(pids int64) int64 { return 3*pids + 128 }
 
 // MemoryHeadroom is what a sandbox's cgroup allows above its MemoryBytes: a
 // quarter, 256 to 512 MiB. It holds gVisor's own memory (some 25 MiB in an

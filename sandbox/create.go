@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
+	"github.com/flmbox/flmbox/rootfs"
 	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
@@ -124,7 +126,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err != nil {
 		return nil, err
 	}
-	opts, err := m.specOpts(spec, rec, img.Rootfs, cfg.Config.Env, agentBin)
+	opts, err := m.specOpts(spec, rec, img, cfg.Config.Env, agentBin)
 	if err != nil {
 		return nil, err
 	}
@@ -157,24 +159,29 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 }
 
 // specOpts are a new sandbox's spec: the cached rootfs read-only, /tmp, the
-// sandbox user, the environment, the agent, the wheel cache, the caller's
-// mounts, the run directory, network and limits.
-func (m *Manager) specOpts(spec Spec, rec *record.Record, rootfsDir string, imageEnv []string, agent string) ([]runtime.SpecOpt, error) {
+// sandbox user, the environment, the agent, the wheel cache, the files of
+// /etc, the caller's mounts, the run directory, network and limits.
+func (m *Manager) specOpts(spec Spec, rec *record.Record, img *rootfs.Result, imageEnv []string, agent string) ([]runtime.SpecOpt, error) {
 	spareLimits, err := json.Marshal(rec.SnippetLimits())
 	if err != nil {
 		return nil, err
 	}
-	pipEnv := m.wheelsEnv(spec.Network)
+	etc, err := writeEtc(rec, spec.Network, img.Skipped, spec.Mounts)
+	if err != nil {
+		return nil, err
+	}
+	extraEnv := slices.Concat([]string{"HOSTNAME=" + hostname(rec)}, m.wheelsEnv(spec.Network), spec.Env)
 	opts := []runtime.SpecOpt{
-		runtime.WithRootfs(rootfsDir),
+		runtime.WithRootfs(img.Rootfs),
 		runtime.WithTmp(spec.TmpBytes),
 		runtime.WithUser(0, 0),
 		runtime.WithCapabilities(agentCapabilities...),
-		runtime.WithEnv(Environment(imageEnv, append(pipEnv, spec.Env...))),
+		runtime.WithEnv(Environment(imageEnv, extraEnv)),
 		runtime.WithBind(agent, agentBinary, true),
 		runtime.WithBind(m.wheels.WheelsDir(), pipcacheMount, true),
 		runtime.WithArgs(agentArgs(spec, spareLimits)...),
 	}
+	opts = append(opts, etc...)
 	for _, mt := range spec.Mounts {
 		opts = append(opts, runtime.WithBind(mt.Source, mt.Destination, mt.ReadOnly))
 	}

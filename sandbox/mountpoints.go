@@ -18,12 +18,12 @@ import (
 // change the cached tree that sandboxes share; so the image cache makes
 // them once, when it unpacks an image, and records them
 // (rootfs.WithMountPoints). The gofer then finds them and makes nothing.
-var mountPoints = []rootfs.MountPoint{
+var mountPoints = append([]rootfs.MountPoint{
 	{Path: agentBinary, Type: rootfs.MountPointFile},
 	{Path: agentRunDir, Type: rootfs.MountPointDir},
 	{Path: pipcacheMount, Type: rootfs.MountPointDir},
 	{Path: fetchMount, Type: rootfs.MountPointDir},
-}
+}, etcMountPoints...)
 
 // pullOptions are spec.Pull with the mount points of spec.Mounts, which the
 // cached tree gets (recorded) before runsc runs: a file for a source that

@@ -34,9 +34,11 @@ type Spec struct {
 	// pool's shape.
 	LazySpares bool
 	// Limits are the sandbox's limits; its zero fields take DefaultLimits'.
-	// MemoryBytes bounds the snippets' processes and /tmp together (a
-	// snippet that would exceed it is killed); the cgroup allows a quarter
-	// more, for gVisor (runtime.MemoryHeadroom).
+	// MemoryBytes bounds the memory that the snippets' processes and /tmp
+	// use together (a snippet that would exceed it is killed; no
+	// address-space limit); the cgroup allows a quarter more, for gVisor
+	// (runtime.MemoryHeadroom). Pids bounds the processes and threads of
+	// the snippets' user, all calls together.
 	Limits runtime.Limits
 	// TmpBytes is the size of the sandbox's writable /tmp. Default:
 	// DefaultTmpBytes.
@@ -80,16 +82,14 @@ const (
 	// run of 10; with 256 MiB, in 2 of 40 (what the watch reads then lags
 	// by up to a quarter of a second: see docs/ARCHITECTURE.md).
 	MinMemoryBytes = 256 << 20
-	// MinPids is the smallest Limits.Pids. The host's pids cgroup allows
-	// runtime.PidsHeadroom more: it counts gVisor's own threads (some 30
-	// in an idle sandbox) and a stub process per address space inside, and
-	// a snippet's user may start Pids/4 tasks (RLIMIT_NPROC). With a
-	// cgroup of exactly Pids: at 32 a fork loop made the sentry fail to
-	// make a thread and the sandbox died; at 16, runsc failed at create
-	// ("cannot read client sync file"), at 4 it crashed (its Go runtime
-	// could not start a thread). With 64 (a cgroup of 192), a fork loop, a
-	// shell fork bomb and a thread loop peak at 74 host tasks, and a
-	// snippet can still start 16 tasks.
+	// MinPids is the smallest Limits.Pids: the snippets' user may have
+	// Pids processes and threads (RLIMIT_NPROC), and the host's pids cgroup
+	// allows runtime.PidsHeadroom more, for gVisor's own threads (some 45
+	// in an idle sandbox) and its stub processes. With a cgroup of exactly
+	// Pids (and snippets held to Pids/4): at 32 a fork loop made the sentry
+	// fail to make a thread and the sandbox died; at 16, runsc failed at
+	// create ("cannot read client sync file"), at 4 it crashed (its Go
+	// runtime could not start a thread).
 	MinPids = 64
 	// MinCPUs is the smallest Limits.CPUs: with 0.1, a sandbox starts in
 	// about a second and a first Python call takes 0.8 s; with 0.05, 3 s
@@ -189,7 +189,6 @@ var flmboxEnv = []string{
 	"PIP_TARGET=" + sitePackages, // not a system install: PEP 668 does not apply
 	"PIP_CACHE_DIR=/tmp/.cache/pip",
 	"HOME=/tmp",
-	"PYTHONUNBUFFERED=1",
 	"LANG=C.UTF-8",
 }
 

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -227,10 +228,10 @@ func (m *Manager) undoResume(ctx context.Context, rec *record.Record) error {
 	return record.Write(rec)
 }
 
-// pointRunDir makes the bundle's mount of the run directory name the
-// sandbox's directory now: a pooled sandbox may have been renamed since it
-// was made (a restore may bind other host paths than the checkpointed
-// sandbox's, not other files).
+// pointRunDir makes the bundle's mounts of the sandbox's own files (its run
+// directory, its files of /etc) name the sandbox's directory now: a pooled
+// sandbox may have been renamed since it was made (a restore may bind other
+// host paths than the checkpointed sandbox's, not other files).
 func pointRunDir(rec *record.Record) error {
 	p := filepath.Join(rec.Dir, "config.json")
 	b, err := os.ReadFile(p)
@@ -241,10 +242,17 @@ func pointRunDir(rec *record.Record) error {
 	if err := json.Unmarshal(b, &spec); err != nil {
 		return fmt.Errorf("read the sandbox's bundle: %w", err)
 	}
+	// The sandbox's directory when it was made: the run directory's parent.
+	old := ""
+	for _, mt := range spec.Mounts {
+		if mt.Destination == agentRunDir {
+			old = filepath.Dir(mt.Source)
+		}
+	}
 	changed := false
 	for i, mt := range spec.Mounts {
-		if mt.Destination == agentRunDir && mt.Source != rec.RunDir() {
-			spec.Mounts[i].Source, changed = rec.RunDir(), true
+		if rest, ok := strings.CutPrefix(mt.Source, old+"/"); ok && old != "" && old != rec.Dir {
+			spec.Mounts[i].Source, changed = filepath.Join(rec.Dir, rest), true
 		}
 	}
 	if !changed {

@@ -1,0 +1,103 @@
+package sandbox
+
+import (
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/flmbox/flmbox/rootfs"
+	"github.com/flmbox/flmbox/runtime"
+	"github.com/flmbox/flmbox/sandbox/record"
+)
+
+// The files of /etc that every container gets from its runtime, as docker,
+// podman and Kubernetes write them: /etc/hosts (localhost, so that
+// socket.gethostbyname("localhost") resolves, and the sandbox's host name),
+// /etc/hostname, and with the host's network the host's /etc/resolv.conf.
+// They are written per sandbox into its directory (etcDir) and bound
+// read-only over the image's files, never into the cached tree that
+// sandboxes share; the image cache makes their mount points if the image
+// lacks them (mountPoints). An image that has one of them as another type
+// (/etc/resolv.conf as a symlink, say) keeps its own: those mount points
+// are optional, and rootfs reports them skipped.
+const (
+	etcHosts    = "/etc/hosts"
+	etcHostname = "/etc/hostname"
+	etcResolv   = "/etc/resolv.conf"
+)
+
+// etcMountPoints are the optional mount points of the files of /etc.
+var etcMountPoints = []rootfs.MountPoint{
+	{Path: etcHosts, Type: rootfs.MountPointFile, Optional: true},
+	{Path: etcHostname, Type: rootfs.MountPointFile, Optional: true},
+	{Path: etcResolv, Type: rootfs.MountPointFile, Optional: true},
+}
+
+// hostResolvConf is the host's resolver configuration, copied into
+// sandboxes with the host's network.
+var hostResolvConf = "/etc/resolv.conf"
+
+// etcDir is where a sandbox's files of /etc are on the host.
+func etcDir(rec *record.Record) string { return filepath.Join(rec.Dir, "etc") }
+
+// hostname is the host name of the sandbox of rec: the first 12 hex digits
+// of its runsc container's ID, as docker names a container's host (its
+// name could be any of [A-Za-z0-9_.-], and a pooled sandbox takes another
+// name later).
+func hostname(rec *record.Record) string {
+	id := strings.TrimPrefix(rec.ID, "flmbox-")
+	return id[:min(12, len(id))]
+}
+
+// hostsFile is /etc/hosts for a sandbox named host: docker's lines, with
+// the host name on 127.0.1.1 as Debian has it when there is no address of
+// its own to give (with the host's network, the sandbox's name is not the
+// host's).
+func hostsFile(host string) string {
+	return "127.0.0.1\tlocalhost\n" +
+		"::1\tlocalhost ip6-localhost ip6-loopback\n" +
+		"fe00::0\tip6-localnet\n" +
+		"ff00::0\tip6-mcastprefix\n" +
+		"ff02::1\tip6-allnodes\n" +
+		"ff02::2\tip6-allrouters\n" +
+		"127.0.1.1\t" + host + "\n"
+}
+
+// writeEtc writes the sandbox's files of /etc into etcDir and returns the
+// spec's read-only binds of those whose mount point the image has
+// (skipped: rootfs.Result.Skipped) and that none of the caller's mounts
+// covers. /etc/resolv.conf is the host's with the host's network, and none
+// (the image's own) without a network or when the host has none.
+func writeEtc(rec *record.Record, network runtime.Network, skipped []rootfs.MountPoint, mounts []Mount) ([]runtime.SpecOpt, error) {
+	dir := etcDir(rec)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("write sandbox %q's /etc files: %w", rec.Name, err)
+	}
+	host := hostname(rec)
+	files := map[string][]byte{etcHosts: []byte(hostsFile(host)), etcHostname: []byte(host + "\n")}
+	if network == runtime.NetworkHost {
+		if b, err := os.ReadFile(hostResolvConf); err == nil {
+			files[etcResolv] = b
+		}
+	}
+	var opts []runtime.SpecOpt
+	for _, mp := range etcMountPoints {
+		data, ok := files[mp.Path]
+		covered := slices.ContainsFunc(mounts, func(mt Mount) bool {
+			d := path.Clean(mt.Destination)
+			return d == mp.Path || strings.HasPrefix(mp.Path, strings.TrimSuffix(d, "/")+"/")
+		})
+		if !ok || covered || slices.Contains(skipped, mp) {
+			continue
+		}
+		src := filepath.Join(dir, filepath.Base(mp.Path))
+		if err := os.WriteFile(src, data, 0o644); err != nil {
+			return nil, fmt.Errorf("write sandbox %q's %s: %w", rec.Name, mp.Path, err)
+		}
+		opts = append(opts, runtime.WithBind(src, mp.Path, true))
+	}
+	return append(opts, runtime.WithHostname(host)), nil
+}
