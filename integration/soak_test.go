@@ -12,8 +12,9 @@ import (
 	"testing"
 )
 
-// soakMemory is the soak sandbox's --memory: the smallest flmbox accepts.
-const soakMemory = "256MiB"
+// soakMemory and soakPids are the soak sandbox's --memory and --pids: the
+// smallest flmbox accepts.
+const soakMemory, soakPids = "256MiB", "64"
 
 // soakCalls is how many calls the soak makes.
 const soakCalls = 200
@@ -31,7 +32,7 @@ func TestSoakHostileAndOrdinaryCalls(t *testing.T) {
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	const name = "soak"
-	faultSandbox(t, root, reg, name, "--memory", soakMemory, "--tmp-size", "16MiB")
+	faultSandbox(t, root, reg, name, "--memory", soakMemory, "--pids", soakPids, "--tmp-size", "16MiB")
 	if res := faultRun(t, root, name, "echo kept > /tmp/keep", "-l", "shell"); res.code != 0 {
 		t.Fatalf("write /tmp/keep: %+v", res)
 	}
@@ -45,7 +46,10 @@ func TestSoakHostileAndOrdinaryCalls(t *testing.T) {
 		{"kill -9 -1", "shell", "kill -STOP -1; kill -9 -1", "5s"},
 		{"the agent's socket", "python", agentAttempts, "20s"},
 		{"memory hog", "python", "x = []\nwhile True: x.append(bytearray(4 << 20))", "10s"},
+		{"one allocation of 1 GiB", "python", "x = b'x' * (1 << 30)", "10s"},
 		{"fork bomb", "shell", "b(){ b|b& }; b & while :; do :; done", "3s"},
+		{"fork loop", "python", "import os, time\nwhile True:\n    try:\n        if os.fork() == 0:\n            time.sleep(60)\n    except OSError:\n        time.sleep(0.01)", "3s"},
+		{"thread loop", "python", "import threading, time\nwhile True:\n    try:\n        threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n    except RuntimeError:\n        time.sleep(0.01)", "3s"},
 		{"/tmp filled", "shell", "head -c 100000000 /dev/zero > /tmp/fill", "10s"},
 		{"output flood", "shell", "yes flood", "2s"},
 		{"infinite loop", "python", "while True: pass", "1s"},
