@@ -79,7 +79,7 @@ func TestWithLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := s.Linux.Resources
-	if *r.Memory.Limit != (512+256)<<20 || *r.CPU.Quota != 150000 || *r.CPU.Period != 100000 || *r.Pids.Limit != 256+256+64 {
+	if *r.Memory.Limit != (512+256)<<20 || *r.CPU.Quota != 150000 || *r.CPU.Period != 100000 || *r.Pids.Limit != 4*256+128 {
 		t.Fatalf("resources %+v", r)
 	}
 	if _, err := GenerateSpec(WithLimits(Limits{Pids: -1})); !errors.Is(err, errdefs.ErrInvalidArgument) {

@@ -180,7 +180,7 @@ func TestWarmCallAnswered(t *testing.T) {
 	if !handled || code != 3 || stdout.String() != "hi\n" || stderr.Len() != 0 {
 		t.Fatalf("handled %v, exit %d, printed %q %q", handled, code, stdout.String(), stderr.String())
 	}
-	if got.Code != "echo hi; exit 3" || got.Language != "shell" || got.Limits.MemoryBytes != 1<<28 || got.Limits.Procs != 64 {
+	if got.Code != "echo hi; exit 3" || got.Language != "shell" || got.Limits != (wire.Limits{Procs: 256}) {
 		t.Errorf("the agent got %+v", got)
 	}
 }
