@@ -237,3 +237,37 @@ for p in ('/etc/hosts', '/etc/hostname'):
 
 // pyQuote is s as a Python string literal.
 func pyQuote(s string) string { b, _ := json.Marshal(s); return string(b) }
+
+// TestContainerEnvironmentAfterAdoptionAndResume: a sandbox adopted from the
+// pool (its directory renamed) keeps its /etc files through a suspend and
+// resume: the restore binds them from the directory it has now.
+func TestContainerEnvironmentAfterAdoptionAndResume(t *testing.T) {
+	reg := startRegistry(t)
+	root := poolRoot(t, reg)
+	fillPool(t, root, reg.digestRef(), 1)
+	faultSandbox(t, root, reg, "adopted")
+	host := faultSandboxID(t, root, "adopted")[len("flmbox-"):][:12]
+	const code = "import socket\nprint(socket.gethostname(), socket.gethostbyname(socket.gethostname()), open('/etc/hostname').read().strip())"
+	want := host + " 127.0.1.1 " + host + "\n"
+	if res := faultRun(t, root, "adopted", code); res.code != 0 || res.stdout != want {
+		t.Fatalf("adopted: exit %d stdout %q, want %q; stderr %s", res.code, res.stdout, want, res.stderr)
+	}
+	var spec struct{ Mounts []struct{ Destination, Source string } }
+	b, err := os.ReadFile(filepath.Join(root, "sandboxes", "adopted", "config.json"))
+	if err != nil || json.Unmarshal(b, &spec) != nil {
+		t.Fatalf("the adopted sandbox's bundle: %v", err)
+	}
+	renamed := false
+	for _, m := range spec.Mounts {
+		if m.Destination == "/etc/hosts" {
+			renamed = !strings.HasPrefix(m.Source, filepath.Join(root, "sandboxes", "adopted")+"/")
+		}
+	}
+	if !renamed {
+		t.Fatal("the adopted sandbox was made under its own name: no pooled sandbox was adopted")
+	}
+	mustFlmbox(t, root, "sandbox", "suspend", "adopted")
+	if res := faultRun(t, root, "adopted", code); res.code != 0 || res.stdout != want {
+		t.Fatalf("resumed: exit %d stdout %q, want %q; stderr %s", res.code, res.stdout, want, res.stderr)
+	}
+}

@@ -157,7 +157,8 @@ if 'TENANT_A' in os.environ:
 stat = open('/proc/1/stat').read()
 view = {
     'sys.path': sys.path,
-    'environ': sorted(os.environ.items()),
+    # Each sandbox has its own host name (the same after a reset).
+    'environ': sorted((k, 'its host name' if k == 'HOSTNAME' and v == os.uname().nodename else v) for k, v in os.environ.items()),
     'modules': sorted(sys.modules),
     'mounts': open('/proc/self/mountinfo').read(),
     'cgroup': open('/proc/self/cgroup').read(),

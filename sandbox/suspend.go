@@ -197,7 +197,7 @@ func (m *Manager) restore(ctx context.Context, rec *record.Record) error {
 	if err := mountRunDir(rec); err != nil {
 		return err
 	}
-	if err := pointRunDir(rec); err != nil {
+	if err := pointOwnMounts(rec); err != nil {
 		return err
 	}
 	logf, err := os.OpenFile(consolePath(rec), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
@@ -228,11 +228,11 @@ func (m *Manager) undoResume(ctx context.Context, rec *record.Record) error {
 	return record.Write(rec)
 }
 
-// pointRunDir makes the bundle's mounts of the sandbox's own files (its run
+// pointOwnMounts makes the bundle's mounts of the sandbox's own files (its run
 // directory, its files of /etc) name the sandbox's directory now: a pooled
 // sandbox may have been renamed since it was made (a restore may bind other
 // host paths than the checkpointed sandbox's, not other files).
-func pointRunDir(rec *record.Record) error {
+func pointOwnMounts(rec *record.Record) error {
 	p := filepath.Join(rec.Dir, "config.json")
 	b, err := os.ReadFile(p)
 	if err != nil {

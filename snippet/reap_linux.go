@@ -104,11 +104,17 @@ func reapOrphans() {
 		if err != nil || pid <= 0 || isChild(pid) {
 			return // no children (ECHILD), none exited, or Run's own
 		}
-		var status unix.WaitStatus
-		for {
-			if _, err := unix.Wait4(pid, &status, unix.WNOHANG, nil); err != unix.EINTR {
-				break
-			}
+		reap(pid)
+	}
+}
+
+// reap waits for child pid if it has exited. The caller holds
+// children.start and pid is none of Run's.
+func reap(pid int) {
+	var status unix.WaitStatus
+	for {
+		if _, err := unix.Wait4(pid, &status, unix.WNOHANG, nil); err != unix.EINTR {
+			return
 		}
 	}
 }

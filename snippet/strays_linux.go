@@ -84,7 +84,13 @@ func (a *Agent) sweepStrays() {
 			a.leftovers.Store(true) // try again at the next call
 			return
 		}
-		left := reaping(procs, self, keep)
+		// The reaper waits for the start lock, held here: reap the
+		// strays' zombies here, and look again.
+		dead := deadStrays(procs, self, keep)
+		for _, pid := range dead {
+			reap(pid)
+		}
+		left := len(dead)
 		for _, pid := range strays(procs, self, keep) {
 			if unkillable[pid] {
 				continue
@@ -107,16 +113,16 @@ func (a *Agent) sweepStrays() {
 	}
 }
 
-// reaping returns how many zombies of procs the agent (self) has to reap
-// that keep does not keep: dead strays that still count.
-func reaping(procs map[int]procEntry, self int, keep func(pid, ppid int) bool) int {
-	n := 0
+// deadStrays returns the zombies of procs that the agent (self) is to reap
+// and keep does not keep: strays that died and still count.
+func deadStrays(procs map[int]procEntry, self int, keep func(pid, ppid int) bool) []int {
+	var out []int
 	for pid, p := range procs {
 		if !p.alive && p.ppid == self && !keep(pid, p.ppid) {
-			n++
+			out = append(out, pid)
 		}
 	}
-	return n
+	return out
 }
 
 // strays returns the live processes of procs (those of self, see ours) that

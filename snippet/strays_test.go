@@ -69,8 +69,16 @@ func TestStraysAreKilledAfterTheCall(t *testing.T) {
 	// have not yet are killed with it.
 	const shellStray = "setsid sh -c 'echo $$ > stray.pid; exec sleep 1000' &\n" +
 		"until [ -s stray.pid ]; do sleep 0.01; done\ncat stray.pid; rm stray.pid"
-	// Each call first checks that the stray of the call before it is not
-	// running: gone, or a zombie that the agent's reaper has yet to reap.
+	// Each call first checks that the stray of the call before it is gone,
+	// reaped too: a zombie still counts in its user's RLIMIT_NPROC. (One
+	// that the zygote adopted is the zygote's to reap: not running is
+	// enough there.)
+	pyReaped := func(pid int) string {
+		return fmt.Sprintf("import os\nassert not os.path.exists('/proc/%d'), 'the stray of the last call is there'\n", pid)
+	}
+	shGone := func(pid int) string {
+		return fmt.Sprintf("if [ -e /proc/%d ]; then echo the stray of the last call is there >&2; exit 1; fi\n", pid)
+	}
 	pyGone := func(pid int) string {
 		return fmt.Sprintf(`def running(pid):
     try:
@@ -80,9 +88,6 @@ func TestStraysAreKilledAfterTheCall(t *testing.T) {
     return s[s.rindex(')') + 2] != 'Z'
 assert not running(%d), 'the stray of the last call runs'
 `, pid)
-	}
-	shGone := func(pid int) string {
-		return fmt.Sprintf("case \"$(cat /proc/%d/stat 2>/dev/null)\" in ''|*') Z '*) ;; *) echo the stray of the last call runs >&2; exit 1;; esac\n", pid)
 	}
 	// The first Python call runs in a python3 of its own; the zygote starts
 	// after it and forks the next spare.
@@ -98,7 +103,7 @@ assert not running(%d), 'the stray of the last call runs'
 		}
 		stray = got[0]
 		// The Python spare forked before the shell call ran runs this one.
-		res = call(t, h.socket, request(wire.LanguagePython, pyGone(stray)+daemon))
+		res = call(t, h.socket, request(wire.LanguagePython, pyReaped(stray)+daemon))
 		got = pids(t, res)
 		if len(got) != 3 || got[1] != spare || got[2] != zygote {
 			t.Fatalf("round %d: want the daemon's pid, then the spare %d of zygote %d; got %v (%s)", round, spare, zygote, got, dump(res))
@@ -118,7 +123,7 @@ assert not running(%d), 'the stray of the last call runs'
 	}
 	// A snippet can make its child a child of the zygote (clone with
 	// CLONE_PARENT), where the zygote's spares are: it is a stray all the same.
-	res = call(t, h.socket, request(wire.LanguagePython, pyGone(stray)+cloneParentDaemon))
+	res = call(t, h.socket, request(wire.LanguagePython, pyReaped(stray)+cloneParentDaemon))
 	got := pids(t, res)
 	if len(got) != 2 || got[1] != zygote {
 		t.Fatalf("want the daemon's pid and its parent, the zygote %d; got %v (%s)", zygote, got, dump(res))
