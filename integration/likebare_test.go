@@ -252,7 +252,9 @@ func TestContainerEnvironmentAfterAdoptionAndResume(t *testing.T) {
 	if res := faultRun(t, root, "adopted", code); res.code != 0 || res.stdout != want {
 		t.Fatalf("adopted: exit %d stdout %q, want %q; stderr %s", res.code, res.stdout, want, res.stderr)
 	}
-	var spec struct{ Mounts []struct{ Destination, Source string } }
+	var spec struct {
+		Mounts []struct{ Destination, Source string }
+	}
 	b, err := os.ReadFile(filepath.Join(root, "sandboxes", "adopted", "config.json"))
 	if err != nil || json.Unmarshal(b, &spec) != nil {
 		t.Fatalf("the adopted sandbox's bundle: %v", err)
