@@ -19,7 +19,7 @@ GOTAGS        := urfave_cli_no_docs
 STAMP         := $(shell find . -path ./bin -prune -o \( -name '*.go' -o -name go.mod -o -name go.sum \) -type f -print | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)
 LDFLAGS       := -X github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd.Build=$(STAMP)
 
-.PHONY: all build deps runsc testimage demo test unit integration fuzz bench vet clean proto
+.PHONY: all build deps runsc testimage demo test unit integration conformance fuzz bench vet clean proto
 
 all: build
 
@@ -107,6 +107,15 @@ integration: deps runsc
 	$(GO) test -count=1 -tags integration -timeout 40m ./integration/ ./internal/testimage/ ./sandbox/
 
 test: deps runsc vet unit fuzz integration
+
+# CPython's own tests (libpython3.11-testsuite, in a variant of the test image
+# that the test builds once per machine) under bare runsc and under flmbox,
+# compared per test: every module (10 to 12 minutes). make test runs the
+# short list; docs/CONFORMANCE.md says what differs and why.
+# CONFORMANCE=test_os,test_io for some modules.
+CONFORMANCE ?= full
+conformance: deps runsc
+	FLMBOX_CONFORMANCE=$(CONFORMANCE) $(GO) test -count=1 -tags integration -timeout 2h -run '^TestConformance' -v ./integration/
 
 # Side-by-side timings (never asserted): cold prewarm vs crane export | tar, cache-hit prewarm.
 # flmbox bench on the test image, with crane for the prewarm baseline.
