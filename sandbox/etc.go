@@ -38,7 +38,7 @@ var etcMountPoints = []rootfs.MountPoint{
 
 // hostResolvConf is the host's resolver configuration, copied into
 // sandboxes with the host's network.
-var hostResolvConf = "/etc/resolv.conf"
+const hostResolvConf = "/etc/resolv.conf"
 
 // etcDir is where a sandbox's files of /etc are on the host.
 func etcDir(rec *record.Record) string { return filepath.Join(rec.Dir, "etc") }
