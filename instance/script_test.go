@@ -28,7 +28,7 @@ func TestParseScript(t *testing.T) {
 		{`{"language":"Shell","code":"echo 1","input":[]}`, "shell", 30 * time.Second, nil},
 		{`{"language":"PYTHON","runtime":"python3","code":"1","timeout":1.5}`, "python", 1500 * time.Millisecond, nil},
 		{`{"language":"ruby","code":"puts 1"}`, "", 0, errdefs.ErrInvalidArgument},
-		{`{"language":"python","runtime":"/usr/bin/pypy","code":"1"}`, "", 0, errdefs.ErrInvalidArgument},
+		{`{"language":"python","runtime":"usr/bin/pypy","code":"1"}`, "", 0, errdefs.ErrInvalidArgument},
 		{`{"language":"python","code":"1","env":{"A":"x\u0000"}}`, "", 0, errdefs.ErrInvalidArgument},
 		{`{"language":"python","code":"1","env":{"":"x"}}`, "", 0, errdefs.ErrInvalidArgument},
 		{`{"language":"python","code":"1","input":[300]}`, "", 0, errdefs.ErrInvalidArgument},

@@ -56,6 +56,11 @@ func (m *Manager) Batch(ctx context.Context, target Target, reqs []Request, para
 	if n := len(reqs); n == 0 || n > MaxBatch {
 		return nil, fmt.Errorf("batch: a batch holds 1 to %d snippets, this one %d: %w", MaxBatch, n, errdefs.ErrInvalidArgument)
 	}
+	for i, r := range reqs {
+		if len(r.CopyIn) > 0 {
+			return nil, fmt.Errorf("batch: snippet %d copies files in (CopyIn): a batch takes none; copy them in a snippet of its own: %w", i, errdefs.ErrInvalidArgument)
+		}
+	}
 	if target.Spec != nil && target.Spec.Name != "" {
 		return nil, fmt.Errorf("batch: the sandboxes of a batch are named by flmbox, not %q: %w", target.Spec.Name, errdefs.ErrInvalidArgument)
 	}

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"time"
@@ -35,9 +36,19 @@ type Request struct {
 	Env []string
 	// Interpreter names the program that runs the code in place of the
 	// language's python3 or /bin/sh: a command in the image's PATH, such as
-	// python3.11 or bash (see wire.Request.Interpreter). One the image lacks
-	// fails the call (Result.Error).
+	// python3.11 or bash, an absolute path in the image, or for Python a
+	// version such as 3.11 (see wire.Request.Interpreter). One the image
+	// lacks fails the call (Result.Error).
 	Interpreter string
+	// File, if set, runs the code as a file of that base name (such as
+	// main.py), as python3 FILE or sh FILE do: __file__, sys.argv[0] or $0
+	// name it, a new directory under /tmp holds it for the call (see
+	// wire.Request.File). Without it, Python code runs as python3 -c does.
+	File string
+	// CopyIn are copied into the sandbox, in order, before the code runs,
+	// as Manager.CopyIn copies; one that fails fails the call before any
+	// code runs. Batch takes none.
+	CopyIn []CopyIn
 	// Callback, if set, opens a channel from the snippet to the caller for
 	// this call (see Callback).
 	Callback *Callback
@@ -74,7 +85,12 @@ func (r Request) wire() (*wire.Request, error) {
 	}
 	req := &wire.Request{Version: wire.ProtocolVersion, Language: r.Language, Code: r.Code,
 		TimeoutMS: r.Timeout.Milliseconds(), MaxOutput: r.MaxOutput, Reset: r.Reset,
-		Stdin: r.Stdin, Env: callEnv(r.Env), Interpreter: r.Interpreter}
+		Stdin: r.Stdin, Env: callEnv(r.Env), Interpreter: r.Interpreter, File: r.File}
+	for _, c := range r.CopyIn {
+		if c.Open == nil || !strings.HasPrefix(c.Dst, "/") {
+			return nil, fmt.Errorf("copy into the sandbox before the call: want an absolute Dst (under /tmp) and an Open, got %q: %w", c.Dst, errdefs.ErrInvalidArgument)
+		}
+	}
 	if r.Callback != nil {
 		var err error
 		if req.Callback, err = r.Callback.wire(); err != nil {
@@ -126,7 +142,39 @@ func (m *Manager) Call(ctx context.Context, name string, req Request) (*wire.Res
 	if err != nil {
 		return nil, err
 	}
+	if err := m.copyIn(ctx, name, req.CopyIn); err != nil {
+		return nil, err
+	}
 	return m.callChecked(ctx, name, wreq, req.Callback)
+}
+
+// CopyIn is a copy into a sandbox that a call makes before its code runs
+// (Request.CopyIn).
+type CopyIn struct {
+	// Dst is where, as Manager.CopyIn's dst: under /tmp, into it if it
+	// ends with "/".
+	Dst string
+	// Open opens the tar stream to extract there, once per call; the
+	// stream is closed after.
+	Open func() (io.ReadCloser, error)
+	// Options bound the copy.
+	Options CopyOptions
+}
+
+// copyIn makes a call's copies into sandbox name.
+func (m *Manager) copyIn(ctx context.Context, name string, copies []CopyIn) error {
+	for _, c := range copies {
+		r, err := c.Open()
+		if err != nil {
+			return fmt.Errorf("copy into sandbox %q at %s: %w", name, c.Dst, err)
+		}
+		err = m.CopyIn(ctx, name, c.Dst, r, c.Options)
+		r.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // callChecked runs a request already checked in sandbox name, if it is
@@ -182,7 +230,10 @@ func (m *Manager) RunOnce(ctx context.Context, spec Spec, req Request, deliver f
 	if err != nil {
 		return err
 	}
-	res, err := m.callChecked(ctx, sb.Name, wreq, req.Callback)
+	var res *wire.Result
+	if err = m.copyIn(ctx, sb.Name, req.CopyIn); err == nil {
+		res, err = m.callChecked(ctx, sb.Name, wreq, req.Callback)
+	}
 	if res != nil {
 		deliver(res)
 	}

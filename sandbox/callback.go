@@ -30,9 +30,12 @@ type Callback struct {
 	// HERMES_RPC_SOCKET.
 	Env []string
 	// MaxConns, MaxBytes and Idle are the call's limits (zero: the
-	// defaults, wire.DefaultCallbackConns, wire.DefaultCallbackBytes per
-	// direction of a connection, wire.DefaultCallbackIdle): past MaxConns a
-	// connection is closed at once, past MaxBytes or Idle it is cut.
+	// defaults, wire.DefaultCallbackConns connections and
+	// wire.DefaultCallbackBytes for the whole call, both ways, no idle
+	// cut): past MaxConns a connection is closed at once; the connection
+	// whose bytes cross MaxBytes is cut, and later ones are closed at once;
+	// one idle (no byte either way) for Idle, if set, is cut. A connection
+	// may otherwise stay open, silent or not, as long as the call runs.
 	// Result.Callbacks.Refused counts the connections closed at once: over
 	// MaxConns, made by a process that is not the call's (counted in the
 	// call that owns the socket), or whose Dial failed.

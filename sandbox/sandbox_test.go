@@ -119,7 +119,9 @@ func TestRequest(t *testing.T) {
 		{Code: "a\x00b"},
 		{MaxOutput: -1},
 		{Env: []string{"NOVALUE"}},
-		{Interpreter: "/bin/bash"},
+		{Interpreter: "bin/bash"},
+		{File: "a/main.py"},
+		{CopyIn: []CopyIn{{Dst: "tmp/x"}}},
 	} {
 		if err := bad.Validate(); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("%+v: %v, want an invalid argument", bad, err)

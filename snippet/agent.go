@@ -200,12 +200,7 @@ func lookPath(name string, env []string) (string, error) {
 	if strings.Contains(name, "/") {
 		return name, nil
 	}
-	path := os.Getenv("PATH")
-	for _, kv := range env {
-		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
-			path = v
-		}
-	}
+	path, _ := lookEnv(env, "PATH")
 	for _, dir := range filepath.SplitList(path) {
 		if dir == "" {
 			continue
@@ -216,6 +211,18 @@ func lookPath(name string, env []string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("find %s in PATH %q: %w", name, path, exec.ErrNotFound)
+}
+
+// lookEnv returns the value of name in env (the last setting wins), else in
+// the agent's own environment.
+func lookEnv(env []string, name string) (string, bool) {
+	value, ok := os.LookupEnv(name)
+	for _, kv := range env {
+		if v, found := strings.CutPrefix(kv, name+"="); found {
+			value, ok = v, true
+		}
+	}
+	return value, ok
 }
 
 // Serve accepts connections on ln until ctx is cancelled, and answers each

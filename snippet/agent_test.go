@@ -175,12 +175,16 @@ func TestServeCall(t *testing.T) {
 		{"python", request(wire.LanguagePython, "print('hello')\nraise SystemExit(4)"), "hello\n", 4},
 		{"shell", request(wire.LanguageShell, "echo hello"), "hello\n", 0},
 		{"non-UTF-8 bytes", request(wire.LanguageShell, `printf '\377\000\200ok'`), "\xff\x00\x80ok", 0},
-		{"capped", request(wire.LanguageShell, "printf 0123456789abcdefghij", func(r *wire.Request) { r.MaxOutput = 10 }), "01234\n[flmbox: 10 bytes omitted]\nfghij", 0},
+		{"capped", request(wire.LanguageShell, "printf 0123456789abcdefghij", func(r *wire.Request) { r.MaxOutput = 10 }), "01234|fghij", 0},
 		{"timeout", request(wire.LanguageShell, "echo started; sleep 100", func(r *wire.Request) { r.TimeoutMS = printGrace.Milliseconds() }), "started\n", 137},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := call(t, socket, tc.req)
-			if string(res.Stdout.Data) != tc.stdout || res.ExitCode != tc.exit || res.Version != wire.ProtocolVersion {
+			stdout := string(res.Stdout.Data)
+			if res.Stdout.Truncated {
+				stdout += "|" + string(res.Stdout.Tail) // carried over the wire too
+			}
+			if stdout != tc.stdout || res.ExitCode != tc.exit || res.Version != wire.ProtocolVersion {
 				t.Fatalf("want stdout %q exit %d, got %s", tc.stdout, tc.exit, dump(res))
 			}
 		})

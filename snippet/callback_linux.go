@@ -47,8 +47,9 @@ type callback struct {
 	path   string
 	ln     *net.UnixListener
 	conns  int
-	bytes  int64
-	idle   time.Duration
+	bytes  int64         // the call's budget, both ways, all connections
+	spent  atomic.Int64  // bytes forwarded so far (past bytes: cut)
+	idle   time.Duration // 0: no idle cut
 	notify func(wire.Event) error
 	root   atomic.Int64 // the pid of the call's process, once it has one
 
@@ -169,7 +170,7 @@ func (c *callback) take(conn *net.UnixConn) (host *hostEnd) {
 		return nil
 	}
 	c.mu.Lock()
-	if c.closed || c.n >= c.conns {
+	if c.closed || c.n >= c.conns || c.spent.Load() >= c.bytes {
 		c.mu.Unlock()
 		c.refuse(conn)
 		return nil
@@ -366,8 +367,9 @@ func (c *callback) forwarded(conn *net.UnixConn, host *hostEnd, standby bool) {
 // the caller closes it. A direction ends at EOF (passed on as a half close,
 // unless the other direction has ended: then closing both passes it on,
 // with one call across to the host fewer; to a framed host, as
-// wire.CallbackEnd), or cuts the connection (both closed at once) past
-// c.bytes or after c.idle without a byte either way.
+// wire.CallbackEnd), or cuts the connection (both closed at once) once the
+// call's bytes cross c.bytes, or after c.idle (if set) without a byte
+// either way.
 //
 // A standby connection of the client's waits for a first byte
 // (wire.CallbackWake) before it dials its server: it is sent with the
@@ -423,9 +425,11 @@ func (c *callback) copy(dst, src net.Conn, r io.Reader, framed bool, l *link, ou
 		off += wire.CallbackHeader
 	}
 	buf := make([]byte, off+32<<10)
-	var total int64
 	for {
-		deadline := time.Unix(0, l.last.Load()).Add(c.idle)
+		var deadline time.Time // none
+		if c.idle > 0 {
+			deadline = time.Unix(0, l.last.Load()).Add(c.idle)
+		}
 		if wake {
 			deadline = time.Now().Add(wakeWait)
 		}
@@ -436,11 +440,10 @@ func (c *callback) copy(dst, src net.Conn, r io.Reader, framed bool, l *link, ou
 		}
 		if n > 0 {
 			l.last.Store(time.Now().UnixNano())
-			if total+int64(n) > c.bytes {
-				n = int(c.bytes - total)
+			if over := c.spend(int64(n)); over > 0 {
+				n -= int(over)
 				err = errOverLimit
 			}
-			total += int64(n)
 			c.count(int64(n), out)
 		}
 		if n > 0 || wake {
@@ -455,7 +458,7 @@ func (c *callback) copy(dst, src net.Conn, r io.Reader, framed bool, l *link, ou
 				wake = false
 			}
 			// A side that stops reading is idle too: its write is cut.
-			dst.SetWriteDeadline(time.Now().Add(c.idle))
+			dst.SetWriteDeadline(c.writeDeadline())
 			if _, werr := dst.Write(buf[start : off+n]); werr != nil {
 				l.cut()
 				return
@@ -468,7 +471,7 @@ func (c *callback) copy(dst, src net.Conn, r io.Reader, framed bool, l *link, ou
 		switch {
 		case err == nil:
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			if time.Since(time.Unix(0, l.last.Load())) < c.idle {
+			if c.idle == 0 || time.Since(time.Unix(0, l.last.Load())) < c.idle {
 				continue // the other direction carried bytes
 			}
 			l.cut()
@@ -480,7 +483,7 @@ func (c *callback) copy(dst, src net.Conn, r io.Reader, framed bool, l *link, ou
 			}
 			l.ended[dir].Store(true)
 			if framed {
-				dst.SetWriteDeadline(time.Now().Add(c.idle))
+				dst.SetWriteDeadline(c.writeDeadline())
 				if _, werr := dst.Write([]byte{wire.CallbackEnd}); werr != nil {
 					l.cut()
 				}
@@ -501,6 +504,22 @@ func (c *callback) copy(dst, src net.Conn, r io.Reader, framed bool, l *link, ou
 }
 
 var errOverLimit = errors.New("over the callback byte limit")
+
+// spend counts n more bytes of the call's and returns how many of them are
+// over its budget (0 to n).
+func (c *callback) spend(n int64) (over int64) {
+	spent := c.spent.Add(n)
+	return min(n, max(0, spent-c.bytes))
+}
+
+// writeDeadline is the deadline of a write to one side of a connection:
+// none without an idle cut.
+func (c *callback) writeDeadline() time.Time {
+	if c.idle == 0 {
+		return time.Time{}
+	}
+	return time.Now().Add(c.idle)
+}
 
 func (c *callback) count(n int64, out bool) {
 	c.mu.Lock()

@@ -151,13 +151,23 @@ func TestCallbackLimits(t *testing.T) {
 	if c := res.Callbacks; c.Connections != 3 || c.Refused != 1 {
 		t.Fatalf("callbacks %+v", c)
 	}
-	// Past MaxBytes in one direction, the connection is cut.
+	// Past MaxBytes, the connection is cut.
 	code = talk + "print(talk('x' * 100))"
 	res = callbackCall(t, socket, srv.path, request(wire.LanguagePython, code, func(r *wire.Request) {
 		r.Callback = &wire.Callback{MaxBytes: 50}
 	}))
 	if string(res.Stdout.Data) != "EOF\n" || res.Callbacks.BytesOut != 50 || res.Callbacks.BytesIn != 0 {
 		t.Fatalf("over the byte limit: %s, callbacks %+v", dump(res), res.Callbacks)
+	}
+	// MaxBytes is the call's, all connections and both ways together: the
+	// first connection spends 11 + 15 bytes of 40, the second crosses the
+	// budget and is cut, the third is refused.
+	code = talk + "print([talk(c * 10) for c in 'xyz'])"
+	res = callbackCall(t, socket, srv.path, request(wire.LanguagePython, code, func(r *wire.Request) {
+		r.Callback = &wire.Callback{MaxBytes: 40}
+	}))
+	if c := res.Callbacks; !strings.HasPrefix(string(res.Stdout.Data), "['ok: xxxxxxxxxx\\n', '") || c.BytesIn+c.BytesOut != 40 || c.Connections != 2 || c.Refused != 1 {
+		t.Fatalf("over the call's byte budget: %s, callbacks %+v", dump(res), res.Callbacks)
 	}
 	// Idle past the limit: cut.
 	code = `import os, socket, time

@@ -52,11 +52,7 @@ func ExampleAgent_Serve() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Printf("timed out %v, exit %d (%s), %d bytes written:\n%s", res.TimedOut, res.ExitCode, res.Signal, res.Stdout.Total, res.Stdout.Data)
+	fmt.Printf("timed out %v, exit %d (%s), %d bytes written, kept %q and %q\n", res.TimedOut, res.ExitCode, res.Signal, res.Stdout.Total, res.Stdout.Data, res.Stdout.Tail)
 	// Output:
-	// timed out true, exit 137 (SIGKILL), 14 bytes written:
-	// one
-	//
-	// [flmbox: 6 bytes omitted]
-	// ree
+	// timed out true, exit 137 (SIGKILL), 14 bytes written, kept "one\n" and "ree\n"
 }

@@ -108,11 +108,15 @@ const pythonBootstrapDef = `def _flmbox_bootstrap(fast_exit, front, user):
     with open(3, 'rb') as gate:
         source = gate.read()
     # The call's own settings (a callback socket's path): NAME=VALUE\0...,
-    # then \0, before the code.
+    # then \0, before the code; =PATH names the code's file (Request.File).
     end = source.index(b'\0')
+    file = None
     while end:
         name, _, value = source[:end].partition(b'=')
-        os.environb[name] = value
+        if name:
+            os.environb[name] = value
+        else:
+            file = os.fsdecode(value)
         source = source[end + 1:]
         end = source.index(b'\0')
     source = source[1:]
@@ -134,6 +138,10 @@ const pythonBootstrapDef = `def _flmbox_bootstrap(fast_exit, front, user):
         if finder is None:
             del sys.path_importer_cache[path]
     name = '<snippet>'
+    if file is not None:
+        # As python3 FILE: __file__ and sys.argv[0] name it.
+        name = main.__file__ = sys.argv[0] = file
+        main.__cached__ = None
 
     def seed(linecache):
         lines = source.decode('utf-8-sig', 'replace').splitlines(True)
@@ -383,7 +391,7 @@ func shellExports(env []string) string {
 	var b strings.Builder
 	for _, kv := range env {
 		name, value, _ := strings.Cut(kv, "=")
-		b.WriteString("export " + name + "='" + strings.ReplaceAll(value, "'", `'\''`) + "';")
+		b.WriteString("export " + name + "=" + shellQuote(value) + ";")
 	}
 	return b.String()
 }
@@ -402,9 +410,27 @@ func zygoteCommand(user *User) command {
 	return command{args: []string{"python3", "-S", "-s", "-u", "-c", pythonZygote(user)}}
 }
 
-// shellCommand runs code with sh -c; the gate carries a newline.
-func shellCommand(code string) command {
-	return command{args: []string{"sh", "-c", shellPrologue + code}}
+// shellCommand runs code with sh -c, with $0 set to file if not empty;
+// the gate carries a newline.
+func shellCommand(code, file string) command {
+	c := command{args: []string{"sh", "-c", shellPrologue + code}}
+	if file != "" {
+		c.args = append(c.args, file)
+	}
+	return c
+}
+
+// shellRunFile is the shell code that runs a call's code file ($0) with
+// the shell at path, as path FILE does: once the gate is read, the shell
+// execs path FILE (sourcing FILE would add the -c shell's name to every
+// error message).
+func shellRunFile(path string) string {
+	return "exec " + shellQuote(path) + ` "$0"`
+}
+
+// shellQuote quotes s for the shell.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // shellScriptCommand starts sh -s, which reads its code from stdin, the gate.

@@ -56,22 +56,18 @@ func (c *capture) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-// Output returns what was kept, with the truncation marker between head and
-// tail when bytes were dropped.
+// Output returns what was kept: the head as Data and, when bytes were
+// dropped, the tail as Tail.
 func (c *capture) Output() wire.Output {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	kept := int64(len(c.head) + len(c.ring))
 	out := wire.Output{Total: c.total, Truncated: c.total > kept}
-	var marker string
-	if out.Truncated {
-		marker = wire.TruncationMarker(c.total - kept)
+	tail := append(append(make([]byte, 0, len(c.ring)), c.ring[c.next:]...), c.ring[:c.next]...)
+	if !out.Truncated {
+		out.Data = append(append(make([]byte, 0, kept), c.head...), tail...)
+		return out
 	}
-	data := make([]byte, 0, int(kept)+len(marker))
-	data = append(data, c.head...)
-	data = append(data, marker...)
-	data = append(data, c.ring[c.next:]...)
-	data = append(data, c.ring[:c.next]...)
-	out.Data = data
+	out.Data, out.Tail = append([]byte(nil), c.head...), tail
 	return out
 }

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"math/rand/v2"
 	"testing"
-
-	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 func TestCapture(t *testing.T) {
@@ -13,18 +11,18 @@ func TestCapture(t *testing.T) {
 		name   string
 		max    int64
 		writes []string
-		want   string
+		want   string // head|tail when truncated
 		trunc  bool
 	}{
 		{"nothing", 10, nil, "", false},
 		{"short", 10, []string{"abc"}, "abc", false},
 		{"exactly max", 10, []string{"0123456789"}, "0123456789", false},
-		{"one over", 10, []string{"0123456789a"}, "01234\n[flmbox: 1 bytes omitted]\n6789a", true},
-		{"long", 10, []string{"0123456789abcdefghij"}, "01234\n[flmbox: 10 bytes omitted]\nfghij", true},
-		{"many small writes", 10, []string{"01", "23", "45", "67", "89", "ab", "cd", "ef", "gh", "ij"}, "01234\n[flmbox: 10 bytes omitted]\nfghij", true},
-		{"write larger than the ring", 10, []string{"012", "3456789abcdefghij"}, "01234\n[flmbox: 10 bytes omitted]\nfghij", true},
-		{"odd max", 5, []string{"0123456789"}, "01\n[flmbox: 5 bytes omitted]\n789", true},
-		{"max 1", 1, []string{"abc"}, "\n[flmbox: 2 bytes omitted]\nc", true},
+		{"one over", 10, []string{"0123456789a"}, "01234|6789a", true},
+		{"long", 10, []string{"0123456789abcdefghij"}, "01234|fghij", true},
+		{"many small writes", 10, []string{"01", "23", "45", "67", "89", "ab", "cd", "ef", "gh", "ij"}, "01234|fghij", true},
+		{"write larger than the ring", 10, []string{"012", "3456789abcdefghij"}, "01234|fghij", true},
+		{"odd max", 5, []string{"0123456789"}, "01|789", true},
+		{"max 1", 1, []string{"abc"}, "|c", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCapture(tc.max)
@@ -36,9 +34,15 @@ func TestCapture(t *testing.T) {
 				total += int64(len(w))
 			}
 			out := c.Output()
-			if string(out.Data) != tc.want || out.Total != total || out.Truncated != tc.trunc {
+			got := string(out.Data)
+			if out.Truncated {
+				got += "|" + string(out.Tail)
+			} else if out.Tail != nil {
+				t.Fatalf("Tail %q of an output kept whole", out.Tail)
+			}
+			if got != tc.want || out.Total != total || out.Truncated != tc.trunc {
 				t.Fatalf("Output = %q total %d truncated %v, want %q total %d truncated %v",
-					out.Data, out.Total, out.Truncated, tc.want, total, tc.trunc)
+					got, out.Total, out.Truncated, tc.want, total, tc.trunc)
 			}
 		})
 	}
@@ -60,13 +64,13 @@ func TestCaptureRandom(t *testing.T) {
 			c.Write(p)
 			all = append(all, p...)
 		}
-		want := all
+		want, wantTail := all, []byte(nil)
 		if int64(len(all)) > max {
-			head, tail := all[:max/2], all[int64(len(all))-(max-max/2):]
-			want = append(append(append([]byte{}, head...), wire.TruncationMarker(int64(len(all))-max)...), tail...)
+			want, wantTail = all[:max/2], all[int64(len(all))-(max-max/2):]
 		}
-		if out := c.Output(); !bytes.Equal(out.Data, want) || out.Total != int64(len(all)) {
-			t.Fatalf("max %d, %d bytes written: Output = %q, want %q", max, len(all), out.Data, want)
+		out := c.Output()
+		if !bytes.Equal(out.Data, want) || !bytes.Equal(out.Tail, wantTail) || out.Total != int64(len(all)) || out.Truncated != (wantTail != nil) {
+			t.Fatalf("max %d, %d bytes written: Output = %q + %q (truncated %v), want %q + %q", max, len(all), out.Data, out.Tail, out.Truncated, want, wantTail)
 		}
 	}
 }

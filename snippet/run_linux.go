@@ -73,7 +73,8 @@ func (a *Agent) run(ctx context.Context, req *wire.Request, notify func(wire.Eve
 		return errorResult(err), false
 	}
 	// call is req as run: a shell's code exports the call's own settings
-	// (late), which a Python process takes from its gate.
+	// (late), which a Python process takes from its gate; with a File, its
+	// File is the code file's path, and a shell's code sources it.
 	call, late := req, []string(nil)
 	var cb *callback
 	if req.Callback != nil {
@@ -86,9 +87,23 @@ func (a *Agent) run(ctx context.Context, req *wire.Request, notify func(wire.Eve
 			}
 		}()
 		defer func() { cb.root.Store(0) }() // before it closes: its connections' processes are gone
+	}
+	if req.File != "" || len(late) > 0 {
 		c := *req
+		code := req.Code
+		if req.File != "" {
+			var remove func()
+			if c.File, remove, err = a.writeCode(req); err != nil {
+				return errorResult(err), false
+			}
+			defer remove()
+			if req.Language == wire.LanguagePython {
+				late = append(late, "="+c.File) // the bootstrap's name for the file
+			}
+			code = shellRunFile(cmp.Or(interp, a.shell))
+		}
 		if req.Language == wire.LanguageShell {
-			c.Code = shellExports(late) + req.Code
+			c.Code = shellExports(late) + code
 		}
 		call = &c
 	}
@@ -96,7 +111,7 @@ func (a *Agent) run(ctx context.Context, req *wire.Request, notify func(wire.Eve
 	a.calls.RLock()
 	defer a.calls.RUnlock()
 	var p *proc
-	if interp == "" && len(req.Env) == 0 && len(req.Stdin) == 0 {
+	if interp == "" && len(req.Env) == 0 && len(req.Stdin) == 0 && (req.File == "" || req.Language == wire.LanguagePython) {
 		p = a.takeSpare(ctx, call)
 	}
 	if p == nil {
@@ -115,11 +130,25 @@ func (a *Agent) run(ctx context.Context, req *wire.Request, notify func(wire.Eve
 // interpreter returns the path of req's Interpreter, or "" if it names the
 // language's own (or none).
 func (a *Agent) interpreter(req *wire.Request) (string, error) {
-	if req.Interpreter == "" {
+	name := req.Interpreter
+	if name == "" || req.Language == wire.LanguagePython && name == "python" {
 		return "", nil
 	}
-	path, err := lookPath(req.Interpreter, withEnv(a.env, req.Env))
-	if err != nil {
+	env := withEnv(a.env, req.Env)
+	if cmd := wire.PythonVersion(name); cmd != "" && req.Language == wire.LanguagePython {
+		name = cmd
+	}
+	var path string
+	var err error
+	if strings.HasPrefix(name, "/") {
+		path, err = executable(name)
+	} else {
+		path, err = lookPath(name, env)
+	}
+	switch {
+	case err != nil && name != req.Interpreter:
+		return "", fmt.Errorf("interpreter %s: the sandbox has no %s in its PATH; %s", req.Interpreter, name, pythonsIn(env))
+	case err != nil:
 		return "", fmt.Errorf("interpreter %s: the sandbox has none: %w", req.Interpreter, err)
 	}
 	own := a.shell
@@ -130,6 +159,40 @@ func (a *Agent) interpreter(req *wire.Request) (string, error) {
 		return "", nil
 	}
 	return path, nil
+}
+
+// executable returns path if it is an executable file.
+func executable(path string) (string, error) {
+	fi, err := os.Stat(path)
+	switch {
+	case err != nil:
+		return "", err
+	case !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0:
+		return "", fmt.Errorf("%s is not an executable file", path)
+	}
+	return path, nil
+}
+
+// pythonsIn says which Python 3 commands (python3, python3.N) the PATH of
+// env has.
+func pythonsIn(env []string) string {
+	path, _ := lookEnv(env, "PATH")
+	var found []string
+	for _, dir := range filepath.SplitList(path) {
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if n := e.Name(); (n == "python3" || wire.PythonVersion(strings.TrimPrefix(n, "python")) != "") && !slices.Contains(found, n) {
+				if _, err := executable(filepath.Join(dir, n)); err == nil {
+					found = append(found, n)
+				}
+			}
+		}
+	}
+	if len(found) == 0 {
+		return "it has no Python 3 there"
+	}
+	slices.Sort(found)
+	return "it has " + strings.Join(found, ", ")
 }
 
 func sameFile(a, b string) bool {
@@ -167,14 +230,14 @@ func withEnv(env, extra []string) []string {
 	return out
 }
 
-// startCall starts the process of req, which takes no spare: one with
-// stdin is started as any (forked by the zygote if one runs); one with its
-// own interpreter (interp) or environment is exec'd as the snippets' user,
-// so that neither runs as the agent's.
+// startCall starts the process of req (a call: File is a path), which
+// takes no spare: one with stdin is started as any (forked by the zygote if
+// one runs); one with its own interpreter (interp) or environment is exec'd
+// as the snippets' user, so that neither runs as the agent's.
 func (a *Agent) startCall(req *wire.Request, interp string) (*proc, error) {
 	stdin := len(req.Stdin) > 0
 	if interp == "" && len(req.Env) == 0 {
-		return a.start(req.Language, req.Code, req.Limits, false, stdin)
+		return a.start(req.Language, req.Code, req.File, req.Limits, false, stdin)
 	}
 	runs, idle := a.spareMark()
 	env := withEnv(a.env, req.Env)
@@ -187,7 +250,7 @@ func (a *Agent) startCall(req *wire.Request, interp string) (*proc, error) {
 		p, err = a.startExec(path, c, pythonEnv(env), a.User.credential(), req.Limits, stdin)
 	} else {
 		path := cmp.Or(interp, a.shell)
-		c := shellCommand(req.Code)
+		c := shellCommand(req.Code, req.File)
 		c.args[0] = filepath.Base(path)
 		p, err = a.startExec(path, c, env, a.User.credential(), req.Limits, stdin)
 	}
@@ -299,23 +362,24 @@ func (p *proc) close() {
 
 // start starts the interpreter of lang for code (empty for a spare, which
 // takes code later), with limits set, and a pipe for its stdin if stdin is
-// set (else stdin is at EOF). A Python process is forked by the zygote when
-// the agent has one running, or when wait is set after starting one;
-// otherwise it is a new python3.
-func (a *Agent) start(lang, code string, limits wire.Limits, wait, stdin bool) (*proc, error) {
+// set (else stdin is at EOF); a shell's $0 is file, if set (its code
+// sources it). A Python process is forked by the zygote when the agent has
+// one running, or when wait is set after starting one; otherwise it is a
+// new python3.
+func (a *Agent) start(lang, code, file string, limits wire.Limits, wait, stdin bool) (*proc, error) {
 	runs, idle := a.spareMark()
-	p, err := a.startLang(lang, code, limits, wait, stdin)
+	p, err := a.startLang(lang, code, file, limits, wait, stdin)
 	if err == nil {
 		p.lang, p.runs, p.idleStart = lang, runs, idle
 	}
 	return p, err
 }
 
-func (a *Agent) startLang(lang, code string, limits wire.Limits, wait, stdin bool) (*proc, error) {
+func (a *Agent) startLang(lang, code, file string, limits wire.Limits, wait, stdin bool) (*proc, error) {
 	if lang == wire.LanguageShell {
 		c := shellScriptCommand()
-		if len(code) > maxShellScript || !a.shellIsDash || stdin { // sh -s's stdin is its gate
-			c = shellCommand(code)
+		if len(code) > maxShellScript || !a.shellIsDash || stdin || file != "" { // sh -s's stdin is its gate
+			c = shellCommand(code, file)
 		}
 		c.args[0] = filepath.Base(a.shell) // $0, and bash's POSIX mode only as sh
 		return a.startExec(a.shell, c, a.env, a.User.credential(), limits, stdin)

@@ -292,6 +292,11 @@ func TestRunInterpreter(t *testing.T) {
 		{"python3 is the default", wire.LanguagePython, "python3", "print(6 * 7)", "42\n"},
 		{"sh", wire.LanguageShell, "sh", "echo $0", "sh\n"},
 		{"bash", wire.LanguageShell, "bash", "echo $0 ${BASH_VERSION:+bash}", "bash bash\n"},
+		{"a version", wire.LanguagePython, "3.99", "import os, sys; print(sys.argv[0], os.environ.get('FLMBOX_VIA'))", "-c python3.99\n"},
+		{"python is the default", wire.LanguagePython, "python", "import os; print(os.environ.get('FLMBOX_VIA'))", "None\n"},
+		{"version 3 is the default", wire.LanguagePython, "3", "import os; print(os.environ.get('FLMBOX_VIA'))", "None\n"},
+		{"a path", wire.LanguagePython, filepath.Join(bin, "python3.99"), "import os; print(os.environ.get('FLMBOX_VIA'))", "python3.99\n"},
+		{"a shell's path", wire.LanguageShell, "/bin/sh", "echo $0", "sh\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := run(t, a, request(tc.lang, tc.code, func(r *wire.Request) { r.Interpreter = tc.interp }))
@@ -303,6 +308,61 @@ func TestRunInterpreter(t *testing.T) {
 	res := run(t, a, request(wire.LanguagePython, "print(1)", func(r *wire.Request) { r.Interpreter = "python2.1" }))
 	if res.ExitCode != -1 || !strings.Contains(res.Error, "interpreter python2.1: the sandbox has none: find python2.1 in PATH") {
 		t.Fatalf("a missing interpreter: %s", dump(res))
+	}
+	// A missing version names the Pythons there are.
+	res = run(t, a, request(wire.LanguagePython, "print(1)", func(r *wire.Request) { r.Interpreter = "3.98" }))
+	if res.ExitCode != -1 || !strings.Contains(res.Error, "interpreter 3.98: the sandbox has no python3.98 in its PATH; it has ") ||
+		!strings.Contains(res.Error, "python3, ") || !strings.HasSuffix(res.Error, ", python3.99") {
+		t.Fatalf("a missing version: %s", dump(res))
+	}
+	res = run(t, a, request(wire.LanguageShell, "echo 1", func(r *wire.Request) { r.Interpreter = filepath.Join(bin, "bash") }))
+	if res.ExitCode != -1 || !strings.Contains(res.Error, "interpreter "+filepath.Join(bin, "bash")+": the sandbox has none") {
+		t.Fatalf("a missing path: %s", dump(res))
+	}
+}
+
+// TestRunFile: a call with a File runs its code as a file of that name, as
+// python3 FILE and sh FILE do, in a directory that goes with the call.
+func TestRunFile(t *testing.T) {
+	a := testAgent(t)
+	file := func(name string) func(*wire.Request) { return func(r *wire.Request) { r.File = name } }
+	code := "import sys\nprint(__file__ == sys.argv[0], open(__file__).read().endswith('\\n1 / 0\\n'), __file__)\n1 / 0\n"
+	res := run(t, a, request(wire.LanguagePython, code, file("main.py")))
+	out := strings.Fields(string(res.Stdout.Data))
+	if len(out) != 3 || out[0] != "True" || out[1] != "True" || !strings.HasPrefix(out[2], a.Dir+"/.flmbox-") || !strings.HasSuffix(out[2], "/main.py") || res.ExitCode != 1 {
+		t.Fatalf("python: %s", dump(res))
+	}
+	if want := "File \"" + out[2] + "\", line 3, in <module>\n    1 / 0\n"; !strings.Contains(string(res.Stderr.Data), want) {
+		t.Fatalf("python's traceback: want %q in %s", want, dump(res))
+	}
+	if _, err := os.Stat(filepath.Dir(out[2])); !os.IsNotExist(err) {
+		t.Fatalf("the code's directory is left after the call: %v", err)
+	}
+	// Shell: $0, the file's line numbers, and code over what sh -c takes.
+	code = "echo \"$0\"; cmp \"$0\" - <<'EOF' && echo same\n" + strings.Repeat("#", wire.MaxShellCodeSize) + "\nEOF\nno_such_command\n"
+	code = strings.Replace(code, "cmp \"$0\" - <<'EOF'", "tail -n +2 \"$0\" | head -n 1 | cmp - <<'EOF'", 1)
+	res = run(t, a, request(wire.LanguageShell, code, file("main.sh")))
+	out = strings.Fields(string(res.Stdout.Data))
+	if len(out) != 2 || !strings.HasPrefix(out[0], a.Dir+"/.flmbox-") || !strings.HasSuffix(out[0], "/main.sh") || out[1] != "same" || res.ExitCode != 127 {
+		t.Fatalf("shell: %s", dump(res))
+	}
+	if want := out[0] + ": 4: no_such_command: not found\n"; a.shellIsDash && string(res.Stderr.Data) != want {
+		t.Fatalf("shell's error: want %q in %s", want, dump(res))
+	}
+	// Under another shell, with the call's own environment.
+	res = run(t, a, request(wire.LanguageShell, "echo \"$0\" ${BASH_VERSION:+bash} $X", file("main.sh"), func(r *wire.Request) {
+		r.Interpreter, r.Env = "bash", []string{"X=x"}
+	}))
+	if out := string(res.Stdout.Data); !strings.HasSuffix(out, "/main.sh bash x\n") || res.ExitCode != 0 {
+		t.Fatalf("bash: %s", dump(res))
+	}
+	// Without a File, the code has no file.
+	res = run(t, a, request(wire.LanguagePython, "import sys; print(globals().get('__file__'), sys.argv)"))
+	if string(res.Stdout.Data) != "None ['-c']\n" {
+		t.Fatalf("without a file: %s", dump(res))
+	}
+	if entries, _ := os.ReadDir(a.Dir); len(entries) != 0 {
+		t.Fatalf("left in the working directory: %v", entries)
 	}
 }
 
@@ -437,7 +497,7 @@ func TestRunEscapedProcess(t *testing.T) {
 func TestRunOutputCaps(t *testing.T) {
 	a := testAgent(t)
 	res := run(t, a, request(wire.LanguageShell, "printf 0123456789abcdefghij; printf ABCDEFGHIJ >&2", func(r *wire.Request) { r.MaxOutput = 10 }))
-	if got, want := res.Stdout, (wire.Output{Data: []byte("01234\n[flmbox: 10 bytes omitted]\nfghij"), Total: 20, Truncated: true}); !bytes.Equal(got.Data, want.Data) || got.Total != want.Total || !got.Truncated {
+	if got, want := res.Stdout, (wire.Output{Data: []byte("01234"), Tail: []byte("fghij"), Total: 20, Truncated: true}); !bytes.Equal(got.Data, want.Data) || !bytes.Equal(got.Tail, want.Tail) || got.Total != want.Total || !got.Truncated {
 		t.Fatalf("stdout %+v, want %+v", got, want)
 	}
 	if got := res.Stderr; string(got.Data) != "ABCDEFGHIJ" || got.Total != 10 || got.Truncated {
@@ -446,10 +506,10 @@ func TestRunOutputCaps(t *testing.T) {
 
 	// Python's output, long and in many writes.
 	res = run(t, a, request(wire.LanguagePython, "for i in range(100000):\n    print(i)", func(r *wire.Request) { r.MaxOutput = 1000 }))
-	out := string(res.Stdout.Data)
-	if !res.Stdout.Truncated || res.Stdout.Total != 588890 || !strings.HasPrefix(out, "0\n1\n2\n") || !strings.HasSuffix(out, "99998\n99999\n") ||
-		!strings.Contains(out, "\n[flmbox: 587890 bytes omitted]\n") || len(out) != 1000+len("\n[flmbox: 587890 bytes omitted]\n") {
-		t.Fatalf("got total %d, truncated %v, %q", res.Stdout.Total, res.Stdout.Truncated, out)
+	out, tail := string(res.Stdout.Data), string(res.Stdout.Tail)
+	if !res.Stdout.Truncated || res.Stdout.Total != 588890 || !strings.HasPrefix(out, "0\n1\n2\n") || !strings.HasSuffix(tail, "99998\n99999\n") ||
+		len(out) != 500 || len(tail) != 500 {
+		t.Fatalf("got total %d, truncated %v, %q and %q", res.Stdout.Total, res.Stdout.Truncated, out, tail)
 	}
 }
 
@@ -482,9 +542,9 @@ func TestRunHugeOutput(t *testing.T) {
 	if res.ExitCode != 0 || res.Stdout.Total != gib || res.Stderr.Total != gib || !res.Stdout.Truncated || !res.Stderr.Truncated {
 		t.Fatalf("exit %d, totals %d and %d, error %q", res.ExitCode, res.Stdout.Total, res.Stderr.Total, res.Error)
 	}
-	marker := wire.TruncationMarker(gib - wire.DefaultMaxOutput)
-	if len(res.Stdout.Data) != wire.DefaultMaxOutput+len(marker) || !bytes.Contains(res.Stderr.Data, []byte("y\ny\n"+marker+"y\ny\n")) {
-		t.Fatalf("stdout %d bytes, stderr %d bytes", len(res.Stdout.Data), len(res.Stderr.Data))
+	if len(res.Stdout.Data)+len(res.Stdout.Tail) != wire.DefaultMaxOutput || !bytes.HasPrefix(res.Stderr.Data, []byte("y\ny\n")) ||
+		!bytes.HasSuffix(res.Stderr.Data, []byte("y\n")) || !bytes.HasPrefix(res.Stderr.Tail, []byte("y\n")) {
+		t.Fatalf("stdout %d+%d bytes, stderr %d+%d bytes", len(res.Stdout.Data), len(res.Stdout.Tail), len(res.Stderr.Data), len(res.Stderr.Tail))
 	}
 	t.Logf("peak HeapInuse %d MiB", peak>>20)
 	if peak > 64<<20 {

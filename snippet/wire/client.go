@@ -271,9 +271,10 @@ func closeWrite(conn *os.File) error {
 }
 
 // maxResultSize bounds the JSON of the result of req: both outputs as
-// base64 with their markers, 64 KiB for the rest, and its callback events.
+// base64 (head and tail), 64 KiB for the rest, and its callback events.
 func maxResultSize(req *Request) int64 {
-	data := int64(base64.StdEncoding.EncodedLen(int(req.OutputLimit()) + maxMarkerLen))
+	limit := int(req.OutputLimit())
+	data := int64(base64.StdEncoding.EncodedLen(limit/2) + base64.StdEncoding.EncodedLen(limit-limit/2))
 	size := 2*data + 64<<10
 	if req.Callback != nil {
 		conns, _, _ := req.Callback.Limits()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -17,7 +18,7 @@ import (
 // speaks. A request and a result carry it; an agent answers a request of
 // another version with an error result, and Call turns a result of another
 // version into an error that tells the user to recreate the sandbox.
-const ProtocolVersion = 3
+const ProtocolVersion = 4
 
 // Languages of a Request.
 const (
@@ -67,7 +68,7 @@ type Request struct {
 	TimeoutMS int64 `json:"timeout_ms"`
 	// MaxOutput is the number of bytes kept of each of stdout and stderr:
 	// the first and the last MaxOutput/2 bytes (DefaultMaxOutput when 0, at
-	// most MaxMaxOutput).
+	// most MaxMaxOutput; see Output).
 	MaxOutput int64 `json:"max_output"`
 	// Limits bound the snippet's own process and its descendants.
 	Limits Limits `json:"limits"`
@@ -97,12 +98,24 @@ type Request struct {
 	// MaxEnvSize bytes.
 	Env []string `json:"env,omitempty"`
 	// Interpreter names the program that runs the code in place of the
-	// language's (python3, /bin/sh): a command found in the sandbox's PATH,
-	// such as python3.11 or bash. Python code runs as INTERPRETER -S -s -c
-	// with flmbox's bootstrap, so it must be a Python 3; shell code as
-	// INTERPRETER -c CODE, so it must take POSIX sh's -c. A name the image
-	// lacks fails the call (ExitCode -1, Error).
+	// language's (python3, /bin/sh), in one of three forms: a command found
+	// in the sandbox's PATH, such as python3.11 or bash; an absolute path in
+	// the sandbox, such as /usr/bin/python3.11 or /bin/bash; or, for Python,
+	// a version, such as 3.11, which names the image's python3.11 ("python"
+	// and "3" name the language's own). Python code runs under it with
+	// flmbox's bootstrap (INTERPRETER -S -s -u -c), so it must be a Python 3;
+	// shell code as INTERPRETER -c, so it must take POSIX sh's -c. One the
+	// image lacks fails the call (ExitCode -1, Error, which names the
+	// Pythons the image has for a Python version).
 	Interpreter string `json:"interpreter,omitempty"`
+	// File, if set, runs the code as a file of that name, as python3 FILE
+	// or sh FILE would: the agent writes the code to FILE in a new
+	// directory of the snippets' working directory (/tmp/.flmbox-ID/FILE,
+	// the snippets' user's), and __file__ and sys.argv[0] (Python) or $0
+	// (shell) name it, as tracebacks and error messages do. The working
+	// directory and sys.path are as without it; the directory is removed
+	// when the call ends. File is a base name (no '/'), at most 255 bytes.
+	File string `json:"file,omitempty"`
 	// Callback, if set, opens a channel from the snippet to the client for
 	// this call: see Callback.
 	Callback *Callback `json:"callback,omitempty"`
@@ -166,25 +179,31 @@ type Callback struct {
 	Env []string `json:"env,omitempty"`
 	// MaxConns is the most connections forwarded (default 50).
 	MaxConns int `json:"max_conns,omitempty"`
-	// MaxBytes is the most bytes forwarded in each direction of one
-	// connection; past it the connection is cut (default 16 MiB).
+	// MaxBytes is the most bytes forwarded for the whole call, both
+	// directions of all its connections together: the connection whose
+	// bytes cross it is cut, and later ones are refused (default 256 MiB).
 	MaxBytes int64 `json:"max_bytes,omitempty"`
-	// IdleMS closes a connection that carried no byte, either way, for that
-	// long (default 60 s).
+	// IdleMS, if set, cuts a connection that carried no byte, either way,
+	// for that long. By default a connection lives as long as the call (its
+	// timeout bounds it): a client may keep one connection open for the
+	// whole call and stay silent in it as long as it likes, as Hermes'
+	// execute_code does.
 	IdleMS int64 `json:"idle_ms,omitempty"`
 }
 
-// Defaults and bounds of a Callback.
+// Defaults and bounds of a Callback. The default budget carries Hermes'
+// execute_code at its own limit, 50 tool calls, each answered with 1 MB,
+// five times over.
 const (
 	DefaultCallbackConns = 50
-	DefaultCallbackBytes = 16 << 20
-	DefaultCallbackIdle  = time.Minute
+	DefaultCallbackBytes = 256 << 20
 	MaxCallbackConns     = 1024
-	MaxCallbackBytes     = 1 << 30
-	MaxCallbackIdle      = time.Hour
+	MaxCallbackBytes     = 16 << 30
+	MaxCallbackIdle      = MaxTimeout
 )
 
-// Limits returns c's limits with the defaults filled in.
+// Limits returns c's limits with the defaults filled in; idle is 0 for no
+// idle cut.
 func (c *Callback) Limits() (conns int, bytes int64, idle time.Duration) {
 	conns, bytes, idle = c.MaxConns, c.MaxBytes, time.Duration(c.IdleMS)*time.Millisecond
 	if conns == 0 {
@@ -192,9 +211,6 @@ func (c *Callback) Limits() (conns int, bytes int64, idle time.Duration) {
 	}
 	if bytes == 0 {
 		bytes = DefaultCallbackBytes
-	}
-	if idle == 0 {
-		idle = DefaultCallbackIdle
 	}
 	return conns, bytes, idle
 }
@@ -218,7 +234,7 @@ func (c *Callback) validate() error {
 		return fmt.Errorf("callback bytes %d: want 0 (the default, %d) up to %d", c.MaxBytes, DefaultCallbackBytes, MaxCallbackBytes)
 	}
 	if c.IdleMS < 0 || c.IdleMS > MaxCallbackIdle.Milliseconds() {
-		return fmt.Errorf("callback idle time %s: want 0 (the default, %s) up to %s", formatTimeoutMS(c.IdleMS), DefaultCallbackIdle, MaxCallbackIdle)
+		return fmt.Errorf("callback idle time %s: want 0 (the default: none) up to %s", formatTimeoutMS(c.IdleMS), MaxCallbackIdle)
 	}
 	return nil
 }
@@ -316,13 +332,16 @@ type Limits struct {
 // Output is what a snippet wrote to one stream.
 type Output struct {
 	// Data is the output, unchanged (it need not be UTF-8; JSON carries it
-	// as base64). When the output was longer than the request's MaxOutput,
-	// Data holds its first MaxOutput/2 bytes, a marker line
-	// "\n[flmbox: N bytes omitted]\n" and its last MaxOutput/2 bytes.
+	// as base64), or, when it was longer than the request's MaxOutput
+	// (Truncated), its first MaxOutput/2 bytes: always an exact prefix of
+	// what the snippet wrote, never with text of flmbox's in it.
 	Data []byte `json:"data"`
+	// Tail, when Truncated, is the output's last MaxOutput/2 bytes; the
+	// Total-len(Data)-len(Tail) bytes between Data and Tail are left out.
+	Tail []byte `json:"tail,omitempty"`
 	// Total is the number of bytes the snippet wrote to the stream.
 	Total int64 `json:"total"`
-	// Truncated says that Data omits the middle of the output.
+	// Truncated says that Data is a prefix of the output, not all of it.
 	Truncated bool `json:"truncated"`
 }
 
@@ -397,7 +416,9 @@ func (r *Request) validate() error {
 	switch r.Language {
 	case LanguagePython:
 	case LanguageShell:
-		maxCode = MaxShellCodeSize
+		if r.File == "" { // passed to sh -c, not in a file
+			maxCode = MaxShellCodeSize
+		}
 	default:
 		return fmt.Errorf("language %q: want %s or %s", r.Language, LanguagePython, LanguageShell)
 	}
@@ -429,8 +450,11 @@ func (r *Request) validate() error {
 			return err
 		}
 	}
-	if r.Interpreter != "" && !validInterpreter(r.Interpreter) {
-		return fmt.Errorf("interpreter %q: want a command name such as python3.11 or bash (letters, digits, '.', '_', '+', '-'; no '/')", r.Interpreter)
+	if err := validInterpreter(r.Interpreter, r.Language); err != nil {
+		return err
+	}
+	if err := validFile(r.File); err != nil {
+		return err
 	}
 	if l := r.Limits; l.Procs < 0 || l.FileBytes < 0 {
 		return fmt.Errorf("limits must not be negative (0 sets none): procs %d, file size %d", l.Procs, l.FileBytes)
@@ -457,18 +481,54 @@ func validateEnv(env []string) error {
 	return nil
 }
 
-// validInterpreter says whether name is a plain command name, at most 64
-// bytes, starting with a letter or digit.
-func validInterpreter(name string) bool {
-	if name == "" || len(name) > 64 || !(name[0] >= 'a' && name[0] <= 'z' || name[0] >= 'A' && name[0] <= 'Z' || name[0] >= '0' && name[0] <= '9') {
-		return false
+// validInterpreter checks a request's Interpreter (see Request).
+func validInterpreter(name, language string) error {
+	switch {
+	case name == "":
+		return nil
+	case strings.HasPrefix(name, "/"):
+		if len(name) > 4096 || strings.IndexByte(name, 0) >= 0 || !utf8.ValidString(name) || path.Clean(name) != name || name == "/" {
+			return fmt.Errorf("interpreter %q: want a clean absolute path such as /usr/bin/python3.11", name)
+		}
+		return nil
+	case PythonVersion(name) != "" && language != LanguagePython:
+		return fmt.Errorf("interpreter %q: a version names a Python; for shell, name a shell such as bash or /bin/sh", name)
+	}
+	if len(name) > 64 || !(name[0] >= 'a' && name[0] <= 'z' || name[0] >= 'A' && name[0] <= 'Z' || name[0] >= '0' && name[0] <= '9') {
+		return fmt.Errorf("interpreter %q: want a command name such as python3.11 or bash, an absolute path, or a Python version such as 3.11", name)
 	}
 	for _, c := range name {
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("._+-", c)) {
-			return false
+			return fmt.Errorf("interpreter %q: want a command name such as python3.11 or bash (letters, digits, '.', '_', '+', '-'), an absolute path, or a Python version such as 3.11", name)
 		}
 	}
-	return true
+	return nil
+}
+
+// PythonVersion returns the command that the Python version name stands
+// for ("3.11": "python3.11"; "3": "python3"), or "" if name is not a
+// version (digits and dots, starting with 3).
+func PythonVersion(name string) string {
+	if name != "3" && !strings.HasPrefix(name, "3.") {
+		return ""
+	}
+	for _, part := range strings.Split(name, ".") {
+		if part == "" || len(part) > 4 || strings.Trim(part, "0123456789") != "" {
+			return ""
+		}
+	}
+	return "python" + name
+}
+
+// validFile checks a request's File: a base name.
+func validFile(name string) error {
+	switch {
+	case name == "":
+		return nil
+	case len(name) > 255, name == ".", name == "..", strings.ContainsAny(name, "/\x00"), !utf8.ValidString(name):
+		return fmt.Errorf("file name %q: want a base name such as main.py (no '/', at most 255 bytes)", name)
+	}
+	return nil
 }
 
 // formatTimeoutMS writes a timeout of ms milliseconds as a duration
@@ -487,12 +547,3 @@ func (r *Request) OutputLimit() int64 {
 	}
 	return r.MaxOutput
 }
-
-// TruncationMarker is the line put between the head and the tail of an
-// output that was too long, omitted bytes having been left out.
-func TruncationMarker(omitted int64) string {
-	return "\n[flmbox: " + strconv.FormatInt(omitted, 10) + " bytes omitted]\n"
-}
-
-// maxMarkerLen bounds len(TruncationMarker(n)) for any n.
-var maxMarkerLen = len(TruncationMarker(1<<63 - 1))

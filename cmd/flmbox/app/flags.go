@@ -25,7 +25,11 @@ func tableFlags(table []runcmd.Flag) []cli.Flag {
 		case runcmd.Bool:
 			out = append(out, &cli.BoolFlag{Name: f.Name, Aliases: f.Aliases, EnvVars: f.EnvVars, Usage: f.Usage})
 		case runcmd.Duration:
-			d, err := time.ParseDuration(f.Default)
+			var d time.Duration
+			var err error
+			if f.Default != "" { // none: zero
+				d, err = time.ParseDuration(f.Default)
+			}
 			if err != nil {
 				panic(fmt.Sprintf("flag --%s: default %q is not a duration", f.Name, f.Default))
 			}

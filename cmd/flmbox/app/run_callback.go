@@ -41,7 +41,7 @@ func callbackFrom(c *cli.Context) (*sandbox.Callback, error) {
 	if cb.MaxBytes > wire.MaxCallbackBytes {
 		return nil, fmt.Errorf("--callback-bytes %s: want at most %s", c.String("callback-bytes"), units.BytesSize(wire.MaxCallbackBytes))
 	}
-	if cb.Idle < time.Millisecond || cb.Idle > wire.MaxCallbackIdle {
+	if c.IsSet("callback-idle") && (cb.Idle < time.Millisecond || cb.Idle > wire.MaxCallbackIdle) {
 		return nil, fmt.Errorf("--callback-idle %s: want 1ms to %s", cb.Idle, wire.MaxCallbackIdle)
 	}
 	if cb.Dial, err = sandbox.DialUnix(path); err != nil {

@@ -48,9 +48,9 @@ func TestRunCallbackRefusedBeforeRunning(t *testing.T) {
 		{"conns without --callback", []string{"--callback-conns", "5"}, []string{"--callback-conns applies with --callback"}},
 		{"zero conns", []string{"--callback", sock, "--callback-conns", "0"}, []string{"--callback-conns 0: want 1 to 1024"}},
 		{"too many conns", []string{"--callback", sock, "--callback-conns", "1025"}, []string{"--callback-conns 1025: want 1 to 1024"}},
-		{"bytes", []string{"--callback", sock, "--callback-bytes", "2GiB"}, []string{"--callback-bytes 2GiB: want at most 1GiB"}},
+		{"bytes", []string{"--callback", sock, "--callback-bytes", "17GiB"}, []string{"--callback-bytes 17GiB: want at most 16GiB"}},
 		{"bad bytes", []string{"--callback", sock, "--callback-bytes", "lots"}, []string{`--callback-bytes "lots": want a size`}},
-		{"idle", []string{"--callback", sock, "--callback-idle", "2h"}, []string{"--callback-idle 2h0m0s: want 1ms to 1h0m0s"}},
+		{"idle", []string{"--callback", sock, "--callback-idle", "25h"}, []string{"--callback-idle 25h0m0s: want 1ms to 24h0m0s"}},
 		{"a bad variable name", []string{"--callback", sock, "--callback-env", "A-B"}, []string{`callback variable "A-B": want a name`}},
 		{"a socket", []string{"--callback", sock, "--callback-env", "HERMES_RPC_SOCKET", "--callback-env", "B", "--callback-conns", "3", "--callback-bytes", "1k", "--callback-idle", "1s"}, nil},
 	} {

@@ -49,7 +49,7 @@ const (
 	DefaultMaxOutput = "1MiB"
 	// DefaultCallbackBytes is wire.DefaultCallbackBytes as --callback-bytes
 	// writes it (a test checks they agree).
-	DefaultCallbackBytes = "16MiB"
+	DefaultCallbackBytes = "256MiB"
 )
 
 // GlobalFlags are flmbox's global flags.
@@ -80,8 +80,8 @@ var RunFlags = []Flag{
 	{Name: "callback", Kind: String, Usage: "for this call, forward each connection the snippet makes to the socket in $FLMBOX_CALLBACK_SOCKET to a new connection to the Unix socket `HOST_SOCKET` on the host"},
 	{Name: "callback-env", Kind: List, Usage: "with --callback: also set `NAME` to the socket's path inside the sandbox (repeatable), such as HERMES_RPC_SOCKET"},
 	{Name: "callback-conns", Kind: Int, Default: strconv.Itoa(wire.DefaultCallbackConns), Usage: "with --callback: forward at most `N` connections per call; later ones are closed at once"},
-	{Name: "callback-bytes", Kind: Size, Default: DefaultCallbackBytes, Usage: "with --callback: cut a connection past `SIZE` in either direction"},
-	{Name: "callback-idle", Kind: Duration, Default: wire.DefaultCallbackIdle.String(), Usage: "with --callback: close a connection idle (no byte either way) for `DURATION`"},
+	{Name: "callback-bytes", Kind: Size, Default: DefaultCallbackBytes, Usage: "with --callback: forward at most `SIZE` for the call, both ways, all connections together; the connection that crosses it is cut"},
+	{Name: "callback-idle", Kind: Duration, Usage: "with --callback: cut a connection idle (no byte either way) for `DURATION` (default: none; a connection lasts as long as the call)"},
 }
 
 // Build is a hash of the source the binary was built from, stamped by the

@@ -85,7 +85,7 @@ func TestCallbacks(t *testing.T) {
 // no callback flag is Warm (the flmbox command cannot forward connections:
 // it hands such a call to flmbox-core).
 func TestRunFlags(t *testing.T) {
-	if DefaultCallbackBytes != "16MiB" || wire.DefaultCallbackBytes != 16<<20 {
+	if DefaultCallbackBytes != "256MiB" || wire.DefaultCallbackBytes != 256<<20 {
 		t.Errorf("--callback-bytes' default %s, the protocol's %d", DefaultCallbackBytes, wire.DefaultCallbackBytes)
 	}
 	for _, f := range RunFlags {
@@ -98,8 +98,8 @@ func TestRunFlags(t *testing.T) {
 				t.Errorf("--callback-conns' default %s", f.Default)
 			}
 		case "callback-idle":
-			if f.Default != wire.DefaultCallbackIdle.String() {
-				t.Errorf("--callback-idle's default %s", f.Default)
+			if f.Default != "" {
+				t.Errorf("--callback-idle's default %s: want none (wire.Callback's)", f.Default)
 			}
 		}
 	}
