@@ -93,7 +93,7 @@ type toolServer struct {
 	open       map[net.Conn]bool
 }
 
-// bigIn is what an 'i' connection writes: one byte past the default limit.
+// bigIn is what an 'i' connection writes: past the 16 MiB budget the tests set.
 const bigIn = 16<<20 + 1
 
 func startToolServer(t *testing.T, path, name string) *toolServer {
@@ -220,8 +220,10 @@ func TestCallbackDemo3(t *testing.T) {
 
 // TestCallbackLimits: in one persistent sandbox, 50 connections are
 // forwarded and the 51st is closed at once (the snippet reads EOF, the
-// result counts it, plain mode says so); a 16 MiB + 1 stream is cut at
-// 16 MiB either way; an idle connection is closed; a call that times out
+// result counts it, plain mode says so); under --callback-bytes 16MiB, a
+// 16 MiB + 1 stream is cut at the call's 16 MiB, both ways counted
+// together; an idle connection is closed under --callback-idle (never by
+// default: TestHermesExecuteCode); a call that times out
 // closes its forwarded connections; the next call without --callback has
 // neither the socket nor the variable.
 func TestCallbackLimits(t *testing.T) {
@@ -258,7 +260,7 @@ print(sum(a == "ok host\n" for a in answers), answers[-1].strip())
 
 	t.Run("16 MiB + 1", func(t *testing.T) {
 		code := cbPrelude + `print(call(CB, b"o" + bytes(16 << 20)))`
-		res := cbRun(t, root, 0, "--sandbox", "cb", "--callback", srv.path, "-c", code)
+		res := cbRun(t, root, 0, "--sandbox", "cb", "--callback", srv.path, "--callback-bytes", "16MiB", "-c", code)
 		if !refused(strings.TrimSpace(res.Stdout)) {
 			t.Errorf("stdout %q stderr %q: want the stream cut", res.Stdout, res.Stderr)
 		}
@@ -273,7 +275,8 @@ print(sum(a == "ok host\n" for a in answers), answers[-1].strip())
 		case <-time.After(30 * time.Second):
 			t.Error("the host's server never saw the stream end")
 		}
-		// The other way: the snippet reads 16 MiB, then EOF.
+		// The other way: the snippet sends 1 byte, reads 16 MiB - 1 (the
+		// call's budget), then EOF.
 		code = cbPrelude + `
 s = socket.socket(socket.AF_UNIX)
 s.connect(CB)
@@ -286,9 +289,9 @@ except OSError as e:
     print(err(e))
 print(n)
 `
-		res = cbRun(t, root, 0, "--sandbox", "cb", "--callback", srv.path, "-c", code)
-		if res.Stdout != fmt.Sprintln(16<<20) || res.Callbacks == nil || *res.Callbacks != (cbStats{Connections: 1, BytesOut: 1, BytesIn: 16 << 20}) {
-			t.Errorf("stdout %q stderr %q callbacks %+v: want 16 MiB in exactly", res.Stdout, res.Stderr, res.Callbacks)
+		res = cbRun(t, root, 0, "--sandbox", "cb", "--callback", srv.path, "--callback-bytes", "16MiB", "-c", code)
+		if res.Stdout != fmt.Sprintln(16<<20-1) || res.Callbacks == nil || *res.Callbacks != (cbStats{Connections: 1, BytesOut: 1, BytesIn: 16<<20 - 1}) {
+			t.Errorf("stdout %q stderr %q callbacks %+v: want 16 MiB - 1 in exactly", res.Stdout, res.Stderr, res.Callbacks)
 		}
 	})
 

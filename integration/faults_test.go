@@ -477,6 +477,7 @@ except OSError as e:
 		var j struct {
 			ExitCode        int    `json:"exit_code"`
 			Stdout          string `json:"stdout"`
+			StdoutTail      string `json:"stdout_tail"`
 			StdoutBytes     int64  `json:"stdout_bytes"`
 			StdoutTruncated bool   `json:"stdout_truncated"`
 			TimedOut        bool   `json:"timed_out"`
@@ -484,12 +485,13 @@ except OSError as e:
 		if err := json.Unmarshal(stdout.Bytes(), &j); err != nil {
 			t.Fatalf("--json printed %d bytes: %v", stdout.Len(), err)
 		}
-		marker := fmt.Sprintf("\n[flmbox: %d bytes omitted]\n", total-wire.DefaultMaxOutput)
 		if j.ExitCode != 0 || j.TimedOut || !j.StdoutTruncated || j.StdoutBytes != total {
 			t.Errorf("exit %d timed_out %v stdout_truncated %v stdout_bytes %d", j.ExitCode, j.TimedOut, j.StdoutTruncated, j.StdoutBytes)
 		}
-		if len(j.Stdout) > wire.DefaultMaxOutput+len(marker) || !strings.Contains(j.Stdout, marker) || !strings.HasPrefix(j.Stdout, "y\ny\n") {
-			t.Errorf("stdout is %d bytes (cap %d + marker %d), marker present: %v", len(j.Stdout), wire.DefaultMaxOutput, len(marker), strings.Contains(j.Stdout, marker))
+		// stdout is an exact prefix, stdout_tail the end: no text of flmbox's.
+		if len(j.Stdout) != wire.DefaultMaxOutput/2 || len(j.StdoutTail) != wire.DefaultMaxOutput/2 || strings.Trim(j.Stdout+j.StdoutTail, "y\n") != "" ||
+			!strings.HasPrefix(j.Stdout, "y\ny\n") || !strings.HasSuffix(j.StdoutTail, "y\ny\n") {
+			t.Errorf("stdout is %d bytes, stdout_tail %d (want %d each, only the snippet's bytes)", len(j.Stdout), len(j.StdoutTail), wire.DefaultMaxOutput/2)
 		}
 		if maxRSS > 200<<20 {
 			t.Errorf("flmbox's max RSS was %d MiB while 1 GiB of output went by", maxRSS>>20)
