@@ -26,9 +26,11 @@
 // descriptor 3) that the agent writes only once the limits are set, because
 // Go cannot set rlimits between fork and exec. Python reads its code from
 // that pipe and runs it, as python3 -c would, under the file name
-// "<snippet>"; tracebacks show that name, the line number and the source line.
-// Shell code runs with sh -c. stdout and stderr are captured separately, each keeping its first
-// and last MaxOutput/2 bytes with a marker line between them, so the agent
+// "<snippet>" (or, for a call with a File, under the name of a file it
+// writes, as python3 FILE would); tracebacks show that name, the line number
+// and the source line. Shell code runs with sh -c. stdout and stderr are
+// captured separately, each keeping its first and last MaxOutput/2 bytes
+// apart (wire.Output's Data and Tail), so the agent
 // never holds more than the caps whatever a snippet prints. On timeout the
 // whole process group is killed; when the snippet's process exits, whatever
 // is left of its group is killed too.

@@ -11,9 +11,10 @@ import "strings"
 // the snippet's code, so limits always apply before the first line of the
 // snippet runs, and no descendant of the snippet inherits the gate.
 //
-// Python reads its code from the gate. The code is never written to disk:
-// a call works when /tmp is full or read-only and leaves nothing behind if
-// the agent dies. A small bootstrap, passed with -c, compiles the code under
+// Python reads its code from the gate. Unless the call asks for a file
+// (Request.File: see writeCode and shellRunFile), the code is never written
+// to disk: a call works when /tmp is full or read-only and leaves nothing
+// behind if the agent dies. A small bootstrap, passed with -c, compiles the code under
 // the name "<snippet>" and runs it in __main__, so that the snippet behaves as
 // under python3 -c (sys.path[0] is '', the working directory, so modules left
 // in /tmp by earlier calls import) and a traceback reads:
