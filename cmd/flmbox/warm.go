@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -23,6 +24,7 @@ type warmCall struct {
 	timeout                 time.Duration
 	maxOutput               int64
 	reset, json             bool
+	env                     []string // -e K=V, the call's
 }
 
 // flagSet is what the warm-call parser knows of a table of flags: each
@@ -154,6 +156,13 @@ func (w *warmCall) set(name, value string) bool {
 			return false
 		}
 		w.maxOutput = n
+	case "env":
+		// PYTHONPATH is flmbox-core's: package sandbox keeps the sandbox's
+		// site-packages first on it (sandbox.Request.Env).
+		if strings.HasPrefix(value, "PYTHONPATH=") {
+			return false
+		}
+		w.env = append(w.env, value)
 	case "reset", "json":
 		b, err := strconv.ParseBool(value)
 		if err != nil {
@@ -203,13 +212,14 @@ func nextFlag(args []string, known flagSet) (name, value string, rest []string, 
 // agent may have run the snippet, so it is never sent again.
 func (w *warmCall) run(ctx context.Context, stdout, stderr io.Writer) (code int, handled bool) {
 	req := &wire.Request{Version: wire.ProtocolVersion, Language: w.language, Code: w.code,
-		TimeoutMS: w.timeout.Milliseconds(), MaxOutput: w.maxOutput, Reset: w.reset}
+		TimeoutMS: w.timeout.Milliseconds(), MaxOutput: w.maxOutput, Reset: w.reset, Env: w.env}
 	if w.file != "" {
 		code, ok := readRegularFile(w.file)
 		if !ok {
 			return 0, false
 		}
-		req.Code = code
+		// Run as a file of FILE's name, as python3 FILE runs it.
+		req.Code, req.File = code, filepath.Base(w.file)
 	}
 	if req.Validate() != nil {
 		return 0, false

@@ -29,7 +29,13 @@ func NotifyContext(parent context.Context) (ctx context.Context, stop func()) {
 // code. A failure is printed as "flmbox: ERROR", and on a second line what
 // to do about it when the CLI knows.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	app := newApp(stdout, stderr)
+	return runApp(ctx, args, os.Stdin, stdout, stderr)
+}
+
+// runApp is Run with stdin (code read from -, run --interactive, run
+// --batch -, cp -) read from stdin.
+func runApp(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	app := newApp(stdin, stdout, stderr)
 	err := app.RunContext(ctx, hoistFlags(app, args))
 	if err == nil {
 		return 0
@@ -48,10 +54,11 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return code
 }
 
-func newApp(stdout, stderr io.Writer) *cli.App {
+func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 	return &cli.App{
 		Name:      "flmbox",
 		Usage:     "run untrusted Python and shell snippets in gVisor sandboxes",
+		Reader:    stdin,
 		Writer:    stdout,
 		ErrWriter: stderr,
 		// Errors are printed and turned into exit codes by Run, not by cli.

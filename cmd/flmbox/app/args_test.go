@@ -8,7 +8,7 @@ import (
 )
 
 func TestHoistFlags(t *testing.T) {
-	app := newApp(nil, nil)
+	app := newApp(nil, nil, nil)
 	for _, tc := range []struct{ in, want string }{
 		{"flmbox prewarm IMG --json", "flmbox prewarm --json IMG"},
 		{"flmbox prewarm IMG --platform linux/arm64 --json", "flmbox prewarm --platform linux/arm64 --json IMG"},

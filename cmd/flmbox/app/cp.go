@@ -1,7 +1,6 @@
 package app
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -73,18 +72,31 @@ func copyIn(c *cli.Context, m *sandbox.Manager, src, name, dst string, o sandbox
 		if !strings.HasSuffix(dst, "/") {
 			dst += "/" // a stream goes into a directory
 		}
-		return m.CopyIn(c.Context, name, dst, os.Stdin, o)
+		return m.CopyIn(c.Context, name, dst, c.App.Reader, o)
 	}
 	if _, err := os.Lstat(src); err != nil {
 		return fmt.Errorf("cp: %w", err)
 	}
-	pr, pw := io.Pipe()
-	go func() {
-		pw.CloseWithError(safetar.Archive(pw, filepath.Clean(src), filepath.Base(filepath.Clean(src)), o.MaxBytes))
-	}()
-	err := m.CopyIn(c.Context, name, dst, pr, o)
-	pr.CloseWithError(errors.New("copy ended"))
-	return err
+	r, err := hostTar(src, o.MaxBytes)()
+	if err != nil {
+		return err
+	}
+	defer r.Close() // ends the archiving if the copy stopped reading
+	return m.CopyIn(c.Context, name, dst, r, o)
+}
+
+// hostTar returns what opens host path src (a file, a directory, a link)
+// as the tar stream flmbox cp sends into a sandbox: one top-level entry
+// named by src's base name, links archived as links, never followed, at
+// most max bytes of files' contents. Each open archives src anew (run
+// --copy's sandbox.CopyIn.Open); closing the stream stops the archiving.
+func hostTar(src string, max int64) func() (io.ReadCloser, error) {
+	src = filepath.Clean(src)
+	return func() (io.ReadCloser, error) {
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(safetar.Archive(pw, src, filepath.Base(src), max)) }()
+		return pr, nil
+	}
 }
 
 // copyOut copies src of sandbox name to host path dst ("-": a tar stream

@@ -87,7 +87,9 @@ func pullOptions(c *cli.Context) (*rootfs.PullOptions, error) {
 // jsonFlag makes a command print JSON.
 var jsonFlag = &cli.BoolFlag{Name: "json", Usage: "print JSON"}
 
-// sandboxFlags configure a new sandbox.
+// sandboxFlags configure a new sandbox. run takes them with --image; its
+// --env is its call's (runcmd.RunFlags), not the sandbox's: see
+// sandboxEnvFlag.
 func sandboxFlags() []cli.Flag {
 	return append(pullFlags(),
 		&cli.StringFlag{Name: "network", Value: "none", Usage: "network: none or host"},
@@ -95,11 +97,18 @@ func sandboxFlags() []cli.Flag {
 		&cli.Float64Flag{Name: "cpus", Value: sandbox.DefaultLimits.CPUs, Usage: "CPU limit of the sandbox"},
 		&cli.Int64Flag{Name: "pids", Value: sandbox.DefaultLimits.Pids, Usage: "process limit of the sandbox"},
 		&cli.StringFlag{Name: "tmp-size", Value: units.BytesSize(sandbox.DefaultTmpBytes), Usage: "size of the sandbox's writable /tmp"},
-		&cli.StringSliceFlag{Name: "env", Aliases: []string{"e"}, Usage: "set `K=V` in the sandbox's environment"},
 		&cli.StringFlag{Name: "gvisor-platform", Usage: "gVisor platform: systrap, ptrace or kvm (default: runsc's)"},
 		&cli.GenericFlag{Name: "pip", Value: &stringList{}, Usage: "preinstall `REQUIREMENT` from the wheel cache when the sandbox is created (repeatable)"},
 		&cli.BoolFlag{Name: "lazy-spares", Usage: "start no interpreter ahead of each language's first call: an idle sandbox costs less memory, that first call more time"},
 	)
+}
+
+// sandboxEnvFlag sets a new sandbox's environment (Spec.Env), for the
+// commands that make sandboxes to keep: sandbox create, pool fill,
+// instance. run's --env is its call's (sandbox.Request.Env), so that a
+// pooled sandbox of its image's shape still serves it.
+func sandboxEnvFlag() cli.Flag {
+	return &cli.GenericFlag{Name: "env", Aliases: []string{"e"}, Value: &stringList{}, Usage: "set `K=V` in the sandbox's environment (repeatable)"}
 }
 
 // stringList is a repeatable flag whose values are kept whole: a
@@ -118,9 +127,17 @@ func listFlag(c *cli.Context, name string) []string {
 	return nil
 }
 
+// sandboxSpec reads sandboxFlags, sandboxEnvFlag and --image into a
+// sandbox spec.
+func sandboxSpec(c *cli.Context) (sandbox.Spec, error) {
+	s, err := specFrom(c)
+	s.Env = listFlag(c, "env")
+	return s, err
+}
+
 // specFrom reads sandboxFlags and --image into a sandbox spec.
 func specFrom(c *cli.Context) (sandbox.Spec, error) {
-	s := sandbox.Spec{Image: c.String("image"), Platform: c.String("gvisor-platform"), Env: c.StringSlice("env")}
+	s := sandbox.Spec{Image: c.String("image"), Platform: c.String("gvisor-platform")}
 	var err error
 	if s.Pull, err = pullOptions(c); err != nil {
 		return s, err

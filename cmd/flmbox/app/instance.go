@@ -14,7 +14,7 @@ func instanceCommand() *cli.Command {
 		Usage: "serve Flame's Instance service: one session is one sandbox, its tasks are snippets",
 		Description: "Flame's executor starts flmbox instance with " + instance.EndpointEnv + " naming the Unix socket to serve on.\n" +
 			"The sandbox flags are a session's defaults and the most it may ask for in its common_data.",
-		Flags: append(sandboxFlags(),
+		Flags: append(sandboxFlags(), sandboxEnvFlag(),
 			&cli.StringFlag{Name: "image", Usage: "image of sessions that name none (neither in their common_data nor their application)"},
 			&cli.StringFlag{Name: "listen", EnvVars: []string{instance.EndpointEnv}, Usage: "the Unix socket to serve on (default: $" + instance.EndpointEnv + ")"},
 			&cli.DurationFlag{Name: "timeout", Usage: "a task's timeout when neither it nor its session sets one (default 30s)"},
@@ -27,7 +27,7 @@ func instanceCommand() *cli.Command {
 			if listen == "" {
 				return advise(fmt.Errorf("no socket to serve on"), "Flame's executor sets "+instance.EndpointEnv+"; to run it by hand, give --listen PATH")
 			}
-			spec, err := specFrom(c)
+			spec, err := sandboxSpec(c)
 			if err != nil {
 				return err
 			}

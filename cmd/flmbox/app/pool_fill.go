@@ -15,7 +15,7 @@ func poolFillCommand() *cli.Command {
 		Usage: "set the size of the pool of IMAGE's shape (IMAGE with these sandbox flags) and make sandboxes until it " +
 			"holds that many idle ones",
 		ArgsUsage: "IMAGE",
-		Flags: append(sandboxFlags(),
+		Flags: append(sandboxFlags(), sandboxEnvFlag(),
 			&cli.IntFlag{Name: "size", Required: true, Usage: fmt.Sprintf("idle sandboxes the pool keeps (0 to %d)", sandbox.MaxPoolSize)},
 			&cli.DurationFlag{Name: "idle-timeout", Value: sandbox.DefaultIdleTimeout, Usage: "remove a sandbox idle in the pool for longer"},
 			&cli.IntFlag{Name: "parallel", Usage: "sandboxes made at once (default: the number of CPUs)"},
@@ -28,7 +28,7 @@ func poolFillCommand() *cli.Command {
 			if c.Duration("idle-timeout") <= 0 {
 				return fmt.Errorf("--idle-timeout %s: want a positive duration", c.Duration("idle-timeout"))
 			}
-			spec, err := specFrom(c)
+			spec, err := sandboxSpec(c)
 			if err != nil {
 				return err
 			}

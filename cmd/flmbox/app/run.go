@@ -1,10 +1,12 @@
 package app
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 
 	"github.com/urfave/cli/v2"
 
@@ -31,67 +33,95 @@ func runCommand() *cli.Command {
 				return fmt.Errorf("--parallel applies to --batch FILE only")
 			}
 			req, err := snippetRequest(c)
+			if c.Context.Err() != nil { // Ctrl-C while stdin was read
+				return cli.Exit("", runcmd.InterruptStatus(c.Context))
+			}
 			if err != nil {
 				return err
+			}
+			name, image := c.String("sandbox"), c.String("image")
+			if (name == "") == (image == "") {
+				return fmt.Errorf("give exactly one of --sandbox NAME and --image IMAGE")
 			}
 			m, err := openManager(c)
 			if err != nil {
 				return err
 			}
-			name, image := c.String("sandbox"), c.String("image")
-			switch {
-			case (name == "") == (image == ""):
-				return fmt.Errorf("give exactly one of --sandbox NAME and --image IMAGE")
-			case name != "":
-				res, err := m.Call(c.Context, name, req)
-				resumed := false
-				if errors.Is(err, record.ErrSuspended) {
-					// Resumed first, said on stderr (or in the JSON).
-					if resumed, err = m.Resume(c.Context, name); err == nil {
-						if resumed && !c.Bool("json") {
-							fmt.Fprintf(c.App.ErrWriter, "flmbox: resumed sandbox %s\n", name)
-						}
-						res, err = m.Call(c.Context, name, req)
-					}
-				}
-				if errors.Is(err, wire.ErrInterrupted) {
-					return printInterrupted(c, res)
-				}
-				if err != nil {
-					return advise(err, runcmd.CallHint(err, name))
-				}
-				err = printResultResumed(c, res, resumed)
-				m.Wait() // the resume's image removal, after the output
-				return err
+			if name != "" {
+				return runInSandbox(c, m, name, req)
 			}
-			spec, err := specFrom(c)
-			if err != nil {
-				return err
-			}
-			var printed error
-			delivered := false
-			err = m.RunOnce(c.Context, spec, req, func(res *wire.Result) {
-				delivered = true
-				if c.Context.Err() != nil {
-					printed = printInterrupted(c, res)
-				} else {
-					printed = printResult(c, res)
-				}
-			})
-			switch {
-			case errors.Is(err, wire.ErrInterrupted) && !delivered:
-				return printInterrupted(c, nil)
-			case errors.Is(err, wire.ErrInterrupted):
-				return printed
-			case printed != nil:
-				if err != nil {
-					warnf(c, "%v", err)
-				}
-				return printed
-			}
-			return err
+			return runInImage(c, m, req)
 		},
 	}
+}
+
+// runInSandbox runs req in sandbox name, resumed first if it is suspended.
+func runInSandbox(c *cli.Context, m *sandbox.Manager, name string, req sandbox.Request) error {
+	res, err := callSandbox(c.Context, m, name, req)
+	resumed := false
+	if errors.Is(err, record.ErrSuspended) {
+		// Resumed first, said on stderr (or in the JSON).
+		if resumed, err = m.Resume(c.Context, name); err == nil {
+			if resumed && !c.Bool("json") {
+				fmt.Fprintf(c.App.ErrWriter, "flmbox: resumed sandbox %s\n", name)
+			}
+			res, err = callSandbox(c.Context, m, name, req)
+		}
+	}
+	switch {
+	case errors.Is(err, wire.ErrInterrupted):
+		return printInterrupted(c, res)
+	case err != nil && c.Context.Err() != nil: // Ctrl-C before the code ran (a copy, a reset)
+		return printInterrupted(c, nil)
+	case err != nil:
+		return advise(err, runcmd.CallHint(err, name))
+	}
+	err = printResultResumed(c, res, resumed)
+	m.Wait() // the resume's image removal, after the output
+	return err
+}
+
+// callSandbox is m.Call of req in sandbox name. A reset (--reset) empties
+// /tmp, and Call makes its copies (--copy) before the call's reset: with
+// both, the sandbox is reset first, then copied into, then called.
+func callSandbox(ctx context.Context, m *sandbox.Manager, name string, req sandbox.Request) (*wire.Result, error) {
+	if req.Reset && len(req.CopyIn) > 0 {
+		if err := m.Reset(ctx, name); err != nil {
+			return nil, err
+		}
+		req.Reset = false
+	}
+	return m.Call(ctx, name, req)
+}
+
+// runInImage runs req in a clean sandbox of --image's (m.RunOnce).
+func runInImage(c *cli.Context, m *sandbox.Manager, req sandbox.Request) error {
+	spec, err := specFrom(c)
+	if err != nil {
+		return err
+	}
+	var printed error
+	delivered := false
+	err = m.RunOnce(c.Context, spec, req, func(res *wire.Result) {
+		delivered = true
+		if c.Context.Err() != nil {
+			printed = printInterrupted(c, res)
+		} else {
+			printed = printResult(c, res)
+		}
+	})
+	switch {
+	case !delivered && (errors.Is(err, wire.ErrInterrupted) || err != nil && c.Context.Err() != nil):
+		return printInterrupted(c, nil) // before the code ran, or with no answer from the agent
+	case errors.Is(err, wire.ErrInterrupted):
+		return printed
+	case printed != nil:
+		if err != nil {
+			warnf(c, "%v", err)
+		}
+		return printed
+	}
+	return err
 }
 
 // refuseCreateFlags refuses, with --sandbox, the flags that configure a new
@@ -111,9 +141,14 @@ func refuseCreateFlags(c *cli.Context) error {
 	return nil
 }
 
-// snippetRequest reads the code and the run flags into a request.
+// snippetRequest reads the code and the run flags into a request. Nothing
+// is left to check once it returns but what only the sandbox knows; stdin
+// (--interactive) is read last, once the rest is known to be good.
 func snippetRequest(c *cli.Context) (sandbox.Request, error) {
-	code, err := readCode(c)
+	if c.Bool("interactive") && c.Args().First() == "-" {
+		return sandbox.Request{}, fmt.Errorf("--interactive gives flmbox's stdin to the snippet: the code cannot come from stdin (-) too; give -c CODE or a FILE")
+	}
+	code, file, err := readCode(c)
 	if err != nil {
 		return sandbox.Request{}, err
 	}
@@ -129,34 +164,80 @@ func snippetRequest(c *cli.Context) (sandbox.Request, error) {
 	if c.Bool("reset") && c.String("sandbox") == "" {
 		return sandbox.Request{}, fmt.Errorf("--reset takes --sandbox NAME (a fresh sandbox from --image is clean already)")
 	}
-	req := sandbox.Request{Language: c.String("language"), Code: code, Timeout: c.Duration("timeout"),
-		MaxOutput: maxOut, Reset: c.Bool("reset")}
+	req := sandbox.Request{Language: c.String("language"), Code: code, File: file, Timeout: c.Duration("timeout"),
+		MaxOutput: maxOut, Reset: c.Bool("reset"), Env: listFlag(c, "env")}
 	if err := req.Validate(); err != nil {
 		return req, err
 	}
-	// Last: the socket is checked once the rest is known to be good.
-	req.Callback, err = callbackFrom(c)
-	if err != nil {
+	if req.CopyIn, err = copiesFrom(c); err != nil {
 		return req, err
+	}
+	// The socket is checked once the rest is known to be good.
+	if req.Callback, err = callbackFrom(c); err != nil {
+		return req, err
+	}
+	if c.Bool("interactive") {
+		if req.Stdin, err = readStdin(c.Context, c.App.Reader); err != nil {
+			return req, err
+		}
 	}
 	return req, req.Validate()
 }
 
-func readCode(c *cli.Context) (string, error) {
+// readCode reads the code: -c CODE, FILE (run as a file of FILE's base
+// name, as python3 FILE runs it: file is that name), or - (stdin).
+func readCode(c *cli.Context) (code, file string, err error) {
 	switch {
 	case c.IsSet("code") && c.NArg() == 0:
-		return c.String("code"), nil
+		return c.String("code"), "", nil
 	case !c.IsSet("code") && c.NArg() == 1 && c.Args().First() == "-":
-		b, err := io.ReadAll(io.LimitReader(os.Stdin, 4<<20))
-		return string(b), err
-	case !c.IsSet("code") && c.NArg() == 1:
-		b, err := os.ReadFile(c.Args().First())
+		b, err := readAll(c.Context, c.App.Reader, 4<<20) // more than any code may be: Validate says so
 		if err != nil {
-			return "", fmt.Errorf("read code: %w", err)
+			return "", "", fmt.Errorf("read code from stdin: %w", err)
 		}
-		return string(b), nil
+		return string(b), "", nil
+	case !c.IsSet("code") && c.NArg() == 1:
+		path := c.Args().First()
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return "", "", fmt.Errorf("read code: %w", err)
+		}
+		return string(b), filepath.Base(path), nil
 	}
-	return "", fmt.Errorf("give the code once: -c CODE, a FILE, or - for stdin")
+	return "", "", fmt.Errorf("give the code once: -c CODE, a FILE, or - for stdin")
+}
+
+// readStdin reads r, flmbox's stdin, to its end for --interactive.
+func readStdin(ctx context.Context, r io.Reader) ([]byte, error) {
+	b, err := readAll(ctx, r, wire.MaxStdinSize)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("--interactive: read stdin: %w", err)
+	case len(b) > wire.MaxStdinSize:
+		return nil, fmt.Errorf("--interactive: stdin holds more than %d bytes (8MiB), the most a snippet's stdin takes; copy it in with --copy HOST_PATH:/tmp/NAME and read that file", wire.MaxStdinSize)
+	}
+	return b, nil
+}
+
+// readAll reads r to its end, or to max+1 bytes, whichever comes first,
+// and gives up when ctx ends: a terminal or a pipe may send nothing for
+// ever, and Ctrl-C must still end flmbox (the read is left behind).
+func readAll(ctx context.Context, r io.Reader, max int64) ([]byte, error) {
+	type read struct {
+		b   []byte
+		err error
+	}
+	done := make(chan read, 1)
+	go func() {
+		b, err := io.ReadAll(io.LimitReader(r, max+1))
+		done <- read{b, err}
+	}()
+	select {
+	case rd := <-done:
+		return rd.b, rd.err
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
 }
 
 // printInterrupted prints what an interrupted call returned (res, or nil

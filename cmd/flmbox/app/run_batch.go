@@ -76,19 +76,27 @@ func (b batchTimeout) duration() (time.Duration, error) {
 }
 
 // batchResult is one element of the output array, in input order: the
-// fields of run --json's object that a batch keeps. stderr ends with why
-// flmbox killed the snippet, if it did; output that is not valid UTF-8 is
-// also carried exactly in stdout_base64/stderr_base64, as by run --json.
+// fields of run --json's object that a batch keeps. stdout and stderr are
+// exact prefixes, with stdout_tail and stderr_tail when the output was
+// truncated, as in run --json; stderr (its tail, if truncated) ends with
+// why flmbox killed the snippet, if it did; output that is not valid UTF-8
+// is also carried exactly in the _base64 fields, as by run --json.
 type batchResult struct {
-	ExitCode     int     `json:"exit_code"`
-	Stdout       string  `json:"stdout"`
-	Stderr       string  `json:"stderr"`
-	StdoutBase64 string  `json:"stdout_base64,omitempty"`
-	StderrBase64 string  `json:"stderr_base64,omitempty"`
-	TimedOut     bool    `json:"timed_out"`
-	OOMKilled    bool    `json:"oom_killed"`
-	Interrupted  bool    `json:"interrupted"`
-	DurationMS   float64 `json:"duration_ms"`
+	ExitCode         int     `json:"exit_code"`
+	Stdout           string  `json:"stdout"`
+	Stderr           string  `json:"stderr"`
+	StdoutBase64     string  `json:"stdout_base64,omitempty"`
+	StderrBase64     string  `json:"stderr_base64,omitempty"`
+	StdoutTail       string  `json:"stdout_tail,omitempty"`
+	StderrTail       string  `json:"stderr_tail,omitempty"`
+	StdoutTailBase64 string  `json:"stdout_tail_base64,omitempty"`
+	StderrTailBase64 string  `json:"stderr_tail_base64,omitempty"`
+	StdoutTruncated  bool    `json:"stdout_truncated,omitempty"`
+	StderrTruncated  bool    `json:"stderr_truncated,omitempty"`
+	TimedOut         bool    `json:"timed_out"`
+	OOMKilled        bool    `json:"oom_killed"`
+	Interrupted      bool    `json:"interrupted"`
+	DurationMS       float64 `json:"duration_ms"`
 	// Callbacks, with --callback: the snippet's own connections.
 	Callbacks *runcmd.Callbacks `json:"callbacks,omitempty"`
 }
@@ -101,6 +109,12 @@ func runBatch(c *cli.Context) error {
 	}
 	if c.Bool("reset") {
 		return fmt.Errorf("--reset does not apply to --batch: with --image every snippet starts in a clean sandbox")
+	}
+	if c.Bool("interactive") {
+		return fmt.Errorf("--interactive does not apply to --batch: its snippets take no stdin")
+	}
+	if c.IsSet("copy") {
+		return fmt.Errorf("--copy does not apply to --batch: copy files in with a snippet of the batch, or run --copy first with --sandbox NAME")
 	}
 	// --json is allowed: a batch prints JSON anyway.
 	reqs, err := readBatch(c, c.String("batch"))
@@ -154,20 +168,21 @@ func batchElement(ctx context.Context, r sandbox.BatchResult, timeout time.Durat
 		return batchResult{ExitCode: -1, Stderr: fmt.Sprintf("flmbox: %v", r.Err)}
 	}
 	j := runcmd.ToJSON(r.Result)
-	out := batchResult{ExitCode: j.ExitCode, Stdout: j.Stdout, Stderr: j.Stderr, StdoutBase64: j.StdoutBase64,
-		StderrBase64: j.StderrBase64, TimedOut: j.TimedOut, OOMKilled: j.OOMKilled, Interrupted: j.Interrupted,
-		DurationMS: j.DurationMS, Callbacks: j.Callbacks}
 	if r.Result.Error != "" {
-		out.ExitCode = -1
+		j.ExitCode = -1
 	} else {
-		out.Stderr += runcmd.KillNote(r.Result, timeout)
+		j.AppendStderr(runcmd.KillNote(r.Result, timeout))
 	}
-	return out
+	return batchResult{ExitCode: j.ExitCode, Stdout: j.Stdout, Stderr: j.Stderr, StdoutBase64: j.StdoutBase64,
+		StderrBase64: j.StderrBase64, StdoutTail: j.StdoutTail, StderrTail: j.StderrTail,
+		StdoutTailBase64: j.StdoutTailBase64, StderrTailBase64: j.StderrTailBase64,
+		StdoutTruncated: j.StdoutTruncated, StderrTruncated: j.StderrTruncated, TimedOut: j.TimedOut,
+		OOMKilled: j.OOMKilled, Interrupted: j.Interrupted, DurationMS: j.DurationMS, Callbacks: j.Callbacks}
 }
 
 // readBatch parses and validates a batch; nothing runs if any of it is bad.
 func readBatch(c *cli.Context, path string) ([]sandbox.Request, error) {
-	var r io.Reader = os.Stdin
+	r := c.App.Reader
 	if path != "-" {
 		f, err := os.Open(path)
 		if err != nil {
@@ -217,7 +232,7 @@ func readBatch(c *cli.Context, path string) ([]sandbox.Request, error) {
 		if lang == "" {
 			return nil, fmt.Errorf("code %d: no language: want python or shell", i)
 		}
-		req := sandbox.Request{Language: lang, Code: item.Code, Timeout: timeout, MaxOutput: maxOut, Callback: cb}
+		req := sandbox.Request{Language: lang, Code: item.Code, Timeout: timeout, MaxOutput: maxOut, Env: listFlag(c, "env"), Callback: cb}
 		if err := req.Validate(); err != nil {
 			return nil, fmt.Errorf("code %d: %w", i, err)
 		}

@@ -18,7 +18,7 @@ func TestRunRefusesCreateFlagsWithSandbox(t *testing.T) {
 		{[]string{"--memory", "1g"}, "--memory"},
 		{[]string{"--network", "host"}, "--network"},
 		{[]string{"--network", "none"}, "--network"}, // set, even to the default
-		{[]string{"-e", "K=V"}, "--env"},
+		{[]string{"-e", "K=V"}, ""},                  // the call's environment, not the sandbox's
 		{[]string{"--offline"}, "--offline"},
 		{[]string{"--batch", "-", "--cpus", "2"}, "--cpus"},
 		{[]string{"--timeout", "5s", "-l", "shell"}, ""},

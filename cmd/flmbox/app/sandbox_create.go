@@ -12,7 +12,7 @@ func sandboxCreateCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "create",
 		Usage: "create a persistent sandbox from IMAGE (taken from its pool if one is idle there) and print its name",
-		Flags: append(sandboxFlags(),
+		Flags: append(sandboxFlags(), sandboxEnvFlag(),
 			&cli.StringFlag{Name: "name", Usage: "the sandbox's name (default: generated)"},
 			&cli.StringFlag{Name: "image", Required: true, Usage: "image to run (prewarmed if needed)"},
 		),
@@ -20,7 +20,7 @@ func sandboxCreateCommand() *cli.Command {
 			if c.NArg() != 0 {
 				return fmt.Errorf("sandbox create takes no arguments, got %q", c.Args().Slice())
 			}
-			spec, err := specFrom(c)
+			spec, err := sandboxSpec(c)
 			if err != nil {
 				return err
 			}

@@ -19,24 +19,32 @@ const (
 	ExitFlmboxFailed = 125 // flmbox itself failed
 )
 
-// JSON is `flmbox run --json`'s object. Output that is not valid UTF-8 is
-// carried twice: in stdout/stderr with invalid bytes replaced by U+FFFD, and
-// exactly in stdout_base64/stderr_base64.
+// JSON is `flmbox run --json`'s object. stdout and stderr are always an
+// exact prefix of what the snippet wrote: all of it, or, when it wrote more
+// than --max-output allows (stdout_truncated), its first half, with its
+// last half in stdout_tail and stdout_bytes-len(stdout)-len(stdout_tail)
+// bytes left out between the two. Output that is not valid UTF-8 is carried
+// twice: with invalid bytes replaced by U+FFFD, and exactly in
+// stdout_base64 (stdout_tail_base64 for a tail).
 type JSON struct {
-	ExitCode        int     `json:"exit_code"`
-	Stdout          string  `json:"stdout"`
-	Stderr          string  `json:"stderr"`
-	StdoutBase64    string  `json:"stdout_base64,omitempty"`
-	StderrBase64    string  `json:"stderr_base64,omitempty"`
-	StdoutBytes     int64   `json:"stdout_bytes"`
-	StderrBytes     int64   `json:"stderr_bytes"`
-	StdoutTruncated bool    `json:"stdout_truncated"`
-	StderrTruncated bool    `json:"stderr_truncated"`
-	TimedOut        bool    `json:"timed_out"`
-	OOMKilled       bool    `json:"oom_killed"`
-	Interrupted     bool    `json:"interrupted"`
-	Signal          string  `json:"signal,omitempty"`
-	DurationMS      float64 `json:"duration_ms"`
+	ExitCode         int     `json:"exit_code"`
+	Stdout           string  `json:"stdout"`
+	Stderr           string  `json:"stderr"`
+	StdoutBase64     string  `json:"stdout_base64,omitempty"`
+	StderrBase64     string  `json:"stderr_base64,omitempty"`
+	StdoutTail       string  `json:"stdout_tail,omitempty"`
+	StderrTail       string  `json:"stderr_tail,omitempty"`
+	StdoutTailBase64 string  `json:"stdout_tail_base64,omitempty"`
+	StderrTailBase64 string  `json:"stderr_tail_base64,omitempty"`
+	StdoutBytes      int64   `json:"stdout_bytes"`
+	StderrBytes      int64   `json:"stderr_bytes"`
+	StdoutTruncated  bool    `json:"stdout_truncated"`
+	StderrTruncated  bool    `json:"stderr_truncated"`
+	TimedOut         bool    `json:"timed_out"`
+	OOMKilled        bool    `json:"oom_killed"`
+	Interrupted      bool    `json:"interrupted"`
+	Signal           string  `json:"signal,omitempty"`
+	DurationMS       float64 `json:"duration_ms"`
 	// Callbacks is set for a call with --callback.
 	Callbacks *Callbacks `json:"callbacks,omitempty"`
 	// Resumed says that the sandbox was suspended, and resumed for the
@@ -57,25 +65,44 @@ type Callbacks struct {
 }
 
 // ToJSON returns res as `flmbox run --json` prints it; an infrastructure
-// error (res.Error) is appended to stderr.
+// error (res.Error) is appended to stderr (AppendStderr).
 func ToJSON(res *wire.Result) JSON {
-	out := JSON{ExitCode: res.ExitCode, Stdout: strings.ToValidUTF8(string(res.Stdout.Data), "\uFFFD"),
-		Stderr: strings.ToValidUTF8(string(res.Stderr.Data), "\uFFFD"), StdoutBytes: res.Stdout.Total,
-		StderrBytes: res.Stderr.Total, StdoutTruncated: res.Stdout.Truncated, StderrTruncated: res.Stderr.Truncated,
+	out := JSON{ExitCode: res.ExitCode, StdoutBytes: res.Stdout.Total, StderrBytes: res.Stderr.Total,
+		StdoutTruncated: res.Stdout.Truncated, StderrTruncated: res.Stderr.Truncated,
 		TimedOut: res.TimedOut, OOMKilled: res.OOMKilled, Interrupted: res.Interrupted, Signal: res.Signal, DurationMS: res.DurationMS}
+	out.Stdout, out.StdoutBase64 = jsonText(res.Stdout.Data)
+	out.Stderr, out.StderrBase64 = jsonText(res.Stderr.Data)
+	if res.Stdout.Truncated {
+		out.StdoutTail, out.StdoutTailBase64 = jsonText(res.Stdout.Tail)
+	}
+	if res.Stderr.Truncated {
+		out.StderrTail, out.StderrTailBase64 = jsonText(res.Stderr.Tail)
+	}
 	if cb := res.Callbacks; cb != nil {
 		out.Callbacks = &Callbacks{Connections: cb.Connections, Refused: cb.Refused, BytesIn: cb.BytesIn, BytesOut: cb.BytesOut}
 	}
-	if !utf8.Valid(res.Stdout.Data) {
-		out.StdoutBase64 = base64.StdEncoding.EncodeToString(res.Stdout.Data)
-	}
-	if !utf8.Valid(res.Stderr.Data) {
-		out.StderrBase64 = base64.StdEncoding.EncodeToString(res.Stderr.Data)
-	}
-	if res.Error != "" {
-		out.Stderr += res.Error
-	}
+	out.AppendStderr(res.Error)
 	return out
+}
+
+// AppendStderr appends flmbox's words s to the end of stderr as the object
+// carries it: to stderr_tail if stderr was truncated, else to stderr. The
+// base64 twins keep the snippet's bytes alone.
+func (j *JSON) AppendStderr(s string) {
+	if j.StderrTruncated {
+		j.StderrTail += s
+	} else {
+		j.Stderr += s
+	}
+}
+
+// jsonText is b as a JSON string (invalid UTF-8 replaced by U+FFFD) and,
+// if it is not valid UTF-8, exactly in base64.
+func jsonText(b []byte) (text, b64 string) {
+	if utf8.Valid(b) {
+		return string(b), ""
+	}
+	return strings.ToValidUTF8(string(b), "\uFFFD"), base64.StdEncoding.EncodeToString(b)
 }
 
 // Print writes res to stdout and stderr, as JSON if asJSON, and returns
@@ -101,7 +128,11 @@ func PrintResumed(stdout, stderr io.Writer, res *wire.Result, asJSON bool, timeo
 		}
 	} else {
 		stdout.Write(res.Stdout.Data)
+		stdout.Write(res.Stdout.Tail)
 		stderr.Write(res.Stderr.Data)
+		stderr.Write(res.Stderr.Tail)
+		io.WriteString(stderr, TruncationNote("stdout", res.Stdout))
+		io.WriteString(stderr, TruncationNote("stderr", res.Stderr))
 	}
 	if res.Interrupted {
 		return ExitInterrupted, "", nil // as a shell says nothing of a Ctrl-C
@@ -116,6 +147,19 @@ func PrintResumed(stdout, stderr io.Writer, res *wire.Result, asJSON bool, timeo
 		return ExitTimeout, "", nil
 	}
 	return res.ExitCode, "", nil
+}
+
+// TruncationNote is the line that says how much of a stream (named name)
+// a truncated output left out, and where: plain mode writes the first
+// half (Data) and the last (Tail) one after the other. "" if nothing was
+// left out.
+func TruncationNote(name string, o wire.Output) string {
+	if !o.Truncated {
+		return ""
+	}
+	left := o.Total - int64(len(o.Data)) - int64(len(o.Tail))
+	return fmt.Sprintf("flmbox: %s: %d bytes left out between the first %d and the last %d (a larger --max-output keeps more)\n",
+		name, left, len(o.Data), len(o.Tail))
 }
 
 // KillNote is the line that says why flmbox killed a snippet that ran out
