@@ -48,6 +48,11 @@ func TestParseWarmCall(t *testing.T) {
 		{"a file", "run --sandbox sb code.py", none, def(func(w *warmCall) { w.code, w.hasCode, w.file = "", false, "code.py" })},
 		{"flags after the file", "run code.py --sandbox sb --json", none, def(func(w *warmCall) { w.code, w.hasCode, w.file, w.json = "", false, "code.py", true })},
 		{"a file after --", "run --sandbox sb -- -weird.py", none, def(func(w *warmCall) { w.code, w.hasCode, w.file = "", false, "-weird.py" })},
+		{"the call's environment", "run --sandbox sb -e K=V --env=A=b=c -e=L=x,y -c print(1)", none, def(func(w *warmCall) { w.env = []string{"K=V", "A=b=c", "L=x,y"} })},
+		{"PYTHONPATH (the sandbox's site-packages first)", "run --sandbox sb -e PYTHONPATH=/x -c 1", none, nil},
+		{"an environment without its value", "run --sandbox sb -c 1 -e", none, nil},
+		{"stdin for the snippet", "run --sandbox sb -i -c 1", none, nil},
+		{"a copy", "run --sandbox sb --copy a:/tmp/a -c 1", none, nil},
 		{"boolean set false", "run --sandbox sb --json=false -c print(1)", none, def(func(*warmCall) {})},
 		{"last flag wins", "run --sandbox a --sandbox sb -c print(1)", none, def(func(*warmCall) {})},
 
@@ -168,10 +173,11 @@ func TestWarmCallAnswered(t *testing.T) {
 	root := t.TempDir()
 	var got wire.Request
 	fakeAgent(t, root, "sb", func(req []byte) []byte {
+		got = wire.Request{}
 		json.Unmarshal(req, &got)
 		return []byte(`{"version":` + strconv.Itoa(wire.ProtocolVersion) + `,"exit_code":3,"stdout":{"data":"aGkK","total":3},"stderr":{"data":"","total":0},"duration_ms":1}` + "\n")
 	})
-	w, ok := parseWarmCall([]string{"--root", root, "run", "--sandbox", "sb", "-l", "shell", "-c", "echo hi; exit 3"}, func(string) (string, bool) { return "", false })
+	w, ok := parseWarmCall([]string{"--root", root, "run", "--sandbox", "sb", "-l", "shell", "-e", "K=V", "-c", "echo hi; exit 3"}, func(string) (string, bool) { return "", false })
 	if !ok {
 		t.Fatal("not parsed")
 	}
@@ -180,8 +186,20 @@ func TestWarmCallAnswered(t *testing.T) {
 	if !handled || code != 3 || stdout.String() != "hi\n" || stderr.Len() != 0 {
 		t.Fatalf("handled %v, exit %d, printed %q %q", handled, code, stdout.String(), stderr.String())
 	}
-	if got.Code != "echo hi; exit 3" || got.Language != "shell" || got.Limits != (wire.Limits{Procs: 256}) {
+	if got.Code != "echo hi; exit 3" || got.Language != "shell" || got.Limits != (wire.Limits{Procs: 256}) || got.File != "" ||
+		len(got.Env) != 1 || got.Env[0] != "K=V" {
 		t.Errorf("the agent got %+v", got)
+	}
+
+	// FILE runs as a file of its base name, as python3 FILE (and
+	// flmbox-core) run it.
+	script := filepath.Join(t.TempDir(), "main.py")
+	if err := os.WriteFile(script, []byte("print(__file__)"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w, _ = parseWarmCall([]string{"--root", root, "run", "--sandbox", "sb", script}, func(string) (string, bool) { return "", false })
+	if _, handled := w.run(t.Context(), &stdout, &stderr); !handled || got.Code != "print(__file__)" || got.File != "main.py" || got.Env != nil {
+		t.Errorf("handled %v, the agent got %+v", handled, got)
 	}
 }
 

@@ -21,9 +21,9 @@ func tableFlags(table []runcmd.Flag) []cli.Flag {
 	for _, f := range table {
 		switch f.Kind {
 		case runcmd.String, runcmd.Size:
-			out = append(out, &cli.StringFlag{Name: f.Name, Aliases: f.Aliases, Value: f.Default, EnvVars: f.EnvVars, Usage: f.Usage})
+			out = append(out, &cli.StringFlag{Name: f.Name, Aliases: f.Aliases, Value: f.Default, DefaultText: f.DefaultText, EnvVars: f.EnvVars, Usage: f.Usage})
 		case runcmd.Bool:
-			out = append(out, &cli.BoolFlag{Name: f.Name, Aliases: f.Aliases, EnvVars: f.EnvVars, Usage: f.Usage})
+			out = append(out, &cli.BoolFlag{Name: f.Name, Aliases: f.Aliases, DefaultText: f.DefaultText, EnvVars: f.EnvVars, Usage: f.Usage})
 		case runcmd.Duration:
 			var d time.Duration
 			var err error
@@ -33,7 +33,7 @@ func tableFlags(table []runcmd.Flag) []cli.Flag {
 			if err != nil {
 				panic(fmt.Sprintf("flag --%s: default %q is not a duration", f.Name, f.Default))
 			}
-			out = append(out, &cli.DurationFlag{Name: f.Name, Aliases: f.Aliases, Value: d, EnvVars: f.EnvVars, Usage: f.Usage})
+			out = append(out, &cli.DurationFlag{Name: f.Name, Aliases: f.Aliases, Value: d, DefaultText: f.DefaultText, EnvVars: f.EnvVars, Usage: f.Usage})
 		case runcmd.Int:
 			n := 0
 			if f.Default != "" {
@@ -42,9 +42,9 @@ func tableFlags(table []runcmd.Flag) []cli.Flag {
 					panic(fmt.Sprintf("flag --%s: default %q is not an integer", f.Name, f.Default))
 				}
 			}
-			out = append(out, &cli.IntFlag{Name: f.Name, Aliases: f.Aliases, Value: n, EnvVars: f.EnvVars, Usage: f.Usage})
+			out = append(out, &cli.IntFlag{Name: f.Name, Aliases: f.Aliases, Value: n, DefaultText: f.DefaultText, EnvVars: f.EnvVars, Usage: f.Usage})
 		case runcmd.List:
-			out = append(out, &cli.GenericFlag{Name: f.Name, Aliases: f.Aliases, Value: &stringList{}, EnvVars: f.EnvVars, Usage: f.Usage})
+			out = append(out, &cli.GenericFlag{Name: f.Name, Aliases: f.Aliases, Value: &stringList{}, DefaultText: f.DefaultText, EnvVars: f.EnvVars, Usage: f.Usage})
 		default:
 			panic(fmt.Sprintf("flag --%s: unknown kind %d", f.Name, f.Kind))
 		}
@@ -115,8 +115,23 @@ func sandboxEnvFlag() cli.Flag {
 // StringSliceFlag would split "pkg>=1,<2" at its comma.
 type stringList []string
 
-func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
-func (l *stringList) String() string     { return strings.Join(*l, " ") }
+func (l *stringList) String() string { return strings.Join(*l, " ") }
+
+func (l *stringList) Set(v string) error {
+	if v != aliasCopy {
+		*l = append(*l, v)
+	}
+	return nil
+}
+
+// Serialize is what urfave/cli sets a flag's other names to once one was
+// given (cli.Serializer): -e K=V is copied to --env as Set(Serialize()).
+// The names share one list, so there is nothing to copy: Set ignores it.
+// (Without it, String() would be appended again.)
+func (l *stringList) Serialize() string { return aliasCopy }
+
+// aliasCopy is stringList's Serialize, a value no argument can be (a NUL).
+const aliasCopy = "\x00flmbox: copied to an alias"
 
 // listFlag returns the values of a repeatable flag made by tableFlags or
 // sandboxFlags (a stringList).

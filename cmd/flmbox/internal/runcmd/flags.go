@@ -28,6 +28,9 @@ type Flag struct {
 	// Default is the value when the flag is not given, as it would be
 	// written on the command line ("" for none).
 	Default string
+	// DefaultText is what help says of a flag whose Default is empty, in
+	// place of its zero value ("" says nothing more).
+	DefaultText string
 	// EnvVars set the flag when it is not given (global flags).
 	EnvVars []string
 	Usage   string
@@ -71,20 +74,20 @@ var RunFlags = []Flag{
 	{Name: "timeout", Kind: Duration, Default: DefaultTimeout.String(), Warm: true, Usage: "kill the snippet after this long (exit status 124)"},
 	{Name: "code", Aliases: []string{"c"}, Kind: String, Warm: true, Usage: "the code to run"},
 	{Name: "env", Aliases: []string{"e"}, Kind: List, Warm: true, Usage: "set `K=V` in the snippet's environment, for this call only (repeatable; with --batch, every snippet's); sandbox create --env sets a sandbox's"},
-	{Name: "interactive", Aliases: []string{"i"}, Kind: Bool, Usage: "give flmbox's stdin, read to its end (at most 8MiB), to the snippet as its stdin (default: empty)"},
+	{Name: "interactive", Aliases: []string{"i"}, Kind: Bool, Usage: "give flmbox's stdin, read to its end (at most 8MiB), to the snippet as its stdin (without it, the snippet reads EOF at once)"},
 	{Name: "copy", Kind: List, Usage: "before the code runs, copy `HOST_PATH:SANDBOX_PATH` into the sandbox as flmbox cp HOST_PATH NAME:SANDBOX_PATH does (repeatable; SANDBOX_PATH absolute, under /tmp)"},
 	{Name: "max-output", Kind: Size, Default: DefaultMaxOutput, Warm: true, Usage: "bytes of stdout and of stderr kept: the first and the last halves"},
 	{Name: "reset", Kind: Bool, Warm: true, Usage: "with --sandbox: first return the sandbox to a clean state (kill its processes, empty /tmp and /dev/shm)"},
 	{Name: "batch", Kind: String, Usage: "run a batch of 1 to 64 snippets from `FILE` (- for stdin) and print a JSON array of results in input order"},
-	{Name: "parallel", Kind: Int, Usage: "run at most N batch snippets at once (default: the number of CPUs)"},
+	{Name: "parallel", Kind: Int, DefaultText: "the number of CPUs", Usage: "run at most `N` batch snippets at once"},
 	{Name: "json", Kind: Bool, Warm: true, Usage: "print JSON"},
 	// Callbacks (sandbox.Callback): never Warm, so that the flmbox command
 	// hands such a call to flmbox-core, which forwards the connections.
 	{Name: "callback", Kind: String, Usage: "for this call, forward each connection the snippet makes to the socket in $FLMBOX_CALLBACK_SOCKET to a new connection to the Unix socket `HOST_SOCKET` on the host"},
 	{Name: "callback-env", Kind: List, Usage: "with --callback: also set `NAME` to the socket's path inside the sandbox (repeatable), such as HERMES_RPC_SOCKET"},
 	{Name: "callback-conns", Kind: Int, Default: strconv.Itoa(wire.DefaultCallbackConns), Usage: "with --callback: forward at most `N` connections per call; later ones are closed at once"},
-	{Name: "callback-bytes", Kind: Size, Default: DefaultCallbackBytes, Usage: "with --callback: forward at most `SIZE` for the call, both ways, all connections together; the connection that crosses it is cut"},
-	{Name: "callback-idle", Kind: Duration, Usage: "with --callback: cut a connection idle (no byte either way) for `DURATION` (default: none; a connection lasts as long as the call)"},
+	{Name: "callback-bytes", Kind: Size, Default: DefaultCallbackBytes, Usage: "with --callback: forward at most `SIZE` in all for the call (both ways, all connections together); the connection that crosses it is cut"},
+	{Name: "callback-idle", Kind: Duration, DefaultText: "none: a connection lasts as long as the call", Usage: "with --callback: cut a connection idle (no byte either way) for `DURATION`"},
 }
 
 // Build is a hash of the source the binary was built from, stamped by the

@@ -98,9 +98,43 @@ func TestRunFlags(t *testing.T) {
 				t.Errorf("--callback-conns' default %s", f.Default)
 			}
 		case "callback-idle":
-			if f.Default != "" {
+			if f.Default != "" || !strings.HasPrefix(f.DefaultText, "none") {
 				t.Errorf("--callback-idle's default %s: want none (wire.Callback's)", f.Default)
 			}
 		}
+	}
+}
+
+// TestPrintTruncated: a truncated stream is its exact prefix and its tail:
+// plain mode writes both, one after the other, and says on stderr what
+// was left out between them (an interrupted call too); --json carries the
+// tail apart (with a base64 twin if it is not UTF-8) and flmbox's error
+// at the end of stderr's tail; an output kept whole has no tail fields.
+func TestPrintTruncated(t *testing.T) {
+	res := &wire.Result{ExitCode: 1, Interrupted: true, Error: "",
+		Stdout: wire.Output{Data: []byte("ab"), Tail: []byte("yz\xff"), Total: 1000, Truncated: true},
+		Stderr: wire.Output{Data: []byte("whole"), Total: 5}}
+	var stdout, stderr bytes.Buffer
+	code, _, err := Print(&stdout, &stderr, res, false, time.Second)
+	wantErr := "whole" + "flmbox: stdout: 995 bytes left out between the first 2 and the last 3 (a larger --max-output keeps more)\n"
+	if err != nil || code != ExitInterrupted || stdout.String() != "abyz\xff" || stderr.String() != wantErr {
+		t.Fatalf("plain: exit %d, %v, stdout %q, stderr %q", code, err, stdout.String(), stderr.String())
+	}
+	j := ToJSON(res)
+	if j.Stdout != "ab" || j.StdoutBase64 != "" || j.StdoutTail != "yz\uFFFD" || j.StdoutTailBase64 != "eXr/" || !j.StdoutTruncated || j.StdoutBytes != 1000 {
+		t.Errorf("json stdout: %+v", j)
+	}
+	if j.Stderr != "whole" || j.StderrTail != "" || j.StderrTruncated {
+		t.Errorf("json stderr: %+v", j)
+	}
+	stdout.Reset()
+	Print(&stdout, &stderr, &wire.Result{Stdout: wire.Output{Data: []byte("x"), Total: 1}}, true, time.Second)
+	if strings.Contains(stdout.String(), "tail") {
+		t.Errorf("json of a whole output: %s", stdout.String())
+	}
+	// flmbox's words go at the end of stderr: its tail if it was cut.
+	j = ToJSON(&wire.Result{ExitCode: -1, Error: "agent gone", Stderr: wire.Output{Data: []byte("a"), Tail: []byte("z"), Total: 9, Truncated: true}})
+	if j.Stderr != "a" || j.StderrTail != "zagent gone" {
+		t.Errorf("json error: %+v", j)
 	}
 }
