@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/containerd/errdefs"
 
@@ -23,11 +22,17 @@ import (
 type Script struct {
 	// Language is "python" or "shell", in any case.
 	Language string `json:"language"`
-	// Runtime names the interpreter: a command in the image's PATH, such
-	// as python3.11 for Python or bash for shell (default: python3, sh).
-	// One the image lacks fails the task.
+	// Runtime names the interpreter, in flmexec's forms and more: for
+	// Python a version ("3.11", or "python3.11"), a command in the
+	// image's PATH or an absolute path in the image (default: the image's
+	// python3); for shell a shell's name or path, such as "sh", "zsh" or
+	// "/bin/bash" (default: bash, or the image's /bin/sh if it has no
+	// bash). Spaces around it are ignored. One the image lacks fails the
+	// task, naming the Pythons it has.
 	Runtime string `json:"runtime,omitempty"`
-	// Code is the snippet.
+	// Code is the snippet, run as a file, main.py or main.sh, in a new
+	// directory under /tmp (its __file__, sys.argv[0] or $0), with /tmp
+	// as the working directory.
 	Code string `json:"code"`
 	// Input is the snippet's stdin (null: EOF at once).
 	Input Bytes `json:"input"`
@@ -77,71 +82,78 @@ func (b *Bytes) UnmarshalJSON(data []byte) error {
 	return nil
 }
 
+// The files that a task's code runs as, flmexec's: python3 main.py, bash
+// main.sh.
+const (
+	pythonFile = "main.py"
+	shellFile  = "main.sh"
+)
+
+// defaultShell is the interpreter of a shell task that names none, as in
+// flmexec; an image without it runs such tasks with its /bin/sh (see
+// Server.invoke).
+const defaultShell = "bash"
+
+// task is a task's input as a call.
+type task struct {
+	req sandbox.Request
+	// runtime is the runtime the task (or its session) asked for, for
+	// messages; "" if none.
+	runtime string
+	// defaultShell says that req.Interpreter is defaultShell because
+	// nothing named a shell.
+	defaultShell bool
+}
+
 // parseScript reads a task's input into a call, with the session's
-// defaults.
-func parseScript(input []byte, defaults taskDefaults) (sandbox.Request, error) {
+// defaults: its code runs as main.py or main.sh (Request.File), under the
+// runtime that the task or else its session names (see interpreter).
+func parseScript(input []byte, defaults taskDefaults) (task, error) {
 	timeout := defaults.Timeout
 	var sc Script
 	dec := json.NewDecoder(bytes.NewReader(input))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&sc); err != nil {
-		return sandbox.Request{}, fmt.Errorf("task input: want a JSON script {\"language\", \"code\", \"input\"}: %w: %w", err, errdefs.ErrInvalidArgument)
+		return task{}, fmt.Errorf("task input: want a JSON script {\"language\", \"code\", \"input\"}: %w: %w", err, errdefs.ErrInvalidArgument)
 	}
-	lang := strings.ToLower(sc.Language)
+	lang := strings.ToLower(strings.TrimSpace(sc.Language))
 	if lang != wire.LanguagePython && lang != wire.LanguageShell {
-		return sandbox.Request{}, fmt.Errorf("language %q: want python or shell: %w", sc.Language, errdefs.ErrInvalidArgument)
+		return task{}, fmt.Errorf("language %q: want python or shell: %w", sc.Language, errdefs.ErrInvalidArgument)
 	}
 	if sc.Timeout < 0 {
-		return sandbox.Request{}, fmt.Errorf("timeout %g: want seconds, more than 0: %w", sc.Timeout, errdefs.ErrInvalidArgument)
+		return task{}, fmt.Errorf("timeout %g: want seconds, more than 0: %w", sc.Timeout, errdefs.ErrInvalidArgument)
 	}
 	if sc.Timeout > 0 {
 		timeout = time.Duration(sc.Timeout * float64(time.Second))
 	}
-	req := sandbox.Request{Language: lang, Code: sc.Code, Timeout: timeout, MaxOutput: TaskMaxOutput,
-		Stdin: sc.Input, Interpreter: cmp.Or(sc.Runtime, defaults.Runtime)}
+	t := task{runtime: cmp.Or(strings.TrimSpace(sc.Runtime), strings.TrimSpace(defaults.Runtime))}
+	t.req = sandbox.Request{Language: lang, Code: sc.Code, Timeout: timeout, MaxOutput: TaskMaxOutput,
+		Stdin: sc.Input, Interpreter: interpreter(lang, t.runtime), File: pythonFile}
+	if lang == wire.LanguageShell {
+		t.req.File = shellFile
+		t.defaultShell = t.runtime == ""
+	}
 	for _, k := range slices.Sorted(maps.Keys(sc.Env)) {
-		req.Env = append(req.Env, k+"="+sc.Env[k])
+		t.req.Env = append(t.req.Env, k+"="+sc.Env[k])
 	}
-	if err := req.Validate(); err != nil {
-		return sandbox.Request{}, fmt.Errorf("task input: %w", err)
+	if err := t.req.Validate(); err != nil {
+		return task{}, fmt.Errorf("task input: %w", err)
 	}
-	return req, nil
+	return t, nil
 }
 
-// TaskMaxOutput is how much of stdout and of stderr a task's output keeps
-// (the first and last halves): little enough that the output, whatever its
-// bytes, fits in the 4 MiB that gRPC clients such as Flame's executor take
-// by default (data as numbers, stdout and stderr as escaped JSON strings).
-const TaskMaxOutput = 200 << 10
-
-// Output is a task's output: flmexec's {"data": stdout bytes}, which
-// Flame's Python client reads, and what flmexec never gave.
-type Output struct {
-	// Data is the snippet's stdout, as an array of numbers.
-	Data       Bytes   `json:"data"`
-	ExitCode   int     `json:"exit_code"`
-	Stdout     string  `json:"stdout"`
-	Stderr     string  `json:"stderr"`
-	TimedOut   bool    `json:"timed_out"`
-	OOMKilled  bool    `json:"oom_killed"`
-	DurationMS float64 `json:"duration_ms"`
-	// StdoutTruncated and StderrTruncated say that the middle of an
-	// output was left out (the agent's cap).
-	StdoutTruncated bool `json:"stdout_truncated,omitempty"`
-	StderrTruncated bool `json:"stderr_truncated,omitempty"`
-}
-
-func newOutput(res *wire.Result) *Output {
-	return &Output{Data: Bytes(res.Stdout.Data), ExitCode: res.ExitCode,
-		Stdout: validUTF8(res.Stdout.Data), Stderr: validUTF8(res.Stderr.Data),
-		TimedOut: res.TimedOut, OOMKilled: res.OOMKilled, DurationMS: res.DurationMS,
-		StdoutTruncated: res.Stdout.Truncated, StderrTruncated: res.Stderr.Truncated}
-}
-
-// validUTF8 is b as a string, invalid bytes replaced (data keeps them).
-func validUTF8(b []byte) string {
-	if utf8.Valid(b) {
-		return string(b)
+// interpreter is the sandbox.Request.Interpreter of runtime (trimmed) for
+// lang, as flmexec reads it: for Python, a version (3.11, or python3.11 as
+// flmexec also takes it: a leading "python" goes), a command or an absolute
+// path; "" or "python" are the image's python3 (flmexec's default is 3.12,
+// through uv: flmbox has no uv, and takes the image's own). For shell, a
+// shell's name or path; "" is bash, as in flmexec.
+func interpreter(lang, runtime string) string {
+	if lang == wire.LanguageShell {
+		return cmp.Or(runtime, defaultShell)
 	}
-	return strings.ToValidUTF8(string(b), "\uFFFD")
+	if v, ok := strings.CutPrefix(runtime, "python"); ok && (v == "" || wire.PythonVersion(v) != "") {
+		return v
+	}
+	return runtime
 }

@@ -1,10 +1,12 @@
 package instance
 
 import (
-	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,7 +15,6 @@ import (
 	"github.com/flmbox/flmbox/instance/flamepb"
 	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox"
-	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 func TestParseScript(t *testing.T) {
@@ -43,44 +44,68 @@ func TestParseScript(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || req.Language != tc.lang || req.Timeout != tc.time {
+		if err != nil || req.req.Language != tc.lang || req.req.Timeout != tc.time {
 			t.Errorf("%s: %+v %v", tc.input, req, err)
 		}
 	}
 }
 
 func TestParseScriptStdinEnvRuntime(t *testing.T) {
-	req, err := parseScript([]byte(`{"language":"shell","runtime":"bash","code":"cat","input":[104,105],"env":{"B":"2","A":"1"}}`), taskDefaults{Timeout: time.Second})
+	tk, err := parseScript([]byte(`{"language":"shell","runtime":"bash","code":"cat","input":[104,105],"env":{"B":"2","A":"1"}}`), taskDefaults{Timeout: time.Second})
+	req := tk.req
 	if err != nil || string(req.Stdin) != "hi" || req.Interpreter != "bash" || !slices.Equal(req.Env, []string{"A=1", "B=2"}) ||
-		req.MaxOutput != TaskMaxOutput {
-		t.Fatalf("%+v %v", req, err)
+		req.MaxOutput != TaskMaxOutput || tk.defaultShell {
+		t.Fatalf("%+v %v", tk, err)
 	}
 }
 
-// TestOutputFitsInAGRPCMessage: whatever a snippet prints, its task's
-// output is under gRPC's default 4 MiB.
-func TestOutputFitsInAGRPCMessage(t *testing.T) {
-	worst := bytes.Repeat([]byte{1}, TaskMaxOutput+200) // a control character: \u0001 in a JSON string
-	res := &wire.Result{Stdout: wire.Output{Data: worst, Truncated: true}, Stderr: wire.Output{Data: worst, Truncated: true}}
-	b, err := json.Marshal(newOutput(res))
-	if err != nil || len(b) >= 4<<20 {
-		t.Fatalf("%d bytes, want under %d: %v", len(b), 4<<20, err)
+// TestParseScriptRuntime: flmexec's runtimes, trimmed; Python's "python"
+// prefix of a version goes, shell's default is bash; the code runs as
+// main.py or main.sh.
+func TestParseScriptRuntime(t *testing.T) {
+	for _, tc := range []struct {
+		lang, runtime, session string
+		interp, file           string
+		defaultShell           bool
+	}{
+		{"python", "", "", "", "main.py", false},
+		{"python", "3.11", "", "3.11", "main.py", false},
+		{"python", " python3.11 ", "", "3.11", "main.py", false},
+		{"python", "python3", "", "3", "main.py", false},
+		{"python", "python", "", "", "main.py", false},
+		{"python", "/usr/bin/python3", "", "/usr/bin/python3", "main.py", false},
+		{"python", "pypy3", "", "pypy3", "main.py", false},
+		{"python", "python3-dbg", "", "python3-dbg", "main.py", false},
+		{"python", "", "python3.12", "3.12", "main.py", false}, // the session's (SandboxAttr.runtime)
+		{"python", "3.11", "3.12", "3.11", "main.py", false},
+		{"shell", "", "", "bash", "main.sh", true},
+		{"shell", "  ", "", "bash", "main.sh", true},
+		{"shell", "sh", "", "sh", "main.sh", false},
+		{"shell", "/bin/sh", "", "/bin/sh", "main.sh", false},
+		{"shell", "/usr/bin/zsh", "", "/usr/bin/zsh", "main.sh", false},
+		{"shell", "", "bash", "bash", "main.sh", false},
+	} {
+		input := fmt.Sprintf(`{"language":%q,"runtime":%q,"code":"1","input":null}`, tc.lang, tc.runtime)
+		tk, err := parseScript([]byte(input), taskDefaults{Timeout: time.Second, Runtime: tc.session})
+		if err != nil || tk.req.Interpreter != tc.interp || tk.req.File != tc.file || tk.defaultShell != tc.defaultShell {
+			t.Errorf("%s (session's %q): interpreter %q, file %q, default shell %v, want %q, %q, %v: %v",
+				input, tc.session, tk.req.Interpreter, tk.req.File, tk.defaultShell, tc.interp, tc.file, tc.defaultShell, err)
+		}
 	}
-	worst = bytes.Repeat([]byte{255}, TaskMaxOutput+200) // "255," in data
-	res.Stdout.Data = worst
-	if b, err = json.Marshal(newOutput(res)); err != nil || len(b) >= 4<<20 {
-		t.Fatalf("%d bytes, want under %d: %v", len(b), 4<<20, err)
+	for _, bad := range []string{"3.11", "python3.x/", "bin/bash", "/bin/../bin/sh"} {
+		if _, err := parseScript([]byte(`{"language":"shell","runtime":"`+bad+`","code":"1"}`), taskDefaults{Timeout: time.Second}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("shell runtime %q: %v", bad, err)
+		}
 	}
 }
 
-func TestOutputDataIsAnArrayOfNumbers(t *testing.T) {
-	b, err := json.Marshal(Output{Data: Bytes("hi\xff")})
-	if err != nil {
+// TestParseScriptLargeShellCode: shell code runs from a file, so it may be
+// as large as Python code (sh -c took at most 127 KiB).
+func TestParseScriptLargeShellCode(t *testing.T) {
+	code := "echo " + strings.Repeat("x", 500<<10)
+	b, _ := json.Marshal(Script{Language: "shell", Code: code})
+	if tk, err := parseScript(b, taskDefaults{Timeout: time.Second}); err != nil || tk.req.Code != code {
 		t.Fatal(err)
-	}
-	var v struct{ Data []int }
-	if err := json.Unmarshal(b, &v); err != nil || len(v.Data) != 3 || v.Data[0] != 'h' || v.Data[2] != 255 {
-		t.Fatalf("%s: %v %v", b, v, err)
 	}
 }
 
@@ -98,7 +123,7 @@ func TestSessionSpecBounds(t *testing.T) {
 		return c
 	}
 	spec, tasks, err := s.sessionSpec(sc("", ""))
-	if err != nil || spec.Image != "op" || tasks.Timeout != sandbox.DefaultTimeout || !spec.Ephemeral {
+	if err != nil || spec.Image != "op" || tasks.Timeout != DefaultTimeout || !spec.Ephemeral {
 		t.Fatalf("%+v %+v %v", spec, tasks, err)
 	}
 	if spec, _, _ := s.sessionSpec(sc("app", "")); spec.Image != "app" {
@@ -119,9 +144,9 @@ func TestSessionSpecBounds(t *testing.T) {
 		if err != nil || spec.Image != "op" || tasks.Runtime != runtime {
 			t.Errorf("%s: %+v %+v %v", data, spec, tasks, err)
 		}
-		req, err := parseScript([]byte(`{"language":"shell","code":"1","input":null}`), tasks)
-		if err != nil || req.Interpreter != runtime {
-			t.Errorf("%s: a task's interpreter %q, want %q: %v", data, req.Interpreter, runtime, err)
+		tk, err := parseScript([]byte(`{"language":"shell","code":"1","input":null}`), tasks)
+		if err != nil || tk.runtime != runtime || tk.req.Interpreter != cmp.Or(runtime, "bash") {
+			t.Errorf("%s: a task's runtime %q, interpreter %q, want %q: %v", data, tk.runtime, tk.req.Interpreter, runtime, err)
 		}
 	}
 	if spec, _, err := s.sessionSpec(sc("", "not an object: Flame's own data")); err != nil || spec.Image != "op" {

@@ -2,17 +2,28 @@
 // Instance gRPC service (flame.v1, package flamepb) whose session is one
 // sandbox and whose tasks are snippets run in it, on package sandbox.
 //
-// Flame's executor starts the application with FLAME_INSTANCE_ENDPOINT
-// naming a Unix socket, waits for the socket, then calls OnSessionEnter
-// once, OnTaskInvoke for each task (one at a time), OnSessionLeave, and
-// sends SIGTERM. A task's input is flmexec's Script ({"language", "code",
-// "input"}, bytes as arrays of numbers); its output keeps flmexec's
-// {"data": stdout bytes} and adds the snippet's exit code, stderr and
-// more, so that Flame's Python client (flamepy.tools.Sandbox) works
-// unchanged.
+// Flame's executor manager starts a new process of the application for
+// each session it binds an executor to, with FLAME_INSTANCE_ENDPOINT naming
+// a Unix socket; waits for the socket; calls OnSessionEnter once,
+// OnTaskInvoke for each task of that session (one at a time), and
+// OnSessionLeave (also after a failed OnSessionEnter); and sends SIGTERM.
+//
+// A task is flmexec's, byte for byte, so that Flame's Python client
+// (flamepy.tools.Sandbox) and whatever was written for flmexec work
+// unchanged. Its input is flmexec's Script ({"language", "code", "input",
+// "runtime"}, bytes as arrays of numbers); its code runs as flmexec runs
+// it, as a file, main.py or main.sh, under the runtime it names (a Python
+// version such as "3.11", bash by default for shell). Its output is
+// flmexec's {"data": stdout bytes}, which is all flamepy reads, and more
+// (see Output): data is all of stdout, or, when that would not fit in the
+// 4 MiB of one gRPC message, the longest prefix that does, never with a
+// byte of flmbox's in it; stdout_truncated, stdout_bytes and stdout_tail
+// say what was left out. flmexec has no timeout; a task here has one, an
+// hour by default (DefaultTimeout).
 package instance
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -40,17 +51,23 @@ type Options struct {
 	// Its Name is ignored.
 	Spec sandbox.Spec
 	// Timeout is a task's timeout when neither the task nor the session
-	// sets one (default sandbox.DefaultTimeout).
+	// sets one (default DefaultTimeout).
 	Timeout time.Duration
 	// Log gets one line per call (default: discarded).
 	Log io.Writer
 }
 
+// DefaultTimeout is a task's timeout when neither the task, its session
+// nor the operator (Options.Timeout) sets one. flmexec has none, and a
+// task written for it may run for minutes; a sandbox must bound
+// something, and an hour bounds a task stuck for good.
+const DefaultTimeout = time.Hour
+
 // Server serves one Flame executor: one session, one sandbox. The zero
 // value is not usable: use New.
 type Server struct {
 	flamepb.UnimplementedInstanceServer
-	m *sandbox.Manager
+	m sandboxes
 	o Options
 
 	mu      sync.Mutex // one call at a time (Flame sends them so)
@@ -58,15 +75,29 @@ type Server struct {
 	name    string     // the session's sandbox
 	tasks   taskDefaults
 	broken  error // why the session's sandbox can take no more tasks
+	// noBash says that the session's image has no bash: its shell tasks
+	// that name no shell run with its /bin/sh.
+	noBash bool
+}
+
+// sandboxes are what a Server does with sandboxes: *sandbox.Manager.
+type sandboxes interface {
+	Acquire(ctx context.Context, spec sandbox.Spec) (*sandbox.Sandbox, error)
+	Call(ctx context.Context, name string, req sandbox.Request) (*wire.Result, error)
+	Release(ctx context.Context, name string) error
 }
 
 // New returns a Server that makes its sandboxes with m.
 func New(m *sandbox.Manager, o Options) *Server {
+	return newServer(m, o)
+}
+
+func newServer(m sandboxes, o Options) *Server {
 	if o.Log == nil {
 		o.Log = io.Discard
 	}
 	if o.Timeout <= 0 {
-		o.Timeout = sandbox.DefaultTimeout
+		o.Timeout = DefaultTimeout
 	}
 	return &Server{m: m, o: o}
 }
@@ -83,6 +114,12 @@ func (s *Server) logf(start time.Time, format string, args ...any) {
 
 // OnSessionEnter acquires the session's sandbox, from the pool of its
 // shape or new (see sessionSpec for what the session may choose).
+//
+// An enter while a session is entered is refused, and the session entered
+// keeps its sandbox and its tasks: Flame never does that (an executor's
+// process serves one session binding, left before the next is entered), so
+// a second enter is a client's mistake, and taking it would lose the
+// files of the session entered, or mix two sessions in one sandbox.
 func (s *Server) OnSessionEnter(ctx context.Context, sc *flamepb.SessionContext) (*flamepb.Result, error) {
 	start := time.Now()
 	s.mu.Lock()
@@ -96,7 +133,7 @@ func (s *Server) OnSessionEnter(ctx context.Context, sc *flamepb.SessionContext)
 		s.logf(start, "enter session %q failed: %v", sc.GetSessionId(), err)
 		return failed(fmt.Errorf("enter session %q: %w", sc.GetSessionId(), err)), nil
 	}
-	s.session, s.name, s.tasks, s.broken = sc.GetSessionId(), sb.Name, tasks, nil
+	s.session, s.name, s.tasks, s.broken, s.noBash = sc.GetSessionId(), sb.Name, tasks, nil, false
 	s.logf(start, "enter session %q: sandbox %s of %s", s.session, sb.Name, sb.Image)
 	return &flamepb.Result{}, nil
 }
@@ -248,7 +285,8 @@ func lower(name string, raw json.RawMessage, dst *int64, max int64) error {
 }
 
 // OnSessionLeave gives the session's sandbox back (sandbox.Manager.Release:
-// reset into its pool, or removed).
+// reset into its pool, or removed). With no session entered, as after a
+// failed OnSessionEnter (Flame then leaves all the same), it succeeds.
 func (s *Server) OnSessionLeave(ctx context.Context, _ *flamepb.EmptyRequest) (*flamepb.Result, error) {
 	start := time.Now()
 	s.mu.Lock()
@@ -295,46 +333,83 @@ func errOrOK(err error) any {
 // ErrNoSession is in the message of a task invoked outside a session.
 var ErrNoSession = fmt.Errorf("no session is entered: %w", errdefs.ErrFailedPrecondition)
 
+// ErrOtherSession is in the message of a task of another session than the
+// one entered: it is refused, and nothing runs. (Flame hands an executor
+// only its session's tasks.)
+var ErrOtherSession = fmt.Errorf("the task is of another session: %w", errdefs.ErrFailedPrecondition)
+
 // OnTaskInvoke runs the task's script in the session's sandbox (see
-// Script and Output).
+// Script and Output). A snippet that fails is a task that ran (return code
+// 0, its exit code in the output); a task that could not run (bad input, a
+// runtime the image lacks, another session's task, a dead sandbox) fails
+// with a message.
 func (s *Server) OnTaskInvoke(ctx context.Context, tc *flamepb.TaskContext) (*flamepb.TaskResult, error) {
 	start := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out, err := s.invoke(ctx, tc)
+	res, err := s.invoke(ctx, tc)
 	if err != nil {
 		s.logf(start, "task %q of session %q failed: %v", tc.GetTaskId(), s.session, err)
 		msg := err.Error()
 		return &flamepb.TaskResult{ReturnCode: 1, Message: &msg}, nil
 	}
-	b, err := json.Marshal(out)
-	if err != nil {
-		return nil, err
+	out, b := newOutput(res, outputBudget(len(tc.GetInput())))
+	note := ""
+	if out.StdoutTruncated {
+		note = fmt.Sprintf(", stdout truncated to %d of %d bytes", len(out.Data), out.StdoutBytes)
 	}
-	s.logf(start, "task %q of session %q: exit %d", tc.GetTaskId(), s.session, out.ExitCode)
+	s.logf(start, "task %q of session %q: exit %d%s", tc.GetTaskId(), s.session, out.ExitCode, note)
 	return &flamepb.TaskResult{Output: b}, nil
 }
 
-func (s *Server) invoke(ctx context.Context, tc *flamepb.TaskContext) (*Output, error) {
+func (s *Server) invoke(ctx context.Context, tc *flamepb.TaskContext) (*wire.Result, error) {
 	if s.session == "" {
 		return nil, ErrNoSession
+	}
+	if id := tc.GetSessionId(); id != "" && id != s.session {
+		return nil, fmt.Errorf("task %q of session %q, not of %q, which this instance serves: %w", tc.GetTaskId(), id, s.session, ErrOtherSession)
 	}
 	if s.broken != nil {
 		return nil, fmt.Errorf("the session's sandbox can take no more tasks: %w", s.broken)
 	}
-	req, err := parseScript(tc.GetInput(), s.tasks)
+	t, err := parseScript(tc.GetInput(), s.tasks)
 	if err != nil {
 		return nil, err
 	}
-	res, err := s.m.Call(ctx, s.name, req)
-	if err != nil {
-		if errors.Is(err, sandbox.ErrDead) || errors.Is(err, sandbox.ErrRemoved) {
-			s.broken = err
-		}
-		return nil, err
+	if t.defaultShell && s.noBash {
+		t.req.Interpreter = "" // the image's /bin/sh
 	}
-	if res.Error != "" {
+	res, err := s.call(ctx, t.req)
+	if err == nil && t.defaultShell && !s.noBash && missingInterpreter(res, t.req.Interpreter) {
+		// No code ran: the agent looks for the interpreter first.
+		s.noBash, t.req.Interpreter = true, ""
+		res, err = s.call(ctx, t.req)
+	}
+	switch {
+	case err != nil:
+		return nil, err
+	case missingInterpreter(res, t.req.Interpreter):
+		// "interpreter 3.12: the sandbox has no python3.12 ...", as the
+		// task named it.
+		return nil, fmt.Errorf("runtime %s:%s", cmp.Or(t.runtime, t.req.Interpreter), strings.TrimPrefix(res.Error, "interpreter "+t.req.Interpreter+":"))
+	case res.Error != "":
 		return nil, fmt.Errorf("run the task: %s", res.Error)
 	}
-	return newOutput(res), nil
+	return res, nil
+}
+
+// call runs req in the session's sandbox; a sandbox found dead or removed
+// takes no more tasks.
+func (s *Server) call(ctx context.Context, req sandbox.Request) (*wire.Result, error) {
+	res, err := s.m.Call(ctx, s.name, req)
+	if errors.Is(err, sandbox.ErrDead) || errors.Is(err, sandbox.ErrRemoved) {
+		s.broken = err
+	}
+	return res, err
+}
+
+// missingInterpreter says whether res is the agent's refusal of a call
+// whose interpreter (not "") it could not find: no code ran.
+func missingInterpreter(res *wire.Result, interpreter string) bool {
+	return interpreter != "" && res.ExitCode == -1 && strings.HasPrefix(res.Error, "interpreter "+interpreter+": ")
 }

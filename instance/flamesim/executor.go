@@ -9,7 +9,7 @@
 // group, as Flame does.
 //
 // A task's input is flmexec's script as flamepy.tools.Sandbox sends it
-// (Script), and its output is what `flmbox instance` answers (Output,
+// (Task, Script), and its output is what `flmbox instance` answers (Output,
 // DecodeOutput). The package knows nothing of flmbox's own packages: it
 // speaks only the protocol.
 package flamesim

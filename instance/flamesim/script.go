@@ -1,41 +1,114 @@
 package flamesim
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
+	"unicode/utf16"
 
 	"github.com/flmbox/flmbox/instance/flamepb"
 )
 
-// Script is a task's input as flamepy.tools.Sandbox sends it for a snippet:
-// flmexec's script, {"language":LANGUAGE,"code":CODE,"input":null}, compact.
-// Invalid UTF-8 in code becomes U+FFFD, as in any JSON string.
+// Task is a task's input as flamepy.tools.Sandbox makes it for a snippet
+// (run_code, submit_code): flmexec's script.
+type Task struct {
+	// Language and Runtime are the Sandbox's (its SandboxAttr); an empty
+	// Runtime is None, and left out.
+	Language, Runtime string
+	// Code is the snippet.
+	Code string
+	// Input is its stdin; nil is None.
+	Input []byte
+}
+
+// JSON returns t as flamepy encodes it, byte for byte: Python's
+// json.dumps of {"language", "code", "input"} and "runtime" if set, with
+// its default separators (", " and ": ") and every character outside
+// ASCII's printable ones escaped (\u00e9, a surrogate pair beyond U+FFFF).
+// Invalid UTF-8 in Code becomes U+FFFD (a Python str holds none).
+func (t Task) JSON() []byte {
+	var b strings.Builder
+	b.WriteString(`{"language": ` + pyString(t.Language) + `, "code": ` + pyString(t.Code) + `, "input": `)
+	if t.Input == nil {
+		b.WriteString("null")
+	} else {
+		b.WriteByte('[')
+		for i, c := range t.Input {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(strconv.Itoa(int(c)))
+		}
+		b.WriteByte(']')
+	}
+	if t.Runtime != "" {
+		b.WriteString(`, "runtime": ` + pyString(t.Runtime))
+	}
+	b.WriteByte('}')
+	return []byte(b.String())
+}
+
+// pyString is s as Python's json.dumps writes a str (ensure_ascii).
+func pyString(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for _, r := range s {
+		switch {
+		case r == '"' || r == '\\':
+			b.WriteString(`\` + string(r))
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r == '\b':
+			b.WriteString(`\b`)
+		case r == '\f':
+			b.WriteString(`\f`)
+		case r >= ' ' && r <= '~':
+			b.WriteRune(r)
+		case r > 0xffff:
+			r1, r2 := utf16.EncodeRune(r)
+			fmt.Fprintf(&b, `\u%04x\u%04x`, r1, r2)
+		default:
+			fmt.Fprintf(&b, `\u%04x`, r)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+// Script is Task{Language: language, Code: code}.JSON(): a snippet of a
+// Sandbox with no runtime, without input.
 func Script(language, code string) []byte {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	// Strings and a null cannot fail to encode.
-	enc.Encode(struct {
-		Language string `json:"language"`
-		Code     string `json:"code"`
-		Input    []int  `json:"input"`
-	}{Language: language, Code: code})
-	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+	return Task{Language: language, Code: code}.JSON()
 }
 
 // Output is a task's output as `flmbox instance` answers it: flmexec's
 // {"data": stdout as an array of byte numbers}, which flamepy decodes as
 // bytes(data), and the rest of the snippet's result.
 type Output struct {
-	// Data is the snippet's stdout, byte for byte.
+	// Data is the snippet's stdout, byte for byte, or its first bytes
+	// (StdoutTruncated).
 	Data       []byte  `json:"data"`
 	ExitCode   int     `json:"exit_code"`
-	Stdout     string  `json:"stdout"` // as valid UTF-8
-	Stderr     string  `json:"stderr"` // as valid UTF-8
+	Stdout     string  `json:"stdout"` // Data as valid UTF-8
+	Stderr     string  `json:"stderr"` // as valid UTF-8, or its first bytes
 	TimedOut   bool    `json:"timed_out"`
 	OOMKilled  bool    `json:"oom_killed"`
 	DurationMS float64 `json:"duration_ms"`
+	// StdoutBytes and StderrBytes are the sizes of the whole streams;
+	// StdoutTruncated and StderrTruncated say that Data and Stderr hold
+	// only their first bytes, StdoutTail and StderrTail their last ones
+	// (as valid UTF-8).
+	StdoutBytes     int64  `json:"stdout_bytes"`
+	StderrBytes     int64  `json:"stderr_bytes"`
+	StdoutTruncated bool   `json:"stdout_truncated"`
+	StderrTruncated bool   `json:"stderr_truncated"`
+	StdoutTail      string `json:"stdout_tail"`
+	StderrTail      string `json:"stderr_tail"`
 }
 
 // UnmarshalJSON reads the output's JSON; data must be null or an array of

@@ -9,15 +9,33 @@ import (
 )
 
 func TestScript(t *testing.T) {
-	for _, tc := range []struct{ lang, code, want string }{
-		// flamepy.tools.Sandbox's exact bytes.
-		{"python", "print(1)", `{"language":"python","code":"print(1)","input":null}`},
-		{"shell", "echo 'a' > /tmp/b && cat <x", `{"language":"shell","code":"echo 'a' > /tmp/b && cat <x","input":null}`},
-		{"python", "print(\"é\\n\")\n", `{"language":"python","code":"print(\"é\\n\")\n","input":null}`},
+	for _, tc := range []struct {
+		task Task
+		want string
+	}{
+		// Python's json.dumps of flamepy.tools.Sandbox's payload, as
+		// python3 -c 'import json; print(json.dumps(...))' writes them.
+		{Task{Language: "python", Code: "print(1)"}, `{"language": "python", "code": "print(1)", "input": null}`},
+		{Task{Language: "shell", Code: "echo 'a' > /tmp/b && cat <x"}, `{"language": "shell", "code": "echo 'a' > /tmp/b && cat <x", "input": null}`},
+		{Task{Language: "python", Code: "print(\"é\\n\")\n\x01\x7f\b\f\t\r😀"},
+			`{"language": "python", "code": "print(\"\u00e9\\n\")\n\u0001\u007f\b\f\t\r\ud83d\ude00", "input": null}`},
+		{Task{Language: "python", Runtime: "3.11", Code: "1", Input: []byte("hi")}, `{"language": "python", "code": "1", "input": [104, 105], "runtime": "3.11"}`},
+		{Task{Language: "python", Code: "1", Input: []byte{}}, `{"language": "python", "code": "1", "input": []}`},
 	} {
-		if got := string(Script(tc.lang, tc.code)); got != tc.want {
-			t.Errorf("Script(%q, %q) = %s, want %s", tc.lang, tc.code, got, tc.want)
+		got := tc.task.JSON()
+		if string(got) != tc.want {
+			t.Errorf("%+v: %s, want %s", tc.task, got, tc.want)
 		}
+		var back struct {
+			Language, Code, Runtime string
+			Input                   []int
+		}
+		if err := json.Unmarshal(got, &back); err != nil || back.Code != tc.task.Code || back.Runtime != tc.task.Runtime || len(back.Input) != len(tc.task.Input) {
+			t.Errorf("%s reads back as %+v: %v", got, back, err)
+		}
+	}
+	if got := string(Script("python", "print(1)")); got != `{"language": "python", "code": "print(1)", "input": null}` {
+		t.Errorf("Script: %s", got)
 	}
 }
 
