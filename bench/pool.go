@@ -3,20 +3,25 @@ package bench
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/flmbox/flmbox/internal/procmem"
 	"github.com/flmbox/flmbox/sandbox"
 )
 
-// poolEnv sets the shape of the bench's pool apart from the sandboxes that
-// `flmbox run --image` creates in the allocation pairs (an environment
-// setting is part of a shape), so that those never adopt from it.
-const poolEnv = "FLMBOX_BENCH_POOL=1"
+// poolTmpBytes sets the shape of the bench's pool apart from the sandboxes
+// that `flmbox run --image` creates in the allocation pairs (the size of
+// /tmp is part of a shape; run's --env is the call's, not the shape's), so
+// that those never adopt from it.
+const poolTmpBytes = sandbox.DefaultTmpBytes - 1<<20
+
+// poolTmpSize is poolTmpBytes as run's --tmp-size.
+var poolTmpSize = strconv.FormatInt(poolTmpBytes, 10)
 
 // poolSpec is a sandbox of the bench's pool.
 func (r *runner) poolSpec() sandbox.Spec {
-	return sandbox.Spec{Image: r.ref, Env: []string{poolEnv}}
+	return sandbox.Spec{Image: r.ref, TmpBytes: poolTmpBytes}
 }
 
 // fillPool makes the bench's pool: one idle sandbox.
@@ -37,7 +42,7 @@ func (r *runner) drainPool(ctx context.Context) error {
 // the pool) goes into release.
 func (r *runner) pooledAllocator(release *[]float64) allocator {
 	return func(ctx context.Context) (time.Duration, error) {
-		cmd := r.flmbox(ctx, "run", "--image", r.ref, "--env", poolEnv, "-c", pythonSnippet.code)
+		cmd := r.flmbox(ctx, "run", "--image", r.ref, "--tmp-size", poolTmpSize, "-c", pythonSnippet.code)
 		out, exit, err := timeOutputExit(cmd, wantOutput)
 		if err == nil {
 			*release = append(*release, ms(exit-out))
@@ -63,7 +68,7 @@ func (r *runner) measurePoolMemory(ctx context.Context) (rep PoolMemory, err err
 		if _, err := r.m.FillPool(ctx, spec, sandbox.PoolOptions{Size: 1}, 1); err != nil {
 			return rep, err
 		}
-		args := []string{"run", "--image", r.ref, "--env", poolEnv}
+		args := []string{"run", "--image", r.ref, "--tmp-size", poolTmpSize}
 		if spec.LazySpares {
 			args = append(args, "--lazy-spares")
 		}

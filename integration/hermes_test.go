@@ -222,7 +222,7 @@ sizes = [len(read_file("/data/f%d.txt" % i)["content"]) for i in range(20)]
 ok = all(s == 1_000_000 for s in sizes)
 found = [web_search("q%d" % i)["data"]["web"][0]["title"] for i in range(30)]
 last = web_search("one too many")
-print(ok, len(sizes), found[-1], last.get("error", "")[:25], __file__.endswith("/script.py"), sys.argv[0] == __file__)
+print(ok, len(sizes), found[-1], last.get("error", "").split(" (")[0], __file__.endswith("/script.py"), sys.argv[0] == __file__)
 `, image...)
 		if want := "True 20 about q29 Tool call limit reached True True\n"; res.Stdout != want || res.ExitCode != 0 {
 			t.Errorf("exit %d, stdout %q (want %q), stderr %q", res.ExitCode, res.Stdout, want, res.Stderr)

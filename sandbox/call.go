@@ -45,9 +45,9 @@ type Request struct {
 	// name it, a new directory under /tmp holds it for the call (see
 	// wire.Request.File). Without it, Python code runs as python3 -c does.
 	File string
-	// CopyIn are copied into the sandbox, in order, before the code runs,
-	// as Manager.CopyIn copies; one that fails fails the call before any
-	// code runs. Batch takes none.
+	// CopyIn are copied into the sandbox, in order, before the code runs
+	// (after Reset), as Manager.CopyIn copies; one that fails fails the call
+	// before any code runs. Batch takes none.
 	CopyIn []CopyIn
 	// Callback, if set, opens a channel from the snippet to the caller for
 	// this call (see Callback).
@@ -141,6 +141,13 @@ func (m *Manager) Call(ctx context.Context, name string, req Request) (*wire.Res
 	wreq, err := req.wire()
 	if err != nil {
 		return nil, err
+	}
+	if len(req.CopyIn) > 0 && wreq.Reset {
+		// The reset empties /tmp: it comes before the copies.
+		if err := m.Reset(ctx, name); err != nil {
+			return nil, err
+		}
+		wreq.Reset = false
 	}
 	if err := m.copyIn(ctx, name, req.CopyIn); err != nil {
 		return nil, err

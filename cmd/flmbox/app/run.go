@@ -57,7 +57,7 @@ func runCommand() *cli.Command {
 
 // runInSandbox runs req in sandbox name, resumed first if it is suspended.
 func runInSandbox(c *cli.Context, m *sandbox.Manager, name string, req sandbox.Request) error {
-	res, err := callSandbox(c.Context, m, name, req)
+	res, err := m.Call(c.Context, name, req)
 	resumed := false
 	if errors.Is(err, record.ErrSuspended) {
 		// Resumed first, said on stderr (or in the JSON).
@@ -65,7 +65,7 @@ func runInSandbox(c *cli.Context, m *sandbox.Manager, name string, req sandbox.R
 			if resumed && !c.Bool("json") {
 				fmt.Fprintf(c.App.ErrWriter, "flmbox: resumed sandbox %s\n", name)
 			}
-			res, err = callSandbox(c.Context, m, name, req)
+			res, err = m.Call(c.Context, name, req)
 		}
 	}
 	switch {
@@ -79,19 +79,6 @@ func runInSandbox(c *cli.Context, m *sandbox.Manager, name string, req sandbox.R
 	err = printResultResumed(c, res, resumed)
 	m.Wait() // the resume's image removal, after the output
 	return err
-}
-
-// callSandbox is m.Call of req in sandbox name. A reset (--reset) empties
-// /tmp, and Call makes its copies (--copy) before the call's reset: with
-// both, the sandbox is reset first, then copied into, then called.
-func callSandbox(ctx context.Context, m *sandbox.Manager, name string, req sandbox.Request) (*wire.Result, error) {
-	if req.Reset && len(req.CopyIn) > 0 {
-		if err := m.Reset(ctx, name); err != nil {
-			return nil, err
-		}
-		req.Reset = false
-	}
-	return m.Call(ctx, name, req)
 }
 
 // runInImage runs req in a clean sandbox of --image's (m.RunOnce).
