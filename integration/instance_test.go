@@ -120,7 +120,9 @@ func TestInstanceOverFlameProtocol(t *testing.T) {
 		{script("shell", `mkdir -p /tmp/demo && printf "region,revenue,cost\neast,120,75\nwest,80,55\neast,150,90\nwest,100,70\n" > /tmp/demo/sales.csv`), ""},
 		{script("python", string(demo1)), "{\"rows\": 4, \"revenue\": 450, \"profit\": 160}\nLinux\n"},
 		{script("SHELL", "cat /tmp/demo/summary.json"), `{"rows": 4, "revenue": 450, "profit": 160}`},
-		// flamepy.tools.Sandbox's exact bytes.
+		// flamepy.tools.Sandbox's exact bytes (Python's json.dumps), and
+		// compact JSON.
+		{`{"language": "python", "code": "print(1)", "input": null}`, "1\n"},
 		{`{"language":"python","code":"print(1)","input":null}`, "1\n"},
 	} {
 		res, out := e.task(t, "t", tc.input)
