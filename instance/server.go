@@ -381,8 +381,9 @@ func (s *Server) invoke(ctx context.Context, tc *flamepb.TaskContext) (*wire.Res
 	}
 	res, err := s.call(ctx, t.req)
 	if err == nil && t.defaultShell && !s.noBash && missingInterpreter(res, t.req.Interpreter) {
-		// No code ran: the agent looks for the interpreter first.
-		s.noBash, t.req.Interpreter = true, ""
+		// No code ran: the agent looks for the interpreter first. The
+		// image has no bash, unless the task's own PATH hid it.
+		s.noBash, t.req.Interpreter = len(t.req.Env) == 0, ""
 		res, err = s.call(ctx, t.req)
 	}
 	switch {
