@@ -5,11 +5,14 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -314,4 +317,83 @@ print(os.environ["HERMES_RPC_TOKEN"], web_search("x").get("error", "ok"))
 			t.Errorf("the next call sees HERMES_RPC_TOKEN: exit %d, stdout %q, stderr %q", out.code, out.stdout, out.stderr)
 		}
 	})
+}
+
+// runWithStdin runs flmbox ARGS with stdin, failing the test if it does not
+// end within a minute.
+func runWithStdin(t *testing.T, root string, stdin []byte, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, flmboxBin, append([]string{"--root", root, "--runsc", runscPath}, args...)...)
+	cmd.Stdin = bytes.NewReader(stdin)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("flmbox %q hangs: killed\nstderr: %s", args, stderr.String())
+	}
+	res := result{stdout: stdout.String(), stderr: stderr.String()}
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		res.code = ee.ExitCode()
+	case err != nil:
+		t.Fatalf("run flmbox %q: %v", args, err)
+	}
+	return res
+}
+
+// hostname is sandbox name's host name: the first 12 hex digits of its
+// runsc ID (flmbox-HEX).
+func hostname(t *testing.T, root, name string) string {
+	t.Helper()
+	return strings.TrimPrefix(faultSandboxID(t, root, name), "flmbox-")[:12]
+}
+
+// TestRunInputs: what a client such as Hermes' execute_code gives a call
+// besides its code, in a persistent sandbox and in a pooled one: its stdin
+// (-i), a directory copied in before the code runs (--copy), the call's
+// own environment (-e, gone in the next call), and the code as a file.
+func TestRunInputs(t *testing.T) {
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	faultSandbox(t, root, reg, "inputs")
+	mustFlmbox(t, root, "pool", "fill", reg.digestRef(), "--size", "1")
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "pkg", "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "pkg", "sub", "mod.py"), []byte("VALUE = 42\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	script := filepath.Join(dir, "job.py")
+	if err := os.WriteFile(script, []byte(`import os, sys
+sys.path.insert(0, "/tmp/pkg")
+from sub.mod import VALUE
+print(sys.stdin.read().upper(), VALUE, os.environ.get("JOB_TOKEN"), os.path.basename(__file__), os.uname().nodename)
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var pools []struct{ Idle []string }
+	if err := json.Unmarshal([]byte(mustFlmbox(t, root, "pool", "ls", "--json")), &pools); err != nil || len(pools) != 1 || len(pools[0].Idle) != 1 {
+		t.Fatalf("pool ls: %+v, %v", pools, err)
+	}
+	hostnames := map[string]string{ // the sandbox's, by where
+		"--sandbox": hostname(t, root, "inputs"),
+		"--image":   hostname(t, root, pools[0].Idle[0]), // -e is the call's: the pooled sandbox is taken
+	}
+	for _, where := range [][]string{{"--sandbox", "inputs"}, {"--image", reg.digestRef()}} {
+		res := runWithStdin(t, root, []byte("from stdin"), append(append([]string{"run"}, where...), "-i", "--copy", filepath.Join(dir, "pkg")+":/tmp/pkg",
+			"-e", "JOB_TOKEN=t1", script)...)
+		if want := "FROM STDIN 42 t1 job.py " + hostnames[where[0]] + "\n"; res.stdout != want || res.code != 0 {
+			t.Errorf("%v: exit %d, stdout %q (want %q), stderr %q", where, res.code, res.stdout, want, res.stderr)
+		}
+	}
+	// The call's environment and stdin are gone in the next call; the copy
+	// stays in the persistent sandbox.
+	res := faultRun(t, root, "inputs", `import os, sys; print(os.environ.get("JOB_TOKEN"), repr(sys.stdin.read()), os.path.exists("/tmp/pkg/sub/mod.py"))`)
+	if want := "None '' True\n"; res.stdout != want || res.code != 0 {
+		t.Errorf("the next call: exit %d, stdout %q (want %q), stderr %q", res.code, res.stdout, want, res.stderr)
+	}
 }
