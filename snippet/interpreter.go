@@ -411,22 +411,20 @@ func zygoteCommand(user *User) command {
 	return command{args: []string{"python3", "-S", "-s", "-u", "-c", pythonZygote(user)}}
 }
 
-// shellCommand runs code with sh -c, with $0 set to file if not empty;
-// the gate carries a newline.
-func shellCommand(code, file string) command {
-	c := command{args: []string{"sh", "-c", shellPrologue + code}}
-	if file != "" {
-		c.args = append(c.args, file)
-	}
-	return c
+// shellCommand runs code with sh -c; the gate carries a newline.
+func shellCommand(code string) command {
+	return command{args: []string{"sh", "-c", shellPrologue + code}}
 }
 
-// shellRunFile is the shell code that runs a call's code file ($0) with
-// the shell at path, as path FILE does: once the gate is read, the shell
-// execs path FILE (sourcing FILE would add the -c shell's name to every
-// error message).
-func shellRunFile(path string) string {
-	return "exec " + shellQuote(path) + ` "$0"`
+// shellRunFile is the shell code that runs a call's code file with the
+// shell at path, as path FILE does: the agent's shell (a spare, or one
+// started for the call, its limits set and its gate read) execs path FILE.
+// So $0, line numbers and error messages are FILE's, whatever the shell
+// (csh and fish too: the agent's sh reads this line, not path), and
+// sourcing FILE would have added the agent's shell's name to every error
+// message.
+func shellRunFile(path, file string) string {
+	return "exec " + shellQuote(path) + " " + shellQuote(file)
 }
 
 // shellQuote quotes s for the shell.

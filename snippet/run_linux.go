@@ -74,7 +74,8 @@ func (a *Agent) run(ctx context.Context, req *wire.Request, notify func(wire.Eve
 	}
 	// call is req as run: a shell's code exports the call's own settings
 	// (late), which a Python process takes from its gate; with a File, its
-	// File is the code file's path, and a shell's code sources it.
+	// File is the code file's path, and a shell's code is the agent's shell
+	// exec'ing the interpreter on it (interp is then the agent's).
 	call, late := req, []string(nil)
 	var cb *callback
 	if req.Callback != nil {
@@ -99,8 +100,10 @@ func (a *Agent) run(ctx context.Context, req *wire.Request, notify func(wire.Eve
 			defer remove()
 			if req.Language == wire.LanguagePython {
 				late = append(late, "="+c.File) // the bootstrap's name for the file
+			} else {
+				code = shellRunFile(cmp.Or(interp, a.shell), c.File)
+				interp = ""
 			}
-			code = shellRunFile(cmp.Or(interp, a.shell))
 		}
 		if req.Language == wire.LanguageShell {
 			c.Code = shellExports(late) + code
@@ -111,7 +114,7 @@ func (a *Agent) run(ctx context.Context, req *wire.Request, notify func(wire.Eve
 	a.calls.RLock()
 	defer a.calls.RUnlock()
 	var p *proc
-	if interp == "" && len(req.Env) == 0 && len(req.Stdin) == 0 && (req.File == "" || req.Language == wire.LanguagePython) {
+	if interp == "" && len(req.Env) == 0 && len(req.Stdin) == 0 {
 		p = a.takeSpare(ctx, call)
 	}
 	if p == nil {
@@ -237,7 +240,7 @@ func withEnv(env, extra []string) []string {
 func (a *Agent) startCall(req *wire.Request, interp string) (*proc, error) {
 	stdin := len(req.Stdin) > 0
 	if interp == "" && len(req.Env) == 0 {
-		return a.start(req.Language, req.Code, req.File, req.Limits, false, stdin)
+		return a.start(req.Language, req.Code, req.Limits, false, stdin)
 	}
 	runs, idle := a.spareMark()
 	env := withEnv(a.env, req.Env)
@@ -250,7 +253,7 @@ func (a *Agent) startCall(req *wire.Request, interp string) (*proc, error) {
 		p, err = a.startExec(path, c, pythonEnv(env), a.User.credential(), req.Limits, stdin)
 	} else {
 		path := cmp.Or(interp, a.shell)
-		c := shellCommand(req.Code, req.File)
+		c := shellCommand(req.Code)
 		c.args[0] = filepath.Base(path)
 		p, err = a.startExec(path, c, env, a.User.credential(), req.Limits, stdin)
 	}
@@ -362,24 +365,23 @@ func (p *proc) close() {
 
 // start starts the interpreter of lang for code (empty for a spare, which
 // takes code later), with limits set, and a pipe for its stdin if stdin is
-// set (else stdin is at EOF); a shell's $0 is file, if set (its code
-// sources it). A Python process is forked by the zygote when the agent has
+// set (else stdin is at EOF). A Python process is forked by the zygote when the agent has
 // one running, or when wait is set after starting one; otherwise it is a
 // new python3.
-func (a *Agent) start(lang, code, file string, limits wire.Limits, wait, stdin bool) (*proc, error) {
+func (a *Agent) start(lang, code string, limits wire.Limits, wait, stdin bool) (*proc, error) {
 	runs, idle := a.spareMark()
-	p, err := a.startLang(lang, code, file, limits, wait, stdin)
+	p, err := a.startLang(lang, code, limits, wait, stdin)
 	if err == nil {
 		p.lang, p.runs, p.idleStart = lang, runs, idle
 	}
 	return p, err
 }
 
-func (a *Agent) startLang(lang, code, file string, limits wire.Limits, wait, stdin bool) (*proc, error) {
+func (a *Agent) startLang(lang, code string, limits wire.Limits, wait, stdin bool) (*proc, error) {
 	if lang == wire.LanguageShell {
 		c := shellScriptCommand()
-		if len(code) > maxShellScript || !a.shellIsDash || stdin || file != "" { // sh -s's stdin is its gate
-			c = shellCommand(code, file)
+		if len(code) > maxShellScript || !a.shellIsDash || stdin { // sh -s's stdin is its gate
+			c = shellCommand(code)
 		}
 		c.args[0] = filepath.Base(a.shell) // $0, and bash's POSIX mode only as sh
 		return a.startExec(a.shell, c, a.env, a.User.credential(), limits, stdin)

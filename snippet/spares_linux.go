@@ -112,7 +112,7 @@ func (a *Agent) refill(lang string, limits wire.Limits) {
 	// first result; the zygote starts with the second.
 	wait := a.pythonUsed
 	go func() {
-		p, err := a.start(lang, "", "", limits, wait, false)
+		p, err := a.start(lang, "", limits, wait, false)
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		delete(a.refilling, lang)

@@ -59,6 +59,7 @@ func TestSpares(t *testing.T) {
 		{"Stdin", TestRunStdin},
 		{"CallEnv", TestRunCallEnv},
 		{"Interpreter", TestRunInterpreter},
+		{"File", TestRunFile},
 		{"Callback", TestCallback},
 		{"CallbackLimits", TestCallbackLimits},
 		{"CallbackOnlyTheCall", TestCallbackOnlyTheCall},
