@@ -37,9 +37,16 @@ func cp(t *testing.T, root string, stdin []byte, args ...string) result {
 // cpWithin is cp, failing the test if flmbox cp does not end within d.
 func cpWithin(t *testing.T, d time.Duration, root string, stdin []byte, args ...string) result {
 	t.Helper()
+	return flmboxWithin(t, d, root, stdin, append([]string{"cp"}, args...)...)
+}
+
+// flmboxWithin runs flmbox ARGS with stdin (nil: none) and fails the test
+// if it does not end within d.
+func flmboxWithin(t *testing.T, d time.Duration, root string, stdin []byte, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, flmboxBin, append([]string{"--root", root, "--runsc", runscPath, "cp"}, args...)...)
+	cmd := exec.CommandContext(ctx, flmboxBin, append([]string{"--root", root, "--runsc", runscPath}, args...)...)
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}
@@ -47,7 +54,7 @@ func cpWithin(t *testing.T, d time.Duration, root string, stdin []byte, args ...
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	if ctx.Err() != nil {
-		t.Fatalf("flmbox cp %q hangs: killed after %s\nstderr: %s", args, d, stderr.String())
+		t.Fatalf("flmbox %q hangs: killed after %s\nstderr: %s", args, d, stderr.String())
 	}
 	res := result{stdout: stdout.String(), stderr: stderr.String()}
 	var ee *exec.ExitError
@@ -55,7 +62,7 @@ func cpWithin(t *testing.T, d time.Duration, root string, stdin []byte, args ...
 	case errors.As(err, &ee):
 		res.code = ee.ExitCode()
 	case err != nil:
-		t.Fatalf("run flmbox cp %q: %v", args, err)
+		t.Fatalf("run flmbox %q: %v", args, err)
 	}
 	return res
 }

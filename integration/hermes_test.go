@@ -5,14 +5,11 @@ package integration
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"crypto/subtle"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -319,31 +316,6 @@ print(os.environ["HERMES_RPC_TOKEN"], web_search("x").get("error", "ok"))
 	})
 }
 
-// runWithStdin runs flmbox ARGS with stdin, failing the test if it does not
-// end within a minute.
-func runWithStdin(t *testing.T, root string, stdin []byte, args ...string) result {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, flmboxBin, append([]string{"--root", root, "--runsc", runscPath}, args...)...)
-	cmd.Stdin = bytes.NewReader(stdin)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	if ctx.Err() != nil {
-		t.Fatalf("flmbox %q hangs: killed\nstderr: %s", args, stderr.String())
-	}
-	res := result{stdout: stdout.String(), stderr: stderr.String()}
-	var ee *exec.ExitError
-	switch {
-	case errors.As(err, &ee):
-		res.code = ee.ExitCode()
-	case err != nil:
-		t.Fatalf("run flmbox %q: %v", args, err)
-	}
-	return res
-}
-
 // hostname is sandbox name's host name: the first 12 hex digits of its
 // runsc ID (flmbox-HEX).
 func hostname(t *testing.T, root, name string) string {
@@ -384,7 +356,7 @@ print(sys.stdin.read().upper(), VALUE, os.environ.get("JOB_TOKEN"), os.path.base
 		"--image":   hostname(t, root, pools[0].Idle[0]), // -e is the call's: the pooled sandbox is taken
 	}
 	for _, where := range [][]string{{"--sandbox", "inputs"}, {"--image", reg.digestRef()}} {
-		res := runWithStdin(t, root, []byte("from stdin"), append(append([]string{"run"}, where...), "-i", "--copy", filepath.Join(dir, "pkg")+":/tmp/pkg",
+		res := flmboxWithin(t, time.Minute, root, []byte("from stdin"), append(append([]string{"run"}, where...), "-i", "--copy", filepath.Join(dir, "pkg")+":/tmp/pkg",
 			"-e", "JOB_TOKEN=t1", script)...)
 		if want := "FROM STDIN 42 t1 job.py " + hostnames[where[0]] + "\n"; res.stdout != want || res.code != 0 {
 			t.Errorf("%v: exit %d, stdout %q (want %q), stderr %q", where, res.code, res.stdout, want, res.stderr)
