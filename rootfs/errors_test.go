@@ -1,8 +1,11 @@
 package rootfs
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -68,5 +71,26 @@ func TestErrorsCarryNoAdvice(t *testing.T) {
 				t.Errorf("%q carries CLI advice", msg)
 			}
 		})
+	}
+}
+
+// TestMissingLayoutIsNotFound: an OCI layout that is not there, or lacks
+// the document a reference names, is errdefs.ErrNotFound.
+func TestMissingLayoutIsNotFound(t *testing.T) {
+	s := newTestStore(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "index.json"), []byte(`{"schemaVersion":2,"manifests":[]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	digest := "sha256:" + strings.Repeat("a", 64)
+	for _, ref := range []string{
+		"oci-layout:" + dir + "/missing",
+		"oci-layout:" + dir + "/missing@" + digest,
+		"oci-layout:" + dir + "@" + digest, // the layout without that document
+	} {
+		_, err := s.Prewarm(context.Background(), ref, nil)
+		if !errdefs.IsNotFound(err) {
+			t.Errorf("prewarm %s: %v, want not found", ref, err)
+		}
 	}
 }

@@ -6,8 +6,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -42,7 +44,7 @@ func openSource(ctx context.Context, ref Reference, o *PullOptions) (source, err
 	if ref.Layout != "" {
 		p, err := layout.FromPath(ref.Layout)
 		if err != nil {
-			return nil, fmt.Errorf("open OCI layout %s: %w", ref.Layout, err)
+			return nil, fmt.Errorf("open OCI layout %s: %w", ref.Layout, notFound(err))
 		}
 		return &layoutSource{path: p, digest: ref.Digest}, nil
 	}
@@ -116,7 +118,7 @@ func (s *layoutSource) top(ctx context.Context) ([]byte, types.MediaType, error)
 	}
 	raw, err := readFileLimit(filepath.Join(string(s.path), "index.json"), maxManifestBytes)
 	if err != nil {
-		return nil, "", fmt.Errorf("read OCI layout index: %w", err)
+		return nil, "", fmt.Errorf("read OCI layout index: %w", notFound(err))
 	}
 	idx, err := v1.ParseIndexManifest(bytes.NewReader(raw))
 	if err != nil {
@@ -134,7 +136,7 @@ func (s *layoutSource) manifest(_ context.Context, h v1.Hash) ([]byte, types.Med
 	}
 	raw, err := readFileLimit(filepath.Join(string(s.path), "blobs", h.Algorithm, h.Hex), maxManifestBytes)
 	if err != nil {
-		return nil, "", fmt.Errorf("read %s from OCI layout: %w", h, err)
+		return nil, "", fmt.Errorf("read %s from OCI layout: %w", h, notFound(err))
 	}
 	return raw, "", nil
 }
@@ -144,6 +146,15 @@ func (s *layoutSource) blob(_ context.Context, h v1.Hash) (io.ReadCloser, error)
 		return nil, err
 	}
 	return s.path.Blob(h)
+}
+
+// notFound adds errdefs.ErrNotFound to the error of a file that does not
+// exist: a layout, or a document of it, that is not there.
+func notFound(err error) error {
+	if errors.Is(err, fs.ErrNotExist) && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("%w: %w", err, errdefs.ErrNotFound)
+	}
+	return err
 }
 
 func readFileLimit(p string, limit int64) ([]byte, error) {
