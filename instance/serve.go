@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 
 	"google.golang.org/grpc"
 
@@ -22,19 +21,13 @@ const EndpointEnv = "FLAME_INSTANCE_ENDPOINT"
 // gRPC's default, 4 MiB, would refuse some that the agent takes.
 const maxTaskInput = 6*wire.MaxCodeSize + 4*wire.MaxStdinSize + 1<<20
 
-// Serve serves s over gRPC on the Unix socket path until ctx is done: then
-// it stops taking calls, cancels the task running (its snippet is killed),
-// leaves the session (its sandbox is removed) and returns nil. A socket
-// file left at path by an earlier process is replaced.
-func Serve(ctx context.Context, s *Server, path string) error {
-	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
-		os.Remove(path)
-	}
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", path, err)
-	}
-	defer os.Remove(path)
+// Serve serves s over gRPC on ln (see Listen) until ctx is done: then it
+// stops taking calls, cancels the task running (its snippet is killed),
+// leaves the session (its sandbox is removed) and returns nil. It closes
+// ln: a Listener's socket file goes with it.
+func Serve(ctx context.Context, s *Server, ln net.Listener) error {
+	defer ln.Close() // also when gRPC closed it: Listener.Close may be called again
+	path := ln.Addr().String()
 	g := grpc.NewServer(grpc.MaxRecvMsgSize(maxTaskInput))
 	flamepb.RegisterInstanceServer(g, s)
 	served := make(chan error, 1)

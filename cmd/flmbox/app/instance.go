@@ -31,8 +31,15 @@ func instanceCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			// The socket first: a path in use, not a socket or too long is
+			// refused before anything else is done or said to serve.
+			ln, err := instance.Listen(listen)
+			if err != nil {
+				return err
+			}
 			m, err := openManager(c)
 			if err != nil {
+				ln.Close()
 				return err
 			}
 			// What killed instances left (their owner is gone) goes now.
@@ -41,7 +48,7 @@ func instanceCommand() *cli.Command {
 			}
 			s := instance.New(m, instance.Options{Spec: spec, Timeout: c.Duration("timeout"), Log: c.App.ErrWriter})
 			fmt.Fprintf(c.App.ErrWriter, "flmbox instance: serving on %s\n", listen)
-			return instance.Serve(c.Context, s, listen)
+			return instance.Serve(c.Context, s, ln)
 		},
 	}
 }
