@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/containerd/errdefs"
-	runc "github.com/containerd/go-runc"
 	"golang.org/x/sys/unix"
 )
 
@@ -19,11 +19,11 @@ import (
 // without it a failed checkpoint kills it. gVisor cannot save a socket bound
 // on the host (--host-uds): whatever listens on one must close it first.
 func (r *Runtime) Checkpoint(ctx context.Context, c Container, imageDir string, leaveRunning bool) error {
-	var actions []runc.CheckpointAction
+	args := []string{"--image-path", imageDir}
 	if leaveRunning {
-		actions = append(actions, runc.LeaveRunning)
+		args = append(args, "--leave-running")
 	}
-	if err := r.runc(c).Checkpoint(ctx, c.ID, &runc.CheckpointOpts{ImagePath: imageDir}, actions...); err != nil {
+	if _, err := r.command(c, "checkpoint", append(args, c.ID)...).run(ctx); err != nil {
 		return fmt.Errorf("checkpoint container %s with runsc: %w", c.ID, err)
 	}
 	return nil
@@ -51,33 +51,44 @@ func (r *Runtime) Restore(ctx context.Context, c Container, bundle, imageDir str
 		return err
 	}
 	defer unlock()
-	rc := r.runc(c)
-	rc.PdeathSignal = unix.SIGKILL
-	pidFile := filepath.Join(dir, "pid")
-	if _, err := rc.Restore(ctx, c.ID, dir, &runc.RestoreOpts{CheckpointOpts: runc.CheckpointOpts{ImagePath: imageDir},
-		IO: &fileIO{f: log}, Detach: true, PidFile: pidFile}); err != nil {
-		r.Delete(context.WithoutCancel(ctx), c)
+	pidFile, err := filepath.Abs(filepath.Join(dir, "pid"))
+	if err != nil {
+		return err
+	}
+	inv := r.command(c, "restore", "--image-path", imageDir, "--detach", "--pid-file", pidFile, "--bundle", dir, c.ID)
+	inv.stdio, inv.pdeath = log, true
+	if _, err := inv.run(ctx); err != nil {
+		r.cleanUp(ctx, c)
 		return fmt.Errorf("restore container %s with runsc: %w%s", c.ID, err, panicOrTail(log.Name()))
 	}
 	if cpu == nil {
 		return nil
 	}
-	pid, err := runc.ReadPidFile(pidFile)
+	pid, err := readPidFile(pidFile)
 	if err != nil {
 		err = fmt.Errorf("read runsc's pid file: %w: %w", err, errdefs.ErrUnavailable)
 	} else {
 		err = setCPUQuota(pid, cgroup, cpu)
 	}
 	if err != nil {
-		r.Delete(context.WithoutCancel(ctx), c)
+		r.cleanUp(ctx, c)
 		return fmt.Errorf("restore container %s: %w", c.ID, err)
 	}
 	return nil
 }
 
+// readPidFile reads the pid runsc wrote into a --pid-file.
+func readPidFile(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(strings.TrimSpace(string(b)))
+}
+
 // Signal sends sig to the container's first process (runsc kill).
 func (r *Runtime) Signal(ctx context.Context, c Container, sig unix.Signal) error {
-	if err := r.runc(c).Kill(ctx, c.ID, int(sig), nil); err != nil {
+	if _, err := r.command(c, "kill", c.ID, strconv.Itoa(int(sig))).run(ctx); err != nil {
 		return fmt.Errorf("signal container %s with runsc: %w", c.ID, err)
 	}
 	return nil

@@ -6,15 +6,16 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/containerd/errdefs"
-	runc "github.com/containerd/go-runc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
@@ -26,6 +27,9 @@ import (
 type Runtime struct {
 	runsc string
 	root  string // runsc's --root
+	// bounds replaces the default bounds of runsc commands (by command),
+	// for tests.
+	bounds map[string]time.Duration
 }
 
 // NewRuntime returns a Runtime using the runsc binary at runsc, with runsc's
@@ -57,15 +61,6 @@ func NewID() string {
 	return "flmbox-" + hex.EncodeToString(b)
 }
 
-// ValidatePlatform checks a gVisor platform name ("" is runsc's default).
-func ValidatePlatform(p string) error {
-	switch p {
-	case "", "systrap", "ptrace", "kvm":
-		return nil
-	}
-	return fmt.Errorf("gVisor platform %q: want systrap, ptrace or kvm: %w", p, errdefs.ErrInvalidArgument)
-}
-
 // globalFlags are runsc's global flags for c, but --root. --host-uds=create
 // lets the container's processes create Unix sockets in bind-mounted host
 // directories, which the host connects to.
@@ -75,12 +70,6 @@ func globalFlags(c Container) []string {
 		args = append(args, "--platform="+c.Platform)
 	}
 	return args
-}
-
-// runc returns the go-runc driver for c, with the same runsc global flags
-// on every call (runsc needs them repeated).
-func (r *Runtime) runc(c Container) *runc.Runc {
-	return &runc.Runc{Command: r.runsc, Root: r.root, ExtraArgs: globalFlags(c)}
 }
 
 // Args returns the arguments of a runsc command on c: runsc's global flags
@@ -96,8 +85,11 @@ func (r *Runtime) Runsc() string { return r.runsc }
 // Run writes spec into the bundle directory as config.json and creates and
 // starts the container with one runsc run --detach (a runsc start of its
 // own costs 10 to 20 ms more). runsc hands its stdio to the container's
-// first process: it gets log, so that no caller's pipe is held open. On
-// failure the error quotes the end of log, and the container is deleted.
+// first process: it gets log, so that no caller's pipe is held open. A
+// platform this host cannot run is refused before runsc runs
+// (ValidatePlatform). On failure the error quotes the end of log, and the
+// container is deleted (see cleanUp); a runsc run that does not finish in
+// its bound is killed (a *TimeoutError).
 func (r *Runtime) Run(ctx context.Context, c Container, bundle string, spec *specs.Spec, log *os.File) (err error) {
 	if err := ValidatePlatform(c.Platform); err != nil {
 		return err
@@ -114,15 +106,29 @@ func (r *Runtime) Run(ctx context.Context, c Container, bundle string, spec *spe
 		return err
 	}
 	defer unlock()
-	rc := r.runc(c)
-	// A runsc run that outlived a killed caller could finish making a
-	// container after the caller's clean-up looked for it.
-	rc.PdeathSignal = unix.SIGKILL
-	if _, err := rc.Run(ctx, c.ID, bundle, &runc.CreateOpts{IO: &fileIO{f: log}, Detach: true}); err != nil {
-		r.Delete(context.WithoutCancel(ctx), c)
+	inv := r.command(c, "run", "--bundle", bundle, "--detach", c.ID)
+	inv.stdio, inv.pdeath = log, true
+	if _, err := inv.run(ctx); err != nil {
+		r.cleanUp(ctx, c)
 		return fmt.Errorf("run container with runsc: %w%s", err, logTail(log.Name()))
 	}
 	return nil
+}
+
+// cleanUpBound is how long the clean-up of a container that runsc failed
+// to make may take, whatever its caller's context says: a caller
+// interrupted by a signal ends within it.
+const cleanUpBound = 10 * time.Second
+
+// cleanUp deletes container c, which runsc failed to make or restore
+// (perhaps because ctx ended), within cleanUpBound: its processes are
+// killed and its cgroups removed even if runsc does not answer.
+func (r *Runtime) cleanUp(ctx context.Context, c Container) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanUpBound)
+	defer cancel()
+	if r.Delete(ctx, c) != nil {
+		r.killProcesses(c.ID)
+	}
 }
 
 // createLock is the lock file that container creation holds shared and
@@ -203,10 +209,50 @@ func isNsfs(p string) bool {
 	return unix.Statfs(p, &st) == nil && st.Type == unix.NSFS_MAGIC
 }
 
-// Alive asks runsc whether the container's processes are alive.
+// Alive asks runsc whether the container's processes are alive. It says
+// false also when runsc could not tell (it failed or did not answer in
+// time): Running tells those apart.
 func (r *Runtime) Alive(ctx context.Context, c Container) bool {
-	s, err := r.runc(c).State(ctx, c.ID)
-	return err == nil && s.Status == "running" && alive(s.Pid)
+	ok, err := r.Running(ctx, c)
+	return err == nil && ok
+}
+
+// Running asks runsc whether the container's processes are alive (runsc
+// state, whose sandbox process must not be a zombie). A container that
+// runsc does not know is not running. An error says that runsc could not
+// tell: it failed, did not answer within its bound (a *TimeoutError; a
+// runsc command that hangs on the container may hold its lock), or ctx
+// ended; the container may well be alive.
+func (r *Runtime) Running(ctx context.Context, c Container) (bool, error) {
+	out, err := r.command(c, "state", c.ID).run(ctx)
+	if notExist(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("state of container %s: %w", c.ID, err)
+	}
+	var s struct {
+		Status string `json:"status"`
+		Pid    int    `json:"pid"`
+	}
+	if err := json.Unmarshal(out, &s); err != nil {
+		return false, fmt.Errorf("state of container %s: runsc state printed %q: %w", c.ID, truncate(out, 200), errdefs.ErrUnknown)
+	}
+	return s.Status == "running" && alive(s.Pid), nil
+}
+
+// notExist says whether err is runsc's failure on a container it does
+// not know.
+func notExist(err error) bool {
+	var ee *exec.ExitError
+	return errors.As(err, &ee) && (strings.Contains(err.Error(), "does not exist") || strings.Contains(err.Error(), "not found"))
+}
+
+func truncate(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[:n]
+	}
+	return b
 }
 
 // alive reports whether process pid exists and is not a zombie (a killed
@@ -227,35 +273,68 @@ func alive(pid int) bool {
 // Delete kills the container's processes and deletes runsc's state of it
 // and its cgroups. Processes that runsc does not know (a runsc run or
 // restore killed while it made the container leaves its sandbox and gofer
-// running, with no state or an unfinished one) are killed too. Deleting a
-// container that does not exist is not an error; a ctx done before runsc
-// said so is.
+// running, with no state or an unfinished one) are killed too, and so are
+// the processes of a sandbox that does not answer runsc kill within its
+// bound (runsc delete would wait on it as long). Deleting a container that
+// does not exist is not an error; a ctx done before runsc said so is, and
+// so is a runsc delete that did not finish (a *TimeoutError: the
+// container's processes are killed all the same, its state in runsc's root
+// is left for a later Delete).
 func (r *Runtime) Delete(ctx context.Context, c Container) error {
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("delete container %s: %w", c.ID, err)
+		return fmt.Errorf("delete container %s: %w", c.ID, ctxErr(ctx))
 	}
-	rc := r.runc(c)
-	_ = rc.Kill(ctx, c.ID, int(unix.SIGKILL), &runc.KillOpts{All: true})
-	err := rc.Delete(ctx, c.ID, &runc.DeleteOpts{Force: true})
-	if err != nil && !strings.Contains(err.Error(), "does not exist") && !strings.Contains(err.Error(), "not found") {
-		if _, serr := rc.State(ctx, c.ID); serr == nil || ctx.Err() != nil {
-			return fmt.Errorf("delete container %s with runsc: %w", c.ID, err)
+	_, kerr := r.command(c, "kill", "--all", c.ID, strconv.Itoa(int(unix.SIGKILL))).run(ctx)
+	var timeout *TimeoutError
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("delete container %s: %w", c.ID, kerr)
+	case errors.As(kerr, &timeout):
+		r.killProcesses(c.ID)
+	}
+	_, err := r.command(c, "delete", "--force", c.ID).run(ctx)
+	switch {
+	case err == nil || notExist(err):
+	case ctx.Err() != nil:
+		return fmt.Errorf("delete container %s with runsc: %w", c.ID, err)
+	case errors.As(err, &timeout):
+		r.killProcesses(c.ID)
+		return fmt.Errorf("delete container %s with runsc: %w", c.ID, err)
+	default:
+		if _, serr := r.command(c, "state", c.ID).run(ctx); serr == nil {
+			return fmt.Errorf("delete container %s with runsc: %w", c.ID, err) // runsc still knows it
 		}
 	}
-	procs, err := r.processes()
-	if err != nil {
+	if err := r.killProcesses(c.ID); err != nil {
 		return fmt.Errorf("delete container %s: list its processes: %w", c.ID, err)
 	}
-	killContainers(procs, func(id string) bool { return id == c.ID })
 	return removeCgroups(cgroupName("", c.ID)) // flmbox's specs have no cgroupsPath
+}
+
+// killProcesses SIGKILLs the runsc sandbox and gofer processes of
+// container id.
+func (r *Runtime) killProcesses(id string) error {
+	procs, err := r.processes()
+	if err != nil {
+		return err
+	}
+	killContainers(procs, func(cid string) bool { return cid == id })
+	return nil
 }
 
 // List returns the IDs of the containers runsc knows under the Runtime's
 // root.
 func (r *Runtime) List(ctx context.Context) ([]string, error) {
-	cs, err := (&runc.Runc{Command: r.runsc, Root: r.root}).List(ctx)
+	inv := invocation{bin: r.runsc, sub: "list", args: []string{"--root", r.root, "list", "--format=json"}, bound: r.bounds["list"]}
+	out, err := inv.run(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list containers with runsc: %w", err)
+	}
+	var cs []struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(out, &cs); err != nil {
+		return nil, fmt.Errorf("list containers with runsc: runsc list printed %q: %w", truncate(out, 200), errdefs.ErrUnknown)
 	}
 	ids := make([]string, 0, len(cs))
 	for _, c := range cs {
@@ -263,18 +342,6 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 	}
 	return ids, nil
 }
-
-// fileIO gives runsc run a file for the first process's stdout and
-// stderr and /dev/null for its stdin.
-type fileIO struct{ f *os.File }
-
-func (f *fileIO) Close() error          { return nil }
-func (f *fileIO) Stdin() io.WriteCloser { return nil }
-func (f *fileIO) Stdout() io.ReadCloser { return nil }
-func (f *fileIO) Stderr() io.ReadCloser { return nil }
-func (f *fileIO) Set(cmd *exec.Cmd)     { cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, f.f, f.f }
-
-var _ runc.IO = (*fileIO)(nil)
 
 // logTail returns the last lines of a failed runsc run's log, if it wrote
 // any, as the end of an error message.

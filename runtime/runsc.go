@@ -1,9 +1,9 @@
 package runtime
 
 import (
-	"bytes"
 	"context"
 	"debug/buildinfo"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -67,9 +67,10 @@ type RunscInfo struct {
 
 var defaultPlatformRE = regexp.MustCompile(`(?s)-platform string\s.*?\(default "([a-z0-9]+)"\)`)
 
-// InspectRunsc runs `runsc --version` and `runsc flags`.
+// InspectRunsc runs `runsc --version` and `runsc flags`, each killed if it
+// does not finish in seconds.
 func InspectRunsc(ctx context.Context, runsc string) (*RunscInfo, error) {
-	out, err := exec.CommandContext(ctx, runsc, "--version").Output()
+	out, err := invocation{bin: runsc, sub: "--version", args: []string{"--version"}}.run(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("run %s --version: %w", runsc, err)
 	}
@@ -82,11 +83,18 @@ func InspectRunsc(ctx context.Context, runsc string) (*RunscInfo, error) {
 		}
 	}
 	info := &RunscInfo{Version: v}
-	var flags bytes.Buffer
-	cmd := exec.CommandContext(ctx, runsc, "flags")
-	cmd.Stdout, cmd.Stderr = &flags, &flags
-	_ = cmd.Run() // old releases print flags with an error status
-	if m := defaultPlatformRE.FindSubmatch(flags.Bytes()); m != nil {
+	flags, err := os.CreateTemp("", "runsc-flags-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(flags.Name())
+	defer flags.Close()
+	// Old releases print flags with an error status, some on stderr.
+	if _, err := (invocation{bin: runsc, sub: "flags", args: []string{"flags"}, stdio: flags}).run(ctx); err != nil && (ctx.Err() != nil || errors.As(err, new(*TimeoutError))) {
+		return nil, fmt.Errorf("run %s flags: %w", runsc, err)
+	}
+	b, _ := os.ReadFile(flags.Name())
+	if m := defaultPlatformRE.FindSubmatch(b); m != nil {
 		info.DefaultPlatform = string(m[1])
 	} else {
 		info.DefaultPlatform = "ptrace" // releases before systrap defaulted to ptrace
