@@ -25,6 +25,9 @@ type check struct {
 	OK     bool   `json:"ok"`
 	Detail string `json:"detail"`
 	Fix    string `json:"fix,omitempty"`
+	// Platforms are gVisor's platforms, each said supported by this host
+	// or not (the platforms check's).
+	Platforms []runtime.Platform `json:"platforms,omitempty"`
 }
 
 func doctorCommand() *cli.Command {
@@ -33,7 +36,8 @@ func doctorCommand() *cli.Command {
 		Usage: "check that this worker can run flmbox, and say how to fix what is missing",
 		Flags: []cli.Flag{jsonFlag},
 		Action: func(c *cli.Context) error {
-			checks := []check{checkRunsc(c), checkAgent(c), checkRoot(), checkOpenat2(), checkCgroups(), checkSpace(c.String("root"))}
+			runsc, info := checkRunsc(c)
+			checks := []check{runsc, checkPlatforms(info), checkAgent(c), checkRoot(), checkOpenat2(), checkCgroups(), checkSpace(c.String("root"))}
 			failed := 0
 			for _, ch := range checks {
 				if !ch.OK {
@@ -64,17 +68,49 @@ func doctorCommand() *cli.Command {
 	}
 }
 
-func checkRunsc(c *cli.Context) check {
+func checkRunsc(c *cli.Context) (check, *runtime.RunscInfo) {
 	const fix = "run `make runsc` (builds gVisor's runsc with CGO_ENABLED=0 into /usr/local/bin), or name a runsc binary with --runsc or FLMBOX_RUNSC"
 	path, err := runtime.FindRunsc(c.String("runsc"))
 	if err != nil {
-		return check{Name: "runsc", Detail: err.Error(), Fix: fix}
+		return check{Name: "runsc", Detail: err.Error(), Fix: fix}, nil
 	}
 	info, err := runtime.InspectRunsc(c.Context, path)
 	if err != nil {
-		return check{Name: "runsc", Detail: err.Error(), Fix: fix}
+		return check{Name: "runsc", Detail: err.Error(), Fix: fix}, nil
 	}
-	return check{Name: "runsc", OK: true, Detail: fmt.Sprintf("%s (version %s, default platform %s; kvm hangs on some VMs, prefer systrap or ptrace)", path, info.Version, info.DefaultPlatform)}
+	return check{Name: "runsc", OK: true, Detail: fmt.Sprintf("%s (version %s, default platform %s)", path, info.Version, info.DefaultPlatform)}, info
+}
+
+// checkPlatforms says which gVisor platforms this host runs, and why not
+// the others. It fails only if runsc's default platform (info's, if runsc
+// answered) is not among them: the others are chosen with --gvisor-platform.
+func checkPlatforms(info *runtime.RunscInfo) check {
+	var can, cannot []string
+	def := ""
+	if info != nil {
+		def = info.DefaultPlatform
+	}
+	ok := true
+	platforms := runtime.Platforms()
+	for _, p := range platforms {
+		if p.Supported {
+			can = append(can, p.Name)
+			continue
+		}
+		cannot = append(cannot, fmt.Sprintf("not %s: %s", p.Name, p.Reason))
+		if p.Name == def {
+			ok = false
+		}
+	}
+	detail := "this host runs " + strings.Join(can, ", ")
+	if len(cannot) > 0 {
+		detail += "; " + strings.Join(cannot, "; ")
+	}
+	ch := check{Name: "platforms", OK: ok, Detail: detail, Platforms: platforms}
+	if !ok && len(can) > 0 {
+		ch.Fix = fmt.Sprintf("runsc's default platform %s cannot run here: pass --gvisor-platform %s", def, can[0])
+	}
+	return ch
 }
 
 func checkAgent(c *cli.Context) check {
