@@ -30,8 +30,16 @@ type CopyOptions struct {
 // is written as dst. No link in the sandbox is followed: a path that goes
 // through one (a snippet may have replaced any path under /tmp) is
 // refused, and nothing is written there. Only directories, regular files
-// and symbolic links are copied; modes are kept, set-ID bits and owners are
-// not. A copy that fails part way leaves what it wrote.
+// and symbolic links are copied (a stream with anything else fails); modes
+// are kept, set-ID bits and owners are not; a file's zero blocks are left
+// as holes, so that a sparse file stays sparse. Each file is written under
+// a temporary name and renamed when whole: a copy that fails part way
+// leaves the files it finished, never a partial one.
+//
+// Errors carry errdefs kinds: ErrResourceExhausted when the sandbox's /tmp
+// is full (Spec.TmpBytes), ErrNotFound for a missing directory to copy
+// into, ErrPermissionDenied, ErrOutOfRange past MaxBytes, ErrInvalidArgument
+// for a refused stream or path.
 func (m *Manager) CopyIn(ctx context.Context, name, dst string, r io.Reader, o CopyOptions) error {
 	into := strings.HasSuffix(dst, "/") && dst != "/"
 	c := &wire.Copy{Op: wire.CopyIn, Path: path.Clean(dst), Into: into, MaxBytes: o.MaxBytes}
@@ -40,7 +48,7 @@ func (m *Manager) CopyIn(ctx context.Context, name, dst string, r io.Reader, o C
 		return err
 	}
 	if res.Error != "" {
-		return fmt.Errorf("copy into sandbox %q at %s: %s: %w", name, dst, copyMessage(res.Error), errdefs.ErrInvalidArgument)
+		return fmt.Errorf("copy into sandbox %q at %s: %w", name, dst, copyError(res))
 	}
 	return nil
 }
@@ -48,8 +56,13 @@ func (m *Manager) CopyIn(ctx context.Context, name, dst string, r io.Reader, o C
 // CopyOut returns src of sandbox name as a tar stream, read as the
 // sandbox's user through its agent: src may be anything that user can
 // read (a file, a link, a directory tree), named by its base name in the
-// stream. Links are archived as links, never followed. A failure part way
-// is the error of the stream's Read; Close ends the copy.
+// stream. Links are archived as links, never followed; a FIFO, socket or
+// device, at src or in its tree, fails the copy (naming it). A failure part
+// way is the error of the stream's Read, after the entries sent so far: a
+// caller that extracts as it reads should put nothing in place before the
+// stream's end (safetar's Atomic extraction). Close ends the copy. Errors
+// carry errdefs kinds: ErrNotFound for a missing src, ErrPermissionDenied,
+// ErrOutOfRange past MaxBytes, ErrInvalidArgument for what is not copied.
 func (m *Manager) CopyOut(ctx context.Context, name, src string, o CopyOptions) (io.ReadCloser, error) {
 	rec, err := m.copyable(name)
 	if err != nil {
@@ -63,7 +76,7 @@ func (m *Manager) CopyOut(ctx context.Context, name, src string, o CopyOptions) 
 	go func() {
 		res, err := copyWith(ctx, rec, c, nil, pw)
 		if err == nil && res.Error != "" {
-			err = fmt.Errorf("copy %s out of sandbox %q: %s: %w", src, name, copyMessage(res.Error), errdefs.ErrInvalidArgument)
+			err = fmt.Errorf("copy %s out of sandbox %q: %w", src, name, copyError(res))
 		}
 		pw.CloseWithError(err)
 	}()
@@ -135,11 +148,35 @@ func growSendBuffer(f *os.File, n int) {
 	})
 }
 
+// copyError is the error of a failed copy's result: the agent's message
+// with the errdefs kind of its CopyStats.Kind (an invalid argument if it
+// has none).
+func copyError(res *wire.Result) error {
+	msg := copyMessage(res.Error)
+	var kind string
+	if res.Copied != nil {
+		kind = res.Copied.Kind
+	}
+	switch kind {
+	case wire.CopyNoSpace:
+		return fmt.Errorf("%s: the sandbox's /tmp is full (its size is sandbox create's --tmp-size, Spec.TmpBytes): %w", msg, errdefs.ErrResourceExhausted)
+	case wire.CopyNotFound:
+		return fmt.Errorf("%s: %w", msg, errdefs.ErrNotFound)
+	case wire.CopyPermissionDenied:
+		return fmt.Errorf("%s: %w", msg, errdefs.ErrPermissionDenied)
+	case wire.CopyTooLarge:
+		return fmt.Errorf("%s: %w", msg, errdefs.ErrOutOfRange)
+	case wire.CopyExists:
+		return fmt.Errorf("%s: %w", msg, errdefs.ErrAlreadyExists)
+	}
+	return fmt.Errorf("%s: %w", msg, errdefs.ErrInvalidArgument)
+}
+
 // copyMessage is the agent's message of a failed copy without its program's
 // name and its kind, which the error adds again.
 func copyMessage(msg string) string {
 	msg = strings.TrimPrefix(msg, "flmbox-agent: ")
-	for _, kind := range []string{": invalid argument", ": already exists", ": out of range"} {
+	for _, kind := range []string{": invalid argument", ": already exists", ": out of range", ": not found", ": resource exhausted", ": permission denied"} {
 		msg = strings.TrimSuffix(msg, kind)
 	}
 	return msg

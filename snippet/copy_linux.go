@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
 	"github.com/flmbox/flmbox/internal/safetar"
@@ -105,7 +106,13 @@ func (a *Agent) copy(ctx context.Context, c *wire.Copy, conn net.Conn, rest []by
 		cmd.Process.Kill()
 		waitErr = <-done
 	}
-	res.Copied.Bytes, _ = strconv.ParseInt(strings.TrimSpace(stdout.String()), 10, 64)
+	// The helper's stdout: "BYTES [KIND]".
+	if f := strings.Fields(stdout.String()); len(f) > 0 {
+		res.Copied.Bytes, _ = strconv.ParseInt(f[0], 10, 64)
+		if len(f) > 1 && waitErr != nil {
+			res.Copied.Kind = f[1]
+		}
+	}
 	if msg := strings.TrimSpace(stderr.String()); waitErr != nil && msg != "" {
 		return fail(errors.New(msg))
 	}
@@ -125,15 +132,16 @@ func fileOf(conn net.Conn) (*os.File, error) {
 }
 
 // copyHelper runs a copy in the helper process: "copy-in ROOT PATH INTO
-// MAX" extracts the tar stream on stdin; "copy-out PATH MAX" writes PATH's
-// stream to stdout.
-func copyHelper(args []string) error {
+// MAX" extracts the tar stream on the connection; "copy-out PATH MAX"
+// writes PATH's stream to it. It prints the stream's size on stdout, and
+// after it, for a failure, its kind (wire.CopyStats.Kind) if it has one.
+func copyHelper(args []string) (err error) {
 	// The helper runs as the snippets' user: no snippet may trace it.
 	unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	conn := os.NewFile(3, "connection")
 	rest := os.NewFile(4, "rest")
 	counter := &countWriter{}
-	defer func() { fmt.Println(counter.n) }()
+	defer func() { fmt.Println(counter.n, copyKind(err)) }()
 	switch {
 	case len(args) == 5 && args[0] == "copy-in":
 		max, err := strconv.ParseInt(args[4], 10, 64)
@@ -198,6 +206,26 @@ func copyIn(root, p string, into bool, max int64, r io.Reader) error {
 		return safetar.Extract(dir, r, safetar.Options{MaxBytes: max})
 	}
 	return safetar.Extract(parent, r, safetar.Options{MaxBytes: max, Top: base})
+}
+
+// copyKind is the wire.CopyStats.Kind of a copy's error err ("" for nil
+// or another kind).
+func copyKind(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT), errdefs.IsResourceExhausted(err):
+		return wire.CopyNoSpace
+	case errors.Is(err, safetar.ErrTooLarge):
+		return wire.CopyTooLarge
+	case errors.Is(err, unix.ENOENT), errdefs.IsNotFound(err):
+		return wire.CopyNotFound
+	case errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM):
+		return wire.CopyPermissionDenied
+	case errdefs.IsAlreadyExists(err):
+		return wire.CopyExists
+	}
+	return ""
 }
 
 // countWriter counts what is written through it.

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 )
 
@@ -17,20 +19,84 @@ import (
 // name: a regular file, a symbolic link (as a link: never followed) or a
 // directory and everything below it, walked without following a link (a
 // link inside the tree is archived as a link). The directories leading to p
-// are resolved as the caller's own open would. FIFOs, sockets and devices
-// are left out. The files' contents together may be at most maxBytes (0: no
-// bound): past it, Archive fails with ErrTooLarge.
+// are resolved as the caller's own open would. A FIFO, socket or device, at
+// the top or anywhere in the tree, fails the archive with a *TypeError
+// naming it: a copy is never silently short of what it was asked for. The
+// files' contents together may be at most maxBytes (0: no bound): past it,
+// Archive fails with ErrTooLarge. A missing p fails with an error that is
+// both fs.ErrNotExist and errdefs.ErrNotFound.
 func Archive(w io.Writer, p, name string, maxBytes int64) error {
 	dir, err := os.Open(filepath.Dir(p))
 	if err != nil {
-		return fmt.Errorf("archive %s: %w", p, err)
+		return fmt.Errorf("archive %s: %w", p, notFound(err))
 	}
 	defer dir.Close()
 	a := &archiver{tw: tar.NewWriter(w), max: maxBytes}
-	if err := a.add(dir, filepath.Base(p), name); err != nil {
+	if err := a.add(dir, filepath.Base(p), name, p); err != nil {
+		var te *TypeError
+		if errors.As(err, &te) {
+			return err // it names the path
+		}
 		return fmt.Errorf("archive %s: %w", p, err)
 	}
 	return a.tw.Close()
+}
+
+// TypeError is the error of a path that a copy does not carry: neither a
+// regular file, a directory nor a symbolic link. It is an
+// errdefs.ErrInvalidArgument.
+type TypeError struct {
+	Path string // as the caller named it, or below it
+	Type string // "a FIFO", "a socket", "a character device", "a block device"
+}
+
+func (e *TypeError) Error() string {
+	return e.Path + " is " + e.Type + ": only regular files, directories and symbolic links are copied"
+}
+
+// Unwrap makes a TypeError an errdefs.ErrInvalidArgument.
+func (e *TypeError) Unwrap() error { return errdefs.ErrInvalidArgument }
+
+// typeName names the file type of mode (a stat's st_mode) for a TypeError;
+// "" for the types a copy carries.
+func typeName(mode uint32) string {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFREG, unix.S_IFDIR, unix.S_IFLNK:
+		return ""
+	case unix.S_IFIFO:
+		return "a FIFO"
+	case unix.S_IFSOCK:
+		return "a socket"
+	case unix.S_IFCHR:
+		return "a character device"
+	case unix.S_IFBLK:
+		return "a block device"
+	}
+	return fmt.Sprintf("of file type %#o", mode&unix.S_IFMT)
+}
+
+// Check returns nil if p, not followed, is a regular file, a directory or
+// a symbolic link: what Archive carries at its top; a *TypeError if it is
+// something else; an error that is both fs.ErrNotExist and
+// errdefs.ErrNotFound if it is not there. (What is below a directory is
+// checked by Archive as it goes.)
+func Check(p string) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		return notFound(&os.PathError{Op: "lstat", Path: p, Err: err})
+	}
+	if t := typeName(st.Mode); t != "" {
+		return &TypeError{Path: p, Type: t}
+	}
+	return nil
+}
+
+// notFound adds errdefs.ErrNotFound to an error of a missing file.
+func notFound(err error) error {
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: %w", err, errdefs.ErrNotFound)
+	}
+	return err
 }
 
 type archiver struct {
@@ -38,11 +104,11 @@ type archiver struct {
 	max, total int64
 }
 
-// add archives entry base of dir as name.
-func (a *archiver) add(dir *os.File, base, name string) error {
+// add archives entry base of dir, the path full, as name.
+func (a *archiver) add(dir *os.File, base, name, full string) error {
 	var st unix.Stat_t
 	if err := unix.Fstatat(int(dir.Fd()), base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return fmt.Errorf("%s: %w", name, err)
+		return fmt.Errorf("%s: %w", name, notFound(err))
 	}
 	mtime := time.Unix(st.Mtim.Sec, st.Mtim.Nsec)
 	hdr := &tar.Header{Name: name, Mode: int64(st.Mode & 0o1777), ModTime: mtime, Format: tar.FormatPAX}
@@ -72,13 +138,13 @@ func (a *archiver) add(dir *os.File, base, name string) error {
 		}
 		sort.Strings(names)
 		for _, n := range names {
-			if err := a.add(sub, n, name+"/"+n); err != nil {
+			if err := a.add(sub, n, name+"/"+n, filepath.Join(full, n)); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
-	return nil // a FIFO, socket or device: left out
+	return &TypeError{Path: full, Type: typeName(st.Mode)}
 }
 
 // file archives the regular file base of dir, opened without following a
@@ -95,7 +161,7 @@ func (a *archiver) file(dir *os.File, base string, hdr *tar.Header) error {
 		return fmt.Errorf("%s: %w", hdr.Name, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil // replaced by something else meanwhile
+		return fmt.Errorf("%s: replaced while being copied", hdr.Name)
 	}
 	if a.max > 0 && a.total+st.Size > a.max {
 		return fmt.Errorf("%s: the files are over %d bytes: %w", hdr.Name, a.max, ErrTooLarge)

@@ -169,9 +169,8 @@ func tarEntries(t testing.TB, stream []byte) []string {
 	}
 }
 
-// TestArchive: FIFOs, sockets and devices are left out, links are archived
-// as links, and a link to a directory outside is never followed, at the top
-// of the tree or inside it.
+// TestArchive: links are archived as links, and a link to a directory
+// outside is never followed, at the top of the tree or inside it.
 func TestArchive(t *testing.T) {
 	parent := t.TempDir()
 	src, outside := filepath.Join(parent, "src"), filepath.Join(parent, "outside")
@@ -186,17 +185,6 @@ func TestArchive(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(src, "f"), []byte("f"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Mkfifo(filepath.Join(src, "fifo"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mknod(filepath.Join(src, "null"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
-		t.Logf("no device node (not root?): %v", err)
-	}
-	l, err := net.Listen("unix", filepath.Join(src, "sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
 	for name, target := range map[string]string{"out": outside, "out-rel": "../outside", "secret": filepath.Join(outside, "secret")} {
 		if err := os.Symlink(target, filepath.Join(src, name)); err != nil {
 			t.Fatal(err)
@@ -213,7 +201,6 @@ func TestArchive(t *testing.T) {
 		{"a tree", src, []string{"src/ 5 ", "src/f 0 ", "src/out 2 " + outside, "src/out-rel 2 ../outside", "src/secret 2 " + filepath.Join(outside, "secret")}},
 		{"a link to a dir outside", filepath.Join(parent, "top-link"), []string{"top-link 2 " + outside}},
 		{"a link to a file", filepath.Join(src, "secret"), []string{"secret 2 " + filepath.Join(outside, "secret")}},
-		{"a FIFO alone", filepath.Join(src, "fifo"), nil},
 		{"a file", filepath.Join(src, "f"), []string{"f 0 "}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -256,7 +243,66 @@ func TestArchiveMaxBytes(t *testing.T) {
 
 // TestArchiveMissing: a path that is not there fails (not found).
 func TestArchiveMissing(t *testing.T) {
-	if err := Archive(io.Discard, filepath.Join(t.TempDir(), "nope"), "nope", 0); !errors.Is(err, fs.ErrNotExist) {
+	if err := Archive(io.Discard, filepath.Join(t.TempDir(), "nope"), "nope", 0); !errors.Is(err, fs.ErrNotExist) || !errdefs.IsNotFound(err) {
 		t.Errorf("Archive of a missing path: %v, want not exist", err)
+	}
+}
+
+// TestArchiveRefusesSpecialFiles: a FIFO, a socket or a device, at the top
+// or inside a tree, fails the archive with a TypeError naming it (an
+// invalid argument), never an archive short of it; Check says the same of
+// the top.
+func TestArchiveRefusesSpecialFiles(t *testing.T) {
+	parent := t.TempDir()
+	tree := filepath.Join(parent, "tree")
+	if err := os.MkdirAll(filepath.Join(tree, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tree, "a"), []byte("a"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(filepath.Join(tree, "sub", "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(filepath.Join(parent, "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", filepath.Join(parent, "sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for _, tc := range []struct{ path, want string }{
+		{filepath.Join(parent, "fifo"), filepath.Join(parent, "fifo") + " is a FIFO"},
+		{filepath.Join(parent, "sock"), filepath.Join(parent, "sock") + " is a socket"},
+		{"/dev/null", "/dev/null is a character device"},
+		{"/dev/zero", "/dev/zero is a character device"},
+		{tree, filepath.Join(tree, "sub", "fifo") + " is a FIFO"},
+	} {
+		t.Run(filepath.Base(tc.path), func(t *testing.T) {
+			done := make(chan error, 1)
+			go func() { done <- Archive(io.Discard, tc.path, filepath.Base(tc.path), 0) }()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatal("Archive hangs (opened a FIFO?)")
+			}
+			var te *TypeError
+			if !errors.As(err, &te) || !errdefs.IsInvalidArgument(err) || !strings.HasPrefix(err.Error(), tc.want+": only regular files") {
+				t.Errorf("Archive: %v, want a TypeError saying %q", err, tc.want)
+			}
+			if tc.path != tree {
+				if err := Check(tc.path); !errors.As(err, &te) || !strings.HasPrefix(err.Error(), tc.want) {
+					t.Errorf("Check: %v, want %q", err, tc.want)
+				}
+			} else if err := Check(tc.path); err != nil {
+				t.Errorf("Check of a directory: %v", err)
+			}
+		})
+	}
+	missing := filepath.Join(parent, "missing")
+	if err := Check(missing); !errors.Is(err, fs.ErrNotExist) || !errdefs.IsNotFound(err) {
+		t.Errorf("Check of a missing path: %v, want not found", err)
 	}
 }

@@ -33,6 +33,15 @@ type Options struct {
 	// Top, if set, replaces the first component of every entry's name: a
 	// stream of "data.csv" extracted with Top "in.csv" writes "in.csv".
 	Top string
+	// Atomic puts nothing in place until the whole stream has been read,
+	// to the end of r, without an error: files and links are written under
+	// temporary names and renamed into place at the end. A failure removes
+	// them and the directories the extraction made, so that it leaves
+	// nothing that was not there (for a stream from a sandbox, whose end
+	// says whether the copy succeeded). Without it, each file is renamed
+	// into place as soon as it is whole: a failure leaves the files and
+	// directories finished before it, never a partial file.
+	Atomic bool
 }
 
 // ErrTooLarge is in the error of a stream past Options.MaxBytes.
@@ -42,28 +51,70 @@ var ErrTooLarge = fmt.Errorf("too large: %w", errdefs.ErrOutOfRange)
 // of every entry's name is opened with O_NOFOLLOW: an entry that would go
 // through a symbolic link (one in the stream, or one that was there
 // already) is refused, as are absolute names and names with "..". An
-// existing file or link in the way of a file or link is replaced; an
-// existing directory is kept (its mode unchanged). The modes of the
-// directories it makes are set last, so that a read-only directory can be
-// filled first.
-func Extract(dir *os.File, r io.Reader, o Options) error {
-	tr := tar.NewReader(r)
-	var total int64
-	type dirMode struct {
-		path  string
-		mode  uint32
-		mtime time.Time
+// existing file or link in the way of a file or link is replaced (by a
+// rename: atomically); an existing directory is kept (its mode unchanged).
+// Each file is written under a temporary name in its directory and renamed
+// when whole (see Options.Atomic), with holes where its contents are zero
+// blocks (a sparse file stays sparse: a tar stream carries its holes as
+// zeros). The modes of the directories it makes are set last, so that a
+// read-only directory can be filled first.
+func Extract(dir *os.File, r io.Reader, o Options) (err error) {
+	e := &extractor{root: dir, o: o}
+	if o.Atomic {
+		defer func() {
+			if err != nil {
+				e.rollback()
+			}
+		}()
 	}
-	var dirs []dirMode
+	if err := e.entries(r); err != nil {
+		return err
+	}
+	if o.Atomic {
+		// The end of the stream may still fail it (a copy out of a
+		// sandbox says how it ended after the archive).
+		if _, err := io.Copy(io.Discard, r); err != nil {
+			return fmt.Errorf("read the archive: %w", err)
+		}
+		if err := e.commit(); err != nil {
+			return err
+		}
+	}
+	return e.setDirModes()
+}
+
+// extractor is one extraction's state.
+type extractor struct {
+	root    *os.File
+	o       Options
+	total   int64
+	dirs    []dirMode // made, whose modes and times are set last
+	made    []string  // directories made, parents first (for a rollback)
+	pending []staged  // written under temporary names (Atomic), in order
+}
+
+type dirMode struct {
+	path  string
+	mode  uint32
+	mtime time.Time
+}
+
+// staged is a file or link written as tmp in directory dir (relative to the
+// root, "." for it), to be renamed to name.
+type staged struct{ dir, tmp, name string }
+
+// entries extracts r's entries up to the end of the tar stream.
+func (e *extractor) entries(r io.Reader) error {
+	tr := tar.NewReader(r)
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
-			break
+			return nil
 		}
 		if err != nil {
 			return fmt.Errorf("read the archive: %w", err)
 		}
-		comps, err := entryPath(hdr.Name, o.Top)
+		comps, err := entryPath(hdr.Name, e.o.Top)
 		if err != nil {
 			return err
 		}
@@ -71,7 +122,11 @@ func Extract(dir *os.File, r io.Reader, o Options) error {
 			continue // the stream's root, ".", is dir itself
 		}
 		name := strings.Join(comps, "/")
-		parent, err := openParents(dir, comps[:len(comps)-1])
+		parentRel := "."
+		if len(comps) > 1 {
+			parentRel = strings.Join(comps[:len(comps)-1], "/")
+		}
+		parent, err := e.openParents(comps[:len(comps)-1])
 		if err != nil {
 			return fmt.Errorf("extract %s: %w", name, err)
 		}
@@ -81,22 +136,18 @@ func Extract(dir *os.File, r io.Reader, o Options) error {
 			var made bool
 			made, err = makeDir(parent, last)
 			if err == nil && made {
-				dirs = append(dirs, dirMode{name, uint32(hdr.Mode) & 0o1777, hdr.ModTime})
+				e.made = append(e.made, name)
+				e.dirs = append(e.dirs, dirMode{name, uint32(hdr.Mode) & 0o1777, hdr.ModTime})
 			}
 		case tar.TypeReg, tar.TypeRegA:
-			if o.MaxBytes > 0 && total+hdr.Size > o.MaxBytes {
-				err = fmt.Errorf("the files are over %d bytes: %w", o.MaxBytes, ErrTooLarge)
+			if e.o.MaxBytes > 0 && e.total+hdr.Size > e.o.MaxBytes {
+				err = fmt.Errorf("the files are over %d bytes: %w", e.o.MaxBytes, ErrTooLarge)
 				break
 			}
-			total += hdr.Size
-			err = writeFile(parent, last, tr, hdr)
+			e.total += hdr.Size
+			err = e.writeFile(parent, parentRel, last, tr, hdr)
 		case tar.TypeSymlink:
-			if err = replaceable(parent, last); err == nil {
-				err = unix.Symlinkat(hdr.Linkname, int(parent.Fd()), last)
-			}
-			if err == nil {
-				setTimes(parent, last, hdr.ModTime)
-			}
+			err = e.symlink(parent, parentRel, last, hdr)
 		default:
 			err = fmt.Errorf("%s of type %q: only directories, regular files and symbolic links are copied: %w",
 				name, hdr.Typeflag, errdefs.ErrInvalidArgument)
@@ -106,20 +157,19 @@ func Extract(dir *os.File, r io.Reader, o Options) error {
 			return fmt.Errorf("extract %s: %w", name, err)
 		}
 	}
-	for i := len(dirs) - 1; i >= 0; i-- { // children before parents
-		d := dirs[i]
-		comps := strings.Split(d.path, "/")
-		parent, err := openParents(dir, comps[:len(comps)-1])
-		if err != nil {
-			return fmt.Errorf("extract %s: %w", d.path, err)
-		}
-		f, err := openDir(parent, comps[len(comps)-1])
+}
+
+// setDirModes sets the modes and times of the directories made, children
+// before parents.
+func (e *extractor) setDirModes() error {
+	for i := len(e.dirs) - 1; i >= 0; i-- {
+		d := e.dirs[i]
+		f, err := OpenDir(e.root, d.path)
 		if err == nil {
 			err = unix.Fchmod(int(f.Fd()), d.mode)
 			setTimes(f, "", d.mtime)
 			f.Close()
 		}
-		parent.Close()
 		if err != nil {
 			return fmt.Errorf("extract %s: %w", d.path, err)
 		}
@@ -171,17 +221,21 @@ func OpenDir(dir *os.File, rel string) (*os.File, error) {
 	return cur, nil
 }
 
-// openParents opens the directory comps names below dir, making the
+// openParents opens the directory comps names below the root, making the
 // directories missing (mode 0755), and never following a link.
-func openParents(dir *os.File, comps []string) (*os.File, error) {
-	cur, err := openDir(dir, ".")
+func (e *extractor) openParents(comps []string) (*os.File, error) {
+	cur, err := openDir(e.root, ".")
 	if err != nil {
 		return nil, err
 	}
-	for _, c := range comps {
+	for i, c := range comps {
 		next, err := openDir(cur, c)
 		if errors.Is(err, unix.ENOENT) {
-			if err = unix.Mkdirat(int(cur.Fd()), c, 0o755); err == nil || errors.Is(err, unix.EEXIST) {
+			err = unix.Mkdirat(int(cur.Fd()), c, 0o755)
+			if err == nil {
+				e.made = append(e.made, strings.Join(comps[:i+1], "/"))
+			}
+			if err == nil || errors.Is(err, unix.EEXIST) {
 				next, err = openDir(cur, c)
 			}
 		}
@@ -232,45 +286,6 @@ func makeDir(dir *os.File, name string) (made bool, err error) {
 	return err == nil, err
 }
 
-// replaceable removes what is at name in dir unless it is a directory
-// (which a file or link does not replace: refused).
-func replaceable(dir *os.File, name string) error {
-	var st unix.Stat_t
-	err := unix.Fstatat(int(dir.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW)
-	if errors.Is(err, unix.ENOENT) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
-		return fmt.Errorf("a directory is in the way: %w", errdefs.ErrAlreadyExists)
-	}
-	return unix.Unlinkat(int(dir.Fd()), name, 0)
-}
-
-// writeFile writes the regular file of hdr, its contents from r, as name
-// in dir: a new file (O_EXCL, never through a link), its mode and time set.
-func writeFile(dir *os.File, name string, r io.Reader, hdr *tar.Header) error {
-	if err := replaceable(dir, name); err != nil {
-		return err
-	}
-	fd, err := unix.Openat(int(dir.Fd()), name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return err
-	}
-	f := os.NewFile(uintptr(fd), name)
-	defer f.Close()
-	if n, err := copyN(f, r, hdr.Size); err != nil {
-		return fmt.Errorf("write (%d of %d bytes): %w", n, hdr.Size, err)
-	}
-	if err := unix.Fchmod(fd, uint32(hdr.Mode)&0o1777); err != nil {
-		return err
-	}
-	setTimes(f, "", hdr.ModTime)
-	return f.Close()
-}
-
 // setTimes sets the access and modification times of name in dir (of dir
 // itself if name is ""), never following a link; best effort.
 func setTimes(dir *os.File, name string, t time.Time) {
@@ -286,33 +301,4 @@ func setTimes(dir *os.File, name string, t time.Time) {
 	}
 	ts := unix.NsecToTimespec(t.UnixNano())
 	unix.UtimesNanoAt(int(dir.Fd()), name, []unix.Timespec{ts, ts}, unix.AT_SYMLINK_NOFOLLOW)
-}
-
-// copyBytes is the buffer of a file's copy: under gVisor every read and
-// write is a trip through the sentry, so a file of 100 MiB copied 32 KiB at
-// a time (io.Copy's) took three times as long as with 1 MiB.
-const copyBytes = 1 << 20
-
-// copyN copies n bytes from r to w, in writes of copyBytes: each read
-// fills the buffer (a socket gives some 200 KiB a read), so that a file is
-// written in as few writes as it can be.
-func copyN(w io.Writer, r io.Reader, n int64) (int64, error) {
-	buf := make([]byte, min(n, copyBytes))
-	var done int64
-	for done < n {
-		k, err := io.ReadFull(r, buf[:min(int64(len(buf)), n-done)])
-		if k > 0 {
-			if _, werr := w.Write(buf[:k]); werr != nil {
-				return done, werr
-			}
-			done += int64(k)
-		}
-		if err == io.ErrUnexpectedEOF {
-			err = io.EOF
-		}
-		if err != nil {
-			return done, err
-		}
-	}
-	return done, nil
 }

@@ -66,7 +66,27 @@ type Copy struct {
 // CopyStats counts what a copy carried.
 type CopyStats struct {
 	Bytes int64 `json:"bytes"` // of the tar stream
+	// Kind says what kind of failure Result.Error is: one of the Copy*
+	// kinds below; "" for another failure, or from an agent of before it
+	// (a client takes it for an invalid argument).
+	Kind string `json:"kind,omitempty"`
 }
+
+// Kinds of a failed copy (CopyStats.Kind), for the client to map to its
+// error kinds (errdefs).
+const (
+	// CopyNotFound: the path copied out, or the directory copied into, is
+	// not there.
+	CopyNotFound = "not_found"
+	// CopyNoSpace: the sandbox's filesystem is full (ENOSPC, EDQUOT).
+	CopyNoSpace = "no_space"
+	// CopyPermissionDenied: the sandbox's user may not read or write it.
+	CopyPermissionDenied = "permission_denied"
+	// CopyTooLarge: past the copy's MaxBytes.
+	CopyTooLarge = "too_large"
+	// CopyExists: a directory is in the way of a file or link.
+	CopyExists = "already_exists"
+)
 
 func (c *Copy) validate() error {
 	switch {

@@ -74,8 +74,8 @@ func copyIn(c *cli.Context, m *sandbox.Manager, src, name, dst string, o sandbox
 		}
 		return m.CopyIn(c.Context, name, dst, c.App.Reader, o)
 	}
-	if _, err := os.Lstat(src); err != nil {
-		return fmt.Errorf("cp: %w", err)
+	if err := safetar.Check(src); err != nil {
+		return fmt.Errorf("cp: %w", err) // a FIFO or device is refused by name, a missing path not found
 	}
 	r, err := hostTar(src, o.MaxBytes)()
 	if err != nil {
@@ -101,7 +101,9 @@ func hostTar(src string, max int64) func() (io.ReadCloser, error) {
 
 // copyOut copies src of sandbox name to host path dst ("-": a tar stream
 // on stdout): into dst if it is a directory, else as dst, whose directory
-// must exist.
+// must exist. Nothing is put in place before the copy has ended well: a
+// copy refused or failed part way leaves nothing on the host that was not
+// there (safetar's Atomic extraction).
 func copyOut(c *cli.Context, m *sandbox.Manager, name, src, dst string, o sandbox.CopyOptions) error {
 	if !strings.HasPrefix(src, "/") {
 		return fmt.Errorf("cp: the path in the sandbox, %q, must be absolute", src)
@@ -132,7 +134,7 @@ func copyOut(c *cli.Context, m *sandbox.Manager, name, src, dst string, o sandbo
 		_, err = io.Copy(c.App.Writer, rc)
 		return err
 	}
-	if err := safetar.Extract(dir, rc, safetar.Options{MaxBytes: o.MaxBytes, Top: top}); err != nil {
+	if err := safetar.Extract(dir, rc, safetar.Options{MaxBytes: o.MaxBytes, Top: top, Atomic: true}); err != nil {
 		return err
 	}
 	_, err = io.Copy(io.Discard, rc) // the end of the stream, and how the copy ended

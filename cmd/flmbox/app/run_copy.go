@@ -2,12 +2,12 @@ package app
 
 import (
 	"fmt"
-	"os"
 	"path"
 	"strings"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/flmbox/flmbox/internal/safetar"
 	"github.com/flmbox/flmbox/sandbox"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
@@ -16,7 +16,8 @@ import (
 // copies its call makes before the code runs (sandbox.Request.CopyIn),
 // each as flmbox cp HOST_PATH NAME:SANDBOX_PATH makes it (hostTar, at most
 // wire.DefaultCopyBytes of files, cp's default). HOST_PATH ends at the
-// first ':' (as docker's -v reads it); each must exist, and SANDBOX_PATH
+// first ':' (as docker's -v reads it); each must exist and be a regular
+// file, a directory or a link (safetar.Check), and SANDBOX_PATH
 // must be under /tmp, the only place a copy may write: both are checked
 // here, before any sandbox is taken.
 func copiesFrom(c *cli.Context) ([]sandbox.CopyIn, error) {
@@ -31,7 +32,7 @@ func copiesFrom(c *cli.Context) ([]sandbox.CopyIn, error) {
 		case !strings.HasPrefix(dst, "/") || (clean != "/tmp" && !strings.HasPrefix(clean, "/tmp/")):
 			return nil, fmt.Errorf("--copy %q: the path in the sandbox, %q, must be absolute and under /tmp", arg, dst)
 		}
-		if _, err := os.Lstat(src); err != nil {
+		if err := safetar.Check(src); err != nil {
 			return nil, fmt.Errorf("--copy %q: %w", arg, err)
 		}
 		o := sandbox.CopyOptions{MaxBytes: wire.DefaultCopyBytes}
