@@ -192,7 +192,7 @@ func TestSpecMountsDestinationIsMadeOnceAndRecorded(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(data, "hello"), []byte("hello from the host\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	spec := sandbox.Spec{Image: reg.digestRef(), Mounts: []sandbox.Mount{{Source: data, Destination: "/mnt/flmbox-data", ReadOnly: true}}}
+	spec := sandbox.Spec{Image: reg.digestRef(), Mounts: []sandbox.Mount{{Source: data, Destination: "/mnt/flmbox-data"}}}
 	run := func(name string) {
 		t.Helper()
 		spec.Name = name

@@ -252,6 +252,7 @@ func TestManagerLifecycle(t *testing.T) {
 		if err != nil {
 			t.Fatalf("get a killed sandbox: %v", err)
 		}
+		m.Probe(ctx, got)
 		state = got.State
 		return state == sandbox.StateDead
 	})

@@ -70,7 +70,7 @@ func (m *Manager) Batch(ctx context.Context, target Target, reqs []Request, para
 	}
 	if target.Spec != nil {
 		// A bad spec fails the batch, not each snippet.
-		if _, err := target.Spec.withDefaults(); err != nil {
+		if _, err := target.Spec.withDefaults(m.root); err != nil {
 			return nil, fmt.Errorf("batch: %w", err)
 		}
 		spec := *target.Spec

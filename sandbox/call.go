@@ -71,6 +71,11 @@ var ErrUnresponsive = record.ErrUnresponsive
 // ran. It is errdefs.ErrNotFound.
 var ErrRemoved = record.ErrRemoved
 
+// ErrSuspended is in the error of a call to a suspended sandbox, which
+// Call does not resume: Resume it, then call again (as the flmbox command
+// does, saying so). It is errdefs.ErrFailedPrecondition.
+var ErrSuspended = record.ErrSuspended
+
 // wire returns r as the agent's protocol carries it, or what is wrong with
 // it (errdefs.ErrInvalidArgument).
 func (r Request) wire() (*wire.Request, error) {
@@ -135,8 +140,11 @@ func (r Request) Validate() error {
 // an error matching wire.ErrInterrupted and ctx's cause (no result from an
 // agent of a sandbox made before interrupts existed). A call fails with
 // errdefs.ErrNotFound if there is no such sandbox, errdefs.ErrFailedPrecondition
-// if it is being created or removed, and ErrDead if it is dead. Calls of one
-// sandbox may run at once; they share its /tmp.
+// if it is being created or removed, and ErrDead if it is dead. A call to a
+// suspended sandbox fails with ErrSuspended and changes nothing: Call never
+// resumes (a resume takes root and a second or so, and the caller may
+// rather not); Resume does, then call again. Calls of one sandbox may run
+// at once; they share its /tmp.
 func (m *Manager) Call(ctx context.Context, name string, req Request) (*wire.Result, error) {
 	wreq, err := req.wire()
 	if err != nil {
@@ -192,7 +200,9 @@ func (m *Manager) callChecked(ctx context.Context, name string, req *wire.Reques
 		return nil, err
 	}
 	if err := rec.Callable(); err != nil {
-		return nil, err
+		if rec, err = m.callableAfterStale(ctx, rec, err); err != nil {
+			return nil, err
+		}
 	}
 	if cb != nil {
 		r := *req
@@ -248,4 +258,27 @@ func (m *Manager) RunOnce(ctx context.Context, spec Spec, req Request, deliver f
 		err = rerr
 	}
 	return err
+}
+
+// callableAfterStale returns the record of a sandbox that rec said was not
+// callable (err) after ending what a killed or failed flmbox left of a
+// suspend or resume (its lock free): a record never stays suspending or
+// resuming until some other command reconciles it. Otherwise err.
+func (m *Manager) callableAfterStale(ctx context.Context, rec *record.Record, err error) (*record.Record, error) {
+	if rec.State != record.Suspending && rec.State != record.Resuming {
+		return nil, err
+	}
+	l, lerr := tryLock(rec.Dir)
+	if lerr != nil {
+		return nil, err // at work
+	}
+	defer l.unlock()
+	now, rerr := record.Read(m.root, rec.Name)
+	if rerr != nil {
+		return nil, rerr
+	}
+	if rerr := m.endStale(ctx, now); rerr != nil {
+		return nil, fmt.Errorf("call sandbox %q: %w", rec.Name, rerr)
+	}
+	return now, now.Callable()
 }

@@ -58,21 +58,30 @@ const preinstallTimeout = 10 * time.Minute
 // Create makes a running sandbox from spec: it prewarms the image (a cached
 // one needs no registry), leases it, starts runsc with the agent as the
 // first process and waits until the agent answers, then installs spec.Pip.
-// On failure nothing is left: no sandbox, no lease. A sandbox named
+// On failure nothing is left: no sandbox, no lease, no mount, no runsc
+// container; runsc's log of a sandbox it failed to start is kept in
+// ROOT/logs/NAME.create.log, which the error names. A sandbox named
 // spec.Name that exists already fails with errdefs.ErrAlreadyExists, unless
 // it is what a killed Create left (or an ephemeral one whose owner is gone),
-// which is removed first.
+// which is removed first. A process without root (and CAP_SYS_ADMIN) is
+// refused before anything is made (errdefs.ErrPermissionDenied); a full
+// disk is errdefs.ErrResourceExhausted; a ctx that ends is in the error's
+// chain (errors.Is(err, context.DeadlineExceeded)).
 func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
-	spec, err = spec.withDefaults()
-	if err != nil {
-		return nil, err
-	}
-	agent, err := m.Agent() // before pulling anything
+	defer func() { err = exhausted(ctx, err) }()
+	spec, err = spec.withDefaults(m.root)
 	if err != nil {
 		return nil, err
 	}
 	if spec.Name == "" {
 		spec.Name = "sb-" + randomHex(6)
+	}
+	if err := checkPrivileges(fmt.Sprintf("create sandbox %q", spec.Name)); err != nil {
+		return nil, err
+	}
+	agent, err := m.Agent() // before pulling anything
+	if err != nil {
+		return nil, err
 	}
 	if err := m.nameFree(ctx, spec.Name); err != nil { // before pulling anything
 		return nil, err
@@ -110,8 +119,12 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		return nil, err
 	}
 	defer lock.unlock()
+	ran := false // runsc ran: its log is kept
 	defer func() {
 		if err != nil {
+			if ran {
+				m.keepCreateLog(rec)
+			}
 			if derr := m.destroy(ctx, rec); derr != nil {
 				m.o.warnf("%v", derr)
 			}
@@ -142,10 +155,12 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		return nil, err
 	}
 	defer logf.Close()
+	ran = true
 	if err := rt.Run(ctx, container(rec), rec.Dir, ospec, logf); err != nil {
-		return nil, fmt.Errorf("create sandbox %q: %w", rec.Name, err)
+		return nil, m.runscFailed(ctx, fmt.Sprintf("create sandbox %q: run runsc", rec.Name), consolePath(rec), m.createLog(rec), err)
 	}
 	if err := waitForAgent(ctx, rec); err != nil {
+		m.o.debugf("%v", err)
 		return nil, err
 	}
 	if err := m.preinstall(ctx, rec, spec.Pip); err != nil {
@@ -155,7 +170,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err := record.Write(rec); err != nil {
 		return nil, err
 	}
-	return m.sandbox(ctx, rec, false), nil
+	return m.sandbox(rec), nil
 }
 
 // specOpts are a new sandbox's spec: the cached rootfs read-only, /tmp, the
@@ -183,7 +198,10 @@ func (m *Manager) specOpts(spec Spec, rec *record.Record, img *rootfs.Result, im
 	}
 	opts = append(opts, etc...)
 	for _, mt := range spec.Mounts {
-		opts = append(opts, runtime.WithBind(mt.Source, mt.Destination, mt.ReadOnly))
+		opts = append(opts, runtime.WithBind(mt.Source, mt.Destination, !mt.ReadWrite))
+	}
+	if spec.fetch != "" {
+		opts = append(opts, runtime.WithBind(spec.fetch, fetchMount, false))
 	}
 	return append(opts,
 		withRunDir(rec),

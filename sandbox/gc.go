@@ -38,10 +38,14 @@ func (m *Manager) GC(ctx context.Context, o GCOptions) ([]GCAction, error) {
 	if o.SuspendIdle < 0 || o.RemoveIdle < 0 {
 		return nil, fmt.Errorf("gc: idle durations must not be negative: %w", errdefs.ErrInvalidArgument)
 	}
+	if err := m.Reconcile(ctx); err != nil {
+		m.o.warnf("%v", err)
+	}
 	sbs, err := m.List(ctx)
 	if err != nil {
 		return nil, err
 	}
+	m.Probe(ctx, sbs...) // a dead sandbox is removed, never suspended
 	var acts []GCAction
 	var errs []error
 	for _, sb := range sbs {

@@ -39,6 +39,7 @@ type options struct {
 	runsc  string
 	agent  string
 	warnf  func(format string, args ...any)
+	debugf func(format string, args ...any)
 	wheels *pipcache.Cache
 	// refiller starts a refill of a pool (WithRefill); nil: a goroutine.
 	refiller func(shape string)
@@ -59,6 +60,11 @@ func WithAgent(path string) Option { return func(o *options) { o.agent = path } 
 // after a batch, an image entry skipped while unpacking). Default: none.
 func WithWarnf(f func(format string, args ...any)) Option { return func(o *options) { o.warnf = f } }
 
+// WithDebugf sets where the whole of what runsc said about a failure goes
+// (its panics, urpc messages, stack traces), which an error quotes one line
+// of, naming the log file that keeps the rest. Default: none.
+func WithDebugf(f func(format string, args ...any)) Option { return func(o *options) { o.debugf = f } }
+
 // WithWheelCache sets the wheel cache that sandboxes install Python packages
 // from. Default: the one under ROOT/pipcache.
 func WithWheelCache(c *pipcache.Cache) Option { return func(o *options) { o.wheels = c } }
@@ -76,6 +82,9 @@ func Open(root string, opts ...Option) (*Manager, error) {
 	}
 	if m.o.warnf == nil {
 		m.o.warnf = func(string, ...any) {}
+	}
+	if m.o.debugf == nil {
+		m.o.debugf = func(string, ...any) {}
 	}
 	if m.o.refiller == nil {
 		m.o.refiller = func(shape string) {

@@ -79,7 +79,7 @@ type FetchOptions struct {
 	// holds it). Default: 2 GiB.
 	MaxDownloadBytes int64
 	// Sandbox is the spec of the sandbox pip runs in; its Network is always
-	// host, its Mounts get the download directory.
+	// host, and it gets the download directory, read-write.
 	Sandbox Spec
 }
 
@@ -116,7 +116,7 @@ func (m *Manager) FetchWheels(ctx context.Context, reqs []string, o FetchOptions
 	defer inbox.Close()
 	spec := o.Sandbox
 	spec.Network = runtime.NetworkHost
-	spec.Mounts = append(append([]Mount{}, spec.Mounts...), Mount{Source: inbox.Dir, Destination: fetchMount})
+	spec.fetch = inbox.Dir // inside the state root: not a Spec.Mounts
 	sb, err := m.Create(ctx, spec)
 	if err != nil {
 		return nil, err

@@ -43,7 +43,7 @@ var errTaken = errors.New("taken")
 // at a time never empties. A sandbox acquired is given back with Release,
 // or removed with Remove.
 func (m *Manager) Acquire(ctx context.Context, spec Spec) (*Sandbox, error) {
-	spec, err := spec.withDefaults()
+	spec, err := spec.withDefaults(m.root)
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +188,7 @@ func (m *Manager) adopt(ctx context.Context, rec *record.Record, spec Spec) (_ *
 		return nil, err
 	}
 	rec.Touch()
-	return m.sandbox(ctx, rec, false), nil
+	return m.sandbox(rec), nil
 }
 
 // rename moves the sandbox of rec (whose lock the caller holds: it follows

@@ -77,7 +77,7 @@ func (m *Manager) FillPool(ctx context.Context, spec Spec, o PoolOptions, parall
 	if spec.Name != "" {
 		return nil, fmt.Errorf("fill pool: the sandboxes of a pool are named by flmbox, not %q: %w", spec.Name, errdefs.ErrInvalidArgument)
 	}
-	spec, err := spec.withDefaults()
+	spec, err := spec.withDefaults(m.root)
 	if err != nil {
 		return nil, err
 	}
@@ -273,7 +273,7 @@ func (m *Manager) pool(ctx context.Context, key string, cfg *poolConfig, idle []
 			p.Spec = Spec{Image: rec.Image, Network: container(rec).Network, Platform: rec.Platform, Limits: runtimeLimits(rec.Limits)}
 			p.Manifest, p.IdleTimeout = rec.Manifest, DefaultIdleTimeout
 		}
-		p.Idle = append(p.Idle, m.sandbox(ctx, rec, false))
+		p.Idle = append(p.Idle, m.sandbox(rec))
 		p.OldestIdle = *rec.Pooled
 		if memory {
 			if pids, err := procmem.Container(rec.ID); err == nil {

@@ -19,7 +19,7 @@ import (
 func testShape() shape {
 	return shape{Manifest: "sha256:" + strings.Repeat("ab", 32), Network: "none", Platform: "ptrace",
 		Limits: record.Limits{MemoryBytes: 512 << 20, CPUs: 1, Pids: 256}, TmpBytes: 256 << 20,
-		Env: []string{"A=1", "B=2"}, Pip: []string{"numpy==2.0"}, Mounts: []Mount{{Source: "/data", Destination: "/data", ReadOnly: true}},
+		Env: []string{"A=1", "B=2"}, Pip: []string{"numpy==2.0"}, Mounts: []Mount{{Source: "/data", Destination: "/data"}},
 		Protocol: 3, Agent: "4700000-1764600000000000000"}
 }
 
@@ -47,10 +47,11 @@ func TestShapeKey(t *testing.T) {
 		"Env":         func(s *shape) { s.Env = []string{"A=1"} },
 		"Env order":   func(s *shape) { s.Env = []string{"B=2", "A=1"} }, // the last setting of a variable wins
 		"Pip":         func(s *shape) { s.Pip = nil },
-		"Mounts":      func(s *shape) { s.Mounts[0].ReadOnly = false },
+		"Mounts":      func(s *shape) { s.Mounts[0].ReadWrite = true },
 		"Protocol":    func(s *shape) { s.Protocol = 2 },
 		"Agent":       func(s *shape) { s.Agent = "4700001-1764600000000000000" },
 		"LazySpares":  func(s *shape) { s.LazySpares = true },
+		"Fetch":       func(s *shape) { s.Fetch = true },
 	}
 	// Every field of shape has a change here: a field added later must be
 	// in the key, and in this test.
@@ -77,7 +78,7 @@ func TestShapeKey(t *testing.T) {
 func TestShapeOfSpec(t *testing.T) {
 	s := testShape()
 	s.Protocol = shapeFrom(Spec{}, "", "").Protocol // this build's
-	spec, err := s.spec("example.com/python:3").withDefaults()
+	spec, err := s.spec("example.com/python:3").withDefaults("")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,11 +88,11 @@ func TestShapeOfSpec(t *testing.T) {
 	// A spec with its defaults filled in has the shape of the same spec
 	// without them: run --image without flags finds the pool that pool
 	// fill without flags made.
-	bare, err := Spec{Image: "example.com/python:3"}.withDefaults()
+	bare, err := Spec{Image: "example.com/python:3"}.withDefaults("")
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := bare.withDefaults()
+	again, err := bare.withDefaults("")
 	if err != nil {
 		t.Fatal(err)
 	}

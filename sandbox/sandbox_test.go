@@ -58,7 +58,7 @@ func TestEnvironment(t *testing.T) {
 }
 
 func TestSpecDefaults(t *testing.T) {
-	s, err := Spec{Image: "img"}.withDefaults()
+	s, err := Spec{Image: "img"}.withDefaults("")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestSpecDefaults(t *testing.T) {
 		{Image: "img", Limits: runtime.Limits{CPUs: MinCPUs / 2}},
 		{Image: "img", Limits: runtime.Limits{CPUs: math.NaN()}},
 	} {
-		if _, err := bad.withDefaults(); !errdefs.IsInvalidArgument(err) {
+		if _, err := bad.withDefaults(""); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("%+v: %v, want an invalid argument", bad, err)
 		}
 	}
@@ -90,10 +90,10 @@ func TestSpecDefaults(t *testing.T) {
 // A refusal names each limit below its minimum, and the minimum.
 func TestSpecMinimumLimits(t *testing.T) {
 	min := Spec{Image: "img", Limits: runtime.Limits{MemoryBytes: MinMemoryBytes, CPUs: MinCPUs, Pids: MinPids}, TmpBytes: MinTmpBytes}
-	if _, err := min.withDefaults(); err != nil {
+	if _, err := min.withDefaults(""); err != nil {
 		t.Fatalf("the minimum limits: %v", err)
 	}
-	_, err := Spec{Image: "img", Limits: runtime.Limits{Pids: 4}, TmpBytes: 16}.withDefaults()
+	_, err := Spec{Image: "img", Limits: runtime.Limits{Pids: 4}, TmpBytes: 16}.withDefaults("")
 	if !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("pids 4: %v", err)
 	}
@@ -205,6 +205,12 @@ func TestReconcile(t *testing.T) {
 	if err != nil || len(sbs) != 2 {
 		t.Fatalf("List: %v, %v", sbs, err)
 	}
+	for _, sb := range sbs {
+		if want := map[string]State{"running": StateRunning, "busy": StateCreating}[sb.Name]; sb.State != want {
+			t.Errorf("listed: %s is %s, want %s as recorded", sb.Name, sb.State, want)
+		}
+	}
+	m.Probe(context.Background(), sbs...)
 	for _, sb := range sbs {
 		want := map[string]State{"running": StateDead, "busy": StateCreating}[sb.Name] // no agent answers
 		if sb.State != want {

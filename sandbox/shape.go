@@ -37,6 +37,8 @@ type shape struct {
 	Protocol int           `json:"protocol"`
 	// LazySpares is Spec.LazySpares.
 	LazySpares bool `json:"lazy_spares,omitempty"`
+	// Fetch marks FetchWheels' sandboxes, which have a download directory.
+	Fetch bool `json:"fetch,omitempty"`
 	// Agent identifies the agent binary (its size and modification time):
 	// a sandbox runs the agent it was made with, so a pool never hands out
 	// one of an earlier build.
@@ -65,7 +67,7 @@ func agentID(fi os.FileInfo) string { return fmt.Sprintf("%d-%d", fi.Size(), fi.
 func shapeFrom(spec Spec, manifest, agentID string) shape {
 	return shape{Manifest: manifest, Network: string(spec.Network), Platform: spec.Platform,
 		Limits: recordLimits(spec.Limits), TmpBytes: spec.TmpBytes, Env: spec.Env, Pip: spec.Pip,
-		Mounts: spec.Mounts, Protocol: wire.ProtocolVersion, Agent: agentID, LazySpares: spec.LazySpares}
+		Mounts: spec.Mounts, Protocol: wire.ProtocolVersion, Agent: agentID, LazySpares: spec.LazySpares, Fetch: spec.fetch != ""}
 }
 
 // key names the shape: 16 hex digits of the SHA-256 of its JSON.

@@ -1,7 +1,9 @@
 package sandbox
 
 import (
+	"encoding/json"
 	"fmt"
+	goruntime "runtime"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -49,19 +51,53 @@ type Spec struct {
 	// Pip are pip requirements installed from the wheel cache when the
 	// sandbox is created (into /tmp/site-packages).
 	Pip []string
-	// Mounts are host directories bound into the sandbox.
+	// Mounts are host directories (or files) bound into the sandbox,
+	// read-only unless marked ReadWrite. A source that is the host's root,
+	// under /proc, /sys or /dev, the state root or inside it, or a
+	// directory that holds the state root, is refused.
 	Mounts []Mount
 	// Ephemeral says that the sandbox belongs to the process that creates
 	// it: Reconcile removes it once that process is gone. It is for a
 	// caller that removes the sandbox itself when done and may be killed
 	// first (RunOnce and Batch set it on the sandboxes they make).
 	Ephemeral bool
+
+	// fetch is FetchWheels' download directory, bound read-write at
+	// fetchMount: inside the state root, which no Mount may be.
+	fetch string
 }
 
-// Mount binds a host directory into a sandbox.
+// Mount binds a host directory or file into a sandbox.
 type Mount struct {
+	// Source is the host path, absolute; Destination the path in the
+	// sandbox.
+	Source, Destination string
+	// ReadWrite lets the sandbox write the source: snippets can then change
+	// the host's files there. Default: read-only.
+	ReadWrite bool
+}
+
+// mountJSON is a Mount as pools' settings and shape keys hold it, as they
+// did before mounts were read-only by default: a key or a pool's settings
+// never change with that.
+type mountJSON struct {
 	Source, Destination string
 	ReadOnly            bool
+}
+
+// MarshalJSON writes m as pools' settings hold it.
+func (m Mount) MarshalJSON() ([]byte, error) {
+	return json.Marshal(mountJSON{Source: m.Source, Destination: m.Destination, ReadOnly: !m.ReadWrite})
+}
+
+// UnmarshalJSON reads m as pools' settings hold it.
+func (m *Mount) UnmarshalJSON(b []byte) error {
+	var j mountJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	*m = Mount{Source: j.Source, Destination: j.Destination, ReadWrite: !j.ReadOnly}
+	return nil
 }
 
 // DefaultLimits are a Spec's default limits.
@@ -101,7 +137,9 @@ const (
 )
 
 // checkLimits refuses limits below what a sandbox needs, saying which and
-// the minimum.
+// the minimum, and limits this host cannot meet: more CPUs than it has, a
+// /tmp larger than the memory limit (/tmp is a tmpfs: its files are the
+// sandbox's memory).
 func checkLimits(l runtime.Limits, tmpBytes int64) error {
 	var bad []string
 	if l.MemoryBytes < MinMemoryBytes {
@@ -113,8 +151,14 @@ func checkLimits(l runtime.Limits, tmpBytes int64) error {
 	if !(l.CPUs >= MinCPUs) { // NaN too
 		bad = append(bad, fmt.Sprintf("cpus %g is below the minimum of %g", l.CPUs, MinCPUs))
 	}
+	if n := goruntime.NumCPU(); l.CPUs > float64(n) {
+		bad = append(bad, fmt.Sprintf("cpus %g is more than this host's %d", l.CPUs, n))
+	}
 	if tmpBytes < MinTmpBytes {
 		bad = append(bad, fmt.Sprintf("/tmp size %d bytes is below the minimum of %d (%d MiB)", tmpBytes, MinTmpBytes, MinTmpBytes>>20))
+	}
+	if tmpBytes > l.MemoryBytes && l.MemoryBytes >= MinMemoryBytes {
+		bad = append(bad, fmt.Sprintf("/tmp size %d bytes is more than the memory limit of %d (/tmp is a tmpfs: its files are memory)", tmpBytes, l.MemoryBytes))
 	}
 	if len(bad) > 0 {
 		return fmt.Errorf("create sandbox: %s: %w", strings.Join(bad, "; "), errdefs.ErrInvalidArgument)
@@ -123,8 +167,9 @@ func checkLimits(l runtime.Limits, tmpBytes int64) error {
 }
 
 // withDefaults returns s with its defaults filled in, or what is wrong
-// with it.
-func (s Spec) withDefaults() (Spec, error) {
+// with it: the one validation of a Spec. root is the state root, which no
+// mount may expose ("": not checked).
+func (s Spec) withDefaults(root string) (Spec, error) {
 	if s.Image == "" {
 		return s, fmt.Errorf("create sandbox: no image: %w", errdefs.ErrInvalidArgument)
 	}
@@ -158,6 +203,9 @@ func (s Spec) withDefaults() (Spec, error) {
 		}
 	}
 	if err := CheckRequirements(s.Pip); err != nil {
+		return s, err
+	}
+	if err := checkMounts(s.Mounts, root); err != nil {
 		return s, err
 	}
 	return s, nil

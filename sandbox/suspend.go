@@ -42,12 +42,16 @@ const (
 // dead ones; suspending a suspended sandbox does nothing. Killed midway,
 // the sandbox is left suspended if its image is whole, else running (see
 // Reconcile).
-func (m *Manager) Suspend(ctx context.Context, name string) error {
+func (m *Manager) Suspend(ctx context.Context, name string) (err error) {
+	defer func() { err = exhausted(ctx, err) }()
 	rec, unlock, err := m.lockRecord(ctx, name, "suspend")
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	if err := m.endStale(ctx, rec); err != nil {
+		return fmt.Errorf("suspend sandbox %q: %w", name, err)
+	}
 	switch {
 	case rec.State == record.Suspended:
 		return nil
@@ -56,9 +60,12 @@ func (m *Manager) Suspend(ctx context.Context, name string) error {
 	case rec.Pooled != nil:
 		return fmt.Errorf("suspend sandbox %q: %w", name, record.ErrPooled)
 	}
+	if err := checkPrivileges(fmt.Sprintf("suspend sandbox %q", name)); err != nil {
+		return err
+	}
 	rt, err := m.runtime()
 	if err != nil {
-		return err
+		return fmt.Errorf("suspend sandbox %q: %w", name, err)
 	}
 	if !rt.Alive(ctx, container(rec)) {
 		return fmt.Errorf("suspend sandbox %q: %w", name, record.ErrDead)
@@ -91,7 +98,8 @@ func (m *Manager) Suspend(ctx context.Context, name string) error {
 	}
 	if err := rt.Checkpoint(ctx, container(rec), tmp, true); err != nil {
 		os.RemoveAll(tmp)
-		return back(err) // its agent listens again
+		// Its agent listens again.
+		return back(m.runscFailed(ctx, "checkpoint it", consolePath(rec), consolePath(rec), err))
 	}
 	if err := os.Rename(tmp, img); err != nil {
 		os.RemoveAll(tmp)
@@ -122,20 +130,35 @@ func (m *Manager) finishSuspend(ctx context.Context, rec *record.Record) error {
 // its /tmp, its processes and its agent, which answers calls again as
 // before (each call a new process, as always). Resuming a running sandbox
 // does nothing, and reports false. A resume that fails says why, keeps the
-// image and leaves the sandbox suspended; two resumes at once restore it
-// once.
+// image and leaves the sandbox suspended, recorded so before Resume
+// returns; two resumes at once restore it once. An image runsc cannot
+// restore fails with ErrCheckpointDamaged (errdefs.ErrDataLoss): no resume
+// will bring that sandbox back, it can only be removed. runsc's own words
+// about a failure are in ROOT/sandboxes/NAME/console.log, which the error
+// names (and WithDebugf's log).
 func (m *Manager) Resume(ctx context.Context, name string) (resumed bool, err error) {
+	defer func() { err = exhausted(ctx, err) }()
 	rec, unlock, err := m.lockRecord(ctx, name, "resume")
 	if err != nil {
 		return false, err
 	}
 	defer unlock()
+	if err := m.endStale(ctx, rec); err != nil {
+		return false, fmt.Errorf("resume sandbox %q: %w", name, err)
+	}
 	switch rec.State {
 	case record.Running:
 		return false, nil
 	case record.Suspended:
 	default:
 		return false, fmt.Errorf("resume sandbox %q: it is %s: %w", name, rec.State, errdefs.ErrFailedPrecondition)
+	}
+	// What a resume needs is checked before the record changes.
+	if err := checkPrivileges(fmt.Sprintf("resume sandbox %q", name)); err != nil {
+		return false, err
+	}
+	if _, err := m.runtime(); err != nil {
+		return false, fmt.Errorf("resume sandbox %q (it stays suspended): %w", name, err)
 	}
 	rec.State = record.Resuming
 	if err := record.Write(rec); err != nil {
@@ -144,6 +167,9 @@ func (m *Manager) Resume(ctx context.Context, name string) (resumed bool, err er
 	if err := m.restore(ctx, rec); err != nil {
 		if uerr := m.undoResume(context.WithoutCancel(ctx), rec); uerr != nil {
 			m.o.warnf("%v", uerr)
+		}
+		if errors.Is(err, ErrCheckpointDamaged) {
+			return false, err
 		}
 		return false, fmt.Errorf("resume sandbox %q (it stays suspended, its image kept): %w", name, err)
 	}
@@ -189,7 +215,8 @@ func (m *Manager) restore(ctx context.Context, rec *record.Record) error {
 	}
 	img := filepath.Join(rec.Dir, checkpointDir)
 	if _, err := os.Stat(filepath.Join(img, "checkpoint.img")); err != nil {
-		return fmt.Errorf("its checkpoint image: %w: %w", err, errdefs.ErrDataLoss)
+		return &failure{msg: fmt.Sprintf("restore sandbox %q: %v (%v): %v", rec.Name, ErrCheckpointDamaged, err, errdefs.ErrDataLoss),
+			errs: []error{err, ErrCheckpointDamaged}}
 	}
 	if err := unmountRunDir(rec); err != nil {
 		return err
@@ -206,26 +233,43 @@ func (m *Manager) restore(ctx context.Context, rec *record.Record) error {
 	}
 	defer logf.Close()
 	if err := rt.Restore(ctx, container(rec), rec.Dir, img, logf); err != nil {
-		return err
+		return m.runscFailed(ctx, fmt.Sprintf("restore sandbox %q", rec.Name), consolePath(rec), consolePath(rec), err)
 	}
 	return waitForAgent(ctx, rec)
 }
 
 // undoResume deletes what a failed or killed resume made of the sandbox of
-// rec and records it suspended again.
+// rec and records it suspended again, whatever else fails: its image is
+// whole, and a container of its ID that could not be deleted is deleted by
+// the next restore (runsc restore fails on it, and deletes it) or Remove.
 func (m *Manager) undoResume(ctx context.Context, rec *record.Record) error {
-	rt, err := m.runtime()
-	if err != nil {
-		return err
-	}
-	if err := rt.Delete(ctx, container(rec)); err != nil {
-		return err
+	var errs []error
+	if rt, err := m.runtime(); err != nil {
+		errs = append(errs, err)
+	} else if err := rt.Delete(ctx, container(rec)); err != nil {
+		errs = append(errs, err)
 	}
 	if err := unmountRunDir(rec); err != nil {
-		return err
+		errs = append(errs, err)
 	}
 	rec.State = record.Suspended
-	return record.Write(rec)
+	if err := record.Write(rec); err != nil {
+		return err
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("sandbox %s is suspended again, but what its resume made may be left: %w", rec.Name, err)
+	}
+	return nil
+}
+
+// endStale ends the suspend or resume that rec says is at work, whose
+// directory's lock the caller holds: a flmbox killed or failed at work left
+// it (see reconcileSuspend), and the caller goes on with rec's state then.
+func (m *Manager) endStale(ctx context.Context, rec *record.Record) error {
+	if rec.State != record.Suspending && rec.State != record.Resuming {
+		return nil
+	}
+	return m.reconcileSuspend(context.WithoutCancel(ctx), rec)
 }
 
 // pointOwnMounts makes the bundle's mounts of the sandbox's own files (its run

@@ -1,0 +1,203 @@
+package sandbox
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+
+	"github.com/flmbox/flmbox/sandbox/record"
+)
+
+// ErrCheckpointDamaged is in the error of a resume whose checkpoint image
+// runsc cannot restore (a panic of gVisor's restore, a truncated or garbled
+// file): the sandbox stays suspended, and no resume will bring it back; it
+// can only be removed. It is errdefs.ErrDataLoss.
+var ErrCheckpointDamaged error = damagedError{}
+
+type damagedError struct{}
+
+func (damagedError) Error() string        { return "its checkpoint is damaged" }
+func (damagedError) Is(target error) bool { return target == errdefs.ErrDataLoss }
+
+// capSysAdmin is CAP_SYS_ADMIN's bit: mounting a sandbox's run directory and
+// runsc's own sandboxing need it.
+const capSysAdmin = 21
+
+// checkPrivileges fails, with errdefs.ErrPermissionDenied and before
+// anything is made, unless this process can make sandboxes: runsc (as
+// flmbox runs it) and the run directory's tmpfs need root, with
+// CAP_SYS_ADMIN.
+func checkPrivileges(doing string) error {
+	return privilegeError(doing, os.Geteuid(), effectiveCaps())
+}
+
+// privilegeError is checkPrivileges for a process of euid whose effective
+// capabilities are caps.
+func privilegeError(doing string, euid int, caps uint64) error {
+	switch {
+	case euid != 0:
+		return fmt.Errorf("%s: flmbox needs root (it runs runsc and mounts as root); this process runs as uid %d: %w", doing, euid, errdefs.ErrPermissionDenied)
+	case caps&(1<<capSysAdmin) == 0:
+		return fmt.Errorf("%s: flmbox needs root with CAP_SYS_ADMIN, which this process lacks: %w", doing, errdefs.ErrPermissionDenied)
+	}
+	return nil
+}
+
+// effectiveCaps are this process's effective capabilities (CapEff in
+// /proc/self/status); all of them if they cannot be read, so that the
+// operation itself says what fails.
+func effectiveCaps() uint64 {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return ^uint64(0)
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if v, ok := strings.CutPrefix(s.Text(), "CapEff:"); ok {
+			if caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64); err == nil {
+				return caps
+			}
+		}
+	}
+	return ^uint64(0)
+}
+
+// failure is an error as a person reads it: one line, what failed and
+// where the rest is; its chain holds the whole of it (runsc's words, the
+// kinds, the context's end) for errors.Is and errors.As.
+type failure struct {
+	msg  string
+	errs []error
+}
+
+func (f *failure) Error() string   { return f.msg }
+func (f *failure) Unwrap() []error { return f.errs }
+
+// runscFailed is the error of runsc's failure err to do what doing says:
+// runsc's first line (its panics, urpc messages and stack traces stay in
+// the log at logPath, where the whole of err is added, and go to the debug
+// log; the message names the log as shown), ctx's end if it ended,
+// ErrCheckpointDamaged if a restore could not read its image,
+// errdefs.ErrResourceExhausted if a disk is full.
+func (m *Manager) runscFailed(ctx context.Context, doing, logPath, shown string, err error) error {
+	m.o.debugf("%s: %v", doing, err)
+	appendLog(logPath, doing, err)
+	logPath = shown
+	f := &failure{errs: []error{err}}
+	switch {
+	case ctx.Err() != nil:
+		cause := context.Cause(ctx)
+		f.msg = fmt.Sprintf("%s: %v (runsc's log: %s)", doing, cause, logPath)
+		f.errs = append(f.errs, ctx.Err(), cause)
+	case strings.HasPrefix(doing, "restore") && damaged(err):
+		f.msg = fmt.Sprintf("%s: %v (%s; runsc's log: %s): %v", doing, ErrCheckpointDamaged, firstLine(runscWords(err)), logPath, errdefs.ErrDataLoss)
+		f.errs = append(f.errs, ErrCheckpointDamaged)
+	default:
+		f.msg = fmt.Sprintf("%s: %s (runsc's log: %s)", doing, firstLine(err.Error()), logPath)
+	}
+	if full(err) {
+		f.msg += ": " + errdefs.ErrResourceExhausted.Error()
+		f.errs = append(f.errs, errdefs.ErrResourceExhausted)
+	}
+	return f
+}
+
+// damaged says whether a restore's failure is of its image: gVisor panics
+// reading it, or its restore RPC fails (a truncated or garbled file).
+func damaged(err error) bool {
+	s := err.Error()
+	return strings.Contains(s, "panic: ") || strings.Contains(s, "Restore failed")
+}
+
+// runscWords is what runsc said in err: its panic line, else its text after
+// the exit status.
+func runscWords(err error) string {
+	s := err.Error()
+	if i := strings.Index(s, "panic: "); i >= 0 {
+		return s[i:]
+	}
+	if i := strings.Index(s, "exit status "); i >= 0 {
+		if j := strings.Index(s[i:], ": "); j >= 0 {
+			return s[i+j+2:]
+		}
+	}
+	return s
+}
+
+// firstLine is s's first non-empty line, at most 200 bytes.
+func firstLine(s string) string {
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			if len(l) > 200 {
+				l = l[:200] + "…"
+			}
+			return l
+		}
+	}
+	return s
+}
+
+// full says whether err is of a full disk or quota.
+func full(err error) bool {
+	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+		return true
+	}
+	s := err.Error()
+	return strings.Contains(s, "no space left on device") || strings.Contains(s, "disk quota exceeded")
+}
+
+// exhausted adds errdefs.ErrResourceExhausted to an error of a full disk or
+// quota, and ctx's end to an error of an operation that ctx ended, so that
+// errors.Is finds both whatever the code below said.
+func exhausted(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if full(err) && !errdefs.IsResourceExhausted(err) {
+		err = fmt.Errorf("%w: %w", err, errdefs.ErrResourceExhausted)
+	}
+	if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+		err = &failure{msg: fmt.Sprintf("%v (%v)", err, context.Cause(ctx)), errs: []error{err, ctx.Err(), context.Cause(ctx)}}
+	}
+	return err
+}
+
+// appendLog keeps the whole of err in the log at path, after what runsc
+// wrote there.
+func appendLog(path, doing string, err error) {
+	f, ferr := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if ferr != nil {
+		return
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "flmbox %s: %s: %v\n", time.Now().UTC().Format(time.RFC3339), doing, err)
+}
+
+// createLog is where a failed Create keeps runsc's log of the sandbox of
+// rec, whose directory it removes: ROOT/logs/NAME.create.log.
+func (m *Manager) createLog(rec *record.Record) string {
+	return m.root + "/logs/" + rec.Name + ".create.log"
+}
+
+// keepCreateLog copies the console log of the sandbox of rec, which a
+// failed Create removes, to createLog, and returns that path.
+func (m *Manager) keepCreateLog(rec *record.Record) string {
+	p := m.createLog(rec)
+	if err := os.MkdirAll(m.root+"/logs", 0o700); err != nil {
+		return consolePath(rec)
+	}
+	b, _ := os.ReadFile(consolePath(rec))
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		return consolePath(rec)
+	}
+	return p
+}
