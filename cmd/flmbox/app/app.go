@@ -55,14 +55,16 @@ func runApp(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 }
 
 func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
-	return &cli.App{
+	app := &cli.App{
 		Name:      "flmbox",
+		HelpName:  "flmbox",
 		Usage:     "run untrusted Python and shell snippets in gVisor sandboxes",
 		Reader:    stdin,
 		Writer:    stdout,
 		ErrWriter: stderr,
 		// Errors are printed and turned into exit codes by Run, not by cli.
 		ExitErrHandler:       func(*cli.Context, error) {},
+		OnUsageError:         usageError,
 		HideHelpCommand:      true,
 		EnableBashCompletion: false,
 		Flags:                tableFlags(runcmd.GlobalFlags),
@@ -79,6 +81,8 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 			instanceCommand(),
 		},
 	}
+	setUsageErrors(app.Commands)
+	return app
 }
 
 // ensureRoot creates the state root.

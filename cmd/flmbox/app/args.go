@@ -58,7 +58,13 @@ func hoistFlags(app *cli.App, args []string) []string {
 		}
 		if strings.HasPrefix(a, "-") && a != "-" {
 			flagArgs = append(flagArgs, a)
-			if takesValue(flags, a) && i < len(args) {
+			if takesValue(flags, a) {
+				if i == len(args) {
+					// Its value is missing: hoisted before the arguments,
+					// it would take the first as its value. Without them,
+					// the parse says what is missing.
+					return append(out, flagArgs...)
+				}
 				flagArgs = append(flagArgs, args[i])
 				i++
 			}

@@ -18,6 +18,8 @@ func TestHoistFlags(t *testing.T) {
 		{"flmbox images ls --json", "flmbox images ls --json"},
 		{"flmbox prewarm -- --weird", "flmbox prewarm -- --weird"},
 		{"flmbox unknown IMG --json", "flmbox unknown IMG --json"},
+		// A flag without its value does not take the argument before it.
+		{"flmbox prewarm IMG --platform", "flmbox prewarm --platform"},
 	} {
 		got := strings.Join(hoistFlags(app, strings.Fields(tc.in)), " ")
 		if got != tc.want {

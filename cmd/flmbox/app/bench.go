@@ -29,7 +29,7 @@ image cache of --root must hold exactly one image whose source it knows (a tag o
 			&cli.IntFlag{Name: "warmup", Value: full.Warmup, Usage: "warm calls of each kind not measured"},
 			&cli.IntFlag{Name: "rounds", Value: full.Rounds, Usage: "rounds of measured warm calls"},
 			&cli.IntFlag{Name: "calls", Value: full.Calls, Usage: "measured warm calls per round"},
-			&cli.DurationFlag{Name: "pause", Usage: "pause before each warm call, for every method alike (default: back to back)"},
+			durationOrZeroFlag("pause", 0, "pause before each warm call, for every method alike (default: back to back)"),
 			&cli.BoolFlag{Name: "quick", Usage: "fewer pairs, rounds and calls (under a minute); explicit flags still win"},
 			jsonFlag,
 		},

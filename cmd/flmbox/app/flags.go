@@ -2,6 +2,7 @@ package app
 
 import (
 	"fmt"
+	goruntime "runtime" // package runtime is flmbox's runsc driver
 	"strconv"
 	"strings"
 	"time"
@@ -33,7 +34,8 @@ func tableFlags(table []runcmd.Flag) []cli.Flag {
 			if err != nil {
 				panic(fmt.Sprintf("flag --%s: default %q is not a duration", f.Name, f.Default))
 			}
-			out = append(out, &cli.DurationFlag{Name: f.Name, Aliases: f.Aliases, Value: d, DefaultText: f.DefaultText, EnvVars: f.EnvVars, Usage: f.Usage})
+			// run's durations (--timeout, --callback-idle) are all positive.
+			out = append(out, &cli.GenericFlag{Name: f.Name, Aliases: f.Aliases, Value: &durationValue{d: d}, DefaultText: f.DefaultText, EnvVars: f.EnvVars, Usage: f.Usage})
 		case runcmd.Int:
 			n := 0
 			if f.Default != "" {
@@ -167,8 +169,8 @@ func specFrom(c *cli.Context) (sandbox.Spec, error) {
 		return s, err
 	}
 	s.Limits.CPUs, s.Limits.Pids = c.Float64("cpus"), c.Int64("pids")
-	if s.Limits.CPUs <= 0 || s.Limits.Pids <= 0 {
-		return s, fmt.Errorf("--cpus and --pids must be positive")
+	if err := checkLimits(c, s); err != nil {
+		return s, err
 	}
 	s.Pip = listFlag(c, "pip")
 	s.LazySpares = c.Bool("lazy-spares")
@@ -180,6 +182,26 @@ func specFrom(c *cli.Context) (sandbox.Spec, error) {
 			"install in the snippets: pip install NAME installs from the wheel cache")
 	}
 	return s, nil // the rest (--env's K=V, ...) is checked by package sandbox before anything runs
+}
+
+// checkLimits refuses limits that no sandbox on this host can have: more
+// CPUs than the host has, a /tmp larger than the memory (tmpfs is memory).
+// Package sandbox checks the rest (its minimums) when the spec is used.
+func checkLimits(c *cli.Context, s sandbox.Spec) error {
+	if !(s.Limits.CPUs > 0) { // NaN too
+		return fmt.Errorf("--cpus %g: want more than 0", s.Limits.CPUs)
+	}
+	if n := goruntime.NumCPU(); s.Limits.CPUs > float64(n) {
+		return fmt.Errorf("--cpus %g: want at most %d, this host's CPUs", s.Limits.CPUs, n)
+	}
+	if s.Limits.Pids <= 0 {
+		return fmt.Errorf("--pids %d: want more than 0", s.Limits.Pids)
+	}
+	// Below sandbox's minimum memory, that is what it says.
+	if s.TmpBytes > s.Limits.MemoryBytes && s.Limits.MemoryBytes >= sandbox.MinMemoryBytes {
+		return fmt.Errorf("--tmp-size %s: want at most --memory %s (/tmp is memory)", c.String("tmp-size"), c.String("memory"))
+	}
+	return nil
 }
 
 func parseSize(flag, s string) (int64, error) {

@@ -15,7 +15,7 @@ func imagesGCCommand() *cli.Command {
 		Usage: "remove leftovers of interrupted pulls and the unused images selected by the flags; images in use by sandboxes are kept",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "max-bytes", Usage: "remove least recently used images until the cache holds at most this `SIZE`"},
-			&cli.DurationFlag{Name: "unused-for", Usage: "remove images not used for this `DURATION` (e.g. 168h)"},
+			durationOrZeroFlag("unused-for", 0, "remove images not used for this `DURATION` (e.g. 168h)"),
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 0 {

@@ -17,7 +17,7 @@ func instanceCommand() *cli.Command {
 		Flags: append(sandboxFlags(), sandboxEnvFlag(),
 			&cli.StringFlag{Name: "image", Usage: "image of sessions that name none (neither in their common_data nor their application)"},
 			&cli.StringFlag{Name: "listen", EnvVars: []string{instance.EndpointEnv}, Usage: "the Unix socket to serve on (default: $" + instance.EndpointEnv + ")"},
-			&cli.DurationFlag{Name: "timeout", Value: instance.DefaultTimeout, Usage: "a task's timeout when neither it nor its session sets one (flmexec has none)"},
+			durationFlag("timeout", instance.DefaultTimeout, "a task's timeout when neither it nor its session sets one (flmexec has none)"),
 		),
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 0 {

@@ -16,13 +16,16 @@ func pipcacheFetchCommand() *cli.Command {
 		Usage:     "download wheels with pip in a host-network sandbox of IMAGE (so they fit its Python) and add them to the cache",
 		ArgsUsage: "REQUIREMENT...",
 		Flags: append(pullFlags(),
-			&cli.StringFlag{Name: "image", Required: true, Usage: "image whose Python and platform the wheels must fit (prewarmed if needed)"},
+			&cli.StringFlag{Name: "image", Usage: "image whose Python and platform the wheels must fit (prewarmed if needed; required)"},
 			&cli.StringFlag{Name: "index-url", Usage: "package index `URL` (default: pip's, as the image configures it)"},
-			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Minute, Usage: "give pip download this long"},
+			durationFlag("timeout", 10*time.Minute, "give pip download this long"),
 			&cli.StringFlag{Name: "max-download-size", Value: "2GiB", Usage: "refuse to download more than this (a tmpfs on the host holds the downloads)"},
 			&cli.StringFlag{Name: "memory", Value: "1GiB", Usage: "memory limit of the sandbox"},
 		),
 		Action: func(c *cli.Context) error {
+			if err := required(c, "image"); err != nil {
+				return err
+			}
 			o, err := fetchOptionsFrom(c)
 			if err != nil {
 				return err

@@ -16,8 +16,8 @@ func poolFillCommand() *cli.Command {
 			"holds that many idle ones",
 		ArgsUsage: "IMAGE",
 		Flags: append(sandboxFlags(), sandboxEnvFlag(),
-			&cli.IntFlag{Name: "size", Required: true, Usage: fmt.Sprintf("idle sandboxes the pool keeps (0 to %d)", sandbox.MaxPoolSize)},
-			&cli.DurationFlag{Name: "idle-timeout", Value: sandbox.DefaultIdleTimeout, Usage: "remove a sandbox idle in the pool for longer"},
+			&cli.IntFlag{Name: "size", Usage: fmt.Sprintf("idle sandboxes the pool keeps (0 to %d; required)", sandbox.MaxPoolSize)},
+			durationFlag("idle-timeout", sandbox.DefaultIdleTimeout, "remove a sandbox idle in the pool for longer"),
 			&cli.IntFlag{Name: "parallel", Usage: "sandboxes made at once (default: the number of CPUs)"},
 			jsonFlag,
 		),
@@ -25,8 +25,8 @@ func poolFillCommand() *cli.Command {
 			if c.NArg() != 1 {
 				return fmt.Errorf("pool fill takes one IMAGE, got %q", c.Args().Slice())
 			}
-			if c.Duration("idle-timeout") <= 0 {
-				return fmt.Errorf("--idle-timeout %s: want a positive duration", c.Duration("idle-timeout"))
+			if err := required(c, "size"); err != nil {
+				return err
 			}
 			spec, err := sandboxSpec(c)
 			if err != nil {

@@ -211,9 +211,6 @@ func readBatch(c *cli.Context, path string) ([]sandbox.Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c.Duration("timeout") <= 0 {
-		return nil, fmt.Errorf("--timeout %s: want a positive timeout", c.Duration("timeout"))
-	}
 	cb, err := callbackFrom(c) // the same for every snippet, each forwarded on its own
 	if err != nil {
 		return nil, err

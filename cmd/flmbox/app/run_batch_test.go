@@ -69,7 +69,7 @@ func TestBatchRefusesBeforeRunning(t *testing.T) {
 		{`{"timeout": "soon", "codes": ["print(1)"]}`, nil, `code 0: timeout "soon": want a number of seconds or a duration`},
 		{`{"codes": [{"code": "print(1)", "timeout": 1e12}]}`, nil, "code 0: timeout 1e12: want"},
 		{`{"codes": ["print(1)"]}`, []string{"--timeout", "1000000h"}, "code 0: timeout 1000000h0m0s: want more than 0 and at most 24h0m0s"},
-		{`{"codes": ["print(1)"]}`, []string{"--timeout", "0s"}, "--timeout 0s: want a positive timeout"},
+		{`{"codes": ["print(1)"]}`, []string{"--timeout", "0s"}, "--timeout 0s: want a positive duration such as 30s"},
 		{`{"codes": ["puts 1"]}`, []string{"-l", "ruby"}, `code 0: language "ruby"`},
 		{`{"codes": ["print(1)"]}`, []string{"--reset"}, "--reset does not apply to --batch"},
 	} {

@@ -14,11 +14,14 @@ func sandboxCreateCommand() *cli.Command {
 		Usage: "create a persistent sandbox from IMAGE (taken from its pool if one is idle there) and print its name",
 		Flags: append(sandboxFlags(), sandboxEnvFlag(),
 			&cli.StringFlag{Name: "name", Usage: "the sandbox's name (default: generated)"},
-			&cli.StringFlag{Name: "image", Required: true, Usage: "image to run (prewarmed if needed)"},
+			&cli.StringFlag{Name: "image", Usage: "image to run (prewarmed if needed; required)"},
 		),
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 0 {
 				return fmt.Errorf("sandbox create takes no arguments, got %q", c.Args().Slice())
+			}
+			if err := required(c, "image"); err != nil {
+				return err
 			}
 			spec, err := sandboxSpec(c)
 			if err != nil {

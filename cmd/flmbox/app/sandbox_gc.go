@@ -15,8 +15,8 @@ func sandboxGCCommand() *cli.Command {
 		Name:  "gc",
 		Usage: "suspend and remove sandboxes idle for long (for cron); pooled ones and those a running flmbox holds are left alone",
 		Flags: []cli.Flag{
-			&cli.DurationFlag{Name: "suspend-idle", Usage: "suspend running sandboxes not called for longer than this"},
-			&cli.DurationFlag{Name: "remove-idle", Usage: "remove sandboxes, running or suspended, not called for longer than this"},
+			durationFlag("suspend-idle", 0, "suspend running sandboxes not called for longer than this"),
+			durationFlag("remove-idle", 0, "remove sandboxes, running or suspended, not called for longer than this"),
 			&cli.BoolFlag{Name: "dry-run", Aliases: []string{"n"}, Usage: "only say what would be done"},
 		},
 		Action: func(c *cli.Context) error {
