@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -102,7 +103,7 @@ func (m *Manager) runscFailed(ctx context.Context, doing, logPath, shown string,
 		f.msg = fmt.Sprintf("%s: %v (%s; runsc's log: %s): %v", doing, ErrCheckpointDamaged, firstLine(runscWords(err)), logPath, errdefs.ErrDataLoss)
 		f.errs = append(f.errs, ErrCheckpointDamaged)
 	default:
-		f.msg = fmt.Sprintf("%s: %s (runsc's log: %s)", doing, firstLine(err.Error()), logPath)
+		f.msg = fmt.Sprintf("%s: %s (runsc's log: %s)", doing, firstLine(runscLine(err)), logPath)
 	}
 	if full(err) {
 		f.msg += ": " + errdefs.ErrResourceExhausted.Error()
@@ -115,20 +116,45 @@ func (m *Manager) runscFailed(ctx context.Context, doing, logPath, shown string,
 // reading it, or its restore RPC fails (a truncated or garbled file).
 func damaged(err error) bool {
 	s := err.Error()
-	return strings.Contains(s, "panic: ") || strings.Contains(s, "Restore failed")
+	return strings.Contains(s, "panic: ") || restoreRPC.MatchString(s)
 }
 
-// runscWords is what runsc said in err: its panic line, else its text after
-// the exit status.
+// restoreRPC is runsc's words when the sandbox's restore fails: `urpc
+// method "containerManager.Restore" failed: EOF`.
+var restoreRPC = regexp.MustCompile(`urpc[^\n]*Restore[^\n]*failed[^\n]*`)
+
+// runscWords is what runsc said in err: its panic line, else its failed
+// restore RPC, else its text after the exit status.
 func runscWords(err error) string {
 	s := err.Error()
 	if i := strings.Index(s, "panic: "); i >= 0 {
 		return s[i:]
 	}
+	if w := restoreRPC.FindString(s); w != "" {
+		if i := strings.Index(w, "urpc"); i >= 0 {
+			return w[i:]
+		}
+	}
 	if i := strings.Index(s, "exit status "); i >= 0 {
 		if j := strings.Index(s[i:], ": "); j >= 0 {
 			return s[i+j+2:]
 		}
+	}
+	return s
+}
+
+// runscLine is the line of err worth a person's reading: runsc's panic
+// line if it panicked, else the first line.
+func runscLine(err error) string {
+	s := err.Error()
+	if i := strings.Index(s, "panic: "); i >= 0 {
+		prefix := firstLine(s[:i])
+		if j := strings.Index(s, ": exit status "); j >= 0 && j < i {
+			if k := strings.Index(s[j+2:], ": "); k >= 0 {
+				prefix = s[:j+2+k]
+			}
+		}
+		return prefix + ": " + firstLine(s[i:])
 	}
 	return s
 }

@@ -239,9 +239,10 @@ func (m *Manager) restore(ctx context.Context, rec *record.Record) error {
 }
 
 // undoResume deletes what a failed or killed resume made of the sandbox of
-// rec and records it suspended again, whatever else fails: its image is
-// whole, and a container of its ID that could not be deleted is deleted by
-// the next restore (runsc restore fails on it, and deletes it) or Remove.
+// rec and records it suspended again, whatever else fails (said in a
+// warning): its image is whole, and a container of its ID that could not be
+// deleted is deleted by the next restore (runsc restore fails on it, and
+// deletes it) or Remove. It fails only if the record cannot be written.
 func (m *Manager) undoResume(ctx context.Context, rec *record.Record) error {
 	var errs []error
 	if rt, err := m.runtime(); err != nil {
@@ -257,7 +258,7 @@ func (m *Manager) undoResume(ctx context.Context, rec *record.Record) error {
 		return err
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("sandbox %s is suspended again, but what its resume made may be left: %w", rec.Name, err)
+		m.o.warnf("sandbox %s is suspended again, but what its resume made may be left: %v", rec.Name, err)
 	}
 	return nil
 }
