@@ -34,7 +34,10 @@ type Report struct {
 	// Callback is a callback round trip from inside a sandbox (added
 	// after issue 4, for issue 14).
 	Callback Callback `json:"callback"`
-	Runsc    Runsc    `json:"runsc"`
+	// Records is Manager.Get, List and Probe in process (added for issue
+	// 27).
+	Records Records `json:"records"`
+	Runsc   Runsc   `json:"runsc"`
 	// Image is what was measured; Settings how often.
 	Image    Image    `json:"image"`
 	Settings Settings `json:"settings"`
@@ -78,6 +81,17 @@ type Allocation struct {
 	// issue 15; null in reports made before).
 	PooledMS        *Stats `json:"pooled_ms"`
 	PooledReleaseMS *Stats `json:"pooled_release_ms"`
+}
+
+// Records is what describing sandboxes costs in process: Manager.Get of
+// one running sandbox (GetMS) and Manager.List of Sandboxes running ones
+// (ListMS), which read records and run nothing, and Manager.Probe of those
+// (ProbeMS), which pings each agent, all at once.
+type Records struct {
+	Sandboxes int   `json:"sandboxes"`
+	GetMS     Stats `json:"get_ms"`
+	ListMS    Stats `json:"list_ms"`
+	ProbeMS   Stats `json:"probe_ms"`
 }
 
 // Copy is whole `flmbox cp` processes carrying a directory with one file

@@ -156,6 +156,7 @@ func TestJSONKeys(t *testing.T) {
 		"instance.warm[0]":    {"calls", "cli_median_ms", "cli_p95_ms", "language", "median_ms", "p95_ms"},
 		"callback":            {"added_ms", "host_ms", "inside_ms", "round_trips", "runs"},
 		"callback.inside_ms":  {"max", "median", "min", "n", "p95"},
+		"records":             {"get_ms", "list_ms", "probe_ms", "sandboxes"},
 	}
 	keys := func(v any) []string {
 		m, _ := v.(map[string]any)
@@ -166,7 +167,7 @@ func TestJSONKeys(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
-	if got := keys(obj); !slices.Equal(got, []string{"allocation", "batch", "callback", "copy", "image", "instance", "memory", "pool", "prewarm", "runsc", "settings", "suspend", "warm"}) {
+	if got := keys(obj); !slices.Equal(got, []string{"allocation", "batch", "callback", "copy", "image", "instance", "memory", "pool", "prewarm", "records", "runsc", "settings", "suspend", "warm"}) {
 		t.Errorf("top-level keys %v", got)
 	}
 	for path, w := range want {

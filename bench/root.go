@@ -165,7 +165,8 @@ func (r *runner) close(ctx context.Context) error {
 	// No pool is refilled while its sandboxes are removed.
 	_, err := r.m.DrainPools(ctx, sandbox.DrainOptions{})
 	errs = append(errs, err)
-	// List reconciles first: it removes what an interrupted Create left.
+	// Reconcile removes what an interrupted Create left.
+	errs = append(errs, r.m.Reconcile(ctx))
 	sbs, err := r.m.List(ctx)
 	errs = append(errs, err)
 	for _, sb := range sbs {

@@ -50,6 +50,9 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	if rep.Callback, err = r.measureCallback(ctx, warm); err != nil {
 		return nil, err
 	}
+	if rep.Records, err = r.measureRecords(ctx, warm); err != nil {
+		return nil, err
+	}
 	if err := r.m.Remove(context.WithoutCancel(ctx), warm.Name); err != nil {
 		return nil, err
 	}

@@ -81,6 +81,13 @@ func tableRows(rep *Report) []row {
 	}
 	rows = append(rows, instanceRows(rep.Instance)...)
 	rows = append(rows, callbackRows(rep.Callback)...)
+	if rc := rep.Records; rc.GetMS.N > 0 {
+		minmax := func(s Stats) string { return fmt.Sprintf("min %s, max %s", fmtMS(s.Min), fmtMS(s.Max)) }
+		rows = append(rows,
+			row{"Manager.Get of a sandbox (in process)", fmtMS(rc.GetMS.Median), minmax(rc.GetMS), "", "≤ 2 ms", ""},
+			row{fmt.Sprintf("  Manager.List of %d sandboxes", rc.Sandboxes), fmtMS(rc.ListMS.Median), minmax(rc.ListMS), "", "≤ 5 ms", ""},
+			row{fmt.Sprintf("  Manager.Probe of %d sandboxes", rc.Sandboxes), fmtMS(rc.ProbeMS.Median), minmax(rc.ProbeMS), "", "", ""})
+	}
 	bt, p, m := rep.Batch, rep.Prewarm, rep.Memory
 	rows = append(rows,
 		row{fmt.Sprintf("batch of %d CPU-bound snippets (%.2f s each), --parallel %d", bt.Snippets, bt.SnippetNativeS, bt.Parallel),
