@@ -75,18 +75,55 @@ func typeName(mode uint32) string {
 	return fmt.Sprintf("of file type %#o", mode&unix.S_IFMT)
 }
 
-// Check returns nil if p, not followed, is a regular file, a directory or
-// a symbolic link: what Archive carries at its top; a *TypeError if it is
-// something else; an error that is both fs.ErrNotExist and
-// errdefs.ErrNotFound if it is not there. (What is below a directory is
-// checked by Archive as it goes.)
+// Check returns nil if p, not followed, is a regular file, a symbolic link
+// or a directory whose tree holds only those (walked without following a
+// link): what Archive carries whole; a *TypeError naming the first other
+// thing (a FIFO, socket or device) it finds; an error that is both
+// fs.ErrNotExist and errdefs.ErrNotFound if p is not there. A copy checks
+// first so that it is refused before it sends anything (Archive fails only
+// when it reaches such a file, after the entries before it).
 func Check(p string) error {
+	dir, err := os.Open(filepath.Dir(p))
+	if err != nil {
+		return notFound(err)
+	}
+	defer dir.Close()
+	if err := check(dir, filepath.Base(p), p); err != nil {
+		var te *TypeError
+		if errors.As(err, &te) {
+			return err
+		}
+		return fmt.Errorf("check %s: %w", p, err)
+	}
+	return nil
+}
+
+// check checks entry base of dir, the path full.
+func check(dir *os.File, base, full string) error {
 	var st unix.Stat_t
-	if err := unix.Lstat(p, &st); err != nil {
-		return notFound(&os.PathError{Op: "lstat", Path: p, Err: err})
+	if err := unix.Fstatat(int(dir.Fd()), base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return notFound(&os.PathError{Op: "lstat", Path: full, Err: err})
 	}
 	if t := typeName(st.Mode); t != "" {
-		return &TypeError{Path: p, Type: t}
+		return &TypeError{Path: full, Type: t}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return nil
+	}
+	sub, err := openDir(dir, base)
+	if err != nil {
+		return err
+	}
+	defer sub.Close()
+	names, err := sub.Readdirnames(-1)
+	if err != nil {
+		return err
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		if err := check(sub, n, filepath.Join(full, n)); err != nil {
+			return err
+		}
 	}
 	return nil
 }

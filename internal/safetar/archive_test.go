@@ -292,14 +292,19 @@ func TestArchiveRefusesSpecialFiles(t *testing.T) {
 			if !errors.As(err, &te) || !errdefs.IsInvalidArgument(err) || !strings.HasPrefix(err.Error(), tc.want+": only regular files") {
 				t.Errorf("Archive: %v, want a TypeError saying %q", err, tc.want)
 			}
-			if tc.path != tree {
-				if err := Check(tc.path); !errors.As(err, &te) || !strings.HasPrefix(err.Error(), tc.want) {
-					t.Errorf("Check: %v, want %q", err, tc.want)
-				}
-			} else if err := Check(tc.path); err != nil {
-				t.Errorf("Check of a directory: %v", err)
+			if err := Check(tc.path); !errors.As(err, &te) || !strings.HasPrefix(err.Error(), tc.want) {
+				t.Errorf("Check: %v, want %q", err, tc.want)
 			}
 		})
+	}
+	if err := os.Remove(filepath.Join(tree, "sub", "fifo")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/dev/null", filepath.Join(tree, "sub", "null")); err != nil {
+		t.Fatal(err)
+	}
+	if err := Check(tree); err != nil {
+		t.Errorf("Check of a tree of a file, a directory and a link to a device: %v", err)
 	}
 	missing := filepath.Join(parent, "missing")
 	if err := Check(missing); !errors.Is(err, fs.ErrNotExist) || !errdefs.IsNotFound(err) {

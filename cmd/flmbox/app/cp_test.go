@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestSplitSandboxPath: NAME:PATH names a path in a sandbox when NAME is a
@@ -50,10 +52,17 @@ func TestCpRefuses(t *testing.T) {
 	if err := os.WriteFile(f, []byte("f"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	fifo := filepath.Join(t.TempDir(), "fifo")
+	if err := unix.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
+		{[]string{fifo, "s:/tmp/"}, fifo + " is a FIFO: only regular files, directories and symbolic links are copied"},
+		{[]string{"/dev/null", "s:/tmp/"}, "/dev/null is a character device"},
+		{[]string{"/dev/zero", "s:/tmp/x"}, "/dev/zero is a character device"},
 		{[]string{f}, "cp takes SRC and DST"},
 		{[]string{f, "a:/tmp", "b:/tmp"}, "cp takes SRC and DST"},
 		{[]string{f, filepath.Join(host, "g")}, "give one of SRC and DST as NAME:PATH"},
