@@ -40,6 +40,15 @@ func checkPrivileges(doing string) error {
 	return privilegeError(doing, os.Geteuid(), effectiveCaps())
 }
 
+// createDoing is what making a sandbox named name (maybe "") is called in
+// an error.
+func createDoing(name string) string {
+	if name == "" {
+		return "create a sandbox"
+	}
+	return fmt.Sprintf("create sandbox %q", name)
+}
+
 // privilegeError is checkPrivileges for a process of euid whose effective
 // capabilities are caps.
 func privilegeError(doing string, euid int, caps uint64) error {

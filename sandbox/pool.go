@@ -47,6 +47,9 @@ func (m *Manager) Acquire(ctx context.Context, spec Spec) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkPrivileges(createDoing(spec.Name)); err != nil {
+		return nil, err
+	}
 	if spec.Name != "" {
 		if err := m.nameFree(ctx, spec.Name); err != nil {
 			return nil, err

@@ -81,6 +81,9 @@ func (m *Manager) FillPool(ctx context.Context, spec Spec, o PoolOptions, parall
 	if err != nil {
 		return nil, err
 	}
+	if err := checkPrivileges("fill pool"); err != nil {
+		return nil, err
+	}
 	sh, err := m.resolveShape(ctx, spec)
 	if err != nil {
 		return nil, err
