@@ -162,3 +162,26 @@ func TestSessionSpecBounds(t *testing.T) {
 		t.Errorf("no image anywhere: %v", err)
 	}
 }
+
+// TestSessionTmpWithinMemory: /tmp is memory. A session that asks for less
+// memory than the instance's /tmp gets a /tmp of its memory; one that asks
+// for a /tmp larger than its memory is refused.
+func TestSessionTmpWithinMemory(t *testing.T) {
+	s := New(nil, Options{Spec: sandbox.Spec{Image: "op", Network: runtime.NetworkNone,
+		Limits: runtime.Limits{MemoryBytes: 1 << 30, CPUs: 1, Pids: 256}, TmpBytes: 1 << 30}})
+	sc := func(data string) *flamepb.SessionContext {
+		return &flamepb.SessionContext{SessionId: "s", Application: &flamepb.ApplicationContext{Name: "flmbox"}, CommonData: []byte(data)}
+	}
+	spec, _, err := s.sessionSpec(sc(`{"memory":"512MiB"}`))
+	if err != nil || spec.Limits.MemoryBytes != 512<<20 || spec.TmpBytes != 512<<20 {
+		t.Errorf("less memory than the instance's /tmp: memory %d, /tmp %d, %v", spec.Limits.MemoryBytes, spec.TmpBytes, err)
+	}
+	spec, _, err = s.sessionSpec(sc(`{"memory":"512MiB","tmp_size":"256MiB"}`))
+	if err != nil || spec.TmpBytes != 256<<20 {
+		t.Errorf("a /tmp within memory: /tmp %d, %v", spec.TmpBytes, err)
+	}
+	if _, _, err := s.sessionSpec(sc(`{"memory":"512MiB","tmp_size":"768MiB"}`)); !errors.Is(err, errdefs.ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "want at most memory") {
+		t.Errorf("a /tmp larger than memory: %v", err)
+	}
+}

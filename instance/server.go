@@ -229,6 +229,15 @@ func (s *Server) sessionSpec(sc *flamepb.SessionContext) (sandbox.Spec, taskDefa
 	if err := lower("tmp_size", so.TmpSize, &spec.TmpBytes, tmp); err != nil {
 		return spec, tasks, err
 	}
+	// /tmp is memory: a session that asks for less memory than this
+	// instance's /tmp gets a /tmp of its memory, unless it asked for that
+	// /tmp itself.
+	if mem := cmp.Or(spec.Limits.MemoryBytes, sandbox.DefaultLimits.MemoryBytes); cmp.Or(spec.TmpBytes, sandbox.DefaultTmpBytes) > mem {
+		if len(so.TmpSize) != 0 && string(so.TmpSize) != "null" {
+			return spec, tasks, fmt.Errorf("tmp_size %d bytes: want at most memory, %d bytes (/tmp is memory): %w", spec.TmpBytes, mem, errdefs.ErrInvalidArgument)
+		}
+		spec.TmpBytes = mem
+	}
 	if so.CPUs != 0 {
 		if so.CPUs < 0 || so.CPUs > limits.CPUs {
 			return spec, tasks, fmt.Errorf("cpus %g: want more than 0 and at most %g (this instance's): %w", so.CPUs, limits.CPUs, errdefs.ErrInvalidArgument)
