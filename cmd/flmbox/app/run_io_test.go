@@ -293,7 +293,7 @@ func TestRunInputRefused(t *testing.T) {
 		{"--copy to a relative path", nil, []string{"--copy", tools + ":tmp/x", "-c", "1"}, `"tmp/x", must be absolute and under /tmp`},
 		{"--copy outside /tmp", nil, []string{"--copy", tools + ":/etc/x", "-c", "1"}, `"/etc/x", must be absolute and under /tmp`},
 		{"--copy out of /tmp by ..", nil, []string{"--copy", tools + ":/tmp/../etc", "-c", "1"}, "must be absolute and under /tmp"},
-		{"--copy of a missing path", nil, []string{"--copy", "/nonexistent/x:/tmp/x", "-c", "1"}, "lstat /nonexistent/x: no such file or directory"},
+		{"--copy of a missing path", nil, []string{"--copy", "/nonexistent/x:/tmp/x", "-c", "1"}, "/nonexistent: no such file or directory"},
 		{"a bad -e", nil, []string{"-e", "NOVALUE", "-c", "1"}, `env "NOVALUE": want NAME=VALUE`},
 		{"a bad -e in a batch", nil, []string{"-e", "=x", "--batch", batch}, `env "=x": want NAME=VALUE`},
 	} {
