@@ -5,7 +5,7 @@
 // A Manager, opened on a state root (Open), creates a sandbox from an image
 // (Create: pull or find the image in the cache, lease it, start runsc, wait
 // for the agent, preinstall pip requirements), calls it (Call, Reset),
-// lists it (Get, List), suspends it to disk and resumes it (Suspend,
+// lists it (Get, List: records only; Probe: liveness), suspends it to disk and resumes it (Suspend,
 // Resume, GC; Wait for what a resume left in the background), copies files
 // in and out (CopyIn, CopyOut) and removes it
 // (Remove). Acquire and Release take sandboxes from a warm pool per shape
