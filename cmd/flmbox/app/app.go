@@ -100,9 +100,15 @@ func openManager(c *cli.Context) (*sandbox.Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	return sandbox.Open(root, sandbox.WithRunsc(c.String("runsc")),
+	opts := []sandbox.Option{sandbox.WithRunsc(c.String("runsc")),
 		sandbox.WithWarnf(func(f string, a ...any) { warnf(c, f, a...) }),
-		sandbox.WithRefill(refillInBackground(c, root)))
+		sandbox.WithRefill(refillInBackground(c, root))}
+	if c.Bool("debug") {
+		// runsc's own words (panics, urpc failures), which errors name
+		// only by their log file.
+		opts = append(opts, sandbox.WithDebugf(func(f string, a ...any) { fmt.Fprintf(c.App.ErrWriter, "flmbox: debug: "+f+"\n", a...) }))
+	}
+	return sandbox.Open(root, opts...)
 }
 
 // openStore opens the image cache under the state root as sandboxes use

@@ -6,6 +6,7 @@ import (
 	"github.com/flmbox/flmbox/pipcache"
 	"github.com/flmbox/flmbox/rootfs"
 	"github.com/flmbox/flmbox/runtime"
+	"github.com/flmbox/flmbox/sandbox"
 )
 
 // hint returns what a person should do next about err, for Run to print
@@ -26,6 +27,8 @@ func hint(err error) string {
 		return "install runsc with make runsc, or name it with --runsc or FLMBOX_RUNSC"
 	case errors.Is(err, runtime.ErrRunscNotExecutable):
 		return "fix --runsc or FLMBOX_RUNSC"
+	case errors.Is(err, sandbox.ErrCheckpointDamaged):
+		return "no resume can bring it back: remove the sandbox (flmbox sandbox rm)"
 	case errors.Is(err, rootfs.ErrNotCached):
 		return "run flmbox prewarm without --offline to fetch it"
 	case errors.Is(err, rootfs.ErrPlatformNotFound):

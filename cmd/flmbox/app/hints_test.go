@@ -11,6 +11,7 @@ import (
 	"github.com/flmbox/flmbox/pipcache"
 	"github.com/flmbox/flmbox/rootfs"
 	"github.com/flmbox/flmbox/runtime"
+	"github.com/flmbox/flmbox/sandbox"
 )
 
 func TestHint(t *testing.T) {
@@ -30,6 +31,7 @@ func TestHint(t *testing.T) {
 		{"runsc named but missing", missingRunsc, "install runsc with make runsc, or name it with --runsc or FLMBOX_RUNSC"},
 		{"runsc not on PATH", fmt.Errorf("runsc is not on PATH: %w", runtime.ErrRunscNotFound), "install runsc with make runsc, or name it with --runsc or FLMBOX_RUNSC"},
 		{"runsc not executable", dirRunsc, "fix --runsc or FLMBOX_RUNSC"},
+		{"checkpoint damaged", fmt.Errorf("restore sandbox \"s\": %w", sandbox.ErrCheckpointDamaged), "no resume can bring it back: remove the sandbox (flmbox sandbox rm)"},
 		{"runsc not found, wrapped", wrap(missingRunsc), "install runsc with make runsc, or name it with --runsc or FLMBOX_RUNSC"},
 		{"image not cached", fmt.Errorf("image x for linux/amd64 is not cached: %w", rootfs.ErrNotCached), "run flmbox prewarm without --offline to fetch it"},
 		{"tag never resolved, wrapped", wrap(tagNotCached), "run flmbox prewarm without --offline to fetch it"},

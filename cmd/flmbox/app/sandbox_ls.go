@@ -37,17 +37,24 @@ func sandboxLsCommand() *cli.Command {
 	return &cli.Command{
 		Name:    "ls",
 		Aliases: []string{"list"},
-		Usage:   "list sandboxes",
+		Usage:   "list sandboxes, each running one checked (dead: its gVisor processes are gone; unresponsive: its agent did not answer in 5s)",
 		Flags:   []cli.Flag{jsonFlag},
 		Action: func(c *cli.Context) error {
 			m, err := openManager(c)
 			if err != nil {
 				return err
 			}
+			// What a killed flmbox left goes first; then each running
+			// sandbox is probed, all at once and each within bounds, so
+			// that one that hangs never delays or mislabels another.
+			if err := m.Reconcile(c.Context); err != nil {
+				warnf(c, "%v", err)
+			}
 			sbs, err := m.List(c.Context)
 			if err != nil {
 				return err
 			}
+			m.Probe(c.Context, sbs...)
 			infos := []sandboxInfo{}
 			for _, sb := range sbs {
 				infos = append(infos, sandboxInfo{Name: sb.Name, Image: sb.Image, Network: sb.Network, State: sb.State,
