@@ -37,7 +37,7 @@ func (e *extractor) writeFile(parent *os.File, dirRel, name string, r io.Reader,
 	if err != nil {
 		return kinded(err)
 	}
-	f := os.NewFile(uintptr(fd), tmp)
+	f := os.NewFile(uintptr(fd), name) // its errors name the file, not its temporary name
 	err = writeSparse(f, r, hdr.Size)
 	if err == nil {
 		err = unix.Fchmod(fd, uint32(hdr.Mode)&0o1777)

@@ -5,9 +5,14 @@
 //
 // Only directories, regular files and symbolic links are carried (a link
 // is written as a link, never followed); hard links, devices, FIFOs and
-// sockets are refused when extracting and left out when archiving.
-// Ownership is not carried: files belong to whoever extracts them. Set-user
-// and set-group-ID bits are dropped.
+// sockets are refused, when extracting and when archiving (a *TypeError
+// naming the path): a copy is refused rather than silently short, which is
+// simpler to reason about than a skip with a warning. Ownership is not
+// carried: files belong to whoever extracts them. Set-user and
+// set-group-ID bits are dropped. Sparse files stay sparse: a stream carries
+// holes as zeros, and extraction leaves each all-zero block a hole. A file
+// is never left partial: it is written under a temporary name and renamed
+// when whole (Options.Atomic: when the whole stream is).
 package safetar
 
 import (
