@@ -37,6 +37,9 @@ var defaultBounds = map[string]time.Duration{
 	"flags":      10 * time.Second,
 }
 
+// defaultBound bounds a runsc command that defaultBounds does not name.
+const defaultBound = 10 * time.Second
+
 // cancelDelay is how long a killed runsc's output pipes may stay open (held
 // by a process it started that escaped its process group) before the wait
 // for it gives up on them.
@@ -89,6 +92,9 @@ func (inv invocation) run(ctx context.Context) ([]byte, error) {
 	bound := inv.bound
 	if bound == 0 {
 		bound = defaultBounds[inv.sub]
+	}
+	if bound == 0 {
+		bound = defaultBound
 	}
 	cctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -43,25 +44,30 @@ type Platform struct {
 func Platforms() []Platform {
 	out := make([]Platform, 0, len(platformNames))
 	for _, n := range platformNames {
-		p := Platform{Name: n, Supported: true}
-		switch n {
-		case "systrap":
-			p.Reason = "needs seccomp, which every supported kernel has"
-		case "ptrace":
-			p.Reason = "needs ptrace"
-			if b, err := os.ReadFile(ptraceScope); err == nil && strings.TrimSpace(string(b)) == "3" {
-				p.Supported, p.Reason = false, "kernel.yama.ptrace_scope is 3: no process may ptrace"
-			}
-		case "kvm":
-			if err := checkKVM(); err != nil {
-				p.Supported, p.Reason = false, err.Error()
-			} else {
-				p.Reason = kvmDevice + " is usable"
-			}
-		}
-		out = append(out, p)
+		out = append(out, platform(n))
 	}
 	return out
+}
+
+// platform says whether this host can run platform n, one of platformNames.
+func platform(n string) Platform {
+	p := Platform{Name: n, Supported: true}
+	switch n {
+	case "systrap":
+		p.Reason = "needs seccomp, which every supported kernel has"
+	case "ptrace":
+		p.Reason = "needs ptrace"
+		if b, err := os.ReadFile(ptraceScope); err == nil && strings.TrimSpace(string(b)) == "3" {
+			p.Supported, p.Reason = false, "kernel.yama.ptrace_scope is 3: no process may ptrace"
+		}
+	case "kvm":
+		if err := checkKVM(); err != nil {
+			p.Supported, p.Reason = false, err.Error()
+		} else {
+			p.Reason = kvmDevice + " is usable"
+		}
+	}
+	return p
 }
 
 // KVM's ioctl KVM_GET_API_VERSION (_IO(0xAE, 0x00), linux/kvm.h) and what
@@ -94,24 +100,21 @@ func checkKVM() error {
 // name that is none of systrap, ptrace or kvm is errdefs.ErrInvalidArgument;
 // one this host cannot run is ErrPlatformUnsupported.
 func ValidatePlatform(p string) error {
-	if p == "" {
+	switch {
+	case p == "":
+		return nil
+	case !slices.Contains(platformNames, p):
+		return fmt.Errorf("gVisor platform %q: want systrap, ptrace or kvm: %w", p, errdefs.ErrInvalidArgument)
+	}
+	this := platform(p)
+	if this.Supported {
 		return nil
 	}
 	var can []string
-	var this *Platform
 	for _, pl := range Platforms() {
-		if pl.Name == p {
-			this = &pl
-		}
 		if pl.Supported {
 			can = append(can, pl.Name)
 		}
 	}
-	switch {
-	case this == nil:
-		return fmt.Errorf("gVisor platform %q: want systrap, ptrace or kvm: %w", p, errdefs.ErrInvalidArgument)
-	case !this.Supported:
-		return fmt.Errorf("gVisor platform %s cannot run on this host (%s; it runs %s): %w", p, this.Reason, strings.Join(can, ", "), ErrPlatformUnsupported)
-	}
-	return nil
+	return fmt.Errorf("gVisor platform %s cannot run on this host (%s; it runs %s): %w", p, this.Reason, strings.Join(can, ", "), ErrPlatformUnsupported)
 }
