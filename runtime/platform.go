@@ -116,5 +116,5 @@ func ValidatePlatform(p string) error {
 			can = append(can, pl.Name)
 		}
 	}
-	return fmt.Errorf("gVisor platform %s cannot run on this host (%s; it runs %s): %w", p, this.Reason, strings.Join(can, ", "), ErrPlatformUnsupported)
+	return fmt.Errorf("gVisor platform %s cannot run on this host (%s; this host runs %s): %w", p, this.Reason, strings.Join(can, ", "), ErrPlatformUnsupported)
 }

@@ -51,7 +51,7 @@ func TestKVMIsRefusedWithoutDevKVM(t *testing.T) {
 				t.Fatalf("ValidatePlatform(kvm): %v, want ErrPlatformUnsupported", err)
 			}
 			msg := err.Error()
-			for _, want := range []string{"gVisor platform kvm cannot run on this host", tc.says, "it runs systrap, ptrace"} {
+			for _, want := range []string{"gVisor platform kvm cannot run on this host", tc.says, "this host runs systrap, ptrace"} {
 				if !strings.Contains(msg, want) {
 					t.Errorf("%q does not say %q", msg, want)
 				}
@@ -96,7 +96,7 @@ func TestPtraceScope3(t *testing.T) {
 	}
 	withHost(t, filepath.Join(t.TempDir(), "kvm"), scope)
 	err := ValidatePlatform("ptrace")
-	if !errors.Is(err, ErrPlatformUnsupported) || !strings.Contains(err.Error(), "ptrace_scope is 3") || !strings.Contains(err.Error(), "it runs systrap)") {
+	if !errors.Is(err, ErrPlatformUnsupported) || !strings.Contains(err.Error(), "ptrace_scope is 3") || !strings.Contains(err.Error(), "this host runs systrap)") {
 		t.Errorf("ValidatePlatform(ptrace): %v", err)
 	}
 }
