@@ -144,13 +144,21 @@ func (m *Manager) check(ctx context.Context, rec *record.Record) State {
 	if err == nil {
 		return StateRunning
 	}
-	if rt, rerr := m.runtime(); rerr == nil && !rt.Alive(ctx, container(rec)) && ctx.Err() == nil {
-		return StateDead
+	if rt, rerr := m.runtime(); rerr == nil {
+		// Dead when runsc says so; a runsc that hangs or fails says
+		// nothing of the sandbox.
+		running, serr := rt.Running(ctx, container(rec))
+		switch {
+		case serr == nil && !running && ctx.Err() == nil:
+			return StateDead
+		case serr != nil:
+			return StateUnresponsive
+		}
 	}
 	if errors.Is(err, record.ErrUnresponsive) || ctx.Err() != nil {
 		return StateUnresponsive
 	}
-	return StateDead
+	return StateDead // its agent refuses connections
 }
 
 // Get describes sandbox name in the state its record says

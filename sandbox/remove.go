@@ -69,7 +69,13 @@ func (m *Manager) destroy(ctx context.Context, rec *record.Record) error {
 			return fmt.Errorf("remove sandbox %q: %w", rec.Name, err)
 		}
 	}
-	ctx = context.WithoutCancel(ctx)
+	// The removal goes on when ctx ends (a Ctrl-C must not leave half a
+	// sandbox), for removeGrace more: a runsc that hangs then is cut, and
+	// the record stays removing, for the next Reconcile to finish.
+	dctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	defer stop()
+	defer context.AfterFunc(ctx, func() { time.AfterFunc(removeGrace, stop) })()
+	ctx = dctx
 	if rec.ID != "" {
 		rt, err := m.runtime()
 		if err != nil {
@@ -97,6 +103,10 @@ func (m *Manager) destroy(ctx context.Context, rec *record.Record) error {
 	m.pruneRunsc()
 	return nil
 }
+
+// removeGrace is how long a removal goes on once its caller's context
+// ended.
+const removeGrace = 2 * time.Second
 
 // pruneRunsc removes what runsc leaves in its state directory (its
 // null-netns mount, stale files) once no sandbox is left, so that a state

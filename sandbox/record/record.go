@@ -5,7 +5,7 @@
 // Package sandbox writes records and owns their life; this package is the
 // part of it that a warm call needs, apart so that the flmbox command can
 // make warm calls without importing package sandbox (go-containerregistry
-// and go-runc cost milliseconds of start). It imports nothing heavier than
+// and package runtime cost milliseconds of start). It imports nothing heavier than
 // package wire.
 package record
 

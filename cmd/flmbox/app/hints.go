@@ -16,6 +16,7 @@ import (
 // CLI's, chosen here by sentinel or type, never by the message's words.
 func hint(err error) string {
 	var (
+		hung     *runtime.TimeoutError
 		limit    *rootfs.LimitError
 		plain    *rootfs.PlainHTTPError
 		conflict *pipcache.ConflictError
@@ -27,6 +28,10 @@ func hint(err error) string {
 		return "install runsc with make runsc, or name it with --runsc or FLMBOX_RUNSC"
 	case errors.Is(err, runtime.ErrRunscNotExecutable):
 		return "fix --runsc or FLMBOX_RUNSC"
+	case errors.As(err, &hung):
+		return "flmbox doctor checks this host; flmbox sandbox ls cleans up what is left"
+	case errors.Is(err, runtime.ErrPlatformUnsupported):
+		return "choose --gvisor-platform systrap or ptrace; flmbox doctor lists this host's platforms"
 	case errors.Is(err, sandbox.ErrCheckpointDamaged):
 		return "no resume can bring it back: remove the sandbox (flmbox sandbox rm)"
 	case errors.Is(err, rootfs.ErrNotCached):

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 
@@ -31,6 +32,8 @@ func TestHint(t *testing.T) {
 		{"runsc named but missing", missingRunsc, "install runsc with make runsc, or name it with --runsc or FLMBOX_RUNSC"},
 		{"runsc not on PATH", fmt.Errorf("runsc is not on PATH: %w", runtime.ErrRunscNotFound), "install runsc with make runsc, or name it with --runsc or FLMBOX_RUNSC"},
 		{"runsc not executable", dirRunsc, "fix --runsc or FLMBOX_RUNSC"},
+		{"runsc hangs", fmt.Errorf("remove sandbox s: %w", &runtime.TimeoutError{Command: "kill", Bound: time.Second}), "flmbox doctor checks this host; flmbox sandbox ls cleans up what is left"},
+		{"platform unsupported", fmt.Errorf("create: %w", runtime.ErrPlatformUnsupported), "choose --gvisor-platform systrap or ptrace; flmbox doctor lists this host's platforms"},
 		{"checkpoint damaged", fmt.Errorf("restore sandbox \"s\": %w", sandbox.ErrCheckpointDamaged), "no resume can bring it back: remove the sandbox (flmbox sandbox rm)"},
 		{"runsc not found, wrapped", wrap(missingRunsc), "install runsc with make runsc, or name it with --runsc or FLMBOX_RUNSC"},
 		{"image not cached", fmt.Errorf("image x for linux/amd64 is not cached: %w", rootfs.ErrNotCached), "run flmbox prewarm without --offline to fetch it"},
