@@ -192,7 +192,7 @@ func (j jsonWalker) stats(v any, path string, n float64) {
 
 // TestBenchInterrupted interrupts the bench while it allocates sandboxes
 // (the persistent one runs, fresh ones and raw runsc containers come and
-// go): it must say so, exit 125 and leave nothing behind.
+// go): it must say so, exit 130 and leave nothing behind.
 func TestBenchInterrupted(t *testing.T) {
 	root := t.TempDir()
 	cmd := exec.Command(flmboxBin, "--root", root, "--runsc", runscPath, "bench", "--quick", "--image", benchImageRef())
@@ -220,8 +220,8 @@ func TestBenchInterrupted(t *testing.T) {
 	}
 	err = cmd.Wait()
 	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != 125 || !strings.Contains(log.String(), "bench interrupted") {
-		t.Fatalf("%v; want exit 125 and a message\nstderr: %s", err, log.String())
+	if !errors.As(err, &ee) || ee.ExitCode() != 130 || !strings.Contains(log.String(), "bench interrupted") {
+		t.Fatalf("%v; want exit 130 (SIGINT's, as a shell says) and a message\nstderr: %s", err, log.String())
 	}
 	assertBenchCleaned(t, root)
 }

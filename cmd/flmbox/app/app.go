@@ -42,8 +42,14 @@ func runApp(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	}
 	code := exitFlmboxFailed
 	var ec cli.ExitCoder
-	if errors.As(err, &ec) {
+	var sig *runcmd.Interrupt
+	switch {
+	case errors.As(err, &ec):
 		code = ec.ExitCode()
+	case errors.As(context.Cause(ctx), &sig):
+		// A command a signal cut short fails as the signal's status
+		// (130, 143), as a shell reports it, saying where it stopped.
+		code = runcmd.InterruptStatus(ctx)
 	}
 	if msg := err.Error(); msg != "" {
 		fmt.Fprintf(stderr, "flmbox: %s\n", msg)

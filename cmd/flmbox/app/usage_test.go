@@ -2,13 +2,17 @@ package app
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"path/filepath"
 	goruntime "runtime"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
 )
 
 // TestUsageErrors: a command line that does not parse, or asks for what
@@ -94,4 +98,23 @@ func TestEveryCommandSaysUsageErrors(t *testing.T) {
 		}
 	}
 	walk("", app.Commands)
+}
+
+// TestSignalledCommandExitStatus: a command that fails because a signal cut
+// it short exits with the signal's status, as a shell reports it (143 for
+// SIGTERM), its error still said; one that fails otherwise exits 125.
+func TestSignalledCommandExitStatus(t *testing.T) {
+	root := t.TempDir()
+	args := []string{"flmbox", "--root", root, "sandbox", "rm", "--", "no-such"}
+	var stdout, stderr bytes.Buffer
+	if code := runApp(context.Background(), args, nil, &stdout, &stderr); code != 0 && code != exitFlmboxFailed {
+		t.Fatalf("not signalled: exit %d, want 0 or %d; stderr %q", code, exitFlmboxFailed, stderr.String())
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(&runcmd.Interrupt{Signal: syscall.SIGTERM})
+	stderr.Reset()
+	code := runApp(ctx, []string{"flmbox", "--root", root, "sandbox", "create", "--name", "x", "--image", "y"}, nil, &stdout, &stderr)
+	if code != 143 || stderr.Len() == 0 {
+		t.Fatalf("signalled: exit %d, want 143; stderr %q", code, stderr.String())
+	}
 }
