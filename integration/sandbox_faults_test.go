@@ -92,9 +92,19 @@ func TestSandboxFaultsLeaveNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Create under a ctx that ends while runsc makes the sandbox.
-	cctx, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
-	_, err := m.Create(cctx, sandbox.Spec{Name: "late", Image: reg.digestRef()})
+	// Create under a ctx that ends while runsc makes the sandbox: a runsc
+	// whose run waits 5 s first, on the same root, with a ctx of 1 s.
+	slow := filepath.Join(t.TempDir(), "runsc")
+	script := "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = run ] && sleep 5; done\nexec " + runscPath + " \"$@\"\n"
+	if err := os.WriteFile(slow, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := sandbox.Open(root, sandbox.WithRunsc(slow), sandbox.WithAgent(flmboxAgent))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	_, err = ms.Create(cctx, sandbox.Spec{Name: "late", Image: reg.digestRef()})
 	cancel()
 	t.Logf("create under an ending ctx: %v", err)
 	if !errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "\n") {

@@ -151,12 +151,18 @@ func ctxErr(ctx context.Context) error {
 	return fmt.Errorf("%w: %w", err, cause)
 }
 
-// lastLine returns the last non-empty line of b, at most 512 bytes of it:
-// the line where runsc says why it failed (its earlier lines are warnings,
-// and a sandbox's panic is in its log, which Run and Restore quote).
+// lastLine returns the line of b where runsc says why it failed, at most
+// 512 bytes of it: its panic line if it panicked (a stack trace follows
+// it), else its last non-empty line (its earlier lines are warnings).
 func lastLine(b []byte) string {
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	l := strings.TrimSpace(lines[len(lines)-1])
+	for _, line := range lines {
+		if strings.HasPrefix(strings.TrimSpace(line), "panic: ") {
+			l = strings.TrimSpace(line)
+			break
+		}
+	}
 	if len(l) > 512 {
 		l = l[len(l)-512:]
 	}

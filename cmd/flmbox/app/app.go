@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 
 	"github.com/urfave/cli/v2"
 
@@ -40,22 +41,32 @@ func runApp(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	if err == nil {
 		return 0
 	}
-	code := exitFlmboxFailed
-	var ec cli.ExitCoder
-	var sig *runcmd.Interrupt
-	switch {
-	case errors.As(err, &ec):
-		code = ec.ExitCode()
-	case errors.As(context.Cause(ctx), &sig):
-		// A command a signal cut short fails as the signal's status
-		// (130, 143), as a shell reports it, saying where it stopped.
-		code = runcmd.InterruptStatus(ctx)
-	}
+	code := exitCode(ctx, err)
 	if msg := err.Error(); msg != "" {
 		fmt.Fprintf(stderr, "flmbox: %s\n", msg)
 	}
 	if h := adviseOn(err); h != "" {
 		fmt.Fprintf(stderr, "flmbox: %s\n", h)
+	}
+	return code
+}
+
+// exitCode is the exit status of a command that failed with err: what a
+// cli.Exit says, the signal's (130, 143) if one cut the command short, else
+// exitFlmboxFailed. A program's status in err's chain (runsc's
+// *exec.ExitError is an ExitCoder too) is never flmbox's.
+func exitCode(ctx context.Context, err error) int {
+	code := exitFlmboxFailed
+	var ec cli.ExitCoder
+	var sig *runcmd.Interrupt
+	var child *exec.ExitError // a program's (runsc's) status, not flmbox's
+	switch {
+	case errors.As(err, &ec) && !errors.As(err, &child):
+		code = ec.ExitCode()
+	case errors.As(context.Cause(ctx), &sig):
+		// A command a signal cut short fails as the signal's status
+		// (130, 143), as a shell reports it, saying where it stopped.
+		code = runcmd.InterruptStatus(ctx)
 	}
 	return code
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
 	"strings"
@@ -116,5 +117,17 @@ func TestSignalledCommandExitStatus(t *testing.T) {
 	code := runApp(ctx, []string{"flmbox", "--root", root, "sandbox", "create", "--name", "x", "--image", "y"}, nil, &stdout, &stderr)
 	if code != 143 || stderr.Len() == 0 {
 		t.Fatalf("signalled: exit %d, want 143; stderr %q", code, stderr.String())
+	}
+}
+
+// TestChildExitStatusIsNotFlmboxs: an error that carries a program's exit
+// status (runsc's *exec.ExitError, an ExitCoder) exits 125, not with it.
+func TestChildExitStatusIsNotFlmboxs(t *testing.T) {
+	err := exec.Command("sh", "-c", "exit 128").Run()
+	if code := exitCode(context.Background(), fmt.Errorf("restore container x with runsc: %w", err)); code != exitFlmboxFailed {
+		t.Fatalf("exit %d, want %d", code, exitFlmboxFailed)
+	}
+	if code := exitCode(context.Background(), cli.Exit("", 124)); code != 124 {
+		t.Fatalf("cli.Exit(124): exit %d", code)
 	}
 }
