@@ -44,9 +44,19 @@ func cpWithin(t *testing.T, d time.Duration, root string, stdin []byte, args ...
 // if it does not end within d.
 func flmboxWithin(t *testing.T, d time.Duration, root string, stdin []byte, args ...string) result {
 	t.Helper()
+	return flmboxWithinEnv(t, d, root, nil, stdin, args...)
+}
+
+// flmboxWithinEnv is flmboxWithin with env's K=V settings added to the
+// test's environment.
+func flmboxWithinEnv(t *testing.T, d time.Duration, root string, env []string, stdin []byte, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, flmboxBin, append([]string{"--root", root, "--runsc", runscPath}, args...)...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}

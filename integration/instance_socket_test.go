@@ -3,11 +3,8 @@
 package integration
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -22,25 +19,7 @@ import (
 // is refused its socket exits at once, one that serves runs until stopped.
 func instanceWithin(t *testing.T, d time.Duration, root, endpoint string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, flmboxBin, append([]string{"--root", root, "--runsc", runscPath, "instance"}, args...)...)
-	cmd.Env = append(os.Environ(), flamesim.EndpointEnv+"="+endpoint)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	if ctx.Err() != nil {
-		t.Fatalf("flmbox instance on %s still ran after %s (it should have been refused its socket)\nstderr: %s", endpoint, d, stderr.String())
-	}
-	res := result{stdout: stdout.String(), stderr: stderr.String()}
-	var ee *exec.ExitError
-	switch {
-	case errors.As(err, &ee):
-		res.code = ee.ExitCode()
-	case err != nil:
-		t.Fatalf("flmbox instance: %v", err)
-	}
-	return res
+	return flmboxWithinEnv(t, d, root, []string{flamesim.EndpointEnv + "=" + endpoint}, nil, append([]string{"instance"}, args...)...)
 }
 
 // refusedInOneLine checks that res is flmbox instance refused: exit 125,
