@@ -195,14 +195,9 @@ func (m *Manager) copyIn(ctx context.Context, name string, copies []CopyIn) erro
 // callChecked runs a request already checked in sandbox name, if it is
 // running, forwarding its callback connections to cb's Dial.
 func (m *Manager) callChecked(ctx context.Context, name string, req *wire.Request, cb *Callback) (*wire.Result, error) {
-	rec, err := record.Read(m.root, name)
+	rec, err := m.callable(ctx, name)
 	if err != nil {
 		return nil, err
-	}
-	if err := rec.Callable(); err != nil {
-		if rec, err = m.callableAfterStale(ctx, rec, err); err != nil {
-			return nil, err
-		}
 	}
 	if cb != nil {
 		r := *req
@@ -258,6 +253,20 @@ func (m *Manager) RunOnce(ctx context.Context, spec Spec, req Request, deliver f
 		err = rerr
 	}
 	return err
+}
+
+// callable reads the record of sandbox name, if it takes calls (and
+// copies): a suspend or resume a killed flmbox left half done is ended
+// first.
+func (m *Manager) callable(ctx context.Context, name string) (*record.Record, error) {
+	rec, err := record.Read(m.root, name)
+	if err != nil {
+		return nil, err
+	}
+	if err := rec.Callable(); err != nil {
+		return m.callableAfterStale(ctx, rec, err)
+	}
+	return rec, nil
 }
 
 // callableAfterStale returns the record of a sandbox that rec said was not

@@ -16,6 +16,10 @@ import (
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
+// ErrTmpFull is in the error of a copy into a sandbox whose /tmp is full
+// (its size is Spec.TmpBytes). It is errdefs.ErrResourceExhausted.
+var ErrTmpFull = fmt.Errorf("the sandbox's /tmp is full: %w", errdefs.ErrResourceExhausted)
+
 // CopyOptions bound a copy.
 type CopyOptions struct {
 	// MaxBytes bounds the files' contents together (0:
@@ -64,7 +68,7 @@ func (m *Manager) CopyIn(ctx context.Context, name, dst string, r io.Reader, o C
 // carry errdefs kinds: ErrNotFound for a missing src, ErrPermissionDenied,
 // ErrOutOfRange past MaxBytes, ErrInvalidArgument for what is not copied.
 func (m *Manager) CopyOut(ctx context.Context, name, src string, o CopyOptions) (io.ReadCloser, error) {
-	rec, err := m.copyable(name)
+	rec, err := m.callable(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -83,21 +87,9 @@ func (m *Manager) CopyOut(ctx context.Context, name, src string, o CopyOptions) 
 	return pr, nil
 }
 
-// copyable reads the record of sandbox name, if it takes calls.
-func (m *Manager) copyable(name string) (*record.Record, error) {
-	rec, err := record.Read(m.root, name)
-	if err != nil {
-		return nil, err
-	}
-	if err := rec.Callable(); err != nil {
-		return nil, err
-	}
-	return rec, nil
-}
-
 // copy runs c on sandbox name.
 func (m *Manager) copy(ctx context.Context, name string, c *wire.Copy, r io.Reader, w io.Writer) (*wire.Result, error) {
-	rec, err := m.copyable(name)
+	rec, err := m.callable(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -159,7 +151,7 @@ func copyError(res *wire.Result) error {
 	}
 	switch kind {
 	case wire.CopyNoSpace:
-		return fmt.Errorf("%s: the sandbox's /tmp is full (its size is sandbox create's --tmp-size, Spec.TmpBytes): %w", msg, errdefs.ErrResourceExhausted)
+		return fmt.Errorf("%s: %w", msg, ErrTmpFull)
 	case wire.CopyNotFound:
 		return fmt.Errorf("%s: %w", msg, errdefs.ErrNotFound)
 	case wire.CopyPermissionDenied:

@@ -32,6 +32,8 @@ func hint(err error) string {
 		return "flmbox doctor checks this host; flmbox sandbox ls cleans up what is left"
 	case errors.Is(err, runtime.ErrPlatformUnsupported):
 		return "choose --gvisor-platform systrap or ptrace; flmbox doctor lists this host's platforms"
+	case errors.Is(err, sandbox.ErrTmpFull):
+		return "free space in its /tmp, or make a sandbox with a larger one (flmbox sandbox create --tmp-size)"
 	case errors.Is(err, sandbox.ErrCheckpointDamaged):
 		return "no resume can bring it back: remove the sandbox (flmbox sandbox rm)"
 	case errors.Is(err, rootfs.ErrNotCached):

@@ -34,6 +34,7 @@ func TestHint(t *testing.T) {
 		{"runsc not executable", dirRunsc, "fix --runsc or FLMBOX_RUNSC"},
 		{"runsc hangs", fmt.Errorf("remove sandbox s: %w", &runtime.TimeoutError{Command: "kill", Bound: time.Second}), "flmbox doctor checks this host; flmbox sandbox ls cleans up what is left"},
 		{"platform unsupported", fmt.Errorf("create: %w", runtime.ErrPlatformUnsupported), "choose --gvisor-platform systrap or ptrace; flmbox doctor lists this host's platforms"},
+		{"tmp full", fmt.Errorf("copy into sandbox s: %w", sandbox.ErrTmpFull), "free space in its /tmp, or make a sandbox with a larger one (flmbox sandbox create --tmp-size)"},
 		{"checkpoint damaged", fmt.Errorf("restore sandbox \"s\": %w", sandbox.ErrCheckpointDamaged), "no resume can bring it back: remove the sandbox (flmbox sandbox rm)"},
 		{"runsc not found, wrapped", wrap(missingRunsc), "install runsc with make runsc, or name it with --runsc or FLMBOX_RUNSC"},
 		{"image not cached", fmt.Errorf("image x for linux/amd64 is not cached: %w", rootfs.ErrNotCached), "run flmbox prewarm without --offline to fetch it"},
