@@ -205,8 +205,7 @@ func lookPath(name string, env []string) (string, error) {
 		if dir == "" {
 			continue
 		}
-		p := filepath.Join(dir, name)
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+		if p, err := executable(filepath.Join(dir, name)); err == nil {
 			return p, nil
 		}
 	}

@@ -63,11 +63,11 @@ func (c *capture) Output() wire.Output {
 	defer c.mu.Unlock()
 	kept := int64(len(c.head) + len(c.ring))
 	out := wire.Output{Total: c.total, Truncated: c.total > kept}
-	tail := append(append(make([]byte, 0, len(c.ring)), c.ring[c.next:]...), c.ring[:c.next]...)
-	if !out.Truncated {
-		out.Data = append(append(make([]byte, 0, kept), c.head...), tail...)
+	if !out.Truncated { // the ring has not wrapped: next is 0
+		out.Data = append(append(make([]byte, 0, kept), c.head...), c.ring...)
 		return out
 	}
-	out.Data, out.Tail = append([]byte(nil), c.head...), tail
+	out.Data = append([]byte(nil), c.head...)
+	out.Tail = append(append(make([]byte, 0, len(c.ring)), c.ring[c.next:]...), c.ring[:c.next]...)
 	return out
 }
