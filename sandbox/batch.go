@@ -30,7 +30,7 @@ type Target struct {
 // Interrupted, with what it printed until then.
 type BatchResult struct {
 	Ran    bool
-	Result *wire.Result
+	Result *Result
 	Err    error
 }
 
@@ -141,7 +141,7 @@ func (w *batchWorker) run(ctx context.Context, req *wire.Request, cb *Callback) 
 		name = w.sb
 	}
 	res, err := w.m.callChecked(ctx, name, req, cb)
-	if errors.Is(err, wire.ErrInterrupted) && res != nil && res.Interrupted {
+	if errors.Is(err, ErrInterrupted) && res != nil && res.Interrupted {
 		return BatchResult{Ran: true, Result: res} // what it printed until the batch was cancelled
 	}
 	if err == nil && res.Error != "" && req.Reset {

@@ -16,14 +16,14 @@ import (
 
 // Request is one snippet to run.
 type Request struct {
-	// Language is wire.LanguagePython (the default) or wire.LanguageShell.
+	// Language is Python (the default) or Shell.
 	Language string
 	// Code is the snippet: Python source, or a shell script.
 	Code string
 	// Timeout kills the snippet after this long. Default: DefaultTimeout.
 	Timeout time.Duration
 	// MaxOutput is how many bytes of stdout and of stderr are kept (the
-	// first and last halves). Default: wire.DefaultMaxOutput.
+	// first and last halves). Default: DefaultMaxOutput.
 	MaxOutput int64
 	// Reset first returns the sandbox to a clean state: every other
 	// process killed, /tmp and /dev/shm emptied, System V IPC removed.
@@ -80,7 +80,7 @@ var ErrSuspended = record.ErrSuspended
 // it (errdefs.ErrInvalidArgument).
 func (r Request) wire() (*wire.Request, error) {
 	if r.Language == "" {
-		r.Language = wire.LanguagePython
+		r.Language = Python
 	}
 	if r.Timeout == 0 {
 		r.Timeout = DefaultTimeout
@@ -137,7 +137,7 @@ func (r Request) Validate() error {
 // sandbox ran short of memory OOMKilled), its output, and Error if the agent
 // could not run it. Cancelling ctx interrupts the call: the snippet is
 // killed and Call returns what it printed so far (Result.Interrupted) with
-// an error matching wire.ErrInterrupted and ctx's cause (no result from an
+// an error matching ErrInterrupted and ctx's cause (no result from an
 // agent of a sandbox made before interrupts existed). A call fails with
 // errdefs.ErrNotFound if there is no such sandbox, errdefs.ErrFailedPrecondition
 // if it is being created or removed, and ErrDead if it is dead. A call to a
@@ -145,7 +145,7 @@ func (r Request) Validate() error {
 // resumes (a resume takes root and a second or so, and the caller may
 // rather not); Resume does, then call again. Calls of one sandbox may run
 // at once; they share its /tmp.
-func (m *Manager) Call(ctx context.Context, name string, req Request) (*wire.Result, error) {
+func (m *Manager) Call(ctx context.Context, name string, req Request) (*Result, error) {
 	wreq, err := req.wire()
 	if err != nil {
 		return nil, err
@@ -194,7 +194,7 @@ func (m *Manager) copyIn(ctx context.Context, name string, copies []CopyIn) erro
 
 // callChecked runs a request already checked in sandbox name, if it is
 // running, forwarding its callback connections to cb's Dial.
-func (m *Manager) callChecked(ctx context.Context, name string, req *wire.Request, cb *Callback) (*wire.Result, error) {
+func (m *Manager) callChecked(ctx context.Context, name string, req *wire.Request, cb *Callback) (*Result, error) {
 	rec, err := m.callable(ctx, name)
 	if err != nil {
 		return nil, err
@@ -210,7 +210,7 @@ func (m *Manager) callChecked(ctx context.Context, name string, req *wire.Reques
 // Reset returns sandbox name to a clean state, as a new sandbox of its
 // image (see Request.Reset), once the calls running in it have finished.
 func (m *Manager) Reset(ctx context.Context, name string) error {
-	res, err := m.Call(ctx, name, Request{Language: wire.LanguageShell, Reset: true})
+	res, err := m.Call(ctx, name, Request{Language: Shell, Reset: true})
 	if err != nil {
 		return err
 	}
@@ -226,10 +226,10 @@ func (m *Manager) Reset(ctx context.Context, name string) error {
 // gets the result without waiting for that. The error is the first of
 // acquiring the sandbox, calling it and releasing it. An interrupted call
 // (ctx cancelled while the snippet runs) delivers what the snippet printed
-// so far, as Call returns it, and fails with wire.ErrInterrupted; the
+// so far, as Call returns it, and fails with ErrInterrupted; the
 // sandbox is released all the same. The sandbox is ephemeral
 // (Spec.Ephemeral): if this process is killed first, Reconcile removes it.
-func (m *Manager) RunOnce(ctx context.Context, spec Spec, req Request, deliver func(*wire.Result)) error {
+func (m *Manager) RunOnce(ctx context.Context, spec Spec, req Request, deliver func(*Result)) error {
 	wreq, err := req.wire()
 	if err != nil {
 		return err
@@ -242,7 +242,7 @@ func (m *Manager) RunOnce(ctx context.Context, spec Spec, req Request, deliver f
 	if err != nil {
 		return err
 	}
-	var res *wire.Result
+	var res *Result
 	if err = m.copyIn(ctx, sb.Name, req.CopyIn); err == nil {
 		res, err = m.callChecked(ctx, sb.Name, wreq, req.Callback)
 	}

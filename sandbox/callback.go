@@ -15,7 +15,7 @@ import (
 
 // Callback is a call's channel out of its sandbox: for the length of the
 // call, the snippet finds a Unix socket's path in FLMBOX_CALLBACK_SOCKET
-// (wire.CallbackSocketEnv) and in the variables Env names, and every
+// (CallbackSocketEnv) and in the variables Env names, and every
 // connection it makes to it is forwarded, as a byte stream both ways, to a
 // new connection that Dial makes on the host (to the caller's own server).
 // When the call ends (exit, timeout, interrupt) the socket goes and every
@@ -30,8 +30,8 @@ type Callback struct {
 	// HERMES_RPC_SOCKET.
 	Env []string
 	// MaxConns, MaxBytes and Idle are the call's limits (zero: the
-	// defaults, wire.DefaultCallbackConns connections and
-	// wire.DefaultCallbackBytes for the whole call, both ways, no idle
+	// defaults, DefaultCallbackConns connections and
+	// DefaultCallbackBytes for the whole call, both ways, no idle
 	// cut): past MaxConns a connection is closed at once; the connection
 	// whose bytes cross MaxBytes is cut, and later ones are closed at once;
 	// one idle (no byte either way) for Idle, if set, is cut. A connection

@@ -23,7 +23,7 @@ var ErrTmpFull = fmt.Errorf("the sandbox's /tmp is full: %w", errdefs.ErrResourc
 // CopyOptions bound a copy.
 type CopyOptions struct {
 	// MaxBytes bounds the files' contents together (0:
-	// wire.DefaultCopyBytes, 1 GiB; at most wire.MaxCopyBytes).
+	// DefaultCopyBytes, 1 GiB; at most MaxCopyBytes).
 	MaxBytes int64
 }
 
@@ -88,7 +88,7 @@ func (m *Manager) CopyOut(ctx context.Context, name, src string, o CopyOptions) 
 }
 
 // copy runs c on sandbox name.
-func (m *Manager) copy(ctx context.Context, name string, c *wire.Copy, r io.Reader, w io.Writer) (*wire.Result, error) {
+func (m *Manager) copy(ctx context.Context, name string, c *wire.Copy, r io.Reader, w io.Writer) (*Result, error) {
 	rec, err := m.callable(ctx, name)
 	if err != nil {
 		return nil, err
@@ -96,7 +96,7 @@ func (m *Manager) copy(ctx context.Context, name string, c *wire.Copy, r io.Read
 	return copyWith(ctx, rec, c, r, w)
 }
 
-func copyWith(ctx context.Context, rec *record.Record, c *wire.Copy, r io.Reader, w io.Writer) (*wire.Result, error) {
+func copyWith(ctx context.Context, rec *record.Record, c *wire.Copy, r io.Reader, w io.Writer) (*Result, error) {
 	conn, err := rec.Dial(ctx)
 	if err != nil {
 		return nil, err
@@ -143,7 +143,7 @@ func growSendBuffer(f *os.File, n int) {
 // copyError is the error of a failed copy's result: the agent's message
 // with the errdefs kind of its CopyStats.Kind (an invalid argument if it
 // has none).
-func copyError(res *wire.Result) error {
+func copyError(res *Result) error {
 	msg := copyMessage(res.Error)
 	var kind string
 	if res.Copied != nil {

@@ -107,7 +107,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		return nil, err
 	}
 	rec := &record.Record{Name: spec.Name, ID: runtime.NewID(), Image: spec.Image, Manifest: img.ManifestDigest,
-		Network: string(spec.Network), Platform: spec.Platform, Limits: recordLimits(spec.Limits), State: record.Creating,
+		Network: string(spec.Network), Platform: spec.Platform, Limits: spec.Limits, State: record.Creating,
 		Created: time.Now().UTC(), Shape: sh.key()}
 	if spec.Ephemeral {
 		if rec.Owner, err = record.Self(); err != nil {
@@ -205,8 +205,8 @@ func (m *Manager) specOpts(spec Spec, rec *record.Record, img *rootfs.Result, im
 	}
 	return append(opts,
 		withRunDir(rec),
-		runtime.WithNetwork(spec.Network),
-		runtime.WithLimits(spec.Limits)), nil
+		runtime.WithNetwork(runtime.Network(spec.Network)),
+		runtime.WithLimits(runtimeLimits(spec.Limits))), nil
 }
 
 // agentArgs is the agent's command line in a sandbox of spec.
@@ -290,10 +290,6 @@ func parseHolder(holder string) (name, id string, ok bool) {
 // container is what runsc knows of the sandbox.
 func container(rec *record.Record) runtime.Container {
 	return runtime.Container{ID: rec.ID, Network: runtime.Network(rec.Network), Platform: rec.Platform}
-}
-
-func recordLimits(l runtime.Limits) record.Limits {
-	return record.Limits{MemoryBytes: l.MemoryBytes, CPUs: l.CPUs, Pids: l.Pids}
 }
 
 func runtimeLimits(l record.Limits) runtime.Limits {

@@ -71,14 +71,14 @@ func hostsFile(host string) string {
 // (skipped: rootfs.Result.Skipped) and that none of the caller's mounts
 // covers. /etc/resolv.conf is the host's with the host's network, and none
 // (the image's own) without a network or when the host has none.
-func writeEtc(rec *record.Record, network runtime.Network, skipped []rootfs.MountPoint, mounts []Mount) ([]runtime.SpecOpt, error) {
+func writeEtc(rec *record.Record, network Network, skipped []rootfs.MountPoint, mounts []Mount) ([]runtime.SpecOpt, error) {
 	dir := etcDir(rec)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("write sandbox %q's /etc files: %w", rec.Name, err)
 	}
 	host := hostname(rec)
 	files := map[string][]byte{etcHosts: []byte(hostsFile(host)), etcHostname: []byte(host + "\n")}
-	if network == runtime.NetworkHost {
+	if network == NetworkHost {
 		if b, err := os.ReadFile(hostResolvConf); err == nil {
 			files[etcResolv] = b
 		}

@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/flmbox/flmbox/sandbox"
-	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // The example's state root (image cache and sandboxes), the image its
@@ -35,18 +34,18 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer m.Remove(ctx, sb.Name)
+	defer sb.Remove(ctx)
 
 	for _, req := range []sandbox.Request{
-		{Language: wire.LanguageShell, Code: `mkdir -p /tmp/demo && printf 'region,revenue,cost\neast,120,75\nwest,80,55\n' > /tmp/demo/sales.csv`},
+		{Language: sandbox.Shell, Code: `mkdir -p /tmp/demo && printf 'region,revenue,cost\neast,120,75\nwest,80,55\n' > /tmp/demo/sales.csv`},
 		{Code: `import csv, json
 rows = list(csv.DictReader(open("/tmp/demo/sales.csv")))
 revenue = sum(int(r["revenue"]) for r in rows)
 summary = {"rows": len(rows), "revenue": revenue, "profit": revenue - sum(int(r["cost"]) for r in rows)}
 json.dump(summary, open("/tmp/demo/summary.json", "w"))`},
-		{Language: wire.LanguageShell, Code: "cat /tmp/demo/summary.json"},
+		{Language: sandbox.Shell, Code: "cat /tmp/demo/summary.json"},
 	} {
-		res, err := m.Call(ctx, sb.Name, req)
+		res, err := sb.Call(ctx, req)
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -99,7 +98,7 @@ func ExampleCallback() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer m.Remove(ctx, sb.Name)
+	defer sb.Remove(ctx)
 
 	tool := func(conn net.Conn) { // answers one line: the word count of the request
 		defer conn.Close()

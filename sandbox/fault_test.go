@@ -344,7 +344,7 @@ func TestSpecRefusesWhatCannotBeMet(t *testing.T) {
 		spec Spec
 		want string // "": accepted
 	}{
-		{"cpus above the host's", Spec{Limits: runtime.Limits{CPUs: 1000}}, "cpus 1000 is more than this host's"},
+		{"cpus above the host's", Spec{Limits: Limits{CPUs: 1000}}, "cpus 1000 is more than this host's"},
 		{"/tmp above memory", Spec{TmpBytes: 100 << 40}, "/tmp size 109951162777600 bytes is more than the memory limit"},
 		{"/tmp as memory", Spec{TmpBytes: DefaultLimits.MemoryBytes}, ""},
 		{"the host's root", Spec{Mounts: []Mount{{Source: "/", Destination: "/h", ReadWrite: true}}}, "mount 0: source /: the host's root"},

@@ -13,7 +13,6 @@ import (
 
 	"github.com/containerd/errdefs"
 
-	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox/record"
 )
 
@@ -45,15 +44,18 @@ const (
 	StateResuming   State = "resuming"
 )
 
-// Sandbox describes a sandbox.
+// Sandbox is one sandbox of a Manager, as a caller holds it: its fields
+// describe the sandbox as it was when read (by Create, Acquire, Get or List),
+// and its methods act on the sandbox as it is now, each as the Manager's
+// method of the same name does on its Name.
 type Sandbox struct {
 	Name string
 	// Image is the image it was created from, as given; Manifest the
 	// digest of the cached image it runs (and leases).
 	Image, Manifest string
-	Network         runtime.Network
+	Network         Network
 	Platform        string // gVisor's; empty: runsc's default
-	Limits          runtime.Limits
+	Limits          Limits
 	State           State
 	Created         time.Time
 	// LastUsed is when it was last called, or created.
@@ -72,14 +74,15 @@ type Sandbox struct {
 	// change what is there.
 	ID, Bundle string
 
+	m   *Manager
 	rec *record.Record // what it was read from, for Probe
 }
 
 // sandbox describes the sandbox of rec, in the state its record says.
 func (m *Manager) sandbox(rec *record.Record) *Sandbox {
-	sb := &Sandbox{Name: rec.Name, Image: rec.Image, Manifest: rec.Manifest, Network: runtime.Network(rec.Network),
-		Platform: rec.Platform, Limits: runtimeLimits(rec.Limits), State: State(rec.State), Created: rec.Created,
-		LastUsed: rec.LastUsed(), ID: rec.ID, Bundle: rec.Dir, Shape: rec.Shape, rec: rec}
+	sb := &Sandbox{Name: rec.Name, Image: rec.Image, Manifest: rec.Manifest, Network: Network(rec.Network),
+		Platform: rec.Platform, Limits: rec.Limits, State: State(rec.State), Created: rec.Created,
+		LastUsed: rec.LastUsed(), ID: rec.ID, Bundle: rec.Dir, Shape: rec.Shape, m: m, rec: rec}
 	if rec.Owner != nil {
 		sb.OwnerPID = rec.Owner.PID
 	}
@@ -228,17 +231,4 @@ func (m *Manager) List(ctx context.Context) ([]*Sandbox, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
 	return out, nil
-}
-
-// RunscArgs returns the arguments of a runsc command on sb: runsc's global
-// flags as flmbox passes them on every call of the sandbox, then args; and
-// the runsc binary. It is for tools and measurements that run runsc
-// themselves (runsc exec).
-func (m *Manager) RunscArgs(sb *Sandbox, args ...string) (runsc string, argv []string, err error) {
-	rt, err := m.runtime()
-	if err != nil {
-		return "", nil, err
-	}
-	c := runtime.Container{ID: sb.ID, Network: sb.Network, Platform: sb.Platform}
-	return rt.Runsc(), rt.Args(c, args...), nil
 }

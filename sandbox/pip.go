@@ -10,15 +10,14 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/flmbox/flmbox/pipcache"
-	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // wheelsEnv is pip's environment for the wheel cache mounted at
 // pipcacheMount (with no network, no index either).
-func (m *Manager) wheelsEnv(n runtime.Network) []string {
-	return pipcache.SandboxEnv(pipcacheMount, n == runtime.NetworkHost)
+func (m *Manager) wheelsEnv(n Network) []string {
+	return pipcache.SandboxEnv(pipcacheMount, n == NetworkHost)
 }
 
 // ErrPip is in the error of a pip command that failed in a sandbox (a
@@ -49,7 +48,7 @@ func runPip(ctx context.Context, rec *record.Record, timeout time.Duration, args
 		return err
 	}
 	code := "import subprocess, sys\nsys.exit(subprocess.call([sys.executable, '-m', 'pip'] + " + string(list) + "))\n"
-	req := &wire.Request{Version: wire.ProtocolVersion, Language: wire.LanguagePython, Code: code,
+	req := &wire.Request{Version: wire.ProtocolVersion, Language: Python, Code: code,
 		TimeoutMS: timeout.Milliseconds(), MaxOutput: 256 << 10}
 	res, err := rec.Call(ctx, req)
 	switch {
@@ -115,7 +114,7 @@ func (m *Manager) FetchWheels(ctx context.Context, reqs []string, o FetchOptions
 	}
 	defer inbox.Close()
 	spec := o.Sandbox
-	spec.Network = runtime.NetworkHost
+	spec.Network = NetworkHost
 	spec.fetch = inbox.Dir // inside the state root: not a Spec.Mounts
 	sb, err := m.Create(ctx, spec)
 	if err != nil {

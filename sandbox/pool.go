@@ -14,7 +14,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/flmbox/flmbox/sandbox/record"
-	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // poolPrefix begins the names of the sandboxes a pool holds: a released
@@ -261,7 +260,7 @@ func (m *Manager) recycle(ctx context.Context, rec *record.Record, cfg *poolConf
 	}
 	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
 	defer cancel()
-	req, err := Request{Language: wire.LanguageShell, Reset: true}.wire()
+	req, err := Request{Language: Shell, Reset: true}.wire()
 	if err != nil {
 		return err
 	}

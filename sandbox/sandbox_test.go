@@ -15,7 +15,6 @@ import (
 
 	"github.com/containerd/errdefs"
 
-	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
@@ -75,11 +74,11 @@ func TestSpecDefaults(t *testing.T) {
 		{Image: "img", Pip: []string{"a\nb"}},
 		{Image: "img", TmpBytes: -1},
 		{Image: "img", TmpBytes: MinTmpBytes - 1},
-		{Image: "img", Limits: runtime.Limits{MemoryBytes: MinMemoryBytes - 1}},
-		{Image: "img", Limits: runtime.Limits{Pids: MinPids - 1}},
-		{Image: "img", Limits: runtime.Limits{Pids: -1}},
-		{Image: "img", Limits: runtime.Limits{CPUs: MinCPUs / 2}},
-		{Image: "img", Limits: runtime.Limits{CPUs: math.NaN()}},
+		{Image: "img", Limits: Limits{MemoryBytes: MinMemoryBytes - 1}},
+		{Image: "img", Limits: Limits{Pids: MinPids - 1}},
+		{Image: "img", Limits: Limits{Pids: -1}},
+		{Image: "img", Limits: Limits{CPUs: MinCPUs / 2}},
+		{Image: "img", Limits: Limits{CPUs: math.NaN()}},
 	} {
 		if _, err := bad.withDefaults(""); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("%+v: %v, want an invalid argument", bad, err)
@@ -89,11 +88,11 @@ func TestSpecDefaults(t *testing.T) {
 
 // A refusal names each limit below its minimum, and the minimum.
 func TestSpecMinimumLimits(t *testing.T) {
-	min := Spec{Image: "img", Limits: runtime.Limits{MemoryBytes: MinMemoryBytes, CPUs: MinCPUs, Pids: MinPids}, TmpBytes: MinTmpBytes}
+	min := Spec{Image: "img", Limits: Limits{MemoryBytes: MinMemoryBytes, CPUs: MinCPUs, Pids: MinPids}, TmpBytes: MinTmpBytes}
 	if _, err := min.withDefaults(""); err != nil {
 		t.Fatalf("the minimum limits: %v", err)
 	}
-	_, err := Spec{Image: "img", Limits: runtime.Limits{Pids: 4}, TmpBytes: 16}.withDefaults("")
+	_, err := Spec{Image: "img", Limits: Limits{Pids: 4}, TmpBytes: 16}.withDefaults("")
 	if !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("pids 4: %v", err)
 	}
@@ -109,7 +108,7 @@ func TestSpecMinimumLimits(t *testing.T) {
 
 func TestRequest(t *testing.T) {
 	w, err := Request{Code: "print(1)"}.wire()
-	if err != nil || w.Language != wire.LanguagePython || w.TimeoutMS != DefaultTimeout.Milliseconds() || w.Version != wire.ProtocolVersion {
+	if err != nil || w.Language != Python || w.TimeoutMS != DefaultTimeout.Milliseconds() || w.Version != wire.ProtocolVersion {
 		t.Fatalf("defaults: %+v %v", w, err)
 	}
 	for _, bad := range []Request{
@@ -128,7 +127,7 @@ func TestRequest(t *testing.T) {
 		}
 	}
 	env := []string{"A=1", "PYTHONPATH=/x", "B=2", "PYTHONPATH="}
-	w, err = Request{Env: env, Stdin: []byte("in"), Interpreter: "bash", Language: wire.LanguageShell}.wire()
+	w, err = Request{Env: env, Stdin: []byte("in"), Interpreter: "bash", Language: Shell}.wire()
 	if err != nil || string(w.Stdin) != "in" || w.Interpreter != "bash" ||
 		!slices.Equal(w.Env, []string{"A=1", "PYTHONPATH=/tmp/site-packages:/x", "B=2", "PYTHONPATH=/tmp/site-packages"}) {
 		t.Fatalf("stdin, env, interpreter: %+v %v", w, err)
@@ -285,7 +284,7 @@ func TestBatchResults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reqs := []Request{{Code: "x = 1"}, {Code: "import os"}, {Language: wire.LanguageShell, Code: "true"}}
+	reqs := []Request{{Code: "x = 1"}, {Code: "import os"}, {Language: Shell, Code: "true"}}
 	res, err := m.Batch(context.Background(), Target{Sandbox: "nosuch"}, reqs, 2)
 	if err != nil {
 		t.Fatal(err)

@@ -15,7 +15,6 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
-	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
@@ -66,7 +65,7 @@ func agentID(fi os.FileInfo) string { return fmt.Sprintf("%d-%d", fi.Size(), fi.
 // manifest with the agent of agentID.
 func shapeFrom(spec Spec, manifest, agentID string) shape {
 	return shape{Manifest: manifest, Network: string(spec.Network), Platform: spec.Platform,
-		Limits: recordLimits(spec.Limits), TmpBytes: spec.TmpBytes, Env: spec.Env, Pip: spec.Pip,
+		Limits: spec.Limits, TmpBytes: spec.TmpBytes, Env: spec.Env, Pip: spec.Pip,
 		Mounts: spec.Mounts, Protocol: wire.ProtocolVersion, Agent: agentID, LazySpares: spec.LazySpares, Fetch: spec.fetch != ""}
 }
 
@@ -82,7 +81,7 @@ func (s shape) key() string {
 
 // spec is a Spec that makes sandboxes of the shape from image.
 func (s shape) spec(image string) Spec {
-	return Spec{Image: image, Network: runtime.Network(s.Network), Platform: s.Platform, Limits: runtimeLimits(s.Limits),
+	return Spec{Image: image, Network: Network(s.Network), Platform: s.Platform, Limits: s.Limits,
 		TmpBytes: s.TmpBytes, Env: s.Env, Pip: s.Pip, Mounts: s.Mounts, LazySpares: s.LazySpares}
 }
 

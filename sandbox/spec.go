@@ -23,8 +23,8 @@ type Spec struct {
 	Image string
 	// Pull bounds and selects what a pull fetches (nil: rootfs's defaults).
 	Pull *rootfs.PullOptions
-	// Network is the sandbox's network. Default: runtime.NetworkNone.
-	Network runtime.Network
+	// Network is the sandbox's network. Default: NetworkNone.
+	Network Network
 	// Platform is gVisor's platform (systrap, ptrace, kvm). Default: runsc's.
 	Platform string
 	// LazySpares makes the agent start no spare process (a Python ready
@@ -36,12 +36,7 @@ type Spec struct {
 	// pool's shape.
 	LazySpares bool
 	// Limits are the sandbox's limits; its zero fields take DefaultLimits'.
-	// MemoryBytes bounds the memory that the snippets' processes and /tmp
-	// use together (a snippet that would exceed it is killed; no
-	// address-space limit); the cgroup allows a quarter more, for gVisor
-	// (runtime.MemoryHeadroom). Pids bounds the processes and threads of
-	// the snippets' user, all calls together.
-	Limits runtime.Limits
+	Limits Limits
 	// TmpBytes is the size of the sandbox's writable /tmp. Default:
 	// DefaultTmpBytes.
 	TmpBytes int64
@@ -101,7 +96,7 @@ func (m *Mount) UnmarshalJSON(b []byte) error {
 }
 
 // DefaultLimits are a Spec's default limits.
-var DefaultLimits = runtime.Limits{MemoryBytes: 512 << 20, CPUs: 1, Pids: 256}
+var DefaultLimits = Limits{MemoryBytes: 512 << 20, CPUs: 1, Pids: 256}
 
 // DefaultTmpBytes is the default size of a sandbox's /tmp.
 const DefaultTmpBytes = 256 << 20
@@ -140,7 +135,7 @@ const (
 // the minimum, and limits this host cannot meet: more CPUs than it has, a
 // /tmp larger than the memory limit (/tmp is a tmpfs: its files are the
 // sandbox's memory).
-func checkLimits(l runtime.Limits, tmpBytes int64) error {
+func checkLimits(l Limits, tmpBytes int64) error {
 	var bad []string
 	if l.MemoryBytes < MinMemoryBytes {
 		bad = append(bad, fmt.Sprintf("memory %d bytes is below the minimum of %d (%d MiB)", l.MemoryBytes, MinMemoryBytes, MinMemoryBytes>>20))
@@ -174,9 +169,9 @@ func (s Spec) withDefaults(root string) (Spec, error) {
 		return s, fmt.Errorf("create sandbox: no image: %w", errdefs.ErrInvalidArgument)
 	}
 	if s.Network == "" {
-		s.Network = runtime.NetworkNone
+		s.Network = NetworkNone
 	}
-	if _, err := runtime.ParseNetwork(string(s.Network)); err != nil {
+	if _, err := ParseNetwork(string(s.Network)); err != nil {
 		return s, err
 	}
 	if err := runtime.ValidatePlatform(s.Platform); err != nil {

@@ -46,7 +46,8 @@ const (
 	Resuming   State = "resuming"
 )
 
-// Limits are a sandbox's cgroup limits as recorded.
+// Limits are a sandbox's limits (package sandbox's Limits, documented there),
+// as recorded.
 type Limits struct {
 	MemoryBytes int64   `json:"memory_bytes"`
 	CPUs        float64 `json:"cpus"`

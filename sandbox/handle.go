@@ -1,0 +1,63 @@
+package sandbox
+
+import (
+	"context"
+	"io"
+
+	"github.com/flmbox/flmbox/runtime"
+)
+
+// Caller runs code in a sandbox; *Sandbox is one. A program that only
+// calls sandboxes can take a Caller and fake it in its own tests.
+type Caller interface {
+	Call(ctx context.Context, req Request) (*Result, error)
+}
+
+var _ Caller = (*Sandbox)(nil)
+
+// Call runs req in the sandbox (Manager.Call).
+func (sb *Sandbox) Call(ctx context.Context, req Request) (*Result, error) {
+	return sb.m.Call(ctx, sb.Name, req)
+}
+
+// Reset returns the sandbox to a clean state, once its calls have finished
+// (Manager.Reset).
+func (sb *Sandbox) Reset(ctx context.Context) error { return sb.m.Reset(ctx, sb.Name) }
+
+// CopyIn extracts the tar stream r into the sandbox at dst (Manager.CopyIn).
+func (sb *Sandbox) CopyIn(ctx context.Context, dst string, r io.Reader, o CopyOptions) error {
+	return sb.m.CopyIn(ctx, sb.Name, dst, r, o)
+}
+
+// CopyOut returns src of the sandbox as a tar stream (Manager.CopyOut).
+func (sb *Sandbox) CopyOut(ctx context.Context, src string, o CopyOptions) (io.ReadCloser, error) {
+	return sb.m.CopyOut(ctx, sb.Name, src, o)
+}
+
+// Suspend saves the sandbox to disk and stops it (Manager.Suspend).
+func (sb *Sandbox) Suspend(ctx context.Context) error { return sb.m.Suspend(ctx, sb.Name) }
+
+// Resume brings a suspended sandbox back (Manager.Resume).
+func (sb *Sandbox) Resume(ctx context.Context) (resumed bool, err error) {
+	return sb.m.Resume(ctx, sb.Name)
+}
+
+// Release gives an acquired sandbox back to its pool (Manager.Release).
+func (sb *Sandbox) Release(ctx context.Context) error { return sb.m.Release(ctx, sb.Name) }
+
+// Remove stops the sandbox and removes everything it is made of
+// (Manager.Remove).
+func (sb *Sandbox) Remove(ctx context.Context) error { return sb.m.Remove(ctx, sb.Name) }
+
+// RunscArgs returns the arguments of a runsc command on the sandbox:
+// runsc's global flags as flmbox passes them on every call of the sandbox,
+// then args; and the runsc binary. It is for tools and measurements that run
+// runsc themselves (runsc exec, with the sandbox's ID).
+func (sb *Sandbox) RunscArgs(args ...string) (runsc string, argv []string, err error) {
+	rt, err := sb.m.runtime()
+	if err != nil {
+		return "", nil, err
+	}
+	c := runtime.Container{ID: sb.ID, Network: runtime.Network(sb.Network), Platform: sb.Platform}
+	return rt.Runsc(), rt.Args(c, args...), nil
+}

@@ -1,0 +1,129 @@
+package sandbox
+
+import (
+	"fmt"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/flmbox/flmbox/runtime"
+	"github.com/flmbox/flmbox/sandbox/record"
+	"github.com/flmbox/flmbox/snippet/wire"
+)
+
+// This file is the package's vocabulary for what it shares with the layers
+// below it: a caller of sandbox names these, never runtime's, snippet's or
+// record's. Types the layers below already define exactly as a caller sees
+// them are declared here once, as aliases; everything else is sandbox's own.
+
+// Languages a Request runs.
+const (
+	Python = wire.LanguagePython
+	Shell  = wire.LanguageShell
+)
+
+// Bounds of a Request, checked by Call.
+const (
+	// MaxTimeout is the longest Request.Timeout.
+	MaxTimeout = wire.MaxTimeout
+	// DefaultMaxOutput is Request.MaxOutput's default.
+	DefaultMaxOutput = wire.DefaultMaxOutput
+	// MaxCodeSize is the most bytes of Request.Code.
+	MaxCodeSize = wire.MaxCodeSize
+	// MaxStdinSize is the most bytes of Request.Stdin.
+	MaxStdinSize = wire.MaxStdinSize
+	// DefaultCopyBytes is CopyOptions.MaxBytes' default, and MaxCopyBytes
+	// its largest value.
+	DefaultCopyBytes = wire.DefaultCopyBytes
+	MaxCopyBytes     = wire.MaxCopyBytes
+)
+
+// Bounds of a Callback (see its fields).
+const (
+	DefaultCallbackConns = wire.DefaultCallbackConns
+	DefaultCallbackBytes = wire.DefaultCallbackBytes
+	MaxCallbackConns     = wire.MaxCallbackConns
+	MaxCallbackBytes     = wire.MaxCallbackBytes
+	MaxCallbackIdle      = wire.MaxCallbackIdle
+	// CallbackSocketEnv names the variable in which a snippet finds its
+	// callback socket's path.
+	CallbackSocketEnv = wire.CallbackSocketEnv
+)
+
+// PythonVersion returns the interpreter's command for a Python version
+// given as a Request's Interpreter may give it ("3.12" → "python3.12"), or
+// "" if name is not a version.
+func PythonVersion(name string) string { return wire.PythonVersion(name) }
+
+// Result is the outcome of one call: the snippet's exit code, its output,
+// and why flmbox ended it if it did (see the fields).
+type Result = wire.Result
+
+// Output is what a snippet wrote to one stream: an exact prefix of it, and
+// its tail when it was longer than the request's MaxOutput.
+type Output = wire.Output
+
+// CallbackStats count a call's callback connections (Result.Callbacks).
+type CallbackStats = wire.CallbackStats
+
+// Limits are a sandbox's resource limits (Spec.Limits): MemoryBytes bounds
+// the memory that its snippets' processes and /tmp use together (a snippet
+// that would exceed it is killed, not the sandbox), CPUs its CPU time in
+// CPUs, and Pids the processes and threads of the snippets' user, all calls
+// together.
+type Limits = record.Limits
+
+// Network is a sandbox's network.
+type Network string
+
+// Networks.
+const (
+	// NetworkNone gives the sandbox only a loopback interface.
+	NetworkNone Network = "none"
+	// NetworkHost passes the host's network through to the sandbox: code
+	// in it reaches whatever the host reaches.
+	NetworkHost Network = "host"
+)
+
+// ParseNetwork returns the network s names ("none" or "host").
+func ParseNetwork(s string) (Network, error) {
+	switch n := Network(s); n {
+	case NetworkNone, NetworkHost:
+		return n, nil
+	}
+	return "", fmt.Errorf("network %q: want none or host: %w", s, errdefs.ErrInvalidArgument)
+}
+
+// Errors of calls, besides those of call.go, that a caller may test for
+// with errors.Is.
+var (
+	// ErrInterrupted is in the error of a call that its ctx ended: the
+	// snippet was killed, and Result (Interrupted) holds what it printed.
+	ErrInterrupted = wire.ErrInterrupted
+	// ErrHungUp is in the error of a call whose agent went away without an
+	// answer (its sandbox died during the call).
+	ErrHungUp = wire.ErrHungUp
+	// ErrProtocolVersion is in the error of a call to a sandbox made by
+	// another flmbox, whose agent speaks another protocol; it is
+	// errdefs.ErrFailedPrecondition.
+	ErrProtocolVersion = wire.ErrProtocolVersion
+	// ErrPooled is in the error of a call to a sandbox idle in a pool,
+	// which only Acquire hands out; it is errdefs.ErrFailedPrecondition.
+	ErrPooled = record.ErrPooled
+)
+
+// Errors of runsc, gVisor's runtime, that a caller may test for.
+var (
+	// ErrRunscNotFound: no runsc binary where one was looked for
+	// (errdefs.ErrNotFound).
+	ErrRunscNotFound = runtime.ErrRunscNotFound
+	// ErrRunscNotExecutable: the runsc named is not an executable file
+	// (errdefs.ErrInvalidArgument).
+	ErrRunscNotExecutable = runtime.ErrRunscNotExecutable
+	// ErrPlatformUnsupported: Spec.Platform names a gVisor platform this
+	// host cannot run (errdefs.ErrInvalidArgument).
+	ErrPlatformUnsupported = runtime.ErrPlatformUnsupported
+)
+
+// RunscTimeoutError is in the error of a runsc command that did not end
+// within its bound and was killed (runsc hung): errors.As finds it.
+type RunscTimeoutError = runtime.TimeoutError
