@@ -6,12 +6,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
@@ -88,53 +86,6 @@ func TestCheckResults(t *testing.T) {
 	}
 	if err := checkBatchResult("x", nil); err == nil {
 		t.Error("no result")
-	}
-}
-
-// TestRawSpec checks that the raw runsc baseline gets what a sandbox gets
-// by default: limits, /tmp, user, environment, no network.
-func TestRawSpec(t *testing.T) {
-	s, err := runtime.GenerateSpec(rawSpec("/rootfs", []string{"PATH=/usr/bin", "PYTHONPATH=/opt"})...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := s.Linux.Resources
-	if want := sandbox.DefaultLimits.Pids + runtime.PidsHeadroom(sandbox.DefaultLimits.Pids); r.Pids == nil || *r.Pids.Limit != want {
-		t.Errorf("pids %+v", r.Pids)
-	}
-	if want := sandbox.DefaultLimits.MemoryBytes + runtime.MemoryHeadroom(sandbox.DefaultLimits.MemoryBytes); r.Memory == nil || *r.Memory.Limit != want {
-		t.Errorf("memory %+v, want %d", r.Memory, want)
-	}
-	if r.CPU == nil || *r.CPU.Quota != int64(sandbox.DefaultLimits.CPUs*100_000) {
-		t.Errorf("cpu %+v", r.CPU)
-	}
-	if s.Root.Path != "/rootfs" || !s.Root.Readonly {
-		t.Errorf("root %+v", s.Root)
-	}
-	if u := s.Process.User; u.UID != sandbox.UID || u.GID != sandbox.GID {
-		t.Errorf("user %+v", u)
-	}
-	if !slices.Equal(s.Process.Args, []string{"sleep", "infinity"}) {
-		t.Errorf("args %q", s.Process.Args)
-	}
-	if !slices.Equal(s.Process.Env, sandbox.Environment([]string{"PATH=/usr/bin", "PYTHONPATH=/opt"}, nil)) {
-		t.Errorf("env %q", s.Process.Env)
-	}
-	var tmp string
-	for _, m := range s.Mounts {
-		if m.Destination == "/tmp" {
-			tmp = strings.Join(m.Options, ",")
-		}
-	}
-	if !strings.Contains(tmp, "size=268435456") {
-		t.Errorf("/tmp options %q", tmp)
-	}
-	netns := false
-	for _, ns := range s.Linux.Namespaces {
-		netns = netns || ns.Type == "network"
-	}
-	if !netns {
-		t.Error("no network namespace")
 	}
 }
 

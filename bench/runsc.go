@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox"
 )
 
@@ -32,23 +31,10 @@ func (r *runner) rawRunsc(ctx context.Context, args ...string) *exec.Cmd {
 	return exec.CommandContext(ctx, r.runsc, append(global, args...)...)
 }
 
-// rawSpec is the raw containers' spec: a sandbox's, with flmbox's default
-// limits and /tmp, but no agent.
-func rawSpec(rootfsDir string, imageEnv []string) []runtime.SpecOpt {
-	return []runtime.SpecOpt{
-		runtime.WithRootfs(rootfsDir),
-		runtime.WithTmp(sandbox.DefaultTmpBytes),
-		runtime.WithUser(sandbox.UID, sandbox.GID),
-		runtime.WithEnv(sandbox.Environment(imageEnv, nil)),
-		runtime.WithNetwork(runtime.NetworkNone),
-		runtime.WithLimits(sandbox.DefaultLimits),
-		runtime.WithArgs("sleep", "infinity"),
-	}
-}
-
-// writeRawBundle writes the raw containers' bundle.
+// writeRawBundle writes the raw containers' bundle: the spec of a sandbox
+// of the image with flmbox's defaults, but no agent (sandbox.BareSpec).
 func (r *runner) writeRawBundle() error {
-	spec, err := runtime.GenerateSpec(rawSpec(r.img.Rootfs, r.imageEnv)...)
+	spec, err := sandbox.BareSpec(sandbox.Spec{Image: r.image}, r.img.Rootfs, r.imageEnv, "sleep", "infinity")
 	if err != nil {
 		return err
 	}

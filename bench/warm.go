@@ -151,7 +151,7 @@ func checkBatchResult(what string, res []sandbox.BatchResult) error {
 func (r *runner) runscExec(ctx context.Context, sb *sandbox.Sandbox, argv []string) (*exec.Cmd, error) {
 	// As the snippets' user: the sandbox's first process, the agent, is root.
 	user := fmt.Sprintf("--user=%d:%d", sandbox.UID, sandbox.GID)
-	runsc, args, err := r.m.RunscArgs(sb, append([]string{"exec", user, sb.ID}, argv...)...)
+	runsc, args, err := sb.RunscArgs(append([]string{"exec", user, sb.ID}, argv...)...)
 	if err != nil {
 		return nil, err
 	}

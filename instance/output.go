@@ -6,7 +6,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/flmbox/flmbox/snippet/wire"
+	"github.com/flmbox/flmbox/sandbox"
 )
 
 // The size of a task's output. Flame carries it in one gRPC message from
@@ -27,7 +27,7 @@ const (
 	TaskMaxData = MaxMessage / 4
 	// TaskMaxOutput is how much of each stream a task asks the agent to
 	// keep: the first TaskMaxData bytes and the last TaskMaxData (see
-	// wire.Output).
+	// sandbox.Output).
 	TaskMaxOutput = 2 * TaskMaxData
 	// TaskMaxStderr is the most of stderr that stderr holds.
 	TaskMaxStderr = 64 << 10
@@ -83,7 +83,7 @@ func outputBudget(input int) int {
 
 // newOutput returns res as a task's output of at most budget bytes of JSON
 // (see Output), and that JSON.
-func newOutput(res *wire.Result, budget int) (*Output, []byte) {
+func newOutput(res *sandbox.Result, budget int) (*Output, []byte) {
 	out := &Output{ExitCode: res.ExitCode, StdoutBytes: res.Stdout.Total, StderrBytes: res.Stderr.Total,
 		TimedOut: res.TimedOut, OOMKilled: res.OOMKilled, DurationMS: res.DurationMS}
 	head, tail, cut := clip(res.Stderr, TaskMaxStderr)
@@ -116,7 +116,7 @@ func newOutput(res *wire.Result, budget int) (*Output, []byte) {
 
 // setStdout sets data and stdout to the first n bytes that the agent kept
 // of stdout, and the tail.
-func (o *Output) setStdout(stdout wire.Output, n int) {
+func (o *Output) setStdout(stdout sandbox.Output, n int) {
 	head, tail, cut := clip(stdout, n)
 	o.Data, o.Stdout, o.StdoutTail, o.StdoutTruncated = Bytes(head), validUTF8(head), validUTF8(tail), cut
 }
@@ -124,7 +124,7 @@ func (o *Output) setStdout(stdout wire.Output, n int) {
 // clip returns the first head bytes of o, and, if that is not all of the
 // stream, its last bytes (up to TaskMaxTail, none of those of head) and
 // true.
-func clip(o wire.Output, head int) ([]byte, []byte, bool) {
+func clip(o sandbox.Output, head int) ([]byte, []byte, bool) {
 	if !o.Truncated && len(o.Data) <= head {
 		return o.Data, nil, false
 	}

@@ -8,16 +8,16 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/flmbox/flmbox/snippet/wire"
+	"github.com/flmbox/flmbox/sandbox"
 )
 
 // captured is what the agent answers of stream, asked to keep max bytes
-// (wire.Output: a prefix of max/2 and the last max/2 when it is longer).
-func captured(stream []byte, max int) wire.Output {
+// (sandbox.Output: a prefix of max/2 and the last max/2 when it is longer).
+func captured(stream []byte, max int) sandbox.Output {
 	if len(stream) <= max {
-		return wire.Output{Data: stream, Total: int64(len(stream))}
+		return sandbox.Output{Data: stream, Total: int64(len(stream))}
 	}
-	return wire.Output{Data: stream[:max/2], Tail: stream[len(stream)-max/2:], Total: int64(len(stream)), Truncated: true}
+	return sandbox.Output{Data: stream[:max/2], Tail: stream[len(stream)-max/2:], Total: int64(len(stream)), Truncated: true}
 }
 
 // decoded is an output's JSON as flamepy and a client of the extra fields
@@ -57,7 +57,7 @@ func decode(t *testing.T, b []byte) decoded {
 func TestOutputWhole(t *testing.T) {
 	stdout := bytes.Repeat([]byte("a line of text, 0123456789\n"), 30000) // 810 KB: over 200 KiB, under the budget
 	stdout = append(stdout, 0xff)
-	res := &wire.Result{ExitCode: 3, Stdout: captured(stdout, TaskMaxOutput), Stderr: captured([]byte("oops\n"), TaskMaxOutput)}
+	res := &sandbox.Result{ExitCode: 3, Stdout: captured(stdout, TaskMaxOutput), Stderr: captured([]byte("oops\n"), TaskMaxOutput)}
 	out, b := newOutput(res, outputBudget(100))
 	d := decode(t, b)
 	if !bytes.Equal(d.data(), stdout) || d.StdoutTruncated || d.StdoutBytes != int64(len(stdout)) || d.StdoutTail != "" ||
@@ -69,7 +69,7 @@ func TestOutputWhole(t *testing.T) {
 		t.Fatal("the JSON is not the output's")
 	}
 	// Empty: data is [], never null.
-	if _, b := newOutput(&wire.Result{}, outputBudget(0)); !bytes.HasPrefix(b, []byte(`{"data":[],`)) {
+	if _, b := newOutput(&sandbox.Result{}, outputBudget(0)); !bytes.HasPrefix(b, []byte(`{"data":[],`)) {
 		t.Fatalf("%s", b)
 	}
 }
@@ -101,7 +101,7 @@ func TestOutputTruncated(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, input := range []int{100, 1 << 20} {
 				stderr := bytes.Repeat([]byte{2}, 3<<20) // the worst of stderr too
-				res := &wire.Result{Stdout: captured(tc.stream, TaskMaxOutput), Stderr: captured(stderr, TaskMaxOutput)}
+				res := &sandbox.Result{Stdout: captured(tc.stream, TaskMaxOutput), Stderr: captured(stderr, TaskMaxOutput)}
 				budget := outputBudget(input)
 				out, b := newOutput(res, budget)
 				d := decode(t, b)
@@ -138,7 +138,7 @@ func TestOutputTruncated(t *testing.T) {
 // last TaskMaxTail, after those.
 func TestOutputStderr(t *testing.T) {
 	stderr := []byte(strings.Repeat("x", TaskMaxStderr) + strings.Repeat("y", 10) + "Traceback\nValueError: z\n")
-	_, b := newOutput(&wire.Result{Stderr: captured(stderr, TaskMaxOutput)}, outputBudget(0))
+	_, b := newOutput(&sandbox.Result{Stderr: captured(stderr, TaskMaxOutput)}, outputBudget(0))
 	d := decode(t, b)
 	if d.Stderr != string(stderr[:TaskMaxStderr]) || d.StderrTail != "yyyyyyyyyyTraceback\nValueError: z\n" || !d.StderrTruncated ||
 		d.StderrBytes != int64(len(stderr)) || d.StdoutTruncated || d.StdoutTail != "" {

@@ -14,7 +14,6 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/flmbox/flmbox/sandbox"
-	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // Script is a task's input: flmexec's, as Flame's Python client sends it
@@ -117,7 +116,7 @@ func parseScript(input []byte, defaults taskDefaults) (task, error) {
 		return task{}, fmt.Errorf("task input: want a JSON script {\"language\", \"code\", \"input\"}: %w: %w", err, errdefs.ErrInvalidArgument)
 	}
 	lang := strings.ToLower(strings.TrimSpace(sc.Language))
-	if lang != wire.LanguagePython && lang != wire.LanguageShell {
+	if lang != sandbox.Python && lang != sandbox.Shell {
 		return task{}, fmt.Errorf("language %q: want python or shell: %w", sc.Language, errdefs.ErrInvalidArgument)
 	}
 	if sc.Timeout < 0 {
@@ -129,7 +128,7 @@ func parseScript(input []byte, defaults taskDefaults) (task, error) {
 	t := task{runtime: cmp.Or(strings.TrimSpace(sc.Runtime), strings.TrimSpace(defaults.Runtime))}
 	t.req = sandbox.Request{Language: lang, Code: sc.Code, Timeout: timeout, MaxOutput: TaskMaxOutput,
 		Stdin: sc.Input, Interpreter: interpreter(lang, t.runtime), File: pythonFile}
-	if lang == wire.LanguageShell {
+	if lang == sandbox.Shell {
 		t.req.File = shellFile
 		t.defaultShell = t.runtime == ""
 	}
@@ -149,10 +148,10 @@ func parseScript(input []byte, defaults taskDefaults) (task, error) {
 // through uv: flmbox has no uv, and takes the image's own). For shell, a
 // shell's name or path; "" is bash, as in flmexec.
 func interpreter(lang, runtime string) string {
-	if lang == wire.LanguageShell {
+	if lang == sandbox.Shell {
 		return cmp.Or(runtime, defaultShell)
 	}
-	if v, ok := strings.CutPrefix(runtime, "python"); ok && (v == "" || wire.PythonVersion(v) != "") {
+	if v, ok := strings.CutPrefix(runtime, "python"); ok && (v == "" || sandbox.PythonVersion(v) != "") {
 		return v
 	}
 	return runtime

@@ -13,7 +13,6 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/flmbox/flmbox/instance/flamepb"
-	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox"
 )
 
@@ -110,8 +109,8 @@ func TestParseScriptLargeShellCode(t *testing.T) {
 }
 
 func TestSessionSpecBounds(t *testing.T) {
-	s := New(nil, Options{Spec: sandbox.Spec{Image: "op", Network: runtime.NetworkNone,
-		Limits: runtime.Limits{MemoryBytes: 512 << 20, CPUs: 1, Pids: 256}}})
+	s := New(nil, Options{Spec: sandbox.Spec{Image: "op", Network: sandbox.NetworkNone,
+		Limits: sandbox.Limits{MemoryBytes: 512 << 20, CPUs: 1, Pids: 256}}})
 	sc := func(app, data string) *flamepb.SessionContext {
 		c := &flamepb.SessionContext{SessionId: "s", Application: &flamepb.ApplicationContext{Name: "flmbox"}}
 		if app != "" {
@@ -167,8 +166,8 @@ func TestSessionSpecBounds(t *testing.T) {
 // memory than the instance's /tmp gets a /tmp of its memory; one that asks
 // for a /tmp larger than its memory is refused.
 func TestSessionTmpWithinMemory(t *testing.T) {
-	s := New(nil, Options{Spec: sandbox.Spec{Image: "op", Network: runtime.NetworkNone,
-		Limits: runtime.Limits{MemoryBytes: 1 << 30, CPUs: 1, Pids: 256}, TmpBytes: 1 << 30}})
+	s := New(nil, Options{Spec: sandbox.Spec{Image: "op", Network: sandbox.NetworkNone,
+		Limits: sandbox.Limits{MemoryBytes: 1 << 30, CPUs: 1, Pids: 256}, TmpBytes: 1 << 30}})
 	sc := func(data string) *flamepb.SessionContext {
 		return &flamepb.SessionContext{SessionId: "s", Application: &flamepb.ApplicationContext{Name: "flmbox"}, CommonData: []byte(data)}
 	}

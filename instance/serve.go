@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/flmbox/flmbox/instance/flamepb"
-	"github.com/flmbox/flmbox/snippet/wire"
+	"github.com/flmbox/flmbox/sandbox"
 )
 
 // EndpointEnv names the Unix socket that Flame's executor gives an
@@ -19,7 +19,7 @@ const EndpointEnv = "FLAME_INSTANCE_ENDPOINT"
 // maxTaskInput bounds a call's message: a task's input with the largest code
 // (JSON-escaped) and the largest stdin (as numbers, up to 4 bytes each).
 // gRPC's default, 4 MiB, would refuse some that the agent takes.
-const maxTaskInput = 6*wire.MaxCodeSize + 4*wire.MaxStdinSize + 1<<20
+const maxTaskInput = 6*sandbox.MaxCodeSize + 4*sandbox.MaxStdinSize + 1<<20
 
 // Serve serves s over gRPC on ln (see Listen) until ctx is done: then it
 // stops taking calls, cancels the task running (its snippet is killed),

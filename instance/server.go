@@ -37,9 +37,7 @@ import (
 	units "github.com/docker/go-units"
 
 	"github.com/flmbox/flmbox/instance/flamepb"
-	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox"
-	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // Options are the operator's: the sandbox a session gets by default, which
@@ -83,7 +81,7 @@ type Server struct {
 // sandboxes are what a Server does with sandboxes: *sandbox.Manager.
 type sandboxes interface {
 	Acquire(ctx context.Context, spec sandbox.Spec) (*sandbox.Sandbox, error)
-	Call(ctx context.Context, name string, req sandbox.Request) (*wire.Result, error)
+	Call(ctx context.Context, name string, req sandbox.Request) (*sandbox.Result, error)
 	Release(ctx context.Context, name string) error
 }
 
@@ -205,34 +203,32 @@ func (s *Server) sessionSpec(sc *flamepb.SessionContext) (sandbox.Spec, taskDefa
 	if spec.Image == "" {
 		return spec, tasks, fmt.Errorf("no image: the session's common_data, the application or flmbox instance --image must name one: %w", errdefs.ErrInvalidArgument)
 	}
+	// The operator's spec with its defaults: what a session may lower.
+	spec, err := spec.Normalize()
+	if err != nil {
+		return spec, tasks, err
+	}
+	limits := spec.Limits
 	if so.Network != "" {
-		n, err := runtime.ParseNetwork(so.Network)
+		n, err := sandbox.ParseNetwork(so.Network)
 		if err != nil {
 			return spec, tasks, err
 		}
-		if n == runtime.NetworkHost && spec.Network != runtime.NetworkHost {
+		if n == sandbox.NetworkHost && spec.Network != sandbox.NetworkHost {
 			return spec, tasks, fmt.Errorf("network host: this instance allows none (its operator's --network): %w", errdefs.ErrInvalidArgument)
 		}
 		spec.Network = n
 	}
-	limits := spec.Limits
-	if limits == (runtime.Limits{}) {
-		limits = sandbox.DefaultLimits
-	}
 	if err := lower("memory", so.Memory, &spec.Limits.MemoryBytes, limits.MemoryBytes); err != nil {
 		return spec, tasks, err
 	}
-	tmp := spec.TmpBytes
-	if tmp == 0 {
-		tmp = sandbox.DefaultTmpBytes
-	}
-	if err := lower("tmp_size", so.TmpSize, &spec.TmpBytes, tmp); err != nil {
+	if err := lower("tmp_size", so.TmpSize, &spec.TmpBytes, spec.TmpBytes); err != nil {
 		return spec, tasks, err
 	}
 	// /tmp is memory: a session that asks for less memory than this
 	// instance's /tmp gets a /tmp of its memory, unless it asked for that
 	// /tmp itself.
-	if mem := cmp.Or(spec.Limits.MemoryBytes, sandbox.DefaultLimits.MemoryBytes); cmp.Or(spec.TmpBytes, sandbox.DefaultTmpBytes) > mem {
+	if mem := spec.Limits.MemoryBytes; spec.TmpBytes > mem {
 		if len(so.TmpSize) != 0 && string(so.TmpSize) != "null" {
 			return spec, tasks, fmt.Errorf("tmp_size %d bytes: want at most memory, %d bytes (/tmp is memory): %w", spec.TmpBytes, mem, errdefs.ErrInvalidArgument)
 		}
@@ -258,7 +254,7 @@ func (s *Server) sessionSpec(sc *flamepb.SessionContext) (sandbox.Spec, taskDefa
 	if so.Timeout > 0 {
 		tasks.Timeout = time.Duration(so.Timeout * float64(time.Second))
 	}
-	if l := strings.ToLower(so.Language); l != "" && l != wire.LanguagePython && l != wire.LanguageShell {
+	if l := strings.ToLower(so.Language); l != "" && l != sandbox.Python && l != sandbox.Shell {
 		return spec, tasks, fmt.Errorf("common_data: language %q: want python or shell: %w", so.Language, errdefs.ErrInvalidArgument)
 	}
 	if so.Runtime != nil {
@@ -371,7 +367,7 @@ func (s *Server) OnTaskInvoke(ctx context.Context, tc *flamepb.TaskContext) (*fl
 	return &flamepb.TaskResult{Output: b}, nil
 }
 
-func (s *Server) invoke(ctx context.Context, tc *flamepb.TaskContext) (*wire.Result, error) {
+func (s *Server) invoke(ctx context.Context, tc *flamepb.TaskContext) (*sandbox.Result, error) {
 	if s.session == "" {
 		return nil, ErrNoSession
 	}
@@ -410,7 +406,7 @@ func (s *Server) invoke(ctx context.Context, tc *flamepb.TaskContext) (*wire.Res
 
 // call runs req in the session's sandbox; a sandbox found dead or removed
 // takes no more tasks.
-func (s *Server) call(ctx context.Context, req sandbox.Request) (*wire.Result, error) {
+func (s *Server) call(ctx context.Context, req sandbox.Request) (*sandbox.Result, error) {
 	res, err := s.m.Call(ctx, s.name, req)
 	if errors.Is(err, sandbox.ErrDead) || errors.Is(err, sandbox.ErrRemoved) {
 		s.broken = err
@@ -420,6 +416,6 @@ func (s *Server) call(ctx context.Context, req sandbox.Request) (*wire.Result, e
 
 // missingInterpreter says whether res is the agent's refusal of a call
 // whose interpreter (not "") it could not find: no code ran.
-func missingInterpreter(res *wire.Result, interpreter string) bool {
+func missingInterpreter(res *sandbox.Result, interpreter string) bool {
 	return interpreter != "" && res.ExitCode == -1 && strings.HasPrefix(res.Error, "interpreter "+interpreter+": ")
 }

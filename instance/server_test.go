@@ -12,13 +12,12 @@ import (
 
 	"github.com/flmbox/flmbox/instance/flamepb"
 	"github.com/flmbox/flmbox/sandbox"
-	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // fakeSandboxes stand in for a sandbox.Manager: one sandbox, "sb", whose
 // calls answer what run says.
 type fakeSandboxes struct {
-	run      func(req sandbox.Request) *wire.Result
+	run      func(req sandbox.Request) *sandbox.Result
 	acquired int
 	calls    []sandbox.Request
 	released []string
@@ -32,7 +31,7 @@ func (f *fakeSandboxes) Acquire(_ context.Context, spec sandbox.Spec) (*sandbox.
 	return &sandbox.Sandbox{Name: "sb", Image: spec.Image}, nil
 }
 
-func (f *fakeSandboxes) Call(_ context.Context, name string, req sandbox.Request) (*wire.Result, error) {
+func (f *fakeSandboxes) Call(_ context.Context, name string, req sandbox.Request) (*sandbox.Result, error) {
 	if name != "sb" {
 		return nil, fmt.Errorf("sandbox %s: %w", name, errdefs.ErrNotFound)
 	}
@@ -40,7 +39,7 @@ func (f *fakeSandboxes) Call(_ context.Context, name string, req sandbox.Request
 	if f.run != nil {
 		return f.run(req), nil
 	}
-	return &wire.Result{Stdout: wire.Output{Data: []byte("ok\n"), Total: 3}}, nil
+	return &sandbox.Result{Stdout: sandbox.Output{Data: []byte("ok\n"), Total: 3}}, nil
 }
 
 func (f *fakeSandboxes) Release(_ context.Context, name string) error {
@@ -143,11 +142,11 @@ func TestEnterTwice(t *testing.T) {
 }
 
 // noBash is an image without bash, as the agent answers for it.
-func noBash(req sandbox.Request) *wire.Result {
+func noBash(req sandbox.Request) *sandbox.Result {
 	if req.Interpreter == "bash" {
-		return &wire.Result{ExitCode: -1, Error: `interpreter bash: the sandbox has none: find bash in PATH "/usr/bin:/bin": executable file not found in $PATH`}
+		return &sandbox.Result{ExitCode: -1, Error: `interpreter bash: the sandbox has none: find bash in PATH "/usr/bin:/bin": executable file not found in $PATH`}
 	}
-	return &wire.Result{Stdout: wire.Output{Data: []byte("ran\n"), Total: 4}}
+	return &sandbox.Result{Stdout: sandbox.Output{Data: []byte("ran\n"), Total: 4}}
 }
 
 // TestDefaultShellWithoutBash: a shell task that names no shell runs with
@@ -182,8 +181,8 @@ func TestDefaultShellWithoutBash(t *testing.T) {
 // TestRuntimeMissing: a runtime the image lacks fails the task, in the
 // task's words, naming the Pythons the image has; nothing is retried.
 func TestRuntimeMissing(t *testing.T) {
-	f := &fakeSandboxes{run: func(req sandbox.Request) *wire.Result {
-		return &wire.Result{ExitCode: -1, Error: "interpreter " + req.Interpreter + ": the sandbox has no python3.12 in its PATH; it has python3, python3.11"}
+	f := &fakeSandboxes{run: func(req sandbox.Request) *sandbox.Result {
+		return &sandbox.Result{ExitCode: -1, Error: "interpreter " + req.Interpreter + ": the sandbox has no python3.12 in its PATH; it has python3, python3.11"}
 	}}
 	s := newServer(f, Options{})
 	enter(t, s, "s1", "img")
@@ -197,8 +196,8 @@ func TestRuntimeMissing(t *testing.T) {
 			t.Errorf("runtime %q: %d %q, want %q (%d calls)", runtime, res.ReturnCode, res.GetMessage(), want, len(f.calls))
 		}
 	}
-	f.run = func(sandbox.Request) *wire.Result {
-		return &wire.Result{ExitCode: -1, Error: "write the code file: no space left on device"}
+	f.run = func(sandbox.Request) *sandbox.Result {
+		return &sandbox.Result{ExitCode: -1, Error: "write the code file: no space left on device"}
 	}
 	if res := invoke(t, s, "s1", `{"language":"python","code":"1","input":null}`); res.GetMessage() != "run the task: write the code file: no space left on device" {
 		t.Errorf("another error: %q", res.GetMessage())
@@ -209,8 +208,8 @@ func TestRuntimeMissing(t *testing.T) {
 // one gRPC message together, as Flame's client receives them.
 func TestOutputLeavesRoomForTheInput(t *testing.T) {
 	stdout := bytes.Repeat([]byte("text "), 600000)
-	f := &fakeSandboxes{run: func(sandbox.Request) *wire.Result {
-		return &wire.Result{Stdout: captured(stdout, TaskMaxOutput)}
+	f := &fakeSandboxes{run: func(sandbox.Request) *sandbox.Result {
+		return &sandbox.Result{Stdout: captured(stdout, TaskMaxOutput)}
 	}}
 	s := newServer(f, Options{})
 	enter(t, s, "s1", "img")

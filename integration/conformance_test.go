@@ -82,7 +82,7 @@ type regrModule struct {
 func (m regrModule) regrTimeout() time.Duration { return cmp.Or(m.timeout, regrTimeout) }
 
 // limits are m's limits on both sides: flmbox's defaults, and its memory.
-func (m regrModule) limits() runtime.Limits {
+func (m regrModule) limits() sandbox.Limits {
 	l := sandbox.DefaultLimits
 	if m.memory > 0 {
 		l.MemoryBytes = m.memory
@@ -681,7 +681,7 @@ func newBareRunsc(t *testing.T, cachedTree string, imageEnv []string) *bareRunsc
 // run runs script with sh -c as a new container's first process, with m's
 // limits, and returns its output; the container is deleted afterwards.
 func (b *bareRunsc) run(ctx context.Context, m regrModule, script string) (string, error) {
-	spec, err := runtime.GenerateSpec(append(slices.Clone(b.opts), runtime.WithLimits(m.limits()), runtime.WithArgs("sh", "-c", script))...)
+	spec, err := runtime.GenerateSpec(append(slices.Clone(b.opts), runtime.WithLimits(runtime.Limits(m.limits())), runtime.WithArgs("sh", "-c", script))...)
 	if err != nil {
 		return "", err
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/flmbox/flmbox/rootfs"
@@ -186,16 +187,13 @@ func (m *Manager) specOpts(spec Spec, rec *record.Record, img *rootfs.Result, im
 		return nil, err
 	}
 	extraEnv := slices.Concat([]string{"HOSTNAME=" + hostname(rec)}, m.wheelsEnv(spec.Network), spec.Env)
-	opts := []runtime.SpecOpt{
-		runtime.WithRootfs(img.Rootfs),
-		runtime.WithTmp(spec.TmpBytes),
+	opts := append(rootOpts(spec, img.Rootfs),
 		runtime.WithUser(0, 0),
 		runtime.WithCapabilities(agentCapabilities...),
 		runtime.WithEnv(Environment(imageEnv, extraEnv)),
 		runtime.WithBind(agent, agentBinary, true),
 		runtime.WithBind(m.wheels.WheelsDir(), pipcacheMount, true),
-		runtime.WithArgs(agentArgs(spec, spareLimits)...),
-	}
+		runtime.WithArgs(agentArgs(spec, spareLimits)...))
 	opts = append(opts, etc...)
 	for _, mt := range spec.Mounts {
 		opts = append(opts, runtime.WithBind(mt.Source, mt.Destination, !mt.ReadWrite))
@@ -203,10 +201,38 @@ func (m *Manager) specOpts(spec Spec, rec *record.Record, img *rootfs.Result, im
 	if spec.fetch != "" {
 		opts = append(opts, runtime.WithBind(spec.fetch, fetchMount, false))
 	}
-	return append(opts,
-		withRunDir(rec),
-		runtime.WithNetwork(runtime.Network(spec.Network)),
-		runtime.WithLimits(runtimeLimits(spec.Limits))), nil
+	opts = append(opts, withRunDir(rec))
+	return append(opts, boundOpts(spec)...), nil
+}
+
+// rootOpts are what every container of spec starts from: the cached rootfs
+// read-only, and /tmp.
+func rootOpts(spec Spec, rootfsDir string) []runtime.SpecOpt {
+	return []runtime.SpecOpt{runtime.WithRootfs(rootfsDir), runtime.WithTmp(spec.TmpBytes)}
+}
+
+// boundOpts are what bounds every container of spec: its network and
+// limits.
+func boundOpts(spec Spec) []runtime.SpecOpt {
+	return []runtime.SpecOpt{runtime.WithNetwork(runtime.Network(spec.Network)), runtime.WithLimits(runtimeLimits(spec.Limits))}
+}
+
+// BareSpec returns the OCI runtime spec of a bare runsc container that is
+// made as a sandbox of spec is (the unpacked image at rootfsDir read-only, a
+// /tmp, the sandbox's environment from the image's imageEnv, its network and
+// limits) but runs argv as the snippets' user instead of flmbox's agent, and
+// has none of the agent's mounts: the baseline that measurements of flmbox
+// compare a sandbox with.
+func BareSpec(spec Spec, rootfsDir string, imageEnv []string, argv ...string) (*specs.Spec, error) {
+	spec, err := spec.Normalize()
+	if err != nil {
+		return nil, err
+	}
+	opts := append(rootOpts(spec, rootfsDir),
+		runtime.WithUser(UID, GID),
+		runtime.WithEnv(Environment(imageEnv, spec.Env)),
+		runtime.WithArgs(argv...))
+	return runtime.GenerateSpec(append(opts, boundOpts(spec)...)...)
 }
 
 // agentArgs is the agent's command line in a sandbox of spec.

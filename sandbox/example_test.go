@@ -105,7 +105,7 @@ func ExampleCallback() {
 		line, _ := bufio.NewReader(conn).ReadString('\n')
 		fmt.Fprintf(conn, "%d words\n", len(strings.Fields(line)))
 	}
-	res, err := m.Call(ctx, sb.Name, sandbox.Request{
+	res, err := sb.Call(ctx, sandbox.Request{
 		Code: `import os, socket
 for text in ["the quick brown fox", "jumps"]:
     s = socket.socket(socket.AF_UNIX)

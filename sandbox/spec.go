@@ -161,9 +161,15 @@ func checkLimits(l Limits, tmpBytes int64) error {
 	return nil
 }
 
-// withDefaults returns s with its defaults filled in, or what is wrong
-// with it: the one validation of a Spec. root is the state root, which no
-// mount may expose ("": not checked).
+// Normalize returns s with its defaults filled in, or an error that names
+// what is wrong with it (errdefs.ErrInvalidArgument): the one validation of
+// a Spec, which Create, Acquire, RunOnce, Batch and FillPool make too. It
+// reads no file: that no mount exposes a Manager's state root is checked
+// when the spec is used.
+func (s Spec) Normalize() (Spec, error) { return s.withDefaults("") }
+
+// withDefaults is Normalize, and checks that no mount exposes the state
+// root ("": not checked).
 func (s Spec) withDefaults(root string) (Spec, error) {
 	if s.Image == "" {
 		return s, fmt.Errorf("create sandbox: no image: %w", errdefs.ErrInvalidArgument)

@@ -13,7 +13,6 @@ import (
 	"github.com/flmbox/flmbox/internal/names"
 	"github.com/flmbox/flmbox/internal/safetar"
 	"github.com/flmbox/flmbox/sandbox"
-	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 func cpCommand() *cli.Command {
@@ -23,7 +22,7 @@ func cpCommand() *cli.Command {
 			"user; links are copied as links, never followed",
 		ArgsUsage: "SRC NAME:DST | NAME:SRC DST  (- for a tar stream on stdin or stdout)",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "max-size", Value: units.BytesSize(wire.DefaultCopyBytes), Usage: "the most bytes of files one copy carries"},
+			&cli.StringFlag{Name: "max-size", Value: units.BytesSize(sandbox.DefaultCopyBytes), Usage: "the most bytes of files one copy carries"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 2 {

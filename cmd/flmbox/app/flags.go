@@ -12,7 +12,6 @@ import (
 
 	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
 	"github.com/flmbox/flmbox/rootfs"
-	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox"
 )
 
@@ -159,7 +158,7 @@ func specFrom(c *cli.Context) (sandbox.Spec, error) {
 	if s.Pull, err = pullOptions(c); err != nil {
 		return s, err
 	}
-	if s.Network, err = runtime.ParseNetwork(c.String("network")); err != nil {
+	if s.Network, err = sandbox.ParseNetwork(c.String("network")); err != nil {
 		return s, err
 	}
 	if s.Limits.MemoryBytes, err = parseSize("--memory", c.String("memory")); err != nil {

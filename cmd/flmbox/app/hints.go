@@ -5,7 +5,6 @@ import (
 
 	"github.com/flmbox/flmbox/pipcache"
 	"github.com/flmbox/flmbox/rootfs"
-	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox"
 )
 
@@ -16,7 +15,7 @@ import (
 // CLI's, chosen here by sentinel or type, never by the message's words.
 func hint(err error) string {
 	var (
-		hung     *runtime.TimeoutError
+		hung     *sandbox.RunscTimeoutError
 		limit    *rootfs.LimitError
 		plain    *rootfs.PlainHTTPError
 		conflict *pipcache.ConflictError
@@ -24,13 +23,13 @@ func hint(err error) string {
 	switch {
 	case err == nil:
 		return ""
-	case errors.Is(err, runtime.ErrRunscNotFound):
+	case errors.Is(err, sandbox.ErrRunscNotFound):
 		return "install runsc with make runsc, or name it with --runsc or FLMBOX_RUNSC"
-	case errors.Is(err, runtime.ErrRunscNotExecutable):
+	case errors.Is(err, sandbox.ErrRunscNotExecutable):
 		return "fix --runsc or FLMBOX_RUNSC"
 	case errors.As(err, &hung):
 		return "flmbox doctor checks this host; flmbox sandbox ls cleans up what is left"
-	case errors.Is(err, runtime.ErrPlatformUnsupported):
+	case errors.Is(err, sandbox.ErrPlatformUnsupported):
 		return "choose --gvisor-platform systrap or ptrace; flmbox doctor lists this host's platforms"
 	case errors.Is(err, sandbox.ErrTmpFull):
 		return "free space in its /tmp, or make a sandbox with a larger one (flmbox sandbox create --tmp-size)"

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -11,13 +12,12 @@ import (
 
 	"github.com/flmbox/flmbox/pipcache"
 	"github.com/flmbox/flmbox/rootfs"
-	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox"
 )
 
 func TestHint(t *testing.T) {
-	_, missingRunsc := runtime.FindRunsc(filepath.Join(t.TempDir(), "runsc"))
-	_, dirRunsc := runtime.FindRunsc(t.TempDir())
+	_, missingRunsc := sandbox.LookupRunsc(context.Background(), filepath.Join(t.TempDir(), "runsc"))
+	_, dirRunsc := sandbox.LookupRunsc(context.Background(), t.TempDir())
 	store, err := rootfs.OpenStore(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -30,10 +30,10 @@ func TestHint(t *testing.T) {
 		want string
 	}{
 		{"runsc named but missing", missingRunsc, "install runsc with make runsc, or name it with --runsc or FLMBOX_RUNSC"},
-		{"runsc not on PATH", fmt.Errorf("runsc is not on PATH: %w", runtime.ErrRunscNotFound), "install runsc with make runsc, or name it with --runsc or FLMBOX_RUNSC"},
+		{"runsc not on PATH", fmt.Errorf("runsc is not on PATH: %w", sandbox.ErrRunscNotFound), "install runsc with make runsc, or name it with --runsc or FLMBOX_RUNSC"},
 		{"runsc not executable", dirRunsc, "fix --runsc or FLMBOX_RUNSC"},
-		{"runsc hangs", fmt.Errorf("remove sandbox s: %w", &runtime.TimeoutError{Command: "kill", Bound: time.Second}), "flmbox doctor checks this host; flmbox sandbox ls cleans up what is left"},
-		{"platform unsupported", fmt.Errorf("create: %w", runtime.ErrPlatformUnsupported), "choose --gvisor-platform systrap or ptrace; flmbox doctor lists this host's platforms"},
+		{"runsc hangs", fmt.Errorf("remove sandbox s: %w", &sandbox.RunscTimeoutError{Command: "kill", Bound: time.Second}), "flmbox doctor checks this host; flmbox sandbox ls cleans up what is left"},
+		{"platform unsupported", fmt.Errorf("create: %w", sandbox.ErrPlatformUnsupported), "choose --gvisor-platform systrap or ptrace; flmbox doctor lists this host's platforms"},
 		{"tmp full", fmt.Errorf("copy into sandbox s: %w", sandbox.ErrTmpFull), "free space in its /tmp, or make a sandbox with a larger one (flmbox sandbox create --tmp-size)"},
 		{"checkpoint damaged", fmt.Errorf("restore sandbox \"s\": %w", sandbox.ErrCheckpointDamaged), "no resume can bring it back: remove the sandbox (flmbox sandbox rm)"},
 		{"runsc not found, wrapped", wrap(missingRunsc), "install runsc with make runsc, or name it with --runsc or FLMBOX_RUNSC"},

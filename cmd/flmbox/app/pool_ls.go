@@ -9,7 +9,6 @@ import (
 	"github.com/docker/go-units"
 	"github.com/urfave/cli/v2"
 
-	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox"
 )
 
@@ -18,8 +17,8 @@ type poolInfo struct {
 	Shape       string          `json:"shape"`
 	Image       string          `json:"image"`
 	Manifest    string          `json:"manifest"`
-	Network     runtime.Network `json:"network"`
-	Limits      runtime.Limits  `json:"limits"`
+	Network     sandbox.Network `json:"network"`
+	Limits      sandbox.Limits  `json:"limits"`
 	TmpBytes    int64           `json:"tmp_bytes,omitempty"`
 	Env         []string        `json:"env,omitempty"`
 	Pip         []string        `json:"pip,omitempty"`

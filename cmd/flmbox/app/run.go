@@ -12,8 +12,6 @@ import (
 
 	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
 	"github.com/flmbox/flmbox/sandbox"
-	"github.com/flmbox/flmbox/sandbox/record"
-	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 func runCommand() *cli.Command {
@@ -59,7 +57,7 @@ func runCommand() *cli.Command {
 func runInSandbox(c *cli.Context, m *sandbox.Manager, name string, req sandbox.Request) error {
 	res, err := m.Call(c.Context, name, req)
 	resumed := false
-	if errors.Is(err, record.ErrSuspended) {
+	if errors.Is(err, sandbox.ErrSuspended) {
 		// Resumed first, said on stderr (or in the JSON).
 		if resumed, err = m.Resume(c.Context, name); err == nil {
 			if resumed && !c.Bool("json") {
@@ -69,7 +67,7 @@ func runInSandbox(c *cli.Context, m *sandbox.Manager, name string, req sandbox.R
 		}
 	}
 	switch {
-	case errors.Is(err, wire.ErrInterrupted):
+	case errors.Is(err, sandbox.ErrInterrupted):
 		return printInterrupted(c, res)
 	case err != nil && c.Context.Err() != nil: // Ctrl-C before the code ran (a copy, a reset)
 		return printInterrupted(c, nil)
@@ -89,7 +87,7 @@ func runInImage(c *cli.Context, m *sandbox.Manager, req sandbox.Request) error {
 	}
 	var printed error
 	delivered := false
-	err = m.RunOnce(c.Context, spec, req, func(res *wire.Result) {
+	err = m.RunOnce(c.Context, spec, req, func(res *sandbox.Result) {
 		delivered = true
 		if c.Context.Err() != nil {
 			printed = printInterrupted(c, res)
@@ -98,9 +96,9 @@ func runInImage(c *cli.Context, m *sandbox.Manager, req sandbox.Request) error {
 		}
 	})
 	switch {
-	case !delivered && (errors.Is(err, wire.ErrInterrupted) || err != nil && c.Context.Err() != nil):
+	case !delivered && (errors.Is(err, sandbox.ErrInterrupted) || err != nil && c.Context.Err() != nil):
 		return printInterrupted(c, nil) // before the code ran, or with no answer from the agent
-	case errors.Is(err, wire.ErrInterrupted):
+	case errors.Is(err, sandbox.ErrInterrupted):
 		return printed
 	case printed != nil:
 		if err != nil {
@@ -196,12 +194,12 @@ func readCode(c *cli.Context) (code, file string, err error) {
 
 // readStdin reads r, flmbox's stdin, to its end for --interactive.
 func readStdin(ctx context.Context, r io.Reader) ([]byte, error) {
-	b, err := readAll(ctx, r, wire.MaxStdinSize)
+	b, err := readAll(ctx, r, sandbox.MaxStdinSize)
 	switch {
 	case err != nil:
 		return nil, fmt.Errorf("--interactive: read stdin: %w", err)
-	case len(b) > wire.MaxStdinSize:
-		return nil, fmt.Errorf("--interactive: stdin holds more than %d bytes (8MiB), the most a snippet's stdin takes; copy it in with --copy HOST_PATH:/tmp/NAME and read that file", wire.MaxStdinSize)
+	case len(b) > sandbox.MaxStdinSize:
+		return nil, fmt.Errorf("--interactive: stdin holds more than %d bytes (8MiB), the most a snippet's stdin takes; copy it in with --copy HOST_PATH:/tmp/NAME and read that file", sandbox.MaxStdinSize)
 	}
 	return b, nil
 }
@@ -230,7 +228,7 @@ func readAll(ctx context.Context, r io.Reader, max int64) ([]byte, error) {
 // printInterrupted prints what an interrupted call returned (res, or nil
 // if the agent did not answer the interrupt) and returns the exit status
 // of the signal: 130 for SIGINT, 143 for SIGTERM.
-func printInterrupted(c *cli.Context, res *wire.Result) error {
+func printInterrupted(c *cli.Context, res *sandbox.Result) error {
 	code, err := runcmd.PrintInterrupted(c.Context, c.App.Writer, c.App.ErrWriter, res, c.Bool("json"))
 	if err != nil {
 		return err
@@ -240,11 +238,11 @@ func printInterrupted(c *cli.Context, res *wire.Result) error {
 
 // printResult prints a result and returns the exit status: the snippet's,
 // 124 on timeout, 125 if flmbox failed to run it.
-func printResult(c *cli.Context, res *wire.Result) error { return printResultResumed(c, res, false) }
+func printResult(c *cli.Context, res *sandbox.Result) error { return printResultResumed(c, res, false) }
 
 // printResultResumed is printResult for a call to a sandbox that was
 // resumed first (its JSON says "resumed": true).
-func printResultResumed(c *cli.Context, res *wire.Result, resumed bool) error {
+func printResultResumed(c *cli.Context, res *sandbox.Result, resumed bool) error {
 	code, msg, err := runcmd.PrintResumed(c.App.Writer, c.App.ErrWriter, res, c.Bool("json"), c.Duration("timeout"), resumed)
 	if err == nil && !c.Bool("json") {
 		io.WriteString(c.App.ErrWriter, runcmd.CallbackNote(res, c.Int("callback-conns")))

@@ -13,7 +13,6 @@ import (
 
 	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
 	"github.com/flmbox/flmbox/sandbox"
-	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // maxBatchInput bounds a batch's input.
@@ -59,17 +58,17 @@ func (b *batchTimeout) UnmarshalJSON(data []byte) error {
 
 // duration reads the timeout; it is checked against wire's bounds later.
 func (b batchTimeout) duration() (time.Duration, error) {
-	bad := fmt.Errorf("timeout %s: want a number of seconds or a duration such as \"1.5s\", more than 0 and at most %s", b.raw, wire.MaxTimeout)
+	bad := fmt.Errorf("timeout %s: want a number of seconds or a duration such as \"1.5s\", more than 0 and at most %s", b.raw, sandbox.MaxTimeout)
 	var s string
 	if err := json.Unmarshal([]byte(b.raw), &s); err == nil {
 		d, err := time.ParseDuration(s)
-		if err != nil || d <= 0 || d > wire.MaxTimeout {
+		if err != nil || d <= 0 || d > sandbox.MaxTimeout {
 			return 0, bad
 		}
 		return d, nil
 	}
 	var secs float64
-	if err := json.Unmarshal([]byte(b.raw), &secs); err != nil || secs <= 0 || secs > wire.MaxTimeout.Seconds() {
+	if err := json.Unmarshal([]byte(b.raw), &secs); err != nil || secs <= 0 || secs > sandbox.MaxTimeout.Seconds() {
 		return 0, bad
 	}
 	return time.Duration(secs * float64(time.Second)), nil

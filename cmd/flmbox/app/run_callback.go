@@ -8,7 +8,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/flmbox/flmbox/sandbox"
-	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // callbackLimitFlags are the flags that only apply with --callback.
@@ -31,18 +30,18 @@ func callbackFrom(c *cli.Context) (*sandbox.Callback, error) {
 		return nil, nil
 	}
 	cb := &sandbox.Callback{Env: listFlag(c, "callback-env"), MaxConns: c.Int("callback-conns"), Idle: c.Duration("callback-idle")}
-	if cb.MaxConns < 1 || cb.MaxConns > wire.MaxCallbackConns {
-		return nil, fmt.Errorf("--callback-conns %d: want 1 to %d", cb.MaxConns, wire.MaxCallbackConns)
+	if cb.MaxConns < 1 || cb.MaxConns > sandbox.MaxCallbackConns {
+		return nil, fmt.Errorf("--callback-conns %d: want 1 to %d", cb.MaxConns, sandbox.MaxCallbackConns)
 	}
 	var err error
 	if cb.MaxBytes, err = parseSize("--callback-bytes", c.String("callback-bytes")); err != nil {
 		return nil, err
 	}
-	if cb.MaxBytes > wire.MaxCallbackBytes {
-		return nil, fmt.Errorf("--callback-bytes %s: want at most %s", c.String("callback-bytes"), units.BytesSize(wire.MaxCallbackBytes))
+	if cb.MaxBytes > sandbox.MaxCallbackBytes {
+		return nil, fmt.Errorf("--callback-bytes %s: want at most %s", c.String("callback-bytes"), units.BytesSize(sandbox.MaxCallbackBytes))
 	}
-	if c.IsSet("callback-idle") && (cb.Idle < time.Millisecond || cb.Idle > wire.MaxCallbackIdle) {
-		return nil, fmt.Errorf("--callback-idle %s: want 1ms to %s", cb.Idle, wire.MaxCallbackIdle)
+	if c.IsSet("callback-idle") && (cb.Idle < time.Millisecond || cb.Idle > sandbox.MaxCallbackIdle) {
+		return nil, fmt.Errorf("--callback-idle %s: want 1ms to %s", cb.Idle, sandbox.MaxCallbackIdle)
 	}
 	if cb.Dial, err = sandbox.DialUnix(path); err != nil {
 		return nil, advise(err, "--callback names the Unix socket a server of yours listens on: start it first, or fix the path")

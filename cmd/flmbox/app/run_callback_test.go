@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
-	"github.com/flmbox/flmbox/snippet/wire"
+	"github.com/flmbox/flmbox/sandbox"
 )
 
 // TestRunCallbackRefusedBeforeRunning: --callback names a socket, checked
@@ -87,7 +87,7 @@ func TestRunCallbackRefusedBeforeRunning(t *testing.T) {
 
 // TestCallbackDefaults: the flags' defaults are the protocol's.
 func TestCallbackDefaults(t *testing.T) {
-	if n, err := parseSize("--callback-bytes", runcmd.DefaultCallbackBytes); err != nil || n != wire.DefaultCallbackBytes {
-		t.Errorf("--callback-bytes' default %s is %d, %v; the protocol's %d", runcmd.DefaultCallbackBytes, n, err, wire.DefaultCallbackBytes)
+	if n, err := parseSize("--callback-bytes", runcmd.DefaultCallbackBytes); err != nil || n != sandbox.DefaultCallbackBytes {
+		t.Errorf("--callback-bytes' default %s is %d, %v; the protocol's %d", runcmd.DefaultCallbackBytes, n, err, sandbox.DefaultCallbackBytes)
 	}
 }

@@ -9,13 +9,12 @@ import (
 
 	"github.com/flmbox/flmbox/internal/safetar"
 	"github.com/flmbox/flmbox/sandbox"
-	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // copiesFrom reads run's --copy HOST_PATH:SANDBOX_PATH flags into the
 // copies its call makes before the code runs (sandbox.Request.CopyIn),
 // each as flmbox cp HOST_PATH NAME:SANDBOX_PATH makes it (hostTar, at most
-// wire.DefaultCopyBytes of files, cp's default). HOST_PATH ends at the
+// sandbox.DefaultCopyBytes of files, cp's default). HOST_PATH ends at the
 // first ':' (as docker's -v reads it); each must exist and be a regular
 // file, a directory or a link (safetar.Check), and SANDBOX_PATH
 // must be under /tmp, the only place a copy may write: both are checked
@@ -35,7 +34,7 @@ func copiesFrom(c *cli.Context) ([]sandbox.CopyIn, error) {
 		if err := safetar.Check(src); err != nil {
 			return nil, fmt.Errorf("--copy %q: %w", arg, err)
 		}
-		o := sandbox.CopyOptions{MaxBytes: wire.DefaultCopyBytes}
+		o := sandbox.CopyOptions{MaxBytes: sandbox.DefaultCopyBytes}
 		out = append(out, sandbox.CopyIn{Dst: dst, Open: hostTar(src, o.MaxBytes), Options: o})
 	}
 	return out, nil

@@ -20,6 +20,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
+	"github.com/flmbox/flmbox/sandbox"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
@@ -48,7 +49,7 @@ func (l *agentLog) snapshot() ([]wire.Request, []copyRecord, []string) {
 // serves its agent's socket: copies are read and recorded, calls recorded
 // and answered with answer's result (the code's exit status 0 and no
 // output if answer is nil).
-func fakeSandbox(t *testing.T, root, name string, answer func(*wire.Request) *wire.Result) *agentLog {
+func fakeSandbox(t *testing.T, root, name string, answer func(*wire.Request) *sandbox.Result) *agentLog {
 	t.Helper()
 	dir := filepath.Join(root, "sandboxes", name)
 	if err := os.MkdirAll(filepath.Join(dir, "run"), 0o700); err != nil {
@@ -76,7 +77,7 @@ func fakeSandbox(t *testing.T, root, name string, answer func(*wire.Request) *wi
 	return log
 }
 
-func serveFake(t *testing.T, c net.Conn, log *agentLog, answer func(*wire.Request) *wire.Result) {
+func serveFake(t *testing.T, c net.Conn, log *agentLog, answer func(*wire.Request) *sandbox.Result) {
 	defer c.Close()
 	br := bufio.NewReader(c)
 	line, err := br.ReadBytes('\n')
@@ -88,7 +89,7 @@ func serveFake(t *testing.T, c net.Conn, log *agentLog, answer func(*wire.Reques
 		t.Errorf("fake agent: %v", err)
 		return
 	}
-	res := &wire.Result{Version: wire.ProtocolVersion}
+	res := &sandbox.Result{Version: wire.ProtocolVersion}
 	log.mu.Lock()
 	switch {
 	case req.Copy != nil:
@@ -233,10 +234,10 @@ func TestBatchEnv(t *testing.T) {
 // whose kill note ends stderr's tail.
 func TestRunPrintsTails(t *testing.T) {
 	root := t.TempDir()
-	fakeSandbox(t, root, "sb", func(*wire.Request) *wire.Result {
-		return &wire.Result{ExitCode: 137, Signal: "SIGKILL", TimedOut: true,
-			Stdout: wire.Output{Data: []byte("head"), Tail: []byte("tail"), Total: 108, Truncated: true},
-			Stderr: wire.Output{Data: []byte("err\xff"), Tail: []byte("\xfeend"), Total: 10, Truncated: true}}
+	fakeSandbox(t, root, "sb", func(*wire.Request) *sandbox.Result {
+		return &sandbox.Result{ExitCode: 137, Signal: "SIGKILL", TimedOut: true,
+			Stdout: sandbox.Output{Data: []byte("head"), Tail: []byte("tail"), Total: 108, Truncated: true},
+			Stderr: sandbox.Output{Data: []byte("err\xff"), Tail: []byte("\xfeend"), Total: 10, Truncated: true}}
 	})
 	code, stdout, stderr := runCLI(t.Context(), nil, "--root", root, "run", "--sandbox", "sb", "--timeout", "2s", "-c", "1")
 	want := "err\xff\xfeend" +
@@ -275,7 +276,7 @@ func TestRunInputRefused(t *testing.T) {
 	if err := os.WriteFile(batch, []byte(`{"codes": ["1"]}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	big := strings.NewReader(strings.Repeat("x", wire.MaxStdinSize+1))
+	big := strings.NewReader(strings.Repeat("x", sandbox.MaxStdinSize+1))
 	for _, tc := range []struct {
 		name  string
 		stdin io.Reader
@@ -339,8 +340,8 @@ func TestRunInterruptedReadingStdin(t *testing.T) {
 // bound.
 func TestRunFlagsInteractiveSize(t *testing.T) {
 	for _, f := range runcmd.RunFlags {
-		if f.Name == "interactive" && (wire.MaxStdinSize != 8<<20 || !strings.Contains(f.Usage, "at most 8MiB")) {
-			t.Errorf("--interactive's usage %q, the protocol's bound %s", f.Usage, strconv.Itoa(wire.MaxStdinSize))
+		if f.Name == "interactive" && (sandbox.MaxStdinSize != 8<<20 || !strings.Contains(f.Usage, "at most 8MiB")) {
+			t.Errorf("--interactive's usage %q, the protocol's bound %s", f.Usage, strconv.Itoa(sandbox.MaxStdinSize))
 		}
 	}
 }

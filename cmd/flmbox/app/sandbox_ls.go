@@ -9,7 +9,6 @@ import (
 	"github.com/docker/go-units"
 	"github.com/urfave/cli/v2"
 
-	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox"
 )
 
@@ -17,7 +16,7 @@ import (
 type sandboxInfo struct {
 	Name     string          `json:"name"`
 	Image    string          `json:"image"`
-	Network  runtime.Network `json:"network"`
+	Network  sandbox.Network `json:"network"`
 	State    sandbox.State   `json:"state"`
 	Created  time.Time       `json:"created"`
 	LastUsed time.Time       `json:"last_used"`
