@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/flmbox/flmbox/sandbox"
-	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // wantOutput is what every measured call must print.
@@ -20,13 +19,13 @@ type snippet struct {
 }
 
 var (
-	pythonSnippet = snippet{wire.LanguagePython, "print('agent-perf-ok')", []string{"python3", "-c", "print('agent-perf-ok')"}}
-	shellSnippet  = snippet{wire.LanguageShell, "echo agent-perf-ok", []string{"/bin/sh", "-c", "echo agent-perf-ok"}}
+	pythonSnippet = snippet{sandbox.Python, "print('agent-perf-ok')", []string{"python3", "-c", "print('agent-perf-ok')"}}
+	shellSnippet  = snippet{sandbox.Shell, "echo agent-perf-ok", []string{"/bin/sh", "-c", "echo agent-perf-ok"}}
 )
 
 // request is s as the CLI sends it: a 30 s timeout, the default output cap.
 func (s snippet) request() sandbox.Request {
-	return sandbox.Request{Language: s.language, Code: s.code, Timeout: 30 * time.Second, MaxOutput: wire.DefaultMaxOutput}
+	return sandbox.Request{Language: s.language, Code: s.code, Timeout: 30 * time.Second, MaxOutput: sandbox.DefaultMaxOutput}
 }
 
 // allocator gets a new sandbox's first result and returns how long that took.
@@ -145,7 +144,7 @@ func (r *runner) call(ctx context.Context, name string, s snippet) (time.Duratio
 
 // checkResult fails unless a call exited 0, wrote nothing to stderr, had no
 // error and printed exactly wantOutput.
-func checkResult(what string, res *wire.Result) error {
+func checkResult(what string, res *sandbox.Result) error {
 	if stderr := string(res.Stderr.Data) + res.Error; res.ExitCode != 0 || stderr != "" {
 		return fmt.Errorf("check the result of %s: exit %d, stderr %q", what, res.ExitCode, stderr)
 	}

@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/flmbox/flmbox/snippet/wire"
+	"github.com/flmbox/flmbox/sandbox"
 )
 
 // batchInput is `flmbox run --batch`'s input, as the bench writes it:
@@ -114,7 +114,7 @@ func (r *runner) measureBatch(ctx context.Context) (Batch, error) {
 		codes[i] = code
 	}
 	file := filepath.Join(r.dir, "throughput.json")
-	if err := writeBatch(file, wire.LanguagePython, 300, codes...); err != nil {
+	if err := writeBatch(file, sandbox.Python, 300, codes...); err != nil {
 		return rep, err
 	}
 	for _, run := range []struct {

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/flmbox/flmbox/sandbox"
-	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 const (
@@ -54,7 +53,7 @@ def trip():
     return time.perf_counter_ns() - start, got
 out = [trip() for _ in range(%[3]d)]
 print("\n".join("%%d %%d" %% t for t in out))
-`, wire.CallbackSocketEnv, callbackSize, warmup+trips)
+`, sandbox.CallbackSocketEnv, callbackSize, warmup+trips)
 }
 
 // parseTrips reads callbackCode's output: warmup+trips lines, each answer
@@ -217,7 +216,7 @@ func (r *runner) measureCallback(ctx context.Context, sb *sandbox.Sandbox) (_ Ca
 	code := callbackCode(callbackWarmup, trips)
 	sides := []*callbackSide{
 		{name: "inside, Manager.Call", run: func(ctx context.Context) ([]float64, error) {
-			req := sandbox.Request{Code: code, Timeout: 2 * time.Minute, MaxOutput: wire.DefaultMaxOutput,
+			req := sandbox.Request{Code: code, Timeout: 2 * time.Minute, MaxOutput: sandbox.DefaultMaxOutput,
 				Callback: &sandbox.Callback{Dial: dial, MaxConns: total}}
 			res, err := r.m.Call(ctx, sb.Name, req)
 			if err != nil {
@@ -233,7 +232,7 @@ func (r *runner) measureCallback(ctx context.Context, sb *sandbox.Sandbox) (_ Ca
 		}},
 		{name: "host python3", run: func(ctx context.Context) ([]float64, error) {
 			cmd := exec.CommandContext(ctx, r.python, "-c", code)
-			cmd.Env = append(os.Environ(), wire.CallbackSocketEnv+"="+srv.path)
+			cmd.Env = append(os.Environ(), sandbox.CallbackSocketEnv+"="+srv.path)
 			_, out, err := timeCommand(cmd)
 			if err != nil {
 				return nil, err
@@ -267,7 +266,7 @@ func (r *runner) measureCallback(ctx context.Context, sb *sandbox.Sandbox) (_ Ca
 // checkCallbacks fails unless a call forwarded exactly total connections,
 // refused none and carried a request and an answer of callbackSize bytes
 // on each.
-func checkCallbacks(cb *wire.CallbackStats, total int) error {
+func checkCallbacks(cb *sandbox.CallbackStats, total int) error {
 	switch want := int64(total) * callbackSize; {
 	case cb == nil:
 		return errors.New("check the result: no callback counts")

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/flmbox/flmbox/snippet/wire"
+	"github.com/flmbox/flmbox/sandbox"
 )
 
 func TestParseTrips(t *testing.T) {
@@ -49,14 +49,14 @@ func TestParseTrips(t *testing.T) {
 func TestCheckCallbacks(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		cb   *wire.CallbackStats
+		cb   *sandbox.CallbackStats
 		err  string // "": valid
 	}{
-		{"all", &wire.CallbackStats{Connections: 3, BytesIn: 3072, BytesOut: 3072}, ""},
+		{"all", &sandbox.CallbackStats{Connections: 3, BytesIn: 3072, BytesOut: 3072}, ""},
 		{"no counts", nil, "no callback counts"},
-		{"one missing", &wire.CallbackStats{Connections: 2, BytesIn: 2048, BytesOut: 2048}, "2 callback connections"},
-		{"one refused", &wire.CallbackStats{Connections: 3, Refused: 1, BytesIn: 3072, BytesOut: 3072}, "1 refused"},
-		{"an answer cut", &wire.CallbackStats{Connections: 3, BytesIn: 3000, BytesOut: 3072}, "3072 bytes to the host, 3000 back"},
+		{"one missing", &sandbox.CallbackStats{Connections: 2, BytesIn: 2048, BytesOut: 2048}, "2 callback connections"},
+		{"one refused", &sandbox.CallbackStats{Connections: 3, Refused: 1, BytesIn: 3072, BytesOut: 3072}, "1 refused"},
+		{"an answer cut", &sandbox.CallbackStats{Connections: 3, BytesIn: 3000, BytesOut: 3072}, "3072 bytes to the host, 3000 back"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := checkCallbacks(tc.cb, 3)
@@ -88,7 +88,7 @@ func TestCallbackHost(t *testing.T) {
 	t.Cleanup(func() { srv.close() }) // a second close fails, unchecked
 
 	cmd := exec.CommandContext(t.Context(), python, "-c", callbackCode(2, 5))
-	cmd.Env = append(os.Environ(), wire.CallbackSocketEnv+"="+srv.path)
+	cmd.Env = append(os.Environ(), sandbox.CallbackSocketEnv+"="+srv.path)
 	_, out, err := timeCommand(cmd)
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/flmbox/flmbox/sandbox"
-	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 func TestThroughputWant(t *testing.T) {
@@ -34,7 +33,7 @@ func TestThroughputWant(t *testing.T) {
 // key (the CLI refuses unknown ones).
 func TestWriteBatch(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "b.json")
-	if err := writeBatch(file, wire.LanguageShell, 0, "echo a", "echo b"); err != nil {
+	if err := writeBatch(file, sandbox.Shell, 0, "echo a", "echo b"); err != nil {
 		t.Fatal(err)
 	}
 	data, err := os.ReadFile(file)
@@ -44,7 +43,7 @@ func TestWriteBatch(t *testing.T) {
 	if got, want := string(data), `{"language":"shell","codes":[{"code":"echo a"},{"code":"echo b"}]}`; got != want {
 		t.Errorf("got %s, want %s", got, want)
 	}
-	if err := writeBatch(file, wire.LanguagePython, 300, "print(1)"); err != nil {
+	if err := writeBatch(file, sandbox.Python, 300, "print(1)"); err != nil {
 		t.Fatal(err)
 	}
 	data, _ = os.ReadFile(file)
@@ -54,17 +53,17 @@ func TestWriteBatch(t *testing.T) {
 }
 
 func TestCheckResults(t *testing.T) {
-	ok := &wire.Result{Stdout: wire.Output{Data: []byte(wantOutput)}}
+	ok := &sandbox.Result{Stdout: sandbox.Output{Data: []byte(wantOutput)}}
 	for _, tc := range []struct {
 		name string
-		res  *wire.Result
+		res  *sandbox.Result
 		err  string
 	}{
 		{"ok", ok, ""},
-		{"exit 1", &wire.Result{ExitCode: 1, Stdout: ok.Stdout}, "exit 1"},
-		{"stderr", &wire.Result{Stdout: ok.Stdout, Stderr: wire.Output{Data: []byte("warning")}}, `stderr "warning"`},
-		{"agent error", &wire.Result{ExitCode: -1, Error: "no python3"}, "no python3"},
-		{"output", &wire.Result{Stdout: wire.Output{Data: []byte("agent-perf-ok")}}, "check the output"},
+		{"exit 1", &sandbox.Result{ExitCode: 1, Stdout: ok.Stdout}, "exit 1"},
+		{"stderr", &sandbox.Result{Stdout: ok.Stdout, Stderr: sandbox.Output{Data: []byte("warning")}}, `stderr "warning"`},
+		{"agent error", &sandbox.Result{ExitCode: -1, Error: "no python3"}, "no python3"},
+		{"output", &sandbox.Result{Stdout: sandbox.Output{Data: []byte("agent-perf-ok")}}, "check the output"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := checkResult("x", tc.res)
@@ -132,7 +131,7 @@ func TestRequest(t *testing.T) {
 		if err := req.Validate(); err != nil {
 			t.Errorf("%s: %v", s.language, err)
 		}
-		if req.Timeout != 30*time.Second || req.MaxOutput != wire.DefaultMaxOutput || req.Reset {
+		if req.Timeout != 30*time.Second || req.MaxOutput != sandbox.DefaultMaxOutput || req.Reset {
 			t.Errorf("%s: %+v", s.language, req)
 		}
 		if s.argv[len(s.argv)-1] != s.code {

@@ -7,7 +7,6 @@ import (
 
 	"github.com/flmbox/flmbox/internal/procmem"
 	"github.com/flmbox/flmbox/sandbox"
-	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // spareModes are the sandboxes whose idle memory and first calls the bench
@@ -81,7 +80,7 @@ func (r *runner) idleSandbox(ctx context.Context, name string, edit func(*sandbo
 		return m, err
 	}
 	m.KiB, m.RSSKiB, m.Processes = mem.PSS, mem.RSS, mem.Processes
-	first := map[string]*float64{wire.LanguagePython: &m.FirstPythonMS, wire.LanguageShell: &m.FirstShellMS}
+	first := map[string]*float64{sandbox.Python: &m.FirstPythonMS, sandbox.Shell: &m.FirstShellMS}
 	warm := map[string][]float64{}
 	for i := -1; i <= r.opts.Calls; i++ {
 		for _, s := range []snippet{pythonSnippet, shellSnippet} {
@@ -97,7 +96,7 @@ func (r *runner) idleSandbox(ctx context.Context, name string, edit func(*sandbo
 			}
 		}
 	}
-	m.WarmPythonMS, m.WarmShellMS = summarize(warm[wire.LanguagePython]), summarize(warm[wire.LanguageShell])
+	m.WarmPythonMS, m.WarmShellMS = summarize(warm[sandbox.Python]), summarize(warm[sandbox.Shell])
 	if mem, err = idleMemory(ctx, sb.ID, r.opts.Idle); err != nil {
 		return m, err
 	}

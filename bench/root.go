@@ -17,7 +17,6 @@ import (
 
 	"github.com/flmbox/flmbox/internal/mountinfo"
 	"github.com/flmbox/flmbox/rootfs"
-	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox"
 )
 
@@ -37,7 +36,8 @@ import (
 type runner struct {
 	opts      Options
 	flmboxBin string // the flmbox binary, run as a user would
-	runsc     string
+	runsc     string // its path
+	runscInfo *sandbox.Runsc
 	python    string // the host's python3, the callback figure's baseline
 	dir       string
 	root      string           // dir/main
@@ -56,7 +56,7 @@ func newRunner(ctx context.Context, o Options) (*runner, error) {
 	if os.Geteuid() != 0 {
 		return nil, ErrNotRoot
 	}
-	runsc, err := runtime.FindRunsc(o.Runsc)
+	runsc, err := sandbox.LookupRunsc(ctx, o.Runsc)
 	if err != nil {
 		return nil, err
 	}
@@ -86,12 +86,12 @@ func newRunner(ctx context.Context, o Options) (*runner, error) {
 	if real, err := filepath.EvalSymlinks(dir); err == nil {
 		dir = real
 	}
-	r := &runner{opts: o, flmboxBin: o.Flmbox, runsc: runsc, python: python, dir: dir, root: filepath.Join(dir, "main"), image: image,
+	r := &runner{opts: o, flmboxBin: o.Flmbox, runsc: runsc.Path, runscInfo: runsc, python: python, dir: dir, root: filepath.Join(dir, "main"), image: image,
 		progress: o.Progress, start: time.Now()}
 	if r.progress == nil {
 		r.progress = io.Discard
 	}
-	mopts := []sandbox.Option{sandbox.WithRunsc(runsc), sandbox.WithAgent(agent)}
+	mopts := []sandbox.Option{sandbox.WithRunsc(runsc.Path), sandbox.WithAgent(agent)}
 	if o.Warnf != nil {
 		mopts = append(mopts, sandbox.WithWarnf(o.Warnf))
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	goruntime "runtime"
 
-	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox"
 )
 
@@ -17,14 +16,11 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	o := r.opts
 	rep := &Report{Settings: Settings{Pairs: o.Pairs, Warmup: o.Warmup, Rounds: o.Rounds, Calls: o.Calls, PauseMS: ms(o.Pause),
 		PrewarmRounds: o.PrewarmRounds, CPUs: goruntime.NumCPU()}}
-	info, err := runtime.InspectRunsc(ctx, r.runsc)
-	if err != nil {
-		return nil, err
-	}
-	rep.Runsc = Runsc{Path: r.runsc, Version: info.Version, Platform: info.DefaultPlatform}
+	rep.Runsc = Runsc{Path: r.runscInfo.Path, Version: r.runscInfo.Version, Platform: r.runscInfo.DefaultPlatform}
 	if err := r.prepareImage(ctx); err != nil {
 		return nil, err
 	}
+	var err error
 	if rep.Prewarm, err = r.measurePrewarm(ctx); err != nil {
 		return nil, err
 	}
