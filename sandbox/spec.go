@@ -156,24 +156,31 @@ func checkLimits(l Limits, tmpBytes int64) error {
 		bad = append(bad, fmt.Sprintf("/tmp size %d bytes is more than the memory limit of %d (/tmp is a tmpfs: its files are memory)", tmpBytes, l.MemoryBytes))
 	}
 	if len(bad) > 0 {
-		return fmt.Errorf("create sandbox: %s: %w", strings.Join(bad, "; "), errdefs.ErrInvalidArgument)
+		return fmt.Errorf("sandbox limits: %s: %w", strings.Join(bad, "; "), errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
 
 // Normalize returns s with its defaults filled in, or an error that names
 // what is wrong with it (errdefs.ErrInvalidArgument): the one validation of
-// a Spec, which Create, Acquire, RunOnce, Batch and FillPool make too. It
-// reads no file: that no mount exposes a Manager's state root is checked
-// when the spec is used.
-func (s Spec) Normalize() (Spec, error) { return s.withDefaults("") }
+// a Spec, which Create, Acquire, RunOnce, Batch and FillPool make too. A
+// front calls it where it reads a spec, to refuse one before it does
+// anything else. It takes a spec without an Image (one that a caller
+// completes later, as flmbox instance does with a session's); Create
+// refuses it, and a mount that exposes the Manager's state root.
+func (s Spec) Normalize() (Spec, error) { return s.normalize("") }
 
-// withDefaults is Normalize, and checks that no mount exposes the state
-// root ("": not checked).
+// withDefaults is Normalize for a spec about to be used: it needs an
+// Image, and no mount may expose the state root.
 func (s Spec) withDefaults(root string) (Spec, error) {
 	if s.Image == "" {
 		return s, fmt.Errorf("create sandbox: no image: %w", errdefs.ErrInvalidArgument)
 	}
+	return s.normalize(root)
+}
+
+// normalize is Normalize; no mount may expose root ("": not checked).
+func (s Spec) normalize(root string) (Spec, error) {
 	if s.Network == "" {
 		s.Network = NetworkNone
 	}

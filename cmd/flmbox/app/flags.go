@@ -1,8 +1,7 @@
 package app
 
 import (
-	"fmt"
-	goruntime "runtime" // package runtime is flmbox's runsc driver
+	"fmt" // package runtime is flmbox's runsc driver
 	"strconv"
 	"strings"
 	"time"
@@ -168,12 +167,17 @@ func specFrom(c *cli.Context) (sandbox.Spec, error) {
 		return s, err
 	}
 	s.Limits.CPUs, s.Limits.Pids = c.Float64("cpus"), c.Int64("pids")
-	if err := checkLimits(c, s); err != nil {
-		return s, err
+	// A zero limit is the default's to a Spec; given as a flag, it is a
+	// mistake.
+	if !(s.Limits.CPUs > 0) { // NaN too
+		return s, fmt.Errorf("--cpus %g: want more than 0", s.Limits.CPUs)
+	}
+	if s.Limits.Pids <= 0 {
+		return s, fmt.Errorf("--pids %d: want more than 0", s.Limits.Pids)
 	}
 	s.Pip = listFlag(c, "pip")
 	s.LazySpares = c.Bool("lazy-spares")
-	if err := sandbox.CheckRequirements(s.Pip); err != nil {
+	if _, err := s.Normalize(); err != nil {
 		return s, err
 	}
 	if len(s.Pip) > 0 && c.IsSet("batch") {
@@ -181,26 +185,6 @@ func specFrom(c *cli.Context) (sandbox.Spec, error) {
 			"install in the snippets: pip install NAME installs from the wheel cache")
 	}
 	return s, nil // the rest (--env's K=V, ...) is checked by package sandbox before anything runs
-}
-
-// checkLimits refuses limits that no sandbox on this host can have: more
-// CPUs than the host has, a /tmp larger than the memory (tmpfs is memory).
-// Package sandbox checks the rest (its minimums) when the spec is used.
-func checkLimits(c *cli.Context, s sandbox.Spec) error {
-	if !(s.Limits.CPUs > 0) { // NaN too
-		return fmt.Errorf("--cpus %g: want more than 0", s.Limits.CPUs)
-	}
-	if n := goruntime.NumCPU(); s.Limits.CPUs > float64(n) {
-		return fmt.Errorf("--cpus %g: want at most %d, this host's CPUs", s.Limits.CPUs, n)
-	}
-	if s.Limits.Pids <= 0 {
-		return fmt.Errorf("--pids %d: want more than 0", s.Limits.Pids)
-	}
-	// Below sandbox's minimum memory, that is what it says.
-	if s.TmpBytes > s.Limits.MemoryBytes && s.Limits.MemoryBytes >= sandbox.MinMemoryBytes {
-		return fmt.Errorf("--tmp-size %s: want at most --memory %s (/tmp is memory)", c.String("tmp-size"), c.String("memory"))
-	}
-	return nil
 }
 
 func parseSize(flag, s string) (int64, error) {

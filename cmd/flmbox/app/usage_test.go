@@ -54,13 +54,13 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"sandbox", "create"}, "sandbox create needs --image; flmbox sandbox create --help lists the flags"},
 		{[]string{"pool", "fill", "img"}, "pool fill needs --size; flmbox pool fill --help lists the flags"},
 		// Limits no sandbox on this host can have.
-		{[]string{"run", "--image", "img", "--cpus", "1000", "-c", "1"}, fmt.Sprintf("--cpus 1000: want at most %d, this host's CPUs", cpus)},
+		{[]string{"run", "--image", "img", "--cpus", "1000", "-c", "1"}, fmt.Sprintf("sandbox limits: cpus 1000 is more than this host's %d: invalid argument", cpus)},
 		{[]string{"sandbox", "create", "--image", "img", "--cpus", "0"}, "--cpus 0: want more than 0"},
 		{[]string{"sandbox", "create", "--image", "img", "--pids", "-1"}, "--pids -1: want more than 0"},
-		{[]string{"run", "--image", "img", "--tmp-size", "100TiB", "-c", "1"}, "--tmp-size 100TiB: want at most --memory 512MiB (/tmp is memory)"},
-		{[]string{"pool", "fill", "--size", "1", "--memory", "1GiB", "--tmp-size", "2GiB", "img"}, "--tmp-size 2GiB: want at most --memory 1GiB (/tmp is memory)"},
-		{[]string{"instance", "--listen", sock, "--cpus", "1000"}, fmt.Sprintf("--cpus 1000: want at most %d, this host's CPUs", cpus)},
-		{[]string{"instance", "--listen", sock, "--tmp-size", "1GiB"}, "--tmp-size 1GiB: want at most --memory 512MiB (/tmp is memory)"},
+		{[]string{"run", "--image", "img", "--tmp-size", "100TiB", "-c", "1"}, "sandbox limits: /tmp size 109951162777600 bytes is more than the memory limit of 536870912 (/tmp is a tmpfs: its files are memory): invalid argument"},
+		{[]string{"pool", "fill", "--size", "1", "--memory", "1GiB", "--tmp-size", "2GiB", "img"}, "sandbox limits: /tmp size 2147483648 bytes is more than the memory limit of 1073741824 (/tmp is a tmpfs: its files are memory): invalid argument"},
+		{[]string{"instance", "--listen", sock, "--cpus", "1000"}, fmt.Sprintf("sandbox limits: cpus 1000 is more than this host's %d: invalid argument", cpus)},
+		{[]string{"instance", "--listen", sock, "--tmp-size", "1GiB"}, "sandbox limits: /tmp size 1073741824 bytes is more than the memory limit of 536870912 (/tmp is a tmpfs: its files are memory): invalid argument"},
 	} {
 		var stdout, stderr bytes.Buffer
 		args := append([]string{"flmbox", "--root", t.TempDir()}, tc.args...)
