@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
+	goruntime "runtime"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sync/errgroup"
@@ -88,7 +88,7 @@ func (m *Manager) Batch(ctx context.Context, target Target, reqs []Request, para
 		}
 	}
 	if parallel <= 0 {
-		parallel = runtime.NumCPU()
+		parallel = goruntime.NumCPU()
 	}
 	parallel = min(parallel, len(reqs))
 	out := make([]BatchResult, len(reqs))

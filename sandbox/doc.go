@@ -4,16 +4,25 @@
 //
 // A Manager, opened on a state root (Open), creates a sandbox from an image
 // (Create: pull or find the image in the cache, lease it, start runsc, wait
-// for the agent, preinstall pip requirements), calls it (Call, Reset),
-// lists it (Get, List: records only; Probe: liveness), suspends it to disk and resumes it (Suspend,
-// Resume, GC; Wait for what a resume left in the background), copies files
-// in and out (CopyIn, CopyOut) and removes it
-// (Remove). Acquire and Release take sandboxes from a warm pool per shape
-// and give them back reset (FillPool, Pools, DrainPools). RunOnce runs one snippet in
+// for the agent, preinstall pip requirements) and hands it out as a
+// *Sandbox, which the caller holds and uses: Call and Reset it, CopyIn and
+// CopyOut files, Suspend it to disk and Resume it, Remove it. The Manager
+// has the same operations by name, for a caller that holds only the name,
+// and finds sandboxes (Get, List: records only; Probe: liveness; GC: suspend
+// or remove the idle ones; Wait for what a resume left in the background).
+// Acquire and Release take sandboxes from a warm pool per shape and give
+// them back reset (FillPool, Pools, DrainPools). RunOnce runs one snippet in
 // a fresh sandbox; Batch runs up to MaxBatch independent snippets, in fresh
 // sandboxes or side by side in one. Reconcile undoes what a killed flmbox
 // process left half made, and removes the sandboxes of a process that made
 // them for itself (Spec.Ephemeral: RunOnce's, Batch's) once it is gone.
+//
+// The package speaks its own vocabulary: a Spec (checked once, by
+// Normalize), its Limits and Network, a Request and its Result, the
+// languages Python and Shell, and the errors a caller tests for (ErrDead,
+// ErrSuspended, ErrInterrupted, ...). A caller imports sandbox, and rootfs
+// for images or pipcache for wheels, never runtime, snippet or record.
+// Doctor checks that a host can run sandboxes.
 //
 // The package is the only code that reads or writes a sandbox's directory,
 // ROOT/sandboxes/NAME (its subpackage record holds the part a warm call

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
+	goruntime "runtime"
 	"sort"
 	"time"
 
@@ -100,7 +100,7 @@ func (m *Manager) FillPool(ctx context.Context, spec Spec, o PoolOptions, parall
 		return nil, err
 	}
 	if parallel <= 0 {
-		parallel = runtime.NumCPU()
+		parallel = goruntime.NumCPU()
 	}
 	m.expire(ctx, key)
 	err = m.fill(ctx, key, parallel, false)

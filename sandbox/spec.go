@@ -101,33 +101,22 @@ var DefaultLimits = Limits{MemoryBytes: 512 << 20, CPUs: 1, Pids: 256}
 // DefaultTmpBytes is the default size of a sandbox's /tmp.
 const DefaultTmpBytes = 256 << 20
 
-// The smallest limits a sandbox gets; smaller ones are refused (Create,
-// RunOnce, Batch), since runsc would fail or the sandbox would not survive
-// what its snippets can do (docs/ARCHITECTURE.md, "The memory watch").
+// The smallest limits a sandbox gets; smaller ones are refused (Normalize),
+// since runsc would fail or the sandbox would not survive what its snippets
+// can do. docs/PERFORMANCE.md ("Limits' floors") has the measurements.
 const (
-	// MinMemoryBytes is the smallest Limits.MemoryBytes: with less, gVisor's
-	// own memory and what snippets grow by before the memory watch has
-	// killed them no longer fit in the cgroup's headroom
-	// (runtime.MemoryHeadroom), and the host kills the whole sandbox. Six
-	// processes growing at once in a sandbox of 128 MiB got it killed in 1
-	// run of 10; with 256 MiB, in 2 of 40 (what the watch reads then lags
-	// by up to a quarter of a second: see docs/ARCHITECTURE.md).
+	// MinMemoryBytes is the smallest Limits.MemoryBytes: below it, gVisor's
+	// own memory and what snippets grow by before the memory watch kills
+	// them no longer fit in the cgroup's headroom.
 	MinMemoryBytes = 256 << 20
-	// MinPids is the smallest Limits.Pids: the snippets' user may have
-	// Pids processes and threads (RLIMIT_NPROC), and the host's pids cgroup
-	// allows runtime.PidsHeadroom more, for gVisor's own threads (some 45
-	// in an idle sandbox) and its stub processes. With a cgroup of exactly
-	// Pids (and snippets held to Pids/4): at 32 a fork loop made the sentry
-	// fail to make a thread and the sandbox died; at 16, runsc failed at
-	// create ("cannot read client sync file"), at 4 it crashed (its Go
-	// runtime could not start a thread).
+	// MinPids is the smallest Limits.Pids: gVisor's own threads count
+	// against the host's pids cgroup.
 	MinPids = 64
-	// MinCPUs is the smallest Limits.CPUs: with 0.1, a sandbox starts in
-	// about a second and a first Python call takes 0.8 s; with 0.05, 3 s
-	// and 2.6 s, close to the wait for a new sandbox's agent.
+	// MinCPUs is the smallest Limits.CPUs: below it, a new sandbox takes
+	// seconds to answer.
 	MinCPUs = 0.1
-	// MinTmpBytes is the smallest TmpBytes. A sandbox needs nothing in its
-	// /tmp; less than this is taken for a mistake of unit (--tmp-size 16).
+	// MinTmpBytes is the smallest TmpBytes; less is taken for a mistake of
+	// unit (--tmp-size 16).
 	MinTmpBytes = 1 << 20
 )
 
