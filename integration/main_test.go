@@ -25,7 +25,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/registry"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
-	"github.com/flmbox/flmbox/internal/testimage"
+	"github.com/flmbox/flmbox/internal/testrig/testimage"
 	"github.com/flmbox/flmbox/runtime"
 )
 
