@@ -15,7 +15,8 @@ FUZZTIME      ?= 20s
 # urfave/cli without its man-page and markdown generators (0.4 ms of every start)
 GOTAGS        := urfave_cli_no_docs
 # A hash of the source, stamped into every binary: flmbox checks that the
-# flmbox-core it hands a command line to is of its own build.
+# flmbox-core it hands a command line to is of its own build, and flmbox-core
+# the flmbox-bench it hands flmbox bench to.
 STAMP         := $(shell find . -path ./bin -prune -o \( -name '*.go' -o -name go.mod -o -name go.sum \) -type f -print | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)
 LDFLAGS       := -X github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd.Build=$(STAMP)
 
@@ -24,7 +25,7 @@ LDFLAGS       := -X github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd.Build=$(
 all: build
 
 build:
-	$(GO) build -tags $(GOTAGS) -ldflags '$(LDFLAGS)' -o bin/ ./cmd/flmbox ./cmd/flmbox-core ./cmd/flmbox-agent
+	$(GO) build -tags $(GOTAGS) -ldflags '$(LDFLAGS)' -o bin/ ./cmd/flmbox ./cmd/flmbox-core ./cmd/flmbox-bench ./cmd/flmbox-agent
 
 # System packages: debootstrap builds the test image.
 deps:
