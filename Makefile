@@ -15,7 +15,8 @@ FUZZTIME      ?= 20s
 # urfave/cli without its man-page and markdown generators (0.4 ms of every start)
 GOTAGS        := urfave_cli_no_docs
 # A hash of the source, stamped into every binary: flmbox checks that the
-# flmbox-core it hands a command line to is of its own build.
+# flmbox-core it hands a command line to is of its own build, and flmbox-core
+# the flmbox-bench it hands flmbox bench to.
 STAMP         := $(shell find . -path ./bin -prune -o \( -name '*.go' -o -name go.mod -o -name go.sum \) -type f -print | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)
 LDFLAGS       := -X github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd.Build=$(STAMP)
 
@@ -24,7 +25,7 @@ LDFLAGS       := -X github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd.Build=$(
 all: build
 
 build:
-	$(GO) build -tags $(GOTAGS) -ldflags '$(LDFLAGS)' -o bin/ ./cmd/flmbox ./cmd/flmbox-core ./cmd/flmbox-agent
+	$(GO) build -tags $(GOTAGS) -ldflags '$(LDFLAGS)' -o bin/ ./cmd/flmbox ./cmd/flmbox-core ./cmd/flmbox-bench ./cmd/flmbox-agent
 
 # System packages: debootstrap builds the test image.
 deps:
@@ -46,7 +47,7 @@ runsc:
 # The Python test image (debootstrap, cached under /var/cache/flmbox/testimage).
 testimage: deps
 	@mkdir -p bin
-	$(GO) run ./internal/cmd/testimage -json > bin/testimage.json.tmp && mv bin/testimage.json.tmp bin/testimage.json
+	$(GO) run ./internal/testrig/cmd/testimage -json > bin/testimage.json.tmp && mv bin/testimage.json.tmp bin/testimage.json
 	@cat bin/testimage.json
 
 demo: deps runsc build testimage
@@ -79,7 +80,7 @@ demo: deps runsc build testimage
 	: "Demo 2: a batch of four snippets, each in a clean sandbox; results in input order"; \
 	$$f run --batch demo/demo2.json --image $$image; \
 	: "Demo 3: callbacks: a snippet in a --network none sandbox calls the host's tool server 20 times"; \
-	$(GO) build -o bin/toolserver ./internal/cmd/toolserver; \
+	$(GO) build -o bin/toolserver ./internal/testrig/cmd/toolserver; \
 	d=$$(mktemp -d); sock=$$d/tools.sock; \
 	bin/toolserver -listen $$sock > $$d/out 2>&1 & ts=$$!; \
 	for i in $$(seq 100); do grep -q '^toolserver: listening' $$d/out && break; sleep 0.1; done; \
@@ -87,7 +88,7 @@ demo: deps runsc build testimage
 	rc=0; $$f run --image $$image --network none --callback $$sock --callback-env HERMES_RPC_SOCKET demo/demo3.py || rc=$$?; \
 	kill -TERM $$ts; wait $$ts; cat $$d/out; rm -rf $$d; test $$rc = 0; \
 	: "Demo 1 again, as Flame runs it: flmbox instance under a simulated Flame executor, the three calls as tasks of one session over gRPC"; \
-	$(GO) run ./internal/cmd/flamesim $$f instance --image $$image
+	$(GO) run ./internal/testrig/cmd/flamesim $$f instance --image $$image
 
 vet:
 	$(GO) vet ./...
@@ -104,7 +105,7 @@ fuzz:
 
 # Integration tests need root, runsc and the test image; a missing piece fails them.
 integration: deps runsc
-	$(GO) test -count=1 -tags integration -timeout 40m ./integration/ ./internal/testimage/ ./sandbox/
+	$(GO) test -count=1 -tags integration -timeout 40m ./integration/ ./internal/testrig/testimage/ ./sandbox/
 
 test: deps runsc vet unit fuzz integration
 

@@ -6,7 +6,7 @@
 // one and with all CPUs, cold prewarms against crane export | tar -x from
 // the same loopback registry, and the host memory of an idle sandbox against
 // a bare runsc container; and `flmbox instance` as Flame runs it (package
-// instance/flamesim): a new instance until its first task's result against
+// internal/testrig/flamesim): a new instance until its first task's result against
 // `flmbox run --image`, warm tasks over gRPC against `flmbox run --sandbox`;
 // and a callback's round trip from inside a sandbox to a server in the
 // bench's process against the same Python client on the host, on the same

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/flmbox/flmbox/instance/flamesim"
+	"github.com/flmbox/flmbox/internal/testrig/flamesim"
 	"github.com/flmbox/flmbox/sandbox"
 )
 

@@ -1,6 +1,6 @@
 # Demo 3: programmatic tool calling, as Hermes Agent's execute_code does it.
 # The snippet writes a stub module, hermes_tools, whose functions call the
-# caller's tool server (internal/cmd/toolserver) over the Unix socket that
+# caller's tool server (internal/testrig/cmd/toolserver) over the Unix socket that
 # HERMES_RPC_SOCKET names: one connection per call, {"tool", "args"} as a JSON
 # line out, one JSON answer back. Then it calls the tools 20 times in a loop
 # and prints one line, all the caller's model would read of them:

@@ -187,7 +187,7 @@ func TestCallbackDemo3(t *testing.T) {
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	bin := filepath.Join(t.TempDir(), "toolserver")
-	if out, err := exec.Command("go", "build", "-o", bin, "../internal/cmd/toolserver").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", bin, "../internal/testrig/cmd/toolserver").CombinedOutput(); err != nil {
 		t.Fatalf("build the toolserver: %v\n%s", err, out)
 	}
 	sock := filepath.Join(shortDir(t), "tools.sock")

@@ -24,7 +24,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/flmbox/flmbox/internal/testimage"
+	"github.com/flmbox/flmbox/internal/testrig/testimage"
 	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox"
 )

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/flmbox/flmbox/instance/flamepb"
-	"github.com/flmbox/flmbox/instance/flamesim"
+	"github.com/flmbox/flmbox/internal/testrig/flamesim"
 )
 
 // flamepyTask is a task's input as flamepy.tools.Sandbox sends it for a

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flmbox/flmbox/instance/flamesim"
+	"github.com/flmbox/flmbox/internal/testrig/flamesim"
 )
 
 // instanceWithin runs flmbox instance with FLAME_INSTANCE_ENDPOINT=endpoint

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/flmbox/flmbox/instance/flamepb"
-	"github.com/flmbox/flmbox/instance/flamesim"
+	"github.com/flmbox/flmbox/internal/testrig/flamesim"
 )
 
 // flameExecutor does what Flame's executor manager does with an application,

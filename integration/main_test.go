@@ -25,7 +25,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/registry"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
-	"github.com/flmbox/flmbox/internal/testimage"
+	"github.com/flmbox/flmbox/internal/testrig/testimage"
 	"github.com/flmbox/flmbox/runtime"
 )
 
@@ -69,9 +69,9 @@ func setup(m *testing.M) int {
 		return fail("%v", err)
 	}
 	defer os.RemoveAll(dir)
-	// flmbox, flmbox-core and flmbox-agent, side by side as installed.
+	// flmbox, flmbox-core, flmbox-bench and flmbox-agent, side by side as installed.
 	flmboxBin, flmboxCore, flmboxAgent = filepath.Join(dir, "flmbox"), filepath.Join(dir, "flmbox-core"), filepath.Join(dir, "flmbox-agent")
-	build := exec.CommandContext(ctx, "go", "build", "-tags", "urfave_cli_no_docs", "-o", dir+"/", "../cmd/flmbox", "../cmd/flmbox-core", "../cmd/flmbox-agent")
+	build := exec.CommandContext(ctx, "go", "build", "-tags", "urfave_cli_no_docs", "-o", dir+"/", "../cmd/flmbox", "../cmd/flmbox-core", "../cmd/flmbox-bench", "../cmd/flmbox-agent")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		return fail("build flmbox: %v\n%s", err, out)

@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flmbox/flmbox/internal/testimage"
+	"github.com/flmbox/flmbox/internal/testrig/testimage"
 	"github.com/flmbox/flmbox/rootfs"
 )
 

@@ -49,7 +49,7 @@ func execCore(args []string) error {
 		return fmt.Errorf("find %s: %w", coreName, err)
 	}
 	core := filepath.Join(filepath.Dir(self), coreName)
-	if err := sameBuild(core); err != nil {
+	if err := runcmd.SameBuild(core); err != nil {
 		return fmt.Errorf("run %s: %w; install flmbox, flmbox-core and flmbox-agent of one build in one directory (make build puts them in bin/)", coreName, err)
 	}
 	err = syscall.Exec(core, args, os.Environ())

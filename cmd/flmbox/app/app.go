@@ -36,7 +36,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // runApp is Run with stdin (code read from -, run --interactive, run
 // --batch -, cp -) read from stdin.
 func runApp(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	app := newApp(stdin, stdout, stderr)
+	return runWith(ctx, newApp(stdin, stdout, stderr), args, stderr)
+}
+
+// runWith runs app on args and returns the exit code, printing a failure to
+// stderr.
+func runWith(ctx context.Context, app *cli.App, args []string, stderr io.Writer) int {
 	err := app.RunContext(ctx, hoistFlags(app, args))
 	if err == nil {
 		return 0

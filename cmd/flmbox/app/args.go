@@ -45,8 +45,8 @@ func hoistFlags(app *cli.App, args []string) []string {
 			break
 		}
 	}
-	if cmd == nil {
-		return args
+	if cmd == nil || cmd.SkipFlagParsing {
+		return args // a command that parses its own flags (bench) takes them as written
 	}
 	var flagArgs, positional []string
 	for i < len(args) {

@@ -1,102 +1,72 @@
 package app
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/flmbox/flmbox/bench"
+	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
 )
 
+// BenchUsage is flmbox bench's line in flmbox --help. flmbox-bench's bench
+// command says it too.
+const BenchUsage = "measure this worker: sandbox allocation, warm calls, flmbox instance, callbacks, batch throughput, prewarm, memory, each beside its baseline"
+
+// benchName is the binary that implements flmbox bench, next to flmbox-core.
+const benchName = "flmbox-bench"
+
+// benchInstall is what to do when flmbox-bench is missing or of another
+// build.
+const benchInstall = "install flmbox, flmbox-core, flmbox-bench and flmbox-agent of one build in one directory (make build puts them in bin/)"
+
+// benchCommand is flmbox bench, which flmbox-bench implements
+// (cmd/flmbox-bench). The bench serves its image from an in-process registry
+// and drives flmbox instance under a Flame simulator: test rigs, which
+// flmbox-core does not link. So flmbox-core hands bench's command line to
+// flmbox-bench next to it, as flmbox hands its own to flmbox-core: by exec,
+// in the same process, with the same stdio and environment, after checking
+// that it is of the same build. Its flags, --help included, are
+// flmbox-bench's to parse.
 func benchCommand() *cli.Command {
-	full := bench.Defaults(false)
 	return &cli.Command{
-		Name:  "bench",
-		Usage: "measure this worker: sandbox allocation, warm calls, flmbox instance, callbacks, batch throughput, prewarm, memory, each beside its baseline",
-		Description: `Every figure comes with a baseline measured in the same run (raw runsc, runsc exec, the same
-command under chroot, crane export | tar, the same callback client on the host) and the reference system's number where there is one.
-
-The bench works in a private state root, a directory bench-XXXX under --root that it removes at the
-end (also when interrupted): it never touches the sandboxes or the image cache of --root. IMAGE is
-copied into an in-process registry on 127.0.0.1 and prewarmed from there. Without --image, the
-image cache of --root must hold exactly one image whose source it knows (a tag or an OCI layout).`,
-		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "image", Usage: "image to measure, as prewarm takes it (default: the cache's only image)"},
-			&cli.IntFlag{Name: "pairs", Value: full.Pairs, Usage: "allocation pairs (fresh sandbox, raw runsc)"},
-			&cli.IntFlag{Name: "warmup", Value: full.Warmup, Usage: "warm calls of each kind not measured"},
-			&cli.IntFlag{Name: "rounds", Value: full.Rounds, Usage: "rounds of measured warm calls"},
-			&cli.IntFlag{Name: "calls", Value: full.Calls, Usage: "measured warm calls per round"},
-			durationOrZeroFlag("pause", 0, "pause before each warm call, for every method alike (default: back to back)"),
-			&cli.BoolFlag{Name: "quick", Usage: "fewer pairs, rounds and calls (under a minute); explicit flags still win"},
-			jsonFlag,
-		},
-		Action: func(c *cli.Context) error {
-			if c.NArg() != 0 {
-				return fmt.Errorf("bench takes no arguments, got %q; name the image with --image", c.Args().Slice())
-			}
-			o, err := benchOptionsFrom(c)
-			if err != nil {
-				return err
-			}
-			rep, err := bench.Run(c.Context, o)
-			switch {
-			case errors.Is(err, bench.ErrNotRoot):
-				return advise(err, "run it as root")
-			case errors.Is(err, bench.ErrNoImage):
-				return advise(err, "name the image to measure with --image IMAGE (flmbox images ls lists them)")
-			case err != nil:
-				return err
-			}
-			if c.Bool("json") {
-				return rep.WriteJSON(c.App.Writer)
-			}
-			return rep.WriteTable(c.App.Writer)
-		},
+		Name:            "bench",
+		Usage:           BenchUsage,
+		SkipFlagParsing: true,
+		Action:          execBench,
 	}
 }
 
-// benchOptionsFrom reads bench's flags: --quick picks the quick preset, and
-// flags set explicitly override it. bench.Run checks the values.
-func benchOptionsFrom(c *cli.Context) (bench.Options, error) {
-	o := bench.Defaults(c.Bool("quick"))
-	for _, f := range []struct {
-		name string
-		dst  *int
-	}{{"pairs", &o.Pairs}, {"warmup", &o.Warmup}, {"rounds", &o.Rounds}, {"calls", &o.Calls}} {
-		if c.IsSet(f.name) {
-			*f.dst = c.Int(f.name)
-		}
-	}
-	o.Image, o.Pause, o.Root, o.Runsc = c.String("image"), c.Duration("pause"), c.String("root"), c.String("runsc")
-	self, err := userBinary()
-	if err != nil {
-		return o, err
-	}
-	o.Flmbox = self
-	if !c.Bool("json") {
-		o.Progress = c.App.ErrWriter
-	}
-	o.Warnf = func(format string, args ...any) { warnf(c, format, args...) }
-	return o, nil
-}
+// execBinary replaces this process with the program at path
+// (syscall.Exec); it returns only on failure.
+var execBinary = defaultExec
 
-// userBinary returns the flmbox command that users run: flmbox next to this
-// flmbox-core (flmbox makes warm calls itself and execs flmbox-core for the
-// rest), or this binary if it is not flmbox-core.
-func userBinary() (string, error) {
+var defaultExec = syscall.Exec
+
+func execBench(c *cli.Context) error {
 	self, err := os.Executable()
 	if err != nil {
-		return "", fmt.Errorf("find the flmbox binary to measure: %w", err)
+		return fmt.Errorf("find %s: %w", benchName, err)
 	}
-	if filepath.Base(self) != "flmbox-core" {
-		return self, nil
+	bin := filepath.Join(filepath.Dir(self), benchName)
+	if err := runcmd.SameBuild(bin); err != nil {
+		return advise(fmt.Errorf("run %s: %w", benchName, err), benchInstall)
 	}
-	front := filepath.Join(filepath.Dir(self), "flmbox")
-	if _, err := os.Stat(front); err != nil {
-		return "", advise(fmt.Errorf("find the flmbox command next to %s: %w", self, err), "install flmbox, flmbox-core and flmbox-agent in one directory (make build puts them in bin/)")
+	err = execBinary(bin, benchArgs(c, bin), os.Environ())
+	return advise(fmt.Errorf("run %s: %w", bin, err), benchInstall)
+}
+
+// benchArgs is flmbox-bench's command line: the global flags that are set
+// (on the command line or by their environment variables) as --name=value,
+// then bench and its arguments as they were given.
+func benchArgs(c *cli.Context, bin string) []string {
+	args := []string{bin}
+	for _, f := range runcmd.GlobalFlags {
+		if c.IsSet(f.Name) {
+			args = append(args, fmt.Sprintf("--%s=%v", f.Name, c.Value(f.Name)))
+		}
 	}
-	return front, nil
+	return append(append(args, "bench"), c.Args().Slice()...)
 }

@@ -2,86 +2,52 @@ package app
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/urfave/cli/v2"
-
-	"github.com/flmbox/flmbox/bench"
 )
 
-// parseBench runs `flmbox bench ARGS` with an action that only reads the
-// options.
-func parseBench(t *testing.T, args ...string) (bench.Options, error) {
-	t.Helper()
-	cmd := benchCommand()
-	var o bench.Options
-	var err error
-	cmd.Action = func(c *cli.Context) error {
-		o, err = benchOptionsFrom(c)
-		return nil
-	}
-	app := &cli.App{Commands: []*cli.Command{cmd}, Writer: &bytes.Buffer{}, ErrWriter: &bytes.Buffer{}}
-	if rerr := app.Run(append([]string{"flmbox", "bench"}, args...)); rerr != nil {
-		return o, rerr
-	}
-	return o, err
-}
-
-func TestBenchOptions(t *testing.T) {
-	full, quick := bench.Defaults(false), bench.Defaults(true)
-	with := func(o bench.Options, edit func(*bench.Options)) bench.Options { edit(&o); return o }
+// TestBenchArgs: flmbox bench's command line goes to flmbox-bench as it was
+// written (flags after arguments not moved, --help not taken), after the
+// global flags that are set, from the command line or the environment.
+func TestBenchArgs(t *testing.T) {
+	t.Setenv("FLMBOX_RUNSC", "/opt/runsc")
 	for _, tc := range []struct {
-		args []string
-		want bench.Options
-		err  string
+		args, want []string
 	}{
-		{args: nil, want: full},
-		{args: []string{"--quick", "--json"}, want: quick},
-		{args: []string{"--quick", "--calls", "7", "--warmup", "0", "--image", "oci-layout:/x"},
-			want: with(quick, func(o *bench.Options) { o.Image, o.Calls, o.Warmup = "oci-layout:/x", 7, 0 })},
-		{args: []string{"--pairs", "1", "--rounds", "1", "--calls", "1"},
-			want: with(full, func(o *bench.Options) { o.Pairs, o.Rounds, o.Calls = 1, 1, 1 })},
-		{args: []string{"--quick", "--pause", "20ms"}, want: with(quick, func(o *bench.Options) { o.Pause = 20 * time.Millisecond })},
-		{args: []string{"--calls", "many"}, err: "invalid value"},
+		{[]string{"bench", "--quick", "--image", "X"}, []string{"--runsc=/opt/runsc", "bench", "--quick", "--image", "X"}},
+		{[]string{"--root", "/r", "--debug", "bench", "--help"}, []string{"--root=/r", "--runsc=/opt/runsc", "--debug=true", "bench", "--help"}},
+		{[]string{"--runsc", "/bin/runsc", "bench", "IMAGE", "--json"}, []string{"--runsc=/bin/runsc", "bench", "IMAGE", "--json"}},
+		{[]string{"bench", "--", "-x"}, []string{"--runsc=/opt/runsc", "bench", "--", "-x"}},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
-			got, err := parseBench(t, tc.args...)
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("error %v, want one with %q", err, tc.err)
-				}
-				return
+			a := newApp(nil, &bytes.Buffer{}, &bytes.Buffer{})
+			var got []string
+			i := slices.IndexFunc(a.Commands, func(c *cli.Command) bool { return c.Name == "bench" })
+			a.Commands[i].Action = func(c *cli.Context) error { got = benchArgs(c, "B"); return nil }
+			var stderr bytes.Buffer
+			if code := runWith(t.Context(), a, append([]string{"flmbox"}, tc.args...), &stderr); code != 0 {
+				t.Fatalf("exit %d, stderr %q", code, stderr.String())
 			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got.Pairs != tc.want.Pairs || got.Warmup != tc.want.Warmup || got.Rounds != tc.want.Rounds || got.Calls != tc.want.Calls ||
-				got.Pause != tc.want.Pause || got.Image != tc.want.Image || got.PrewarmRounds != tc.want.PrewarmRounds ||
-				got.BatchSnippets != tc.want.BatchSnippets || got.Idle != tc.want.Idle || got.Flmbox == "" {
-				t.Fatalf("got %+v, want %+v", got, tc.want)
+			if want := append([]string{"B"}, tc.want...); !slices.Equal(got, want) {
+				t.Fatalf("flmbox-bench %q, want %q", got, want)
 			}
 		})
 	}
 }
 
-func TestBenchRefusesArguments(t *testing.T) {
+// TestBenchNeedsFlmboxBench: without flmbox-bench next to flmbox-core,
+// flmbox bench says what is missing and how to install it, exit 125, and
+// execs nothing.
+func TestBenchNeedsFlmboxBench(t *testing.T) {
+	execBinary = func(string, []string, []string) error { t.Fatal("exec without flmbox-bench"); return nil }
+	t.Cleanup(func() { execBinary = defaultExec })
 	var stdout, stderr bytes.Buffer
-	code := Run(t.Context(), []string{"flmbox", "--root", t.TempDir(), "bench", "IMAGE"}, &stdout, &stderr)
-	if code != exitFlmboxFailed || !strings.Contains(stderr.String(), "--image") {
+	code := Run(t.Context(), []string{"flmbox", "--root", t.TempDir(), "bench", "--quick"}, &stdout, &stderr)
+	if code != exitFlmboxFailed || !strings.Contains(stderr.String(), "flmbox: run flmbox-bench: ") ||
+		!strings.Contains(stderr.String(), "flmbox: install flmbox, flmbox-core, flmbox-bench and flmbox-agent") {
 		t.Fatalf("exit %d, stderr %q", code, stderr.String())
-	}
-}
-
-// TestBenchRefusesBadCounts: bench.Run checks the counts before anything
-// else; the CLI prints its error.
-func TestBenchRefusesBadCounts(t *testing.T) {
-	for _, args := range [][]string{{"--pairs", "0"}, {"--rounds", "-1"}, {"--calls", "100000"}, {"--pause", "2s"}} {
-		var stdout, stderr bytes.Buffer
-		code := Run(t.Context(), append([]string{"flmbox", "--root", t.TempDir(), "bench", "--image", "oci-layout:/x"}, args...), &stdout, &stderr)
-		if code != exitFlmboxFailed || !strings.Contains(stderr.String(), strings.TrimPrefix(args[0], "--")+" "+args[1]) {
-			t.Errorf("%v: exit %d, stderr %q", args, code, stderr.String())
-		}
 	}
 }

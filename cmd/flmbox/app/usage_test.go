@@ -37,11 +37,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"pipcache", "fetch", "--image", "img", "--timeout", "x", "numpy"}, "--timeout x: want a positive duration such as 30s"},
 		{[]string{"sandbox", "gc", "--remove-idle", "-5m"}, "--remove-idle -5m: want a positive duration such as 30s"},
 		{[]string{"images", "gc", "--unused-for", "-1h"}, "--unused-for -1h: want 0 or a duration such as 30s"},
-		{[]string{"bench", "--pause", "x"}, "--pause x: want 0 or a duration such as 30s"},
 		// Numbers and booleans.
 		{[]string{"sandbox", "create", "--image", "img", "--pids", "1.5"}, "--pids 1.5: want a whole number"},
 		{[]string{"run", "--image", "img", "--cpus", "x", "-c", "1"}, "--cpus x: want a number such as 2 or 0.5"},
-		{[]string{"bench", "--pairs", "many"}, "--pairs many: want a whole number"},
 		{[]string{"run", "--json=maybe", "-c", "1"}, "--json maybe: want true or false"},
 		// Unknown flags, at each level.
 		{[]string{"run", "-x", "-c", "1"}, "flag provided but not defined: -x; flmbox run --help lists the flags"},

@@ -1,7 +1,8 @@
-// Package runcmd is what flmbox's two binaries share of the command line:
-// the global flags and run's flags, as one table from which both parsers
-// come (urfave/cli's in flmbox-core, the warm-call parser of the flmbox
-// command), and how run prints a result and chooses its exit status. It
+// Package runcmd is what flmbox's binaries share of the command line: the
+// global flags and run's flags, as one table from which both parsers come
+// (urfave/cli's in flmbox-core, the warm-call parser of the flmbox command),
+// how run prints a result and chooses its exit status, and the check that a
+// binary one hands a command line to is of its own build (SameBuild). It
 // imports nothing heavier than package wire, so that the flmbox command
 // starts in about a millisecond.
 package runcmd

@@ -28,7 +28,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/flmbox/flmbox/instance/flamesim"
+	"github.com/flmbox/flmbox/internal/testrig/flamesim"
 )
 
 func main() {

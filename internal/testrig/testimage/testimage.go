@@ -87,7 +87,7 @@ func Build(ctx context.Context, opts Options) (*Image, error) {
 			r.Arch, r.Arch, final, errdefs.ErrNotImplemented)
 	}
 	if os.Geteuid() != 0 {
-		return nil, fmt.Errorf("build test image in %s: debootstrap needs root; run 'go run ./internal/cmd/testimage' as root once: %w",
+		return nil, fmt.Errorf("build test image in %s: debootstrap needs root; run 'go run ./internal/testrig/cmd/testimage' as root once: %w",
 			final, errdefs.ErrPermissionDenied)
 	}
 	if err := os.MkdirAll(cacheDir, 0o755); err != nil {

@@ -1,4 +1,4 @@
-package main
+package runcmd
 
 import (
 	"bytes"
@@ -14,21 +14,21 @@ import (
 var buildSettings = []string{"-ldflags", "-tags", "-trimpath", "CGO_ENABLED", "GOOS", "GOARCH",
 	"vcs.revision", "vcs.time", "vcs.modified"}
 
-// sameBuild fails unless the binary at core was built by the same build as
-// this one: flmbox and flmbox-core share their code (the record and client
-// of a sandbox, run's flags, the output), and a pair from two builds could
-// disagree on any of it.
-func sameBuild(core string) error {
+// SameBuild fails unless the binary at path was built by the same build as
+// this one. flmbox checks flmbox-core so, and flmbox-core checks flmbox-bench:
+// they share their code (the record and client of a sandbox, run's flags,
+// the output), and two binaries of two builds could disagree on any of it.
+func SameBuild(path string) error {
 	self, ok := debug.ReadBuildInfo()
 	if !ok {
 		return fmt.Errorf("read this binary's build information")
 	}
-	other, err := readBuildInfo(core)
+	other, err := readBuildInfo(path)
 	if err != nil {
-		return fmt.Errorf("read %s's build information: %w", core, err)
+		return fmt.Errorf("read %s's build information: %w", path, err)
 	}
 	if d := buildDiff(self, other); d != "" {
-		return fmt.Errorf("%s is not of the same build as this flmbox (%s)", core, d)
+		return fmt.Errorf("%s is not of the same build as this flmbox (%s)", path, d)
 	}
 	return nil
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/registry"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
-	"github.com/flmbox/flmbox/internal/testimage"
+	"github.com/flmbox/flmbox/internal/testrig/testimage"
 )
 
 // Serve the test image from an in-process registry, as integration tests

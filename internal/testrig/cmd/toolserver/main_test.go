@@ -77,7 +77,7 @@ func TestRun(t *testing.T) {
 }
 
 // demo3 is demo 3's snippet, from this package's directory.
-const demo3 = "../../../demo/demo3.py"
+const demo3 = "../../../../demo/demo3.py"
 
 // The line demo/demo3.py prints against this server.
 const demo3Line = "warmest of 10 cities: Hanoi, 29 C, sunny; top result: https://wiki.example/hanoi-travel (20 tool calls)\n"

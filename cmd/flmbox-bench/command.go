@@ -1,0 +1,96 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/flmbox/flmbox/bench"
+	"github.com/flmbox/flmbox/cmd/flmbox/app"
+)
+
+func benchCommand() *cli.Command {
+	full := bench.Defaults(false)
+	return &cli.Command{
+		Name:  "bench",
+		Usage: app.BenchUsage,
+		Description: `Every figure comes with a baseline measured in the same run (raw runsc, runsc exec, the same
+command under chroot, crane export | tar, the same callback client on the host) and the reference system's number where there is one.
+
+The bench works in a private state root, a directory bench-XXXX under --root that it removes at the
+end (also when interrupted): it never touches the sandboxes or the image cache of --root. IMAGE is
+copied into an in-process registry on 127.0.0.1 and prewarmed from there. Without --image, the
+image cache of --root must hold exactly one image whose source it knows (a tag or an OCI layout).`,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "image", Usage: "image to measure, as prewarm takes it (default: the cache's only image)"},
+			&cli.IntFlag{Name: "pairs", Value: full.Pairs, Usage: "allocation pairs (fresh sandbox, raw runsc)"},
+			&cli.IntFlag{Name: "warmup", Value: full.Warmup, Usage: "warm calls of each kind not measured"},
+			&cli.IntFlag{Name: "rounds", Value: full.Rounds, Usage: "rounds of measured warm calls"},
+			&cli.IntFlag{Name: "calls", Value: full.Calls, Usage: "measured warm calls per round"},
+			app.DurationOrZeroFlag("pause", 0, "pause before each warm call, for every method alike (default: back to back)"),
+			&cli.BoolFlag{Name: "quick", Usage: "fewer pairs, rounds and calls (under a minute); explicit flags still win"},
+			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 0 {
+				return fmt.Errorf("bench takes no arguments, got %q; name the image with --image", c.Args().Slice())
+			}
+			o, err := benchOptionsFrom(c)
+			if err != nil {
+				return err
+			}
+			rep, err := bench.Run(c.Context, o)
+			switch {
+			case errors.Is(err, bench.ErrNotRoot):
+				return app.Advise(err, "run it as root")
+			case errors.Is(err, bench.ErrNoImage):
+				return app.Advise(err, "name the image to measure with --image IMAGE (flmbox images ls lists them)")
+			case errors.Is(err, fs.ErrNotExist) && missing(o.Flmbox):
+				return app.Advise(err, "install flmbox, flmbox-core, flmbox-bench and flmbox-agent in one directory (make build puts them in bin/)")
+			case err != nil:
+				return err
+			}
+			if c.Bool("json") {
+				return rep.WriteJSON(c.App.Writer)
+			}
+			return rep.WriteTable(c.App.Writer)
+		},
+	}
+}
+
+// benchOptionsFrom reads bench's flags: --quick picks the quick preset, and
+// flags set explicitly override it. bench.Run checks the values.
+func benchOptionsFrom(c *cli.Context) (bench.Options, error) {
+	o := bench.Defaults(c.Bool("quick"))
+	for _, f := range []struct {
+		name string
+		dst  *int
+	}{{"pairs", &o.Pairs}, {"warmup", &o.Warmup}, {"rounds", &o.Rounds}, {"calls", &o.Calls}} {
+		if c.IsSet(f.name) {
+			*f.dst = c.Int(f.name)
+		}
+	}
+	o.Image, o.Pause, o.Root, o.Runsc = c.String("image"), c.Duration("pause"), c.String("root"), c.String("runsc")
+	self, err := os.Executable()
+	if err != nil {
+		return o, fmt.Errorf("find the flmbox binary to measure: %w", err)
+	}
+	// The flmbox command that users run, next to this flmbox-bench;
+	// bench.Run says if it is missing.
+	o.Flmbox = filepath.Join(filepath.Dir(self), "flmbox")
+	if !c.Bool("json") {
+		o.Progress = c.App.ErrWriter
+	}
+	o.Warnf = func(format string, args ...any) { app.Warnf(c, format, args...) }
+	return o, nil
+}
+
+// missing reports whether there is nothing at path.
+func missing(path string) bool {
+	_, err := os.Stat(path)
+	return errors.Is(err, fs.ErrNotExist)
+}
