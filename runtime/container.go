@@ -83,10 +83,10 @@ func (r *Runtime) Args(c Container, args ...string) []string {
 func (r *Runtime) Runsc() string { return r.runsc }
 
 // Run writes spec into the bundle directory as config.json and creates and
-// starts the container with one runsc run --detach (a runsc start of its
-// own costs 10 to 20 ms more). runsc hands its stdio to the container's
-// first process: it gets log, so that no caller's pipe is held open. A
-// platform this host cannot run is refused before runsc runs
+// starts the container with one runsc run --detach (one runsc process
+// fewer than runsc create and runsc start). runsc hands its stdio to the
+// container's first process: it gets log, so that no caller's pipe is held
+// open. A platform this host cannot run is refused before runsc runs
 // (ValidatePlatform). On failure the error quotes the end of log, and the
 // container is deleted (see cleanUp); a runsc run that does not finish in
 // its bound is killed (a *TimeoutError).

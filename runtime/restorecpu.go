@@ -18,15 +18,12 @@ import (
 
 // A restore's CPU quota.
 //
-// Restoring a sandbox is gVisor's own burst of work, not its processes':
-// its kernel's state is decoded on one thread while its memory loads on
-// another. A quota of one CPU throttles that burst (the cgroup's
-// nr_throttled grew on every resume of a default sandbox, and its first
-// result came 15 to 28 ms later than with the quota out of the way,
-// alternating rounds on a 2-core worker). The sandbox's processes see no
-// difference: runsc gives a sandbox max(2, ceil(quota)) CPUs (capped at the
-// host's), and a restored kernel keeps the CPU count it was saved with. So
-// Restore starts the container from a copy of its bundle whose quota is
+// Restoring a sandbox is gVisor's own burst of work, not its processes'
+// (its kernel's state decoded on one thread while its memory loads on
+// another), and a quota of one CPU throttles it. The sandbox's processes see
+// no difference: runsc gives a sandbox max(2, ceil(quota)) CPUs (capped at
+// the host's), and a restored kernel keeps the CPU count it was saved with.
+// So Restore starts the container from a copy of its bundle whose quota is
 // raised to that many CPUs, and writes the spec's own quota into the
 // container's cgroup once runsc is done, before it returns: no call can
 // reach the sandbox before its limit holds again.

@@ -211,40 +211,22 @@ type Limits struct {
 }
 
 // PidsHeadroom is what a sandbox's pids cgroup allows above its Pids: three
-// times Pids, plus 128. The host counts tasks of gVisor's, not the
-// sandbox's processes: some 45 threads of the sentry and the gofer in an
-// idle sandbox, and, on the systrap platform, for each address space alive
-// at once inside, a stub process and up to one "sysmsg" thread per CPU the
-// sandbox has (separate host processes), which the sentry keeps for reuse
-// and never ends. Snippets may start Pids tasks (RLIMIT_NPROC, set by the
-// agent): at --pids 256, 255 sleeping processes left 528 stub tasks behind
-// them and took the host count to 573, and a sandbox whose cgroup allowed
-// 576 crawled once 255 threads ran. A sandbox whose cgroup is full dies (the
-// sentry cannot make a thread); so the host's limit is a backstop against
-// a runaway sentry, far from what snippets can reach.
+// times Pids, plus 128, for gVisor's own threads and stub processes, which
+// the host counts and the snippets' RLIMIT_NPROC does not. It is a backstop
+// against a runaway sentry, beyond what snippets can reach (figures in
+// docs/PERFORMANCE.md, "Limits' floors").
 func PidsHeadroom(pids int64) int64 { return 3*pids + 128 }
 
 // MemoryHeadroom is what a sandbox's cgroup allows above its MemoryBytes: a
-// quarter, 256 to 512 MiB. It holds gVisor's own memory (some 25 MiB in an
-// idle sandbox) and what snippets grow by before the agent's memory watch
-// has killed them: six processes growing at once in a 256 MiB sandbox got
-// it killed in 3 runs of 10 with 64 MiB, in 2 of 40 with 128 MiB, in 2 of 20
-// with 128 MiB once the watch counted growth that /proc/meminfo does not
-// show yet, and in none of 30 with 256 MiB.
+// quarter, 256 to 512 MiB. It holds gVisor's own memory and what snippets
+// grow by before the agent's memory watch has killed them (figures in
+// docs/PERFORMANCE.md, "Limits' floors").
 func MemoryHeadroom(memoryBytes int64) int64 { return min(max(memoryBytes/4, 256<<20), 512<<20) }
 
-// InodeBytes is what one inode of a sandbox's tmpfs (/tmp, /dev/shm) may
-// cost gVisor, in bytes of its own (Go heap) memory: a file's metadata is
-// not in the memory that the sandbox's /proc/meminfo shows, nor in the
-// tmpfs's size. Measured on the sandbox's host memory cgroup with 50,000 of
-// each (docs/ARCHITECTURE.md, "The memory watch"): an empty file 2.0 KiB,
-// 2.4 KiB with a 255-byte name, a directory 1.9 KiB, a symlink with a
-// 4095-byte target 8.4 KiB, 8.9 KiB once the sentry also made garbage; so
-// 10 KiB, the worst case a snippet can choose, with margin. The agent's
-// memory watch counts each inode of /tmp and /dev/shm at this cost
-// (flmbox-agent --inode-bytes). Their number is not bounded otherwise: runsc
-// passes only mode, size, uid and gid of a tmpfs mount's options to gVisor
-// (tmpfsAllowedData in runsc/boot/vfs.go) and drops nr_inodes.
+// InodeBytes is what one inode of a sandbox's tmpfs (/tmp, /dev/shm) counts
+// in the agent's memory watch (flmbox-agent --inode-bytes): a file's metadata
+// is gVisor's own memory, shown neither in the sandbox's /proc/meminfo nor in
+// the tmpfs's size, and costs up to some 9 KiB (docs/PERFORMANCE.md).
 const InodeBytes = 10 << 10
 
 // WithLimits sets the sandbox's cgroup limits.

@@ -482,3 +482,8 @@ func readRequest(r io.Reader) (*wire.Request, []byte, error) {
 	}
 	return &req, rest, nil
 }
+
+// errorResult is the answer to a request that could not be run.
+func errorResult(err error) *wire.Result {
+	return &wire.Result{Version: wire.ProtocolVersion, ExitCode: -1, Error: err.Error()}
+}

@@ -1,22 +1,10 @@
 // Package snippet runs code inside sandboxes: the resident agent that runs
-// in every sandbox (flmbox-agent) and the client that talks to it over a
-// Unix socket (flmbox run).
+// in every sandbox as its first process (flmbox-agent), takes one request
+// per connection on a Unix socket that the host connects to, and runs each
+// snippet as the snippets' user, within its limits.
 //
-// # Protocol
-//
-// A call is one connection to the agent's socket. The client writes one JSON
-// Request and half-closes the connection (shutdown of its write side); the
-// agent writes one JSON Result and closes. Output bytes ([]byte) travel as
-// base64, so output that is not UTF-8 arrives unchanged. Both sides bound
-// what they read: the agent a request with the largest code (MaxCodeSize)
-// JSON-escaped, the client twice the request's MaxOutput in base64 plus
-// 64 KiB. A client that closes the connection before the answer cancels the
-// call: the agent kills the snippet.
-//
-// Requests and results carry ProtocolVersion. An agent that gets a request of
-// another version answers a Result with its own version, ExitCode -1 and an
-// Error naming both versions; Call turns a result of another version into an
-// error that says to recreate the sandbox.
+// The protocol between the host and the agent, its types and its client are
+// package snippet/wire.
 //
 // # Running a snippet
 //
