@@ -229,7 +229,7 @@ func CheckRequirements(reqs []string) error {
 // sys.path (python3 -s, so that no .pth file under /tmp runs at its start:
 // see pythonSiteDef in package snippet). So plain pip install is the
 // sandbox user's install into /tmp/site-packages, and --user is refused by
-// pip, as the README says.
+// pip, as docs/USAGE.md says.
 var flmboxEnv = []string{
 	"PIP_TARGET=" + sitePackages, // not a system install: PEP 668 does not apply
 	"PIP_CACHE_DIR=/tmp/.cache/pip",
