@@ -25,7 +25,7 @@ var (
 
 // request is s as the CLI sends it: a 30 s timeout, the default output cap.
 func (s snippet) request() sandbox.Request {
-	return sandbox.Request{Language: s.language, Code: s.code, Timeout: 30 * time.Second, MaxOutput: sandbox.DefaultMaxOutput}
+	return sandbox.Request{Language: s.language, Code: s.code, Timeout: sandbox.DefaultTimeout, MaxOutput: sandbox.DefaultMaxOutput}
 }
 
 // allocator gets a new sandbox's first result and returns how long that took.

@@ -85,8 +85,16 @@ func TestRunCallbackRefusedBeforeRunning(t *testing.T) {
 	}
 }
 
-// TestCallbackDefaults: the flags' defaults are the protocol's.
+// TestCallbackDefaults: the flags' defaults are sandbox's. (The flmbox
+// command's warm calls cannot import sandbox: the defaults are written twice,
+// and this test keeps them one.)
 func TestCallbackDefaults(t *testing.T) {
+	if runcmd.DefaultTimeout != sandbox.DefaultTimeout {
+		t.Errorf("--timeout's default %s; a Request's %s", runcmd.DefaultTimeout, sandbox.DefaultTimeout)
+	}
+	if n, err := parseSize("--max-output", runcmd.DefaultMaxOutput); err != nil || n != sandbox.DefaultMaxOutput {
+		t.Errorf("--max-output's default %s is %d, %v; a Request's %d", runcmd.DefaultMaxOutput, n, err, sandbox.DefaultMaxOutput)
+	}
 	if n, err := parseSize("--callback-bytes", runcmd.DefaultCallbackBytes); err != nil || n != sandbox.DefaultCallbackBytes {
 		t.Errorf("--callback-bytes' default %s is %d, %v; the protocol's %d", runcmd.DefaultCallbackBytes, n, err, sandbox.DefaultCallbackBytes)
 	}

@@ -46,7 +46,9 @@ func (f Flag) Names() []string { return append([]string{f.Name}, f.Aliases...) }
 // one.
 const DefaultRoot = "/var/lib/flmbox"
 
-// Defaults of run's flags.
+// Defaults of run's flags: sandbox's (a test of package app checks that
+// they agree; this package is linked into the flmbox command, which must
+// not import sandbox).
 const (
 	DefaultTimeout   = 30 * time.Second
 	DefaultMaxOutput = "1MiB"
