@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
+	"github.com/flmbox/flmbox/internal/flock"
 	"github.com/flmbox/flmbox/rootfs"
 	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox/record"
@@ -118,7 +119,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err != nil {
 		return nil, err
 	}
-	defer lock.unlock()
+	defer lock.Unlock()
 	ran := false // runsc ran: its log is kept
 	defer func() {
 		if err != nil {
@@ -224,7 +225,7 @@ func agentArgs(spec Spec, spareLimits []byte) []string {
 // name: made under a temporary name and renamed, so that the directory
 // never exists without its record and lock. A directory of that name that
 // a killed Create or Remove left is removed first.
-func (m *Manager) claim(ctx context.Context, rec *record.Record) (*dirLock, error) {
+func (m *Manager) claim(ctx context.Context, rec *record.Record) (*flock.Lock, error) {
 	dir, err := record.Dir(m.root, rec.Name)
 	if err != nil {
 		return nil, err
@@ -240,7 +241,7 @@ func (m *Manager) claim(ctx context.Context, rec *record.Record) (*dirLock, erro
 	}
 	rec.Dir = tmp
 	if err := record.Write(rec); err != nil {
-		lock.unlock()
+		lock.Unlock()
 		os.RemoveAll(tmp)
 		return nil, err
 	}
@@ -258,7 +259,7 @@ func (m *Manager) claim(ctx context.Context, rec *record.Record) (*dirLock, erro
 		}
 		// A killed flmbox left it: it is gone now.
 	}
-	lock.unlock()
+	lock.Unlock()
 	os.RemoveAll(tmp)
 	if errors.Is(err, unix.EEXIST) {
 		return nil, fmt.Errorf("sandbox %q %w", rec.Name, errdefs.ErrAlreadyExists)

@@ -162,7 +162,7 @@ func (m *Manager) adopt(ctx context.Context, rec *record.Record, spec Spec) (_ *
 	if err != nil {
 		return nil, errTaken
 	}
-	defer l.unlock()
+	defer l.Unlock()
 	if rec, err = record.ReadDir(rec.Dir); err != nil || rec.Pooled == nil || rec.Renamed() {
 		return nil, errTaken
 	}
@@ -286,7 +286,7 @@ func (m *Manager) park(ctx context.Context, rec *record.Record) error {
 	if err != nil {
 		return err
 	}
-	defer sl.unlock()
+	defer sl.Unlock()
 	if cfg := m.readPool(rec.Shape); cfg == nil || len(m.pooled(rec.Shape)) >= cfg.Size {
 		return m.destroy(ctx, rec)
 	}

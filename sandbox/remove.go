@@ -54,7 +54,7 @@ func (m *Manager) lockToRemove(ctx context.Context, name, doing string) (*record
 		m.o.warnf("%v: removing its directory; its runsc container and image lease, if any, are left to the next reconcile", err)
 		rec = &record.Record{Name: name, Dir: dir}
 	}
-	return rec, l.unlock, nil
+	return rec, l.Unlock, nil
 }
 
 // destroy removes what the sandbox of rec holds, in the reverse order of
@@ -251,7 +251,7 @@ func (m *Manager) reconcileDir(ctx context.Context, dir string) (gone bool, err 
 	if err != nil {
 		return false, nil // another process is at work on it
 	}
-	defer l.unlock()
+	defer l.Unlock()
 	if strings.HasPrefix(name, ".new-") {
 		return true, os.RemoveAll(dir)
 	}

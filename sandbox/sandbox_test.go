@@ -187,7 +187,7 @@ func TestReconcile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.unlock()
+	defer l.Unlock()
 	if err := m.Reconcile(context.Background()); !errdefs.IsDataLoss(err) || !strings.Contains(err.Error(), "damaged") {
 		t.Fatalf("Reconcile: %v, want the damaged record reported", err)
 	}

@@ -1,11 +1,9 @@
 package sandbox
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,7 +11,6 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
-	"golang.org/x/sys/unix"
 
 	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox/record"
@@ -171,43 +168,6 @@ func (m *Manager) poolKeys() []string {
 	}
 	return keys
 }
-
-// fileLock is an flock on a file of the pool's directory (made if need be).
-type fileLock struct{ fd int }
-
-// lockFile takes the lock of path; if wait, it waits until ctx is done,
-// else it fails at once with errLocked.
-func lockFile(ctx context.Context, path string, wait bool) (*fileLock, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("lock %s: %w", path, err)
-	}
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("lock %s: %w", path, err)
-	}
-	for {
-		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return &fileLock{fd: fd}, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			unix.Close(fd)
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
-		if !wait {
-			unix.Close(fd)
-			return nil, errLocked
-		}
-		select {
-		case <-ctx.Done():
-			unix.Close(fd)
-			return nil, fmt.Errorf("wait for the lock of %s: %w", path, context.Cause(ctx))
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-}
-
-func (l *fileLock) unlock() { unix.Close(l.fd) }
 
 // checkPoolOptions refuses sizes out of bounds and negative timeouts.
 func checkPoolOptions(o PoolOptions) error {

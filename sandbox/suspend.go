@@ -340,10 +340,10 @@ func (m *Manager) lockRecord(ctx context.Context, name, doing string) (*record.R
 	}
 	rec, err := record.Read(m.root, name)
 	if err != nil {
-		l.unlock()
+		l.Unlock()
 		return nil, nil, err
 	}
-	return rec, l.unlock, nil
+	return rec, l.Unlock, nil
 }
 
 // checkpointBytes is the size of sandbox rec's checkpoint image, 0 if it
