@@ -12,6 +12,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/flmbox/flmbox/internal/atomicfile"
 	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
@@ -148,10 +149,7 @@ func (m *Manager) writePool(key string, c *poolConfig) error {
 		return err
 	}
 	p := m.poolPath(key, ".json")
-	if err := os.WriteFile(p+".tmp", b, 0o600); err != nil {
-		return fmt.Errorf("write pool %s: %w", key, err)
-	}
-	if err := os.Rename(p+".tmp", p); err != nil {
+	if err := atomicfile.WriteFile(p, b, 0o600); err != nil {
 		return fmt.Errorf("write pool %s: %w", key, err)
 	}
 	return nil

@@ -21,6 +21,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/flmbox/flmbox/internal/atomicfile"
 	"github.com/flmbox/flmbox/internal/names"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
@@ -151,10 +152,7 @@ func Write(r *Record) error {
 		return err
 	}
 	p := filepath.Join(r.Dir, recordFile)
-	if err := os.WriteFile(p+".tmp", b, 0o600); err != nil {
-		return fmt.Errorf("write sandbox %q's record: %w", r.Name, err)
-	}
-	if err := os.Rename(p+".tmp", p); err != nil {
+	if err := atomicfile.WriteFile(p, b, 0o600); err != nil {
 		return fmt.Errorf("write sandbox %q's record: %w", r.Name, err)
 	}
 	return nil
