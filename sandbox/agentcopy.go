@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 
 	"github.com/flmbox/flmbox/internal/atomicfile"
+	"github.com/flmbox/flmbox/internal/stateroot"
 )
 
 // agentCopy returns the agent binary that new sandboxes bind:
@@ -18,7 +19,7 @@ func (m *Manager) agentCopy(agent string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("agent: %w", err)
 	}
-	dir := filepath.Join(m.root, "agents", agentID(fi))
+	dir := filepath.Join(stateroot.Agents(m.root), agentID(fi))
 	dst := filepath.Join(dir, AgentName)
 	if _, err := os.Stat(dst); err == nil {
 		return dst, nil

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
@@ -142,13 +142,13 @@ func (m *Manager) pooled(key string) []*record.Record {
 // records reads every sandbox's record, whatever name it holds (see
 // record.ReadDir); unreadable ones are left out.
 func (m *Manager) records() []*record.Record {
-	ents, _ := os.ReadDir(filepath.Join(m.root, "sandboxes"))
+	ents, _ := os.ReadDir(stateroot.Sandboxes(m.root))
 	var out []*record.Record
 	for _, e := range ents {
 		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		if rec, err := record.ReadDir(filepath.Join(m.root, "sandboxes", e.Name())); err == nil {
+		if rec, err := record.ReadDir(stateroot.Sandbox(m.root, e.Name())); err == nil {
 			out = append(out, rec)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/sandbox/record"
 )
 
@@ -119,7 +120,7 @@ func (m *Manager) pruneRunsc() {
 		return
 	}
 	idle := func() bool {
-		ents, err := os.ReadDir(filepath.Join(m.root, "sandboxes"))
+		ents, err := os.ReadDir(stateroot.Sandboxes(m.root))
 		return err == nil && len(ents) == 0
 	}
 	if err := rt.Prune(idle); err != nil {
@@ -143,14 +144,14 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	if err := m.open(); err != nil {
 		return err
 	}
-	ents, err := os.ReadDir(filepath.Join(m.root, "sandboxes"))
+	ents, err := os.ReadDir(stateroot.Sandboxes(m.root))
 	if err != nil {
 		return fmt.Errorf("reconcile sandboxes: %w", err)
 	}
 	var errs []error
 	for _, e := range ents {
 		if e.IsDir() {
-			if _, err := m.reconcileDir(ctx, filepath.Join(m.root, "sandboxes", e.Name())); err != nil {
+			if _, err := m.reconcileDir(ctx, stateroot.Sandbox(m.root, e.Name())); err != nil {
 				errs = append(errs, err)
 			}
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/flmbox/flmbox/internal/atomicfile"
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
@@ -112,7 +113,7 @@ type poolConfig struct {
 }
 
 func (m *Manager) poolPath(key, ext string) string {
-	return filepath.Join(m.root, "pool", key+ext)
+	return filepath.Join(stateroot.Pool(m.root), key+ext)
 }
 
 // readPool reads the settings of the pool of shape key; nil if it has none
@@ -141,7 +142,7 @@ func (m *Manager) readPool(key string) *poolConfig {
 
 // writePool writes c atomically.
 func (m *Manager) writePool(key string, c *poolConfig) error {
-	if err := os.MkdirAll(filepath.Join(m.root, "pool"), 0o700); err != nil {
+	if err := os.MkdirAll(stateroot.Pool(m.root), 0o700); err != nil {
 		return fmt.Errorf("write pool %s: %w", key, err)
 	}
 	b, err := json.Marshal(c)
@@ -157,7 +158,7 @@ func (m *Manager) writePool(key string, c *poolConfig) error {
 
 // poolKeys are the shapes that have settings.
 func (m *Manager) poolKeys() []string {
-	ents, _ := os.ReadDir(filepath.Join(m.root, "pool"))
+	ents, _ := os.ReadDir(stateroot.Pool(m.root))
 	var keys []string
 	for _, e := range ents {
 		if k, ok := strings.CutSuffix(e.Name(), ".json"); ok {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/flmbox/flmbox/internal/atomicfile"
 	"github.com/flmbox/flmbox/internal/names"
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
@@ -95,7 +96,7 @@ func Dir(root, name string) (string, error) {
 	if !names.Valid(name, 64) {
 		return "", fmt.Errorf("sandbox name %q: use 1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit: %w", name, errdefs.ErrInvalidArgument)
 	}
-	return filepath.Join(root, "sandboxes", name), nil
+	return stateroot.Sandbox(root, name), nil
 }
 
 // Read reads the record of sandbox name under the state root
