@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/rootfs"
 	"github.com/flmbox/flmbox/sandbox"
 	"github.com/flmbox/flmbox/snippet/wire"
@@ -114,7 +115,7 @@ func diffTreeStates(before, after map[string]string) []string {
 func TestSandboxesLeaveTheCachedTreeUntouched(t *testing.T) {
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	tree := filepath.Join(root, "images", "rootfs", strings.TrimPrefix(img.AMD64Digest.String(), "sha256:"), "rootfs")
+	tree := filepath.Join(stateroot.Images(root), "rootfs", strings.TrimPrefix(img.AMD64Digest.String(), "sha256:"), "rootfs")
 	before := treeState(t, tree)
 	// The prewarm made the mount points of sandboxes' bind mounts, and
 	// recorded them and what it made for them.

@@ -24,6 +24,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/internal/testrig/testimage"
 	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox"
@@ -251,7 +252,7 @@ func newConformance(t *testing.T, variant *testimage.Image) *conformance {
 		for _, sb := range sbs {
 			flmbox(t, root, "sandbox", "rm", sb.Name)
 		}
-		unix.Unmount(filepath.Join(root, "runsc", "null-netns"), unix.MNT_DETACH)
+		unix.Unmount(filepath.Join(stateroot.Runsc(root), "null-netns"), unix.MNT_DETACH)
 	})
 
 	amd64, err := variant.Index.Image(variant.AMD64Digest)

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/rootfs"
 )
 
@@ -144,7 +145,7 @@ func killedCreate(t *testing.T, root, image, name string) string {
 		t.Fatalf("runsc run failed (exit %s) under flmbox-core:\n%s", bytes.TrimSpace(rc), k.out.Bytes())
 	}
 	var rec struct{ ID, State string }
-	b, err := os.ReadFile(filepath.Join(root, "sandboxes", name, "sandbox.json"))
+	b, err := os.ReadFile(filepath.Join(stateroot.Sandbox(root, name), "sandbox.json"))
 	if err != nil || json.Unmarshal(b, &rec) != nil || rec.ID == "" || rec.State != "creating" {
 		kill()
 		t.Fatalf("record of the sandbox being created: %q: %v", b, err)
@@ -204,7 +205,7 @@ func (k *killable) mustRun(t *testing.T, what string) {
 // leases lists the image leases under root, without reconciling them.
 func leases(t *testing.T, root string) []rootfs.Lease {
 	t.Helper()
-	store, err := rootfs.OpenStore(filepath.Join(root, "images"))
+	store, err := rootfs.OpenStore(stateroot.Images(root))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +262,7 @@ func TestCreateKilledDuringRunscRun(t *testing.T) {
 	var id string
 	booted := func() bool {
 		var rec struct{ ID string }
-		b, err := os.ReadFile(filepath.Join(root, "sandboxes", "half", "sandbox.json"))
+		b, err := os.ReadFile(filepath.Join(stateroot.Sandbox(root, "half"), "sandbox.json"))
 		if err != nil || json.Unmarshal(b, &rec) != nil || rec.ID == "" {
 			return false
 		}
@@ -280,7 +281,7 @@ func TestCreateKilledDuringRunscRun(t *testing.T) {
 	if ls := leases(t, root); len(ls) != 0 {
 		t.Fatalf("leases left after sandbox ls: %+v", ls)
 	}
-	if _, err := os.Stat(filepath.Join(root, "sandboxes", "half")); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(stateroot.Sandbox(root, "half")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the killed sandbox's directory is left: %v", err)
 	}
 	if n := suspendRunscCount(t, root, id); n != 0 {
@@ -312,7 +313,7 @@ func TestCreateKilledAfterItsLease(t *testing.T) {
 		if ls := leases(t, root); len(ls) != 0 {
 			t.Fatalf("leases left after sandbox ls: %+v", ls)
 		}
-		if _, err := os.Stat(filepath.Join(root, "sandboxes", "same")); !errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat(stateroot.Sandbox(root, "same")); !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("the killed sandbox's directory is left: %v", err)
 		}
 		waitNoProcesses(t, id)

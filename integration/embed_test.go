@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/flmbox/flmbox/internal/stateroot"
 )
 
 // TestEmbeddedDemos builds testdata/embed, a program outside cmd/ that
@@ -90,7 +92,7 @@ func TestEmbeddedDemos(t *testing.T) {
 	if ls := leases(t, root); len(ls) != 0 {
 		t.Errorf("leases left: %+v", ls)
 	}
-	if ents, err := os.ReadDir(filepath.Join(root, "sandboxes")); err != nil || len(ents) != 0 {
+	if ents, err := os.ReadDir(stateroot.Sandboxes(root)); err != nil || len(ents) != 0 {
 		t.Errorf("sandbox directories left: %v %v", ents, err)
 	}
 

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/snippet/wire"
 	"golang.org/x/sys/unix"
 )
@@ -103,7 +104,7 @@ func faultNoSnippetProcesses(t *testing.T, root, name string) {
 func faultSandboxID(t *testing.T, root, name string) string {
 	t.Helper()
 	var sb struct{ ID string }
-	b, err := os.ReadFile(filepath.Join(root, "sandboxes", name, "sandbox.json"))
+	b, err := os.ReadFile(filepath.Join(stateroot.Sandbox(root, name), "sandbox.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +124,7 @@ func faultAgentPaths(t *testing.T, root, name string) (bin, runDir, hostRunDir s
 		Process struct{ Args []string }
 		Mounts  []struct{ Destination, Source string }
 	}
-	b, err := os.ReadFile(filepath.Join(root, "sandboxes", name, "config.json"))
+	b, err := os.ReadFile(filepath.Join(stateroot.Sandbox(root, name), "config.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -411,7 +412,7 @@ print('wrote /tmp/keep', flush=True)
 				t.Fatalf("the host's /tmp/%s before the test: %v", f, err)
 			}
 		}
-		sbDir := filepath.Join(root, "sandboxes", name)
+		sbDir := stateroot.Sandbox(root, name)
 		before := faultDirBytes(t, sbDir)
 		res := faultRun(t, root, name, fmt.Sprintf("dd if=/dev/zero of=/tmp/%[1]s bs=1M 2>&1; stat -c %%s /tmp/%[1]s", fill), "-l", "shell")
 		if !strings.Contains(res.stdout, "No space left on device") {
@@ -516,7 +517,7 @@ func TestFaultsIsolation(t *testing.T) {
 
 	t.Run("root filesystem is read-only", func(t *testing.T) {
 		var spec struct{ Root struct{ Path string } }
-		b, _ := os.ReadFile(filepath.Join(root, "sandboxes", name, "config.json"))
+		b, _ := os.ReadFile(filepath.Join(stateroot.Sandbox(root, name), "config.json"))
 		if err := json.Unmarshal(b, &spec); err != nil || spec.Root.Path == "" {
 			t.Fatalf("config.json: %v", err)
 		}
@@ -764,7 +765,7 @@ print(procs, rss)
 		c.agentRSS = kb << 10
 		// The agent's descriptors are out of the snippets' reach (it is
 		// root's and not dumpable): list them as root, with CAP_SYS_PTRACE.
-		out, err = exec.Command(runscPath, "--root", filepath.Join(root, "runsc"), "--network=none", "--host-uds=create",
+		out, err = exec.Command(runscPath, "--root", stateroot.Runsc(root), "--network=none", "--host-uds=create",
 			"exec", "--user", "0:0", "--cap", "CAP_SYS_PTRACE", id, "/bin/ls", "/proc/1/fd").CombinedOutput()
 		if err != nil {
 			t.Fatalf("list the agent's descriptors: %v\n%s", err, out)
@@ -815,7 +816,7 @@ func TestFaultsSandboxNames(t *testing.T) {
 	}
 	entries := func() []string {
 		var names []string
-		for _, d := range []string{root, filepath.Join(root, "sandboxes")} {
+		for _, d := range []string{root, stateroot.Sandboxes(root)} {
 			ents, _ := os.ReadDir(d)
 			for _, e := range ents {
 				names = append(names, filepath.Join(d, e.Name()))

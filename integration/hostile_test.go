@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
@@ -217,7 +218,7 @@ func TestHostileSnippetsCannotReachTheAgentSocket(t *testing.T) {
 // runscOn runs runsc with the global flags of sandbox name (network none).
 func runscOn(t *testing.T, root string, args ...string) {
 	t.Helper()
-	cmd := exec.Command(runscPath, append([]string{"--root", filepath.Join(root, "runsc"), "--network=none", "--host-uds=create"}, args...)...)
+	cmd := exec.Command(runscPath, append([]string{"--root", stateroot.Runsc(root), "--network=none", "--host-uds=create"}, args...)...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("runsc %v: %v\n%s", args, err, out)
 	}
@@ -308,7 +309,7 @@ func TestLastRemovalLeavesARemovableRoot(t *testing.T) {
 	if mounts := mountsUnder(t, root); len(mounts) > 0 {
 		t.Fatalf("mounts left under the root: %v", mounts)
 	}
-	if left, _ := filepath.Glob(filepath.Join(root, "runsc", "[^.]*")); len(left) > 0 {
+	if left, _ := filepath.Glob(filepath.Join(stateroot.Runsc(root), "[^.]*")); len(left) > 0 {
 		t.Errorf("left in runsc's state directory: %v", left) // but its lock file
 	}
 	if err := os.RemoveAll(root); err != nil {

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/flmbox/flmbox/internal/stateroot"
 )
 
 // Code runs as under bare gVisor (issue 25): the limits flmbox adds measure
@@ -255,14 +257,14 @@ func TestContainerEnvironmentAfterAdoptionAndResume(t *testing.T) {
 	var spec struct {
 		Mounts []struct{ Destination, Source string }
 	}
-	b, err := os.ReadFile(filepath.Join(root, "sandboxes", "adopted", "config.json"))
+	b, err := os.ReadFile(filepath.Join(stateroot.Sandbox(root, "adopted"), "config.json"))
 	if err != nil || json.Unmarshal(b, &spec) != nil {
 		t.Fatalf("the adopted sandbox's bundle: %v", err)
 	}
 	renamed := false
 	for _, m := range spec.Mounts {
 		if m.Destination == "/etc/hosts" {
-			renamed = !strings.HasPrefix(m.Source, filepath.Join(root, "sandboxes", "adopted")+"/")
+			renamed = !strings.HasPrefix(m.Source, stateroot.Sandbox(root, "adopted")+"/")
 		}
 	}
 	if !renamed {

@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/sandbox"
 )
 
@@ -83,14 +83,14 @@ func TestLimitsTooSmallAreRefused(t *testing.T) {
 		if res.code != 125 || strings.Contains(msg, "\n") || !strings.Contains(msg, want) {
 			t.Errorf("sandbox create %v: exit %d stderr %q, want 125 and one line saying %q", flags, res.code, res.stderr, want)
 		}
-		if _, err := os.Lstat(filepath.Join(root, "sandboxes", "small")); !errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Lstat(stateroot.Sandbox(root, "small")); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("sandbox create %v left its directory: %v", flags, err)
 		}
 		if ls := leases(t, root); len(ls) != 0 {
 			t.Errorf("sandbox create %v left leases: %+v", flags, ls)
 		}
-		if _, err := os.Stat(filepath.Join(root, "runsc")); err == nil {
-			out, err := exec.Command(runscPath, "--root", filepath.Join(root, "runsc"), "list", "-quiet").CombinedOutput()
+		if _, err := os.Stat(stateroot.Runsc(root)); err == nil {
+			out, err := exec.Command(runscPath, "--root", stateroot.Runsc(root), "list", "-quiet").CombinedOutput()
 			if err != nil || strings.TrimSpace(string(out)) != "" {
 				t.Errorf("sandbox create %v: runsc list: %q %v, want no container", flags, out, err)
 			}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/sandbox/record"
 )
 
@@ -31,7 +32,7 @@ func killedOwner(t *testing.T, root string, args ...string) *record.Record {
 	var rec *record.Record
 	pollUntil(t, 2*time.Minute, "the snippet to run in flmbox's sandbox", func() bool {
 		k.mustRun(t, "flmbox")
-		ents, _ := os.ReadDir(filepath.Join(root, "sandboxes"))
+		ents, _ := os.ReadDir(stateroot.Sandboxes(root))
 		for _, e := range ents {
 			if r, err := record.Read(root, e.Name()); err == nil && r.State == record.Running {
 				rec = r
@@ -101,8 +102,8 @@ func ownerCleaned(t *testing.T, root string, rec *record.Record) {
 	if ls := leases(t, root); len(ls) != 0 {
 		t.Errorf("image leases left: %+v", ls)
 	}
-	if _, err := os.Stat(filepath.Join(root, "runsc")); err == nil {
-		out, err := exec.Command(runscPath, "--root", filepath.Join(root, "runsc"), "list", "-quiet").CombinedOutput()
+	if _, err := os.Stat(stateroot.Runsc(root)); err == nil {
+		out, err := exec.Command(runscPath, "--root", stateroot.Runsc(root), "list", "-quiet").CombinedOutput()
 		if err != nil || strings.TrimSpace(string(out)) != "" {
 			t.Errorf("runsc list: %q %v, want no container", out, err)
 		}

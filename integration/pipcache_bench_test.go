@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/flmbox/flmbox/internal/stateroot"
 )
 
 // BenchmarkPipcacheInstall measures, side by side in one run and in
@@ -22,7 +24,7 @@ import (
 func BenchmarkPipcacheInstall(b *testing.B) {
 	reg := startRegistry(b)
 	root := b.TempDir()
-	b.Cleanup(func() { unix.Unmount(filepath.Join(root, "runsc", "null-netns"), unix.MNT_DETACH) })
+	b.Cleanup(func() { unix.Unmount(filepath.Join(stateroot.Runsc(root), "null-netns"), unix.MNT_DETACH) })
 	mustFlmbox(b, root, "prewarm", "--platform", "linux/amd64", reg.digestRef())
 	mustFlmbox(b, root, "pipcache", "add", writeTestWheel(b, b.TempDir(), "flmbox-bench-cache", "1.0"))
 	fn, wheel := testWheel("flmbox-bench-index", "1.0")

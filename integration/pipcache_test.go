@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/pipcache/wheeltest"
 )
 
@@ -29,8 +30,8 @@ func pipcacheList(t *testing.T, root string) []map[string]any {
 func cacheListing(t *testing.T, root string) string {
 	t.Helper()
 	var b strings.Builder
-	filepath.Walk(filepath.Join(root, "pipcache"), func(p string, fi os.FileInfo, err error) error {
-		if err != nil || p == filepath.Join(root, "pipcache", "lock") {
+	filepath.Walk(stateroot.Pipcache(root), func(p string, fi os.FileInfo, err error) error {
+		if err != nil || p == filepath.Join(stateroot.Pipcache(root), "lock") {
 			return err
 		}
 		data, _ := os.ReadFile(p)
@@ -49,7 +50,7 @@ func TestPipcacheOfflineInstall(t *testing.T) {
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	// The test image's Python marks itself externally managed (PEP 668).
-	marks, _ := filepath.Glob(filepath.Join(root, "images", "rootfs", "*", "rootfs", "usr", "lib", "python3*", "EXTERNALLY-MANAGED"))
+	marks, _ := filepath.Glob(filepath.Join(stateroot.Images(root), "rootfs", "*", "rootfs", "usr", "lib", "python3*", "EXTERNALLY-MANAGED"))
 	if len(marks) == 0 {
 		t.Fatal("the test image's Python is not marked externally managed: this test would prove nothing about PEP 668")
 	}
@@ -164,10 +165,10 @@ func TestPipcacheIndexAndFetch(t *testing.T) {
 	if ls := mustFlmbox(t, root, "sandbox", "ls", "--json"); strings.TrimSpace(ls) != "[]" {
 		t.Errorf("sandboxes left by fetch: %s", ls)
 	}
-	if left, _ := os.ReadDir(filepath.Join(root, "pipcache", "tmp")); len(left) != 0 {
+	if left, _ := os.ReadDir(filepath.Join(stateroot.Pipcache(root), "tmp")); len(left) != 0 {
 		t.Errorf("fetch left %v in the cache's tmp/", left)
 	}
-	if mounts, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mounts), filepath.Join(root, "pipcache")) {
+	if mounts, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mounts), stateroot.Pipcache(root)) {
 		t.Errorf("fetch left a mount under the cache")
 	}
 
@@ -273,7 +274,7 @@ func TestPipcacheAddRefusesBadWheels(t *testing.T) {
 	if ws := pipcacheList(t, root); len(ws) != 0 {
 		t.Fatalf("refused batches imported %v", ws)
 	}
-	if left, _ := os.ReadDir(filepath.Join(root, "pipcache", "tmp")); len(left) != 0 {
+	if left, _ := os.ReadDir(filepath.Join(stateroot.Pipcache(root), "tmp")); len(left) != 0 {
 		t.Fatalf("refused imports left %v", left)
 	}
 }

@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/sandbox/record"
 )
 
@@ -153,7 +154,7 @@ func waitRefills(t *testing.T, root string) {
 // meanwhile first.
 func holdRefill(t *testing.T, root, shape string) (release func()) {
 	t.Helper()
-	fd, err := unix.Open(filepath.Join(root, "pool", shape+".refill"), unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	fd, err := unix.Open(filepath.Join(stateroot.Pool(root), shape+".refill"), unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,10 +175,10 @@ func holdRefill(t *testing.T, root, shape string) (release func()) {
 // runscIDs are the containers runsc lists under root.
 func runscIDs(t *testing.T, root string) []string {
 	t.Helper()
-	if _, err := os.Stat(filepath.Join(root, "runsc")); err != nil {
+	if _, err := os.Stat(stateroot.Runsc(root)); err != nil {
 		return nil
 	}
-	out, err := exec.Command(runscPath, "--root", filepath.Join(root, "runsc"), "list", "-quiet").CombinedOutput()
+	out, err := exec.Command(runscPath, "--root", stateroot.Runsc(root), "list", "-quiet").CombinedOutput()
 	if err != nil {
 		t.Fatalf("runsc list: %v\n%s", err, out)
 	}
@@ -497,9 +498,9 @@ print('done')`
 // recordOf reads the record of the sandbox whose runsc container is id,
 // whatever its name; nil if there is none.
 func recordOf(root, id string) *record.Record {
-	ents, _ := os.ReadDir(filepath.Join(root, "sandboxes"))
+	ents, _ := os.ReadDir(stateroot.Sandboxes(root))
 	for _, e := range ents {
-		if rec, err := record.ReadDir(filepath.Join(root, "sandboxes", e.Name())); err == nil && rec.ID == id {
+		if rec, err := record.ReadDir(stateroot.Sandbox(root, e.Name())); err == nil && rec.ID == id {
 			return rec
 		}
 	}
@@ -579,7 +580,7 @@ func TestPoolFillMissingImage(t *testing.T) {
 		if ps := poolLs(t, root); len(ps) != 0 {
 			t.Errorf("pool ls after pool fill %s failed: %+v", image, ps)
 		}
-		if ents, _ := os.ReadDir(filepath.Join(root, "pool")); slices.ContainsFunc(ents, func(e os.DirEntry) bool { return strings.HasSuffix(e.Name(), ".json") }) {
+		if ents, _ := os.ReadDir(stateroot.Pool(root)); slices.ContainsFunc(ents, func(e os.DirEntry) bool { return strings.HasSuffix(e.Name(), ".json") }) {
 			t.Errorf("pool settings left by pool fill %s: %v", image, ents)
 		}
 		checkOnlyPooled(t, root, 0)

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/internal/testrig/testimage"
 	"github.com/flmbox/flmbox/rootfs"
 )
@@ -323,12 +324,12 @@ func readDirOrEmpty(t *testing.T, dir string) []fs.DirEntry {
 func assertNoEntries(t *testing.T, root string) {
 	t.Helper()
 	for _, d := range []string{"rootfs", "tmp", "trash"} {
-		if ents := readDirOrEmpty(t, filepath.Join(root, "images", d)); len(ents) != 0 {
+		if ents := readDirOrEmpty(t, filepath.Join(stateroot.Images(root), d)); len(ents) != 0 {
 			t.Errorf("images/%s is not empty: %v", d, ents)
 		}
 	}
-	err := filepath.WalkDir(filepath.Join(root, "images", "aliases"), func(p string, d fs.DirEntry, err error) error {
-		if errors.Is(err, fs.ErrNotExist) && p == filepath.Join(root, "images", "aliases") {
+	err := filepath.WalkDir(filepath.Join(stateroot.Images(root), "aliases"), func(p string, d fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) && p == filepath.Join(stateroot.Images(root), "aliases") {
 			return nil
 		}
 		if err != nil {
@@ -392,8 +393,8 @@ func TestPrewarmKilledAnyMomentRecovers(t *testing.T) {
 		cmd.Process.Kill()
 		cmd.Wait()
 		// Whatever is published is complete.
-		for _, e := range readDirOrEmpty(t, filepath.Join(root, "images", "rootfs")) {
-			dir := filepath.Join(root, "images", "rootfs", e.Name())
+		for _, e := range readDirOrEmpty(t, filepath.Join(stateroot.Images(root), "rootfs")) {
+			dir := filepath.Join(stateroot.Images(root), "rootfs", e.Name())
 			if _, err := os.Stat(filepath.Join(dir, "image.json")); err != nil {
 				t.Fatalf("killed after %v: published entry %s has no image.json", delay, e.Name())
 			}
@@ -401,7 +402,7 @@ func TestPrewarmKilledAnyMomentRecovers(t *testing.T) {
 				t.Fatalf("killed after %v: published entry %s is incomplete: %v", delay, e.Name(), err)
 			}
 			t.Logf("killed after %v: the pull had already finished", delay)
-			os.RemoveAll(filepath.Join(root, "images"))
+			os.RemoveAll(stateroot.Images(root))
 		}
 	}
 	res := prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef())
@@ -409,7 +410,7 @@ func TestPrewarmKilledAnyMomentRecovers(t *testing.T) {
 		t.Fatalf("after kills: %+v", res)
 	}
 	compareTrees(t, img.RootfsDir, res.Rootfs)
-	if ents := readDirOrEmpty(t, filepath.Join(root, "images", "tmp")); len(ents) != 0 {
+	if ents := readDirOrEmpty(t, filepath.Join(stateroot.Images(root), "tmp")); len(ents) != 0 {
 		t.Fatalf("leftovers of killed pulls remain: %v", ents)
 	}
 }
@@ -436,7 +437,7 @@ func TestImagesLsRmGCWithLease(t *testing.T) {
 	mustFlmbox(t, root, "sandbox", "rm", "sandbox-1")
 	// A lease whose sandbox does not exist (a killed flmbox's) keeps nothing:
 	// images rm reconciles leases with sandboxes first.
-	store, err := rootfs.OpenStore(filepath.Join(root, "images"))
+	store, err := rootfs.OpenStore(stateroot.Images(root))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/sandbox/record"
 )
 
@@ -34,8 +35,8 @@ func sandboxRoot(t *testing.T, reg *testRegistry) string {
 			flmbox(t, root, "sandbox", "rm", sb.Name)
 		}
 		// Exactly one mount: two would mean flmbox leaked one.
-		if err := unix.Unmount(filepath.Join(root, "runsc", "null-netns"), unix.MNT_DETACH); err == nil {
-			if unix.Unmount(filepath.Join(root, "runsc", "null-netns"), unix.MNT_DETACH) == nil {
+		if err := unix.Unmount(filepath.Join(stateroot.Runsc(root), "null-netns"), unix.MNT_DETACH); err == nil {
+			if unix.Unmount(filepath.Join(stateroot.Runsc(root), "null-netns"), unix.MNT_DETACH) == nil {
 				t.Error("runsc's null-netns was mounted twice")
 			}
 		}
@@ -47,7 +48,7 @@ func sandboxRoot(t *testing.T, reg *testRegistry) string {
 // the root directory's mtime: sandboxes must never change the shared tree.
 func rootfsListing(t *testing.T, root string) string {
 	t.Helper()
-	dir := filepath.Join(root, "images", "rootfs", strings.TrimPrefix(img.AMD64Digest.String(), "sha256:"), "rootfs")
+	dir := filepath.Join(stateroot.Images(root), "rootfs", strings.TrimPrefix(img.AMD64Digest.String(), "sha256:"), "rootfs")
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/flmbox/flmbox/internal/stateroot"
 )
 
 // Every runsc command flmbox runs is bounded and interruptible (issue 27):
@@ -155,7 +157,7 @@ func noSandboxes(t *testing.T, root string) {
 	if err := json.Unmarshal([]byte(out), &sbs); err != nil || len(sbs) != 0 {
 		t.Errorf("sandbox ls: %s (%v), want none", out, err)
 	}
-	waitNoProcesses(t, filepath.Join(root, "runsc"))
+	waitNoProcesses(t, stateroot.Runsc(root))
 }
 
 func TestRunscHang(t *testing.T) {

@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/flmbox/flmbox/internal/mountinfo"
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox"
 )
@@ -28,7 +29,7 @@ import (
 // theirs (a suspended sandbox has none).
 func faultsRootClean(t *testing.T, m *sandbox.Manager, root string, names ...string) {
 	t.Helper()
-	ents, _ := os.ReadDir(filepath.Join(root, "sandboxes"))
+	ents, _ := os.ReadDir(stateroot.Sandboxes(root))
 	var got []string
 	for _, e := range ents {
 		got = append(got, e.Name())
@@ -53,7 +54,7 @@ func faultsRootClean(t *testing.T, m *sandbox.Manager, root string, names ...str
 		}
 		t.Errorf("mount left: %s", mt)
 	}
-	rt, err := runtime.NewRuntime(runscPath, filepath.Join(root, "runsc"))
+	rt, err := runtime.NewRuntime(runscPath, stateroot.Runsc(root))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,11 +220,11 @@ func TestSandboxFaultsNonRoot(t *testing.T) {
 	if err == nil || !strings.Contains(first, "flmbox needs root") {
 		t.Errorf("sandbox create as uid 65534: %v, first line %q: want a failure saying flmbox needs root", err, first)
 	}
-	ents, _ := os.ReadDir(filepath.Join(root, "sandboxes"))
+	ents, _ := os.ReadDir(stateroot.Sandboxes(root))
 	if len(ents) > 0 {
 		t.Errorf("left in sandboxes/: %d entries", len(ents))
 	}
-	if ls, _ := filepath.Glob(filepath.Join(root, "images", "leases", "*")); len(ls) > 0 {
+	if ls, _ := filepath.Glob(filepath.Join(stateroot.Images(root), "leases", "*")); len(ls) > 0 {
 		t.Errorf("leases left: %q", ls)
 	}
 }

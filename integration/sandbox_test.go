@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox"
 	"github.com/flmbox/flmbox/snippet/wire"
@@ -53,7 +54,7 @@ func newManager(t *testing.T) (*sandbox.Manager, string) {
 				t.Errorf("clean up: %v", err)
 			}
 		}
-		unix.Unmount(filepath.Join(root, "runsc", "null-netns"), unix.MNT_DETACH)
+		unix.Unmount(filepath.Join(stateroot.Runsc(root), "null-netns"), unix.MNT_DETACH)
 	})
 	return m, root
 }
@@ -216,7 +217,7 @@ func TestManagerLifecycle(t *testing.T) {
 	if hs := holders(); len(hs) != 1 || hs[0] != lease {
 		t.Fatalf("leases after refused creates: %q", hs)
 	}
-	ents, _ := os.ReadDir(filepath.Join(root, "sandboxes"))
+	ents, _ := os.ReadDir(stateroot.Sandboxes(root))
 	if len(ents) != 1 || ents[0].Name() != "life" {
 		var names []string
 		for _, e := range ents {
@@ -266,7 +267,7 @@ func TestManagerLifecycle(t *testing.T) {
 	if err := m.Remove(ctx, "life"); err != nil {
 		t.Fatalf("remove is not idempotent: %v", err)
 	}
-	for _, dir := range []string{filepath.Join(root, "sandboxes", "life"), sb.Bundle} {
+	for _, dir := range []string{stateroot.Sandbox(root, "life"), sb.Bundle} {
 		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("sandbox directory %s left: %v", dir, err)
 		}

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/flmbox/flmbox/internal/stateroot"
 )
 
 // soakMemory and soakPids are the soak sandbox's --memory and --pids: the
@@ -108,7 +110,7 @@ func sandboxPidsMax(t *testing.T, root, name string) int {
 func sandboxCgroupEvents(t *testing.T, root, name, controller, v1, v2, key string) int {
 	t.Helper()
 	id := faultSandboxID(t, root, name)
-	out, err := exec.Command(runscPath, "--root", filepath.Join(root, "runsc"), "state", id).Output()
+	out, err := exec.Command(runscPath, "--root", stateroot.Runsc(root), "state", id).Output()
 	if err != nil {
 		t.Fatalf("runsc state: %v", err)
 	}

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/flmbox/flmbox/internal/stateroot"
 )
 
 // Suspend and resume (flmbox sandbox suspend, resume and gc) against the
@@ -103,10 +105,10 @@ func suspendNoProcesses(t *testing.T, id string) {
 // suspendContainers lists the containers runsc knows under root.
 func suspendContainers(t *testing.T, root string) []string {
 	t.Helper()
-	if _, err := os.Stat(filepath.Join(root, "runsc")); os.IsNotExist(err) {
+	if _, err := os.Stat(stateroot.Runsc(root)); os.IsNotExist(err) {
 		return nil
 	}
-	out, err := exec.Command(runscPath, "--root", filepath.Join(root, "runsc"), "list", "-quiet").CombinedOutput()
+	out, err := exec.Command(runscPath, "--root", stateroot.Runsc(root), "list", "-quiet").CombinedOutput()
 	if err != nil {
 		t.Fatalf("runsc list: %v: %s", err, out)
 	}
@@ -129,7 +131,7 @@ func suspendRunscCount(t *testing.T, root, id string) int {
 // suspendSandboxPID is the host pid of sandbox id's runsc-sandbox process.
 func suspendSandboxPID(t *testing.T, root, id string) int {
 	t.Helper()
-	out, err := exec.Command(runscPath, "--root", filepath.Join(root, "runsc"), "state", id).Output()
+	out, err := exec.Command(runscPath, "--root", stateroot.Runsc(root), "state", id).Output()
 	if err != nil {
 		t.Fatalf("runsc state %s: %v", id, err)
 	}
@@ -315,10 +317,10 @@ func TestSuspendDemo1Reboot(t *testing.T) {
 		if ids := suspendContainers(t, root); len(ids) != 0 {
 			t.Errorf("runsc still knows containers of the suspended sandbox: %q", ids)
 		}
-		if err := unix.Unmount(filepath.Join(root, "runsc", "null-netns"), unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
+		if err := unix.Unmount(filepath.Join(stateroot.Runsc(root), "null-netns"), unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
 			t.Fatal(err)
 		}
-		if err := os.RemoveAll(filepath.Join(root, "runsc")); err != nil {
+		if err := os.RemoveAll(stateroot.Runsc(root)); err != nil {
 			t.Fatal(err)
 		}
 		if mounts := mountsUnder(t, root); len(mounts) != 0 {
@@ -372,10 +374,10 @@ func TestSuspendCyclesKeepFiles(t *testing.T) {
 		if cycle == 2 {
 			// What a resume killed after it recorded the sandbox running
 			// leaves: its whole image. The next suspend makes a new one.
-			if err := os.MkdirAll(filepath.Join(root, "sandboxes", name, "checkpoint"), 0o700); err != nil {
+			if err := os.MkdirAll(filepath.Join(stateroot.Sandbox(root, name), "checkpoint"), 0o700); err != nil {
 				t.Fatal(err)
 			}
-			if err := os.WriteFile(filepath.Join(root, "sandboxes", name, "checkpoint", "pages.img"), []byte("stale"), 0o600); err != nil {
+			if err := os.WriteFile(filepath.Join(stateroot.Sandbox(root, name), "checkpoint", "pages.img"), []byte("stale"), 0o600); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -385,7 +387,7 @@ func TestSuspendCyclesKeepFiles(t *testing.T) {
 		}
 		// A resume removes its image in the background; what a process that
 		// exited first left of it is gone once the sandbox is suspended again.
-		if _, err := os.Stat(filepath.Join(root, "sandboxes", name, "checkpoint.old")); !os.IsNotExist(err) {
+		if _, err := os.Stat(filepath.Join(stateroot.Sandbox(root, name), "checkpoint.old")); !os.IsNotExist(err) {
 			t.Errorf("cycle %d: the previous image is left after a suspend: %v", cycle, err)
 		}
 		if cycle == 3 {
@@ -410,7 +412,7 @@ func TestSuspendCyclesKeepFiles(t *testing.T) {
 		}
 		// sandbox resume waits for the image's removal (Manager.Wait).
 		for _, img := range []string{"checkpoint", "checkpoint.old"} {
-			if _, err := os.Stat(filepath.Join(root, "sandboxes", name, img)); !os.IsNotExist(err) {
+			if _, err := os.Stat(filepath.Join(stateroot.Sandbox(root, name), img)); !os.IsNotExist(err) {
 				t.Errorf("cycle %d: %s is left after resume: %v", cycle, img, err)
 			}
 		}
@@ -492,7 +494,7 @@ func TestSuspendDeadSandbox(t *testing.T) {
 		t.Fatalf("after suspending a dead sandbox sandbox ls says %q", st)
 	}
 	for _, d := range []string{"checkpoint", "checkpoint.tmp"} {
-		if _, err := os.Stat(filepath.Join(root, "sandboxes", name, d)); !os.IsNotExist(err) {
+		if _, err := os.Stat(filepath.Join(stateroot.Sandbox(root, name), d)); !os.IsNotExist(err) {
 			t.Errorf("%s of a dead sandbox: %v", d, err)
 		}
 	}
@@ -632,7 +634,7 @@ func TestSuspendedRemove(t *testing.T) {
 	suspendFill(t, root, name, 8)
 	sb := suspendMust(t, root, name)
 	mustFlmbox(t, root, "sandbox", "rm", name)
-	if _, err := os.Lstat(filepath.Join(root, "sandboxes", name)); !os.IsNotExist(err) {
+	if _, err := os.Lstat(stateroot.Sandbox(root, name)); !os.IsNotExist(err) {
 		t.Fatalf("the directory of a removed suspended sandbox: %v", err)
 	}
 	if st := suspendState(t, root, name); st != "" {
@@ -679,7 +681,7 @@ func suspendKilled(t *testing.T, kills []suspendKill) {
 			if p.when == "during" {
 				// Midway: the image has begun.
 				p.until = func() bool {
-					fi, err := os.Stat(filepath.Join(root, "sandboxes", name, "checkpoint.tmp", "pages.img"))
+					fi, err := os.Stat(filepath.Join(stateroot.Sandbox(root, name), "checkpoint.tmp", "pages.img"))
 					return err == nil && fi.Size() > 0
 				}
 			}
@@ -690,7 +692,7 @@ func suspendKilled(t *testing.T, kills []suspendKill) {
 			if sb == nil || sb.State != tc.want {
 				t.Errorf("sandbox ls after the kill lists %+v, want %s; its stderr: %s", sb, tc.want, stderr)
 			}
-			if _, err := os.Stat(filepath.Join(root, "sandboxes", name, "checkpoint.tmp")); !os.IsNotExist(err) {
+			if _, err := os.Stat(filepath.Join(stateroot.Sandbox(root, name), "checkpoint.tmp")); !os.IsNotExist(err) {
 				t.Errorf("checkpoint.tmp is left after the reconcile: %v", err)
 			}
 			if sb != nil && sb.State == "suspended" {
@@ -784,7 +786,7 @@ func TestResumeKilled(t *testing.T) {
 				t.Fatalf("sandbox ls after the kill lists %+v, want %s; its stderr: %s", sb, want, stderr)
 			}
 			if want == "suspended" {
-				if _, err := os.Stat(filepath.Join(root, "sandboxes", name, "checkpoint", "checkpoint.img")); err != nil {
+				if _, err := os.Stat(filepath.Join(stateroot.Sandbox(root, name), "checkpoint", "checkpoint.img")); err != nil {
 					t.Fatalf("the image after a killed resume: %v", err)
 				}
 				suspendNoProcesses(t, id)
@@ -815,7 +817,7 @@ func TestResumeDamagedImage(t *testing.T) {
 	suspendFill(t, root, name, 8)
 	manifest := mustFlmbox(t, root, "run", "--sandbox", name, "-l", "shell", "-c", suspendManifest)
 	id := suspendMust(t, root, name).ID
-	img := filepath.Join(root, "sandboxes", name, "checkpoint")
+	img := filepath.Join(stateroot.Sandbox(root, name), "checkpoint")
 	backup := filepath.Join(t.TempDir(), "checkpoint")
 	if out, err := exec.Command("cp", "-a", img, backup).CombinedOutput(); err != nil {
 		t.Fatalf("copy the image: %v: %s", err, out)
@@ -879,7 +881,7 @@ func TestResumeDamagedImage(t *testing.T) {
 			if n := suspendRunscCount(t, root, id); n != 0 {
 				t.Fatalf("runsc knows the suspended sandbox's container %s after a failed resume", id)
 			}
-			if mounts := mountsUnder(t, filepath.Join(root, "sandboxes", name)); len(mounts) != 0 {
+			if mounts := mountsUnder(t, stateroot.Sandbox(root, name)); len(mounts) != 0 {
 				t.Fatalf("mounts left under the sandbox after a failed resume: %q", mounts)
 			}
 			res = flmbox(t, root, "run", "--sandbox", name, "-c", "print(1)")
@@ -980,7 +982,7 @@ func TestSandboxGC(t *testing.T) {
 		t.Fatalf("after gc --remove-idle sandbox ls lists %v", got)
 	}
 	for _, n := range []string{"idle", "other"} {
-		if _, err := os.Lstat(filepath.Join(root, "sandboxes", n)); !os.IsNotExist(err) {
+		if _, err := os.Lstat(stateroot.Sandbox(root, n)); !os.IsNotExist(err) {
 			t.Errorf("the directory of %s after gc --remove-idle: %v", n, err)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/errdefs"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"github.com/flmbox/flmbox/internal/atomicfile"
 	"github.com/flmbox/flmbox/internal/names"
 )
 
@@ -575,19 +576,7 @@ func writeJSONAtomic(p string, v any) error {
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(filepath.Dir(p), ".tmp-")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), p)
+	return atomicfile.WriteFile(p, b, 0o600)
 }
 
 // Config returns the image config of the cached image with this manifest

@@ -2,9 +2,11 @@ package sandbox
 
 import (
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/flmbox/flmbox/internal/atomicfile"
+	"github.com/flmbox/flmbox/internal/stateroot"
 )
 
 // agentCopy returns the agent binary that new sandboxes bind:
@@ -17,7 +19,7 @@ func (m *Manager) agentCopy(agent string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("agent: %w", err)
 	}
-	dir := filepath.Join(m.root, "agents", agentID(fi))
+	dir := filepath.Join(stateroot.Agents(m.root), agentID(fi))
 	dst := filepath.Join(dir, AgentName)
 	if _, err := os.Stat(dst); err == nil {
 		return dst, nil
@@ -30,22 +32,8 @@ func (m *Manager) agentCopy(agent string) (string, error) {
 		return "", fmt.Errorf("copy the agent: %w", err)
 	}
 	defer src.Close()
-	tmp, err := os.CreateTemp(dir, ".tmp-")
-	if err != nil {
-		return "", fmt.Errorf("copy the agent: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	_, err = io.Copy(tmp, src)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp.Name(), 0o755)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), dst) // another process's copy of the same build may win: the same bytes
-	}
-	if err != nil {
+	// Another process's copy of the same build may win: the same bytes.
+	if err := atomicfile.WriteFrom(dst, src, 0o755); err != nil {
 		return "", fmt.Errorf("copy the agent: %w", err)
 	}
 	return dst, nil

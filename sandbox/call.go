@@ -281,7 +281,7 @@ func (m *Manager) callableAfterStale(ctx context.Context, rec *record.Record, er
 	if lerr != nil {
 		return nil, err // at work
 	}
-	defer l.unlock()
+	defer l.Unlock()
 	now, rerr := record.Read(m.root, rec.Name)
 	if rerr != nil {
 		return nil, rerr

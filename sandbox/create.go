@@ -18,6 +18,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/flmbox/flmbox/internal/flock"
 	"github.com/flmbox/flmbox/rootfs"
 	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox/record"
@@ -119,7 +120,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err != nil {
 		return nil, err
 	}
-	defer lock.unlock()
+	defer lock.Unlock()
 	ran := false // runsc ran: its log is kept
 	defer func() {
 		if err != nil {
@@ -250,7 +251,7 @@ func agentArgs(spec Spec, spareLimits []byte) []string {
 // name: made under a temporary name and renamed, so that the directory
 // never exists without its record and lock. A directory of that name that
 // a killed Create or Remove left is removed first.
-func (m *Manager) claim(ctx context.Context, rec *record.Record) (*dirLock, error) {
+func (m *Manager) claim(ctx context.Context, rec *record.Record) (*flock.Lock, error) {
 	dir, err := record.Dir(m.root, rec.Name)
 	if err != nil {
 		return nil, err
@@ -266,7 +267,7 @@ func (m *Manager) claim(ctx context.Context, rec *record.Record) (*dirLock, erro
 	}
 	rec.Dir = tmp
 	if err := record.Write(rec); err != nil {
-		lock.unlock()
+		lock.Unlock()
 		os.RemoveAll(tmp)
 		return nil, err
 	}
@@ -284,7 +285,7 @@ func (m *Manager) claim(ctx context.Context, rec *record.Record) (*dirLock, erro
 		}
 		// A killed flmbox left it: it is gone now.
 	}
-	lock.unlock()
+	lock.Unlock()
 	os.RemoveAll(tmp)
 	if errors.Is(err, unix.EEXIST) {
 		return nil, fmt.Errorf("sandbox %q %w", rec.Name, errdefs.ErrAlreadyExists)

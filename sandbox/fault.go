@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/sandbox/record"
 )
 
@@ -220,14 +222,14 @@ func appendLog(path, doing string, err error) {
 // createLog is where a failed Create keeps runsc's log of the sandbox of
 // rec, whose directory it removes: ROOT/logs/NAME.create.log.
 func (m *Manager) createLog(rec *record.Record) string {
-	return m.root + "/logs/" + rec.Name + ".create.log"
+	return filepath.Join(stateroot.Logs(m.root), rec.Name+".create.log")
 }
 
 // keepCreateLog copies the console log of the sandbox of rec, which a
 // failed Create removes, to createLog, and returns that path.
 func (m *Manager) keepCreateLog(rec *record.Record) string {
 	p := m.createLog(rec)
-	if err := os.MkdirAll(m.root+"/logs", 0o700); err != nil {
+	if err := os.MkdirAll(stateroot.Logs(m.root), 0o700); err != nil {
 		return consolePath(rec)
 	}
 	b, _ := os.ReadFile(consolePath(rec))

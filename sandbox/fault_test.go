@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/random"
 
 	"github.com/flmbox/flmbox/internal/mountinfo"
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox/record"
 )
@@ -88,7 +89,7 @@ func testLayout(t *testing.T) string {
 // directory under sandboxes/, an image lease, a mount.
 func checkRootClean(t *testing.T, m *Manager) {
 	t.Helper()
-	ents, _ := os.ReadDir(filepath.Join(m.Root(), "sandboxes"))
+	ents, _ := os.ReadDir(stateroot.Sandboxes(m.Root()))
 	for _, e := range ents {
 		t.Errorf("left in sandboxes/: %s", e.Name())
 	}
@@ -180,7 +181,7 @@ func TestCreateFailuresLeaveNothing(t *testing.T) {
 				t.Errorf("error %q: want one line, without runsc's stack trace", err)
 			}
 			if tc.log != "" {
-				p := filepath.Join(root, "logs", "sb.create.log")
+				p := filepath.Join(stateroot.Logs(root), "sb.create.log")
 				if !strings.Contains(err.Error(), p) {
 					t.Errorf("error %q does not name the log %s", err, p)
 				}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/sandbox/record"
 )
 
@@ -207,7 +207,7 @@ func (m *Manager) settled(ctx context.Context, rec *record.Record) (*record.Reco
 // Probe checks which running ones are alive; Reconcile also deletes runsc
 // containers and image leases that no record names.
 func (m *Manager) List(ctx context.Context) ([]*Sandbox, error) {
-	ents, err := os.ReadDir(filepath.Join(m.root, "sandboxes"))
+	ents, err := os.ReadDir(stateroot.Sandboxes(m.root))
 	if os.IsNotExist(err) {
 		return nil, nil
 	}

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/containerd/errdefs"
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/pipcache"
 	"github.com/flmbox/flmbox/rootfs"
 	"github.com/flmbox/flmbox/runtime"
@@ -115,16 +116,16 @@ func (m *Manager) open() error {
 	if m.store != nil {
 		return nil
 	}
-	if err := os.MkdirAll(filepath.Join(m.root, "sandboxes"), 0o700); err != nil {
+	if err := os.MkdirAll(stateroot.Sandboxes(m.root), 0o700); err != nil {
 		return fmt.Errorf("create the state root %s: %w", m.root, err)
 	}
-	store, err := rootfs.OpenStore(filepath.Join(m.root, "images"), rootfs.WithMountPoints(mountPoints...))
+	store, err := rootfs.OpenStore(stateroot.Images(m.root), rootfs.WithMountPoints(mountPoints...))
 	if err != nil {
 		return err
 	}
 	wheels := m.o.wheels
 	if wheels == nil {
-		if wheels, err = pipcache.Open(filepath.Join(m.root, "pipcache"), nil); err != nil {
+		if wheels, err = pipcache.Open(stateroot.Pipcache(m.root), nil); err != nil {
 			return err
 		}
 	}
@@ -147,7 +148,7 @@ func (m *Manager) runtime() (*runtime.Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	if m.rt, err = runtime.NewRuntime(runsc, filepath.Join(m.root, "runsc")); err != nil {
+	if m.rt, err = runtime.NewRuntime(runsc, stateroot.Runsc(m.root)); err != nil {
 		return nil, err
 	}
 	return m.rt, nil

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/sandbox/record"
 )
 
@@ -141,13 +141,13 @@ func (m *Manager) pooled(key string) []*record.Record {
 // records reads every sandbox's record, whatever name it holds (see
 // record.ReadDir); unreadable ones are left out.
 func (m *Manager) records() []*record.Record {
-	ents, _ := os.ReadDir(filepath.Join(m.root, "sandboxes"))
+	ents, _ := os.ReadDir(stateroot.Sandboxes(m.root))
 	var out []*record.Record
 	for _, e := range ents {
 		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		if rec, err := record.ReadDir(filepath.Join(m.root, "sandboxes", e.Name())); err == nil {
+		if rec, err := record.ReadDir(stateroot.Sandbox(m.root, e.Name())); err == nil {
 			out = append(out, rec)
 		}
 	}
@@ -161,7 +161,7 @@ func (m *Manager) adopt(ctx context.Context, rec *record.Record, spec Spec) (_ *
 	if err != nil {
 		return nil, errTaken
 	}
-	defer l.unlock()
+	defer l.Unlock()
 	if rec, err = record.ReadDir(rec.Dir); err != nil || rec.Pooled == nil || rec.Renamed() {
 		return nil, errTaken
 	}
@@ -285,7 +285,7 @@ func (m *Manager) park(ctx context.Context, rec *record.Record) error {
 	if err != nil {
 		return err
 	}
-	defer sl.unlock()
+	defer sl.Unlock()
 	if cfg := m.readPool(rec.Shape); cfg == nil || len(m.pooled(rec.Shape)) >= cfg.Size {
 		return m.destroy(ctx, rec)
 	}

@@ -48,7 +48,7 @@ func (m *Manager) Refill(ctx context.Context, shape string) error {
 	if err != nil {
 		return err
 	}
-	defer l.unlock()
+	defer l.Unlock()
 	err = m.fill(ctx, shape, 2, true)
 	m.noteRefill(shape, err)
 	return err
@@ -105,7 +105,7 @@ func (m *Manager) FillPool(ctx context.Context, spec Spec, o PoolOptions, parall
 	m.expire(ctx, key)
 	err = m.fill(ctx, key, parallel, false)
 	m.noteRefill(key, err)
-	l.unlock()
+	l.Unlock()
 	if err != nil {
 		return nil, err
 	}
@@ -167,7 +167,7 @@ func (m *Manager) makePooled(ctx context.Context, spec Spec, key string) error {
 	if err != nil {
 		return errors.Join(err, m.Remove(context.WithoutCancel(ctx), sb.Name))
 	}
-	defer l.unlock()
+	defer l.Unlock()
 	rec, err := record.Read(m.root, sb.Name)
 	if err != nil {
 		return err
@@ -208,7 +208,7 @@ func (m *Manager) removeIdle(ctx context.Context, rec *record.Record, ok func(*r
 	if err != nil {
 		return false // being adopted, or gone
 	}
-	defer l.unlock()
+	defer l.Unlock()
 	rec, err = record.ReadDir(rec.Dir)
 	if err != nil || rec.Pooled == nil || rec.Renamed() || !ok(rec) {
 		return false
@@ -290,7 +290,7 @@ func (m *Manager) pool(ctx context.Context, key string, cfg *poolConfig, idle []
 		p.RefillError = string(b)
 	}
 	if l, err := lockFile(ctx, m.poolPath(key, ".refill"), false); err == nil {
-		l.unlock()
+		l.Unlock()
 	} else {
 		p.Refilling = errors.Is(err, errLocked)
 	}
@@ -334,7 +334,7 @@ func (m *Manager) DrainPools(ctx context.Context, o DrainOptions) ([]string, err
 			continue
 		}
 		err = os.Remove(m.poolPath(k, ".json"))
-		sl.unlock()
+		sl.Unlock()
 		if err != nil && !os.IsNotExist(err) {
 			errs = append(errs, fmt.Errorf("drain pool %s: %w", k, err))
 			continue
@@ -343,7 +343,7 @@ func (m *Manager) DrainPools(ctx context.Context, o DrainOptions) ([]string, err
 		if l, err := lockFile(ctx, m.poolPath(k, ".refill"), true); err != nil {
 			errs = append(errs, err)
 		} else {
-			l.unlock()
+			l.Unlock()
 		}
 	}
 	var gone []string

@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/sandbox/record"
 )
 
@@ -128,7 +128,7 @@ func TestPoolConfig(t *testing.T) {
 	if keys := m.poolKeys(); !slices.Equal(keys, []string{key}) {
 		t.Errorf("poolKeys = %q, want [%s]", keys, key)
 	}
-	if ents, _ := os.ReadDir(filepath.Join(root, "pool")); len(ents) != 1 {
+	if ents, _ := os.ReadDir(stateroot.Pool(root)); len(ents) != 1 {
 		t.Errorf("the pool's directory holds %v, want its settings alone (no temporary file)", ents)
 	}
 	noTimeout := *want
@@ -194,7 +194,7 @@ func TestPooled(t *testing.T) {
 	writeRecord(t, root, record.Record{Name: "pool-removing", State: record.Removing, Shape: "k", Pooled: at(time.Minute)})
 	// An Acquire killed between its rename and its record's write.
 	renamed := writeRecord(t, root, record.Record{Name: "pool-renamed", State: record.Running, Shape: "k", Pooled: at(time.Second)})
-	if err := os.Rename(renamed, filepath.Join(root, "sandboxes", "work")); err != nil {
+	if err := os.Rename(renamed, stateroot.Sandbox(root, "work")); err != nil {
 		t.Fatal(err)
 	}
 	names := func(recs []*record.Record) []string {
@@ -234,7 +234,7 @@ func TestReconcileRenamed(t *testing.T) {
 		{"work2", "pool-ba9876543210"}, // released into the pool
 	} {
 		dir := writeRecord(t, root, record.Record{Name: tc.from, State: record.Running, Shape: "k", Pooled: &parked})
-		if err := os.Rename(dir, filepath.Join(root, "sandboxes", tc.to)); err != nil {
+		if err := os.Rename(dir, stateroot.Sandbox(root, tc.to)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -246,7 +246,7 @@ func TestReconcileRenamed(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, gone := range []string{"work", "pool-ba9876543210"} {
-		if _, err := os.Stat(filepath.Join(root, "sandboxes", gone)); !errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat(stateroot.Sandbox(root, gone)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("renamed sandbox %s is left: %v", gone, err)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/sandbox/record"
 )
 
@@ -54,7 +55,7 @@ func (m *Manager) lockToRemove(ctx context.Context, name, doing string) (*record
 		m.o.warnf("%v: removing its directory; its runsc container and image lease, if any, are left to the next reconcile", err)
 		rec = &record.Record{Name: name, Dir: dir}
 	}
-	return rec, l.unlock, nil
+	return rec, l.Unlock, nil
 }
 
 // destroy removes what the sandbox of rec holds, in the reverse order of
@@ -119,7 +120,7 @@ func (m *Manager) pruneRunsc() {
 		return
 	}
 	idle := func() bool {
-		ents, err := os.ReadDir(filepath.Join(m.root, "sandboxes"))
+		ents, err := os.ReadDir(stateroot.Sandboxes(m.root))
 		return err == nil && len(ents) == 0
 	}
 	if err := rt.Prune(idle); err != nil {
@@ -143,14 +144,14 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	if err := m.open(); err != nil {
 		return err
 	}
-	ents, err := os.ReadDir(filepath.Join(m.root, "sandboxes"))
+	ents, err := os.ReadDir(stateroot.Sandboxes(m.root))
 	if err != nil {
 		return fmt.Errorf("reconcile sandboxes: %w", err)
 	}
 	var errs []error
 	for _, e := range ents {
 		if e.IsDir() {
-			if _, err := m.reconcileDir(ctx, filepath.Join(m.root, "sandboxes", e.Name())); err != nil {
+			if _, err := m.reconcileDir(ctx, stateroot.Sandbox(m.root, e.Name())); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -251,7 +252,7 @@ func (m *Manager) reconcileDir(ctx context.Context, dir string) (gone bool, err 
 	if err != nil {
 		return false, nil // another process is at work on it
 	}
-	defer l.unlock()
+	defer l.Unlock()
 	if strings.HasPrefix(name, ".new-") {
 		return true, os.RemoveAll(dir)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
@@ -140,7 +141,7 @@ func TestRequest(t *testing.T) {
 // writeRecord makes a sandbox directory under root as Create leaves it.
 func writeRecord(t *testing.T, root string, rec record.Record) string {
 	t.Helper()
-	dir := filepath.Join(root, "sandboxes", rec.Name)
+	dir := stateroot.Sandbox(root, rec.Name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +161,7 @@ func TestReconcile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmp := filepath.Join(root, "sandboxes", ".new-123") // a killed Create's, an hour ago
+	tmp := stateroot.Sandbox(root, ".new-123") // a killed Create's, an hour ago
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +169,7 @@ func TestReconcile(t *testing.T) {
 	if err := os.Chtimes(tmp, hourAgo, hourAgo); err != nil {
 		t.Fatal(err)
 	}
-	fresh := filepath.Join(root, "sandboxes", ".new-456") // a Create's, about to lock it
+	fresh := stateroot.Sandbox(root, ".new-456") // a Create's, about to lock it
 	if err := os.MkdirAll(fresh, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +179,7 @@ func TestReconcile(t *testing.T) {
 	}
 	killed := writeRecord(t, root, record.Record{Name: "killed", State: record.Creating})
 	removing := writeRecord(t, root, record.Record{Name: "removing", State: record.Removing})
-	norecord := filepath.Join(root, "sandboxes", "norecord")
+	norecord := stateroot.Sandbox(root, "norecord")
 	os.MkdirAll(norecord, 0o700)
 	running := writeRecord(t, root, record.Record{Name: "running", State: record.Running})
 	busy := writeRecord(t, root, record.Record{Name: "busy", State: record.Creating})
@@ -186,7 +187,7 @@ func TestReconcile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.unlock()
+	defer l.Unlock()
 	if err := m.Reconcile(context.Background()); !errdefs.IsDataLoss(err) || !strings.Contains(err.Error(), "damaged") {
 		t.Fatalf("Reconcile: %v, want the damaged record reported", err)
 	}

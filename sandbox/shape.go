@@ -1,11 +1,9 @@
 package sandbox
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,8 +11,9 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
-	"golang.org/x/sys/unix"
 
+	"github.com/flmbox/flmbox/internal/atomicfile"
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
@@ -113,7 +112,7 @@ type poolConfig struct {
 }
 
 func (m *Manager) poolPath(key, ext string) string {
-	return filepath.Join(m.root, "pool", key+ext)
+	return filepath.Join(stateroot.Pool(m.root), key+ext)
 }
 
 // readPool reads the settings of the pool of shape key; nil if it has none
@@ -142,7 +141,7 @@ func (m *Manager) readPool(key string) *poolConfig {
 
 // writePool writes c atomically.
 func (m *Manager) writePool(key string, c *poolConfig) error {
-	if err := os.MkdirAll(filepath.Join(m.root, "pool"), 0o700); err != nil {
+	if err := os.MkdirAll(stateroot.Pool(m.root), 0o700); err != nil {
 		return fmt.Errorf("write pool %s: %w", key, err)
 	}
 	b, err := json.Marshal(c)
@@ -150,10 +149,7 @@ func (m *Manager) writePool(key string, c *poolConfig) error {
 		return err
 	}
 	p := m.poolPath(key, ".json")
-	if err := os.WriteFile(p+".tmp", b, 0o600); err != nil {
-		return fmt.Errorf("write pool %s: %w", key, err)
-	}
-	if err := os.Rename(p+".tmp", p); err != nil {
+	if err := atomicfile.WriteFile(p, b, 0o600); err != nil {
 		return fmt.Errorf("write pool %s: %w", key, err)
 	}
 	return nil
@@ -161,7 +157,7 @@ func (m *Manager) writePool(key string, c *poolConfig) error {
 
 // poolKeys are the shapes that have settings.
 func (m *Manager) poolKeys() []string {
-	ents, _ := os.ReadDir(filepath.Join(m.root, "pool"))
+	ents, _ := os.ReadDir(stateroot.Pool(m.root))
 	var keys []string
 	for _, e := range ents {
 		if k, ok := strings.CutSuffix(e.Name(), ".json"); ok {
@@ -170,43 +166,6 @@ func (m *Manager) poolKeys() []string {
 	}
 	return keys
 }
-
-// fileLock is an flock on a file of the pool's directory (made if need be).
-type fileLock struct{ fd int }
-
-// lockFile takes the lock of path; if wait, it waits until ctx is done,
-// else it fails at once with errLocked.
-func lockFile(ctx context.Context, path string, wait bool) (*fileLock, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("lock %s: %w", path, err)
-	}
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("lock %s: %w", path, err)
-	}
-	for {
-		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return &fileLock{fd: fd}, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			unix.Close(fd)
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
-		if !wait {
-			unix.Close(fd)
-			return nil, errLocked
-		}
-		select {
-		case <-ctx.Done():
-			unix.Close(fd)
-			return nil, fmt.Errorf("wait for the lock of %s: %w", path, context.Cause(ctx))
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-}
-
-func (l *fileLock) unlock() { unix.Close(l.fd) }
 
 // checkPoolOptions refuses sizes out of bounds and negative timeouts.
 func checkPoolOptions(o PoolOptions) error {

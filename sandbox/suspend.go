@@ -14,6 +14,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/flmbox/flmbox/internal/atomicfile"
 	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
@@ -306,10 +307,7 @@ func pointOwnMounts(rec *record.Record) error {
 	if b, err = json.MarshalIndent(&spec, "", "  "); err != nil {
 		return err
 	}
-	if err := os.WriteFile(p+".tmp", b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(p+".tmp", p)
+	return atomicfile.WriteFile(p, b, 0o600)
 }
 
 // unmountRunDir unmounts and removes the sandbox's run directory, if it is
@@ -340,10 +338,10 @@ func (m *Manager) lockRecord(ctx context.Context, name, doing string) (*record.R
 	}
 	rec, err := record.Read(m.root, name)
 	if err != nil {
-		l.unlock()
+		l.Unlock()
 		return nil, nil, err
 	}
-	return rec, l.unlock, nil
+	return rec, l.Unlock, nil
 }
 
 // checkpointBytes is the size of sandbox rec's checkpoint image, 0 if it

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
@@ -103,7 +104,7 @@ func TestParseWarmCall(t *testing.T) {
 // prints nothing, so that flmbox-core runs it and says why.
 func TestWarmCallHandsOver(t *testing.T) {
 	root := t.TempDir()
-	dead := filepath.Join(root, "sandboxes", "dead")
+	dead := stateroot.Sandbox(root, "dead")
 	if err := os.MkdirAll(dead, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +141,7 @@ func TestWarmCallHandsOver(t *testing.T) {
 // each request read and returns what to write back (nothing: hang up).
 func fakeAgent(t *testing.T, root, name string, answer func(req []byte) []byte) net.Listener {
 	t.Helper()
-	dir := filepath.Join(root, "sandboxes", name)
+	dir := stateroot.Sandbox(root, name)
 	if err := os.MkdirAll(filepath.Join(dir, "run"), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +207,7 @@ func TestWarmCallAnswered(t *testing.T) {
 // setState rewrites the state in sandbox name's record.
 func setState(t *testing.T, root, name, state string) {
 	t.Helper()
-	p := filepath.Join(root, "sandboxes", name, "sandbox.json")
+	p := filepath.Join(stateroot.Sandbox(root, name), "sandbox.json")
 	var rec map[string]any
 	b, _ := os.ReadFile(p)
 	if err := json.Unmarshal(b, &rec); err != nil {

@@ -4,11 +4,12 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"reflect"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/flmbox/flmbox/internal/stateroot"
 )
 
 // TestOwner: this process is not gone; a live process with another start
@@ -74,7 +75,7 @@ func TestOwner(t *testing.T) {
 // A record keeps its owner; one without keeps none.
 func TestRecordOwner(t *testing.T) {
 	root := t.TempDir()
-	dir := filepath.Join(root, "sandboxes", "sb-1")
+	dir := stateroot.Sandbox(root, "sb-1")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}

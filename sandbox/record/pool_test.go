@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/flmbox/flmbox/internal/stateroot"
 )
 
 // TestPooledRecord: a record's pool fields read back as written; ReadDir
@@ -47,7 +49,7 @@ func TestPooledRecord(t *testing.T) {
 
 	// An Acquire killed between renaming the directory and writing the
 	// record: the directory is work, the record still says pool-….
-	work := filepath.Join(root, "sandboxes", "work")
+	work := stateroot.Sandbox(root, "work")
 	if err := os.Rename(dir, work); err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +66,7 @@ func TestPooledRecord(t *testing.T) {
 	if !got.Renamed() {
 		t.Errorf("a record naming another directory is not Renamed: %+v", got)
 	}
-	if _, err := ReadDir(filepath.Join(root, "sandboxes", "nosuch")); !errdefs.IsNotFound(err) {
+	if _, err := ReadDir(stateroot.Sandbox(root, "nosuch")); !errdefs.IsNotFound(err) {
 		t.Errorf("ReadDir of a missing directory: %v, want not found", err)
 	}
 	if err := os.WriteFile(filepath.Join(work, "sandbox.json"), []byte("{"), 0o600); err != nil {
@@ -75,7 +77,7 @@ func TestPooledRecord(t *testing.T) {
 	}
 
 	// A record written before pools has none of their fields.
-	old := filepath.Join(root, "sandboxes", "old")
+	old := stateroot.Sandbox(root, "old")
 	os.MkdirAll(old, 0o700)
 	os.WriteFile(filepath.Join(old, "sandbox.json"), []byte(`{"name":"old","id":"flmbox-1","state":"running"}`), 0o600)
 	got, err = Read(root, "old")

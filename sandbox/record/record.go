@@ -21,7 +21,9 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/flmbox/flmbox/internal/atomicfile"
 	"github.com/flmbox/flmbox/internal/names"
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
@@ -95,7 +97,7 @@ func Dir(root, name string) (string, error) {
 	if !names.Valid(name, 64) {
 		return "", fmt.Errorf("sandbox name %q: use 1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit: %w", name, errdefs.ErrInvalidArgument)
 	}
-	return filepath.Join(root, "sandboxes", name), nil
+	return stateroot.Sandbox(root, name), nil
 }
 
 // Read reads the record of sandbox name under the state root
@@ -152,10 +154,7 @@ func Write(r *Record) error {
 		return err
 	}
 	p := filepath.Join(r.Dir, recordFile)
-	if err := os.WriteFile(p+".tmp", b, 0o600); err != nil {
-		return fmt.Errorf("write sandbox %q's record: %w", r.Name, err)
-	}
-	if err := os.Rename(p+".tmp", p); err != nil {
+	if err := atomicfile.WriteFile(p, b, 0o600); err != nil {
 		return fmt.Errorf("write sandbox %q's record: %w", r.Name, err)
 	}
 	return nil

@@ -2,10 +2,10 @@ package app
 
 import (
 	"fmt"
-	"path/filepath"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/pipcache"
 )
 
@@ -24,7 +24,7 @@ func openPipcache(c *cli.Context) (*pipcache.Cache, error) {
 	if err != nil {
 		return nil, err
 	}
-	return pipcache.Open(filepath.Join(root, "pipcache"), nil)
+	return pipcache.Open(stateroot.Pipcache(root), nil)
 }
 
 // printAdded prints the wheels an import brought, one per line.

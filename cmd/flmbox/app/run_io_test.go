@@ -20,6 +20,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/sandbox"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
@@ -51,7 +52,7 @@ func (l *agentLog) snapshot() ([]wire.Request, []copyRecord, []string) {
 // output if answer is nil).
 func fakeSandbox(t *testing.T, root, name string, answer func(*wire.Request) *sandbox.Result) *agentLog {
 	t.Helper()
-	dir := filepath.Join(root, "sandboxes", name)
+	dir := stateroot.Sandbox(root, name)
 	if err := os.MkdirAll(filepath.Join(dir, "run"), 0o700); err != nil {
 		t.Fatal(err)
 	}
