@@ -526,7 +526,7 @@ func TestPoolBatch(t *testing.T) {
 		}
 		pooled[strings.TrimSpace(res.stdout)] = sandboxID(t, root, name)
 	}
-	mustFlmbox(t, root, "sandbox", "rm", "probe1", "probe2")
+	mustFlmbox(t, root, "sandbox", "release", "probe1", "probe2")
 	release()
 	ids := slices.Sorted(maps.Values(checkOnlyPooled(t, root, 2)))
 	if probed := slices.Sorted(maps.Values(pooled)); len(pooled) != 2 || !slices.Equal(probed, ids) {
@@ -639,7 +639,8 @@ func TestPoolSandboxCreateRm(t *testing.T) {
 	p := fillPool(t, root, image, 1)
 	id := sandboxID(t, root, p.Idle[0])
 	// The create takes the pool's last idle sandbox, which starts a
-	// refill: held off, so that sandbox rm finds the pool below its size.
+	// refill: held off, so that sandbox release finds the pool below its
+	// size.
 	release := holdRefill(t, root, p.Shape)
 
 	if res := faultRun(t, root, p.Idle[0], "print('idle')"); res.code != 125 || res.stdout != "" || !strings.Contains(res.stderr, "idle in a pool") {
@@ -666,13 +667,13 @@ func TestPoolSandboxCreateRm(t *testing.T) {
 	if res := faultRun(t, root, "work", "open('/tmp/mine', 'w').write('work'); print(open('/tmp/mine').read())"); res.code != 0 || res.stdout != "work\n" {
 		t.Fatalf("run --sandbox work: exit %d\nstdout: %s\nstderr: %s", res.code, res.stdout, res.stderr)
 	}
-	mustFlmbox(t, root, "sandbox", "rm", "work")
+	mustFlmbox(t, root, "sandbox", "release", "work")
 	if res := faultRun(t, root, "work", "print(1)"); res.code != 125 || !strings.Contains(res.stderr, `no sandbox "work"`) {
-		t.Errorf("run --sandbox work after sandbox rm: exit %d %s", res.code, res.stderr)
+		t.Errorf("run --sandbox work after sandbox release: exit %d %s", res.code, res.stderr)
 	}
 	ps := poolLs(t, root)
 	if len(ps) != 1 || len(ps[0].Idle) != 1 {
-		t.Fatalf("pool ls after sandbox rm work: %+v, want its sandbox idle again", ps)
+		t.Fatalf("pool ls after sandbox release work: %+v, want its sandbox idle again", ps)
 	}
 	idle := ps[0].Idle[0]
 	if !strings.HasPrefix(idle, "pool-") || idle == p.Idle[0] || sandboxID(t, root, idle) != id {
@@ -684,7 +685,7 @@ func TestPoolSandboxCreateRm(t *testing.T) {
 	}
 	// Reset: the next user finds no trace of work's file.
 	if res := flmbox(t, root, "run", "--image", image, "-l", "shell", "-c", "ls -A /tmp"); res.code != 0 || res.stdout != "" {
-		t.Errorf("run --image after sandbox rm work: exit %d\nstdout: %q\nstderr: %s", res.code, res.stdout, res.stderr)
+		t.Errorf("run --image after sandbox release work: exit %d\nstdout: %q\nstderr: %s", res.code, res.stdout, res.stderr)
 	}
 	release()
 	checkOnlyPooled(t, root, 1)
