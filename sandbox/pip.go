@@ -95,7 +95,7 @@ func (m *Manager) FetchWheels(ctx context.Context, reqs []string, o FetchOptions
 	if len(reqs) == 0 {
 		return nil, fmt.Errorf("fetch wheels: no requirement: %w", errdefs.ErrInvalidArgument)
 	}
-	if err := CheckRequirements(reqs); err != nil {
+	if err := checkRequirements(reqs); err != nil {
 		return nil, err
 	}
 	if o.Timeout == 0 {

@@ -199,7 +199,7 @@ func (s Spec) normalize(root string) (Spec, error) {
 			return s, fmt.Errorf("environment setting %q: want K=V: %w", kv, errdefs.ErrInvalidArgument)
 		}
 	}
-	if err := CheckRequirements(s.Pip); err != nil {
+	if err := checkRequirements(s.Pip); err != nil {
 		return s, err
 	}
 	if err := checkMounts(s.Mounts, root); err != nil {
@@ -208,9 +208,9 @@ func (s Spec) normalize(root string) (Spec, error) {
 	return s, nil
 }
 
-// CheckRequirements refuses what pip would not read as a requirement:
+// checkRequirements refuses what pip would not read as a requirement:
 // options (a leading '-'), control characters, absurd lengths.
-func CheckRequirements(reqs []string) error {
+func checkRequirements(reqs []string) error {
 	for _, r := range reqs {
 		if r == "" || len(r) > 1000 || strings.HasPrefix(r, "-") || strings.ContainsFunc(r, func(c rune) bool { return c < ' ' || c == 0x7f }) {
 			return fmt.Errorf("requirement %q: want a pip requirement such as NAME, NAME==VERSION or 'NAME>=1,<2': %w", r, errdefs.ErrInvalidArgument)
