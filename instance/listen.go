@@ -1,6 +1,7 @@
 package instance
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -12,7 +13,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
-	"golang.org/x/sys/unix"
+	"github.com/flmbox/flmbox/internal/flock"
 )
 
 // MaxSocketPath is the longest path of a Unix socket, in bytes: sun_path
@@ -139,24 +140,14 @@ func (l *Listener) Close() error {
 // Path is the socket's path.
 func (l *Listener) Path() string { return l.path }
 
-// lockDir takes an exclusive lock on directory dir (flock) and returns
-// what releases it.
+// lockDir takes an exclusive lock on directory dir and returns what
+// releases it.
 func lockDir(dir string) (unlock func(), err error) {
-	f, err := os.Open(dir)
+	l, err := flock.LockDir(context.Background(), dir, flock.Exclusive)
 	if err != nil {
 		return nil, err
 	}
-	for {
-		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
-		if !errors.Is(err, unix.EINTR) {
-			break
-		}
-	}
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("lock %s: %w", dir, err)
-	}
-	return func() { f.Close() }, nil // closing releases the lock
+	return l.Unlock, nil
 }
 
 func fileID(fi fs.FileInfo) (dev, ino uint64) {

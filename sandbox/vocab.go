@@ -1,10 +1,6 @@
 package sandbox
 
 import (
-	"fmt"
-
-	"github.com/containerd/errdefs"
-
 	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
@@ -84,13 +80,11 @@ const (
 	NetworkHost Network = "host"
 )
 
-// ParseNetwork returns the network s names ("none" or "host").
+// ParseNetwork returns the network s names ("none" or "host"), or an
+// errdefs.ErrInvalidArgument error.
 func ParseNetwork(s string) (Network, error) {
-	switch n := Network(s); n {
-	case NetworkNone, NetworkHost:
-		return n, nil
-	}
-	return "", fmt.Errorf("network %q: want none or host: %w", s, errdefs.ErrInvalidArgument)
+	n, err := runtime.ParseNetwork(s) // the runsc driver's modes are sandbox's
+	return Network(n), err
 }
 
 // Errors of calls, besides those of call.go, that a caller may test for

@@ -41,6 +41,8 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+
+	"github.com/flmbox/flmbox/instance"
 )
 
 func main() {
@@ -85,10 +87,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return errors.New("-max-request and -timeout must be positive")
 	}
 
-	ln, err := listen(*path)
+	ln, err := instance.Listen(*path) // flmbox instance's: a stale socket replaced, a live one refused
 	if err != nil {
 		return err
 	}
+	defer ln.Close() // waits for serve's Close, which removes the socket
 	s := newServer(*maxRequest, *timeout, func(format string, args ...any) {
 		fmt.Fprintf(stderr, "toolserver: "+format+"\n", args...)
 	})

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/flmbox/flmbox/instance"
 )
 
 // startServer serves s on a socket in a temporary directory until the test
@@ -20,7 +22,7 @@ import (
 func startServer(t *testing.T, s *server) (path string, stop func() error) {
 	t.Helper()
 	path = filepath.Join(t.TempDir(), "s")
-	ln, err := listen(path)
+	ln, err := instance.Listen(path)
 	if err != nil {
 		t.Fatal(err)
 	}
