@@ -16,32 +16,34 @@ import (
 	"github.com/flmbox/flmbox/sandbox/record"
 )
 
-// State is a sandbox's state.
-type State string
+// State is a sandbox's state: one its record holds (package record's
+// states, the same type), or one that a look at the sandbox finds (dead,
+// unresponsive, pooled).
+type State = record.State
 
 // A sandbox's states (see the package documentation).
 const (
 	// StateCreating: Create is at work (or was killed: Reconcile removes it).
-	StateCreating State = "creating"
+	StateCreating = record.Creating
 	// StateRunning: its agent answers calls.
-	StateRunning State = "running"
+	StateRunning = record.Running
 	// StateDead: its gVisor processes are gone; it can only be removed.
 	StateDead State = "dead"
 	// StateUnresponsive: its agent accepts connections but does not answer
 	// (its gVisor sandbox is stopped or starved); calls fail within seconds
-	// (sandbox/record's ErrUnresponsive). It may come back.
+	// (ErrUnresponsive). It may come back.
 	StateUnresponsive State = "unresponsive"
 	// StateRemoving: Remove is at work (or was killed: Reconcile finishes).
-	StateRemoving State = "removing"
+	StateRemoving = record.Removing
 	// StatePooled: running, reset, idle in the pool of its shape for the
 	// next Acquire; it takes no calls.
 	StatePooled State = "pooled"
 	// StateSuspended: saved in its checkpoint image, with no process
 	// (Suspend); Resume brings it back. StateSuspending and StateResuming:
 	// Suspend or Resume is at work (or was killed: Reconcile ends it).
-	StateSuspended  State = "suspended"
-	StateSuspending State = "suspending"
-	StateResuming   State = "resuming"
+	StateSuspended  = record.Suspended
+	StateSuspending = record.Suspending
+	StateResuming   = record.Resuming
 )
 
 // Sandbox is one sandbox of a Manager, as a caller holds it: its fields
@@ -81,7 +83,7 @@ type Sandbox struct {
 // sandbox describes the sandbox of rec, in the state its record says.
 func (m *Manager) sandbox(rec *record.Record) *Sandbox {
 	sb := &Sandbox{Name: rec.Name, Image: rec.Image, Manifest: rec.Manifest, Network: Network(rec.Network),
-		Platform: rec.Platform, Limits: rec.Limits, State: State(rec.State), Created: rec.Created,
+		Platform: rec.Platform, Limits: rec.Limits, State: rec.State, Created: rec.Created,
 		LastUsed: rec.LastUsed(), ID: rec.ID, Bundle: rec.Dir, Shape: rec.Shape, m: m, rec: rec}
 	if rec.Owner != nil {
 		sb.OwnerPID = rec.Owner.PID

@@ -27,7 +27,8 @@ import (
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
-// State is the state a record holds. A sandbox is Creating from the moment
+// State is a sandbox's state (package sandbox's State); these are the
+// states a record holds. A sandbox is Creating from the moment
 // its record is written (before anything a crash could leave behind: a
 // lease, a runsc container) until its agent answers and its preinstalls are
 // done, then Running until it is removed (Removing). Whether a Running
