@@ -30,7 +30,6 @@ import (
 	"time"
 
 	"github.com/flmbox/flmbox/sandbox"
-	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 func main() {
@@ -90,17 +89,17 @@ func demo1(ctx context.Context, m *sandbox.Manager, image, program string, stdou
 		return err
 	}
 	defer func() {
-		if rerr := m.Remove(context.WithoutCancel(ctx), sb.Name); err == nil {
+		if rerr := sb.Remove(context.WithoutCancel(ctx)); err == nil {
 			err = rerr
 		}
 	}()
 	fmt.Fprintln(stdout, sb.Name)
 	for _, req := range []sandbox.Request{
-		{Language: wire.LanguageShell, Code: `mkdir -p /tmp/demo && printf "region,revenue,cost\neast,120,75\nwest,80,55\neast,150,90\nwest,100,70\n" > /tmp/demo/sales.csv`},
-		{Language: wire.LanguagePython, Code: string(code)},
-		{Language: wire.LanguageShell, Code: "cat /tmp/demo/summary.json; echo"},
+		{Language: sandbox.Shell, Code: `mkdir -p /tmp/demo && printf "region,revenue,cost\neast,120,75\nwest,80,55\neast,150,90\nwest,100,70\n" > /tmp/demo/sales.csv`},
+		{Language: sandbox.Python, Code: string(code)},
+		{Language: sandbox.Shell, Code: "cat /tmp/demo/summary.json; echo"},
 	} {
-		res, err := m.Call(ctx, sb.Name, req)
+		res, err := sb.Call(ctx, req)
 		if err != nil {
 			return err
 		}
@@ -182,4 +181,4 @@ func demo2(ctx context.Context, m *sandbox.Manager, image, file string, stdout i
 }
 
 // text is output as a JSON string carries it.
-func text(o wire.Output) string { return strings.ToValidUTF8(string(o.Data), "\uFFFD") }
+func text(o sandbox.Output) string { return strings.ToValidUTF8(string(o.Data), "\uFFFD") }
