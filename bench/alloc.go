@@ -53,7 +53,7 @@ func (r *runner) retainedAllocator() allocator {
 		}
 		req := pythonSnippet.request()
 		req.Code = leaveForReset
-		res, err := r.m.Call(ctx, sb.Name, req)
+		res, err := sb.Call(ctx, req)
 		if err != nil {
 			return 0, fmt.Errorf("leave something for the reset: %w", err)
 		}
@@ -123,7 +123,7 @@ func (r *runner) freshInprocess(ctx context.Context) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer r.m.Remove(context.WithoutCancel(ctx), sb.Name)
+	defer sb.Remove(context.WithoutCancel(ctx))
 	if _, err := r.call(ctx, sb.Name, pythonSnippet); err != nil {
 		return 0, err
 	}

@@ -218,7 +218,7 @@ func (r *runner) measureCallback(ctx context.Context, sb *sandbox.Sandbox) (_ Ca
 		{name: "inside, Manager.Call", run: func(ctx context.Context) ([]float64, error) {
 			req := sandbox.Request{Code: code, Timeout: 2 * time.Minute, MaxOutput: sandbox.DefaultMaxOutput,
 				Callback: &sandbox.Callback{Dial: dial, MaxConns: total}}
-			res, err := r.m.Call(ctx, sb.Name, req)
+			res, err := sb.Call(ctx, req)
 			if err != nil {
 				return nil, err
 			}

@@ -41,7 +41,7 @@ func (r *runner) measureCopy(ctx context.Context) (Copy, error) {
 	if err != nil {
 		return rep, err
 	}
-	defer r.m.Remove(context.WithoutCancel(ctx), sb.Name)
+	defer sb.Remove(context.WithoutCancel(ctx))
 	var in, out, host []float64
 	for i := -1; i < r.opts.Pairs; i++ {
 		dst := filepath.Join(r.dir, "cp", fmt.Sprintf("out%d", i+1))

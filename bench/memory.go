@@ -71,7 +71,7 @@ func (r *runner) idleSandbox(ctx context.Context, name string, edit func(*sandbo
 		return m, err
 	}
 	defer func() {
-		if rerr := r.m.Remove(context.WithoutCancel(ctx), sb.Name); err == nil {
+		if rerr := sb.Remove(context.WithoutCancel(ctx)); err == nil {
 			err = rerr
 		}
 	}()

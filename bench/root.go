@@ -170,7 +170,7 @@ func (r *runner) close(ctx context.Context) error {
 	sbs, err := r.m.List(ctx)
 	errs = append(errs, err)
 	for _, sb := range sbs {
-		errs = append(errs, r.m.Remove(ctx, sb.Name))
+		errs = append(errs, sb.Remove(ctx))
 	}
 	errs = append(errs, r.removeRawContainers(ctx))
 	// Nothing is removed while something is still mounted below.

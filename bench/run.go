@@ -49,7 +49,7 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	if rep.Records, err = r.measureRecords(ctx, warm); err != nil {
 		return nil, err
 	}
-	if err := r.m.Remove(context.WithoutCancel(ctx), warm.Name); err != nil {
+	if err := warm.Remove(context.WithoutCancel(ctx)); err != nil {
 		return nil, err
 	}
 	if rep.Copy, err = r.measureCopy(ctx); err != nil {

@@ -30,7 +30,7 @@ func (r *runner) measureSuspend(ctx context.Context) (Suspend, error) {
 	if err != nil {
 		return rep, err
 	}
-	defer r.m.Remove(context.WithoutCancel(ctx), sb.Name)
+	defer sb.Remove(context.WithoutCancel(ctx))
 	if _, err := timed(r.flmbox(ctx, "run", "--sandbox", sb.Name, "--language", "shell", "-c", fillTmp)); err != nil {
 		return rep, err
 	}
