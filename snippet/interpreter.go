@@ -26,14 +26,14 @@ import "strings"
 //	          ~~^~~
 //	ZeroDivisionError: division by zero
 //
-// without the bootstrap's own frames, and with the source line, which python3
-// -c and python3 - never show. The source lines come from linecache, seeded
-// only when something imports linecache (the traceback printer, the warnings
-// printer, inspect, pdb): importing it up front would slow every call
-// (docs/PERFORMANCE.md, "Spares and the zygote"). Uncaught exceptions in
-// threads are printed by CPython's C code, which reads source lines only from
-// files, so they show "<snippet>" and the line number without the line.
-// SystemExit and KeyboardInterrupt keep their usual exit statuses.
+// without the bootstrap's own frames, and with the source line, which
+// python3 -c and python3 - never show. The source lines come from linecache,
+// seeded only when something imports linecache (the traceback printer, the
+// warnings printer, inspect, pdb): importing it up front would slow every
+// call (docs/PERFORMANCE.md, "Spares and the zygote"). Uncaught exceptions
+// in threads are printed by CPython's C code, which reads source lines only
+// from files, so they show "<snippet>" and the line number without the
+// line. SystemExit and KeyboardInterrupt keep their usual exit statuses.
 //
 // Shell code of at most maxShellScript bytes, when /bin/sh is dash, runs as
 // sh -s, which reads it from the gate (shellScriptCommand); other shell code
