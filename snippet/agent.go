@@ -358,11 +358,12 @@ func (a *Agent) afterCall(req *wire.Request, ran bool) {
 const trimAfter = time.Second
 
 // idleTrim returns the agent's free memory to the kernel (a garbage
-// collection, then debug.FreeOSMemory) once no call came for trimAfter.
-// Under gVisor, memory the agent's heap grew to (each call's buffers, some
-// 4 MiB after a hundred calls) stays in the sandbox's memory file, charged
-// to the host, until Go's scavenger returns it, which it does slowly; freed
-// pages go back to the host at once. Calls back to back never wait for it.
+// collection, then debug.FreeOSMemory) once no call came for trimAfter. Under
+// gVisor, memory the agent's heap grew to (each call's buffers;
+// docs/PERFORMANCE.md, "The agent's heap") stays in the sandbox's memory file,
+// charged to the host, until Go's scavenger returns it, which it does slowly;
+// freed pages go back to the host at once. Calls back to back never wait for
+// it.
 func (a *Agent) idleTrim() {
 	a.trimMu.Lock()
 	defer a.trimMu.Unlock()

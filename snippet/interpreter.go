@@ -4,12 +4,13 @@ import "strings"
 
 // How code reaches the interpreter.
 //
-// Both interpreters get a pipe as file descriptor 3, the "gate". The agent
-// starts the interpreter, sets the request's rlimits on it (Go cannot set
-// rlimits between fork and exec), and only then writes to the gate. Each
-// interpreter reads the gate to its end and closes it before running any of
-// the snippet's code, so limits always apply before the first line of the
-// snippet runs, and no descendant of the snippet inherits the gate.
+// Every interpreter gets a pipe, the "gate": file descriptor 3, or stdin for
+// sh -s. The agent starts the interpreter, sets the request's rlimits on it
+// (Go cannot set rlimits between fork and exec), and only then writes to the
+// gate. Each interpreter reads the gate to its end and closes it before
+// running any of the snippet's code, so limits always apply before the first
+// line of the snippet runs, and no descendant of the snippet inherits the
+// gate.
 //
 // Python reads its code from the gate. Unless the call asks for a file
 // (Request.File: see writeCode and shellRunFile), the code is never written
@@ -28,14 +29,16 @@ import "strings"
 // without the bootstrap's own frames, and with the source line, which
 // python3 -c and python3 - never show. The source lines come from linecache,
 // seeded only when something imports linecache (the traceback printer, the
-// warnings printer, inspect, pdb): importing it up front would add 5 ms to
-// every call. Uncaught exceptions in threads are printed by CPython's C code,
-// which reads source lines only from files, so they show "<snippet>" and the
-// line number without the line. SystemExit and KeyboardInterrupt keep their
-// usual exit statuses.
+// warnings printer, inspect, pdb): importing it up front would slow every
+// call (docs/PERFORMANCE.md, "Spares and the zygote"). Uncaught exceptions
+// in threads are printed by CPython's C code, which reads source lines only
+// from files, so they show "<snippet>" and the line number without the
+// line. SystemExit and KeyboardInterrupt keep their usual exit statuses.
 //
-// Shell code is passed as sh -c CODE, prefixed on its first line with the
-// read of the gate, so that line numbers in error messages are unchanged.
+// Shell code of at most maxShellScript bytes, when /bin/sh is dash, runs as
+// sh -s, which reads it from the gate (shellScriptCommand); other shell code
+// is passed as sh -c CODE, prefixed on its first line with the read of the
+// gate (shellPrologue), so that line numbers in error messages are unchanged.
 
 // gateFD is the descriptor number of the gate in the interpreter.
 const gateFD = 3
@@ -90,18 +93,18 @@ const pythonSiteDef = `def _flmbox_site(modules):
     return front
 `
 
-// pythonBootstrapDef defines the bootstrap. With fast_exit (a zygote's
-// child, see pythonZygote), once the snippet ends it does what the
-// interpreter's exit does that a program can see, and leaves with
-// os._exit: the interpreter's teardown would touch, and so copy, much of the
-// memory the child shares with the zygote (2 to 3 ms under gVisor). What it
-// keeps: the exit status of SystemExit (a message printed, 1), a traceback
-// and 1 for an exception, non-daemon threads joined, atexit functions run,
-// the snippet's globals and garbage freed (their __del__ methods run: files
-// held by them are closed), every file object still open flushed, stdout
-// and stderr flushed (120 if that fails, as Python does). What it skips is
-// what Python does not promise: __del__ of objects still alive elsewhere
-// (in other modules) at exit.
+// pythonBootstrapDef defines the bootstrap. With fast_exit (a zygote's child,
+// see pythonZygote), once the snippet ends it does what the interpreter's exit
+// does that a program can see, and leaves with os._exit: the interpreter's
+// teardown would touch, and so copy, much of the memory the child shares with
+// the zygote (docs/PERFORMANCE.md, "Spares and the zygote"). What it keeps:
+// the exit status of SystemExit (a message printed, 1), a traceback and 1 for
+// an exception, non-daemon threads joined, atexit functions run, the snippet's
+// globals and garbage freed (their __del__ methods run: files held by them are
+// closed), every file object still open flushed, stdout and stderr flushed
+// (120 if that fails, as Python does). What it skips is what Python does not
+// promise: __del__ of objects still alive elsewhere (in other modules) at
+// exit.
 const pythonBootstrapDef = `def _flmbox_bootstrap(fast_exit, front, user):
     import sys, os
     main = sys.modules['__main__']

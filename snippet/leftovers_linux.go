@@ -79,30 +79,29 @@ func removeSysvIPC() error {
 
 // POSIX message queues.
 //
-// A POSIX message queue (mq_open) outlives its processes, and only an
-// mqueue filesystem lists them: flmbox's sandboxes mount none (runsc ignores
-// an mqueue mount in the spec), and mounting one takes CAP_SYS_ADMIN, which
-// the agent lacks. A process in a user namespace of its own holds every
-// capability there, and gVisor lets it mount an mqueue filesystem in a
-// mount namespace of that user namespace's: it mounts the queues of the
-// mounting process's IPC namespace, the sandbox's (Linux would refuse).
-// gVisor makes a new user namespace only for a process of one thread, which
-// the agent is not, so at its first reset the agent starts its own binary
-// as a helper (RunHelper, "mqueue-fork"), which starts it again in a new
-// user namespace, where it is root, and a new mount namespace ("mqueue");
-// that one mounts the sandbox's mqueue filesystem, sends the agent its root
-// directory, open, and exits. Two steps, because Go starts a process in a
-// new user namespace with a real fork, not a vfork: a fork of the agent
-// made gVisor copy its pages that the agent then wrote, 2 MiB at a time,
-// which stayed in the sandbox's memory (1.3 to 4.6 MiB more host memory
-// for every sandbox ever reset); the middle helper is a fresh small
-// process whose fork costs little, and is gone at once. The agent keeps that
-// directory: each reset reads the queues' names there and removes each
-// with mq_unlink, which takes write access to that directory (mode 0555,
-// root's): the agent's CAP_DAC_OVERRIDE. Snippets cannot remove even their
-// own queues. Starting the helper costs the first reset 27 to 46 ms here (a
-// busy host of two cores, where /bin/true takes 16 to 20 ms to run from a
-// snippet); later resets read the directory.
+// A POSIX message queue (mq_open) outlives its processes, and only an mqueue
+// filesystem lists them: flmbox's sandboxes mount none (runsc ignores an
+// mqueue mount in the spec), and mounting one takes CAP_SYS_ADMIN, which the
+// agent lacks. A process in a user namespace of its own holds every capability
+// there, and gVisor lets it mount an mqueue filesystem in a mount namespace of
+// that user namespace's: it mounts the queues of the mounting process's IPC
+// namespace, the sandbox's (Linux would refuse). gVisor makes a new user
+// namespace only for a process of one thread, which the agent is not, so at
+// its first reset the agent starts its own binary as a helper (RunHelper,
+// "mqueue-fork"), which starts it again in a new user namespace, where it is
+// root, and a new mount namespace ("mqueue"); that one mounts the sandbox's
+// mqueue filesystem, sends the agent its root directory, open, and exits. Two
+// steps, because Go starts a process in a new user namespace with a real fork,
+// not a vfork: a fork of the agent made gVisor copy its pages that the agent
+// then wrote, 2 MiB at a time, which stayed in the sandbox's memory for good
+// (docs/PERFORMANCE.md, "Memory of an idle sandbox"); the middle helper is a
+// fresh small process whose fork costs little, and is gone at once. The agent
+// keeps that directory: each reset reads the queues' names there and removes
+// each with mq_unlink, which takes write access to that directory (mode 0555,
+// root's): the agent's CAP_DAC_OVERRIDE. Snippets cannot remove even their own
+// queues. Only the first reset starts the helper, a process start (its cost:
+// docs/ARCHITECTURE.md, "What a sandbox can hold, and how a reset clears it");
+// later resets read the directory.
 
 // HelperArg, as the first argument of the program that runs an Agent as
 // PID 1 (flmbox-agent), makes it a helper of the agent's reset: such a
@@ -264,17 +263,17 @@ func openMQueues(dir string, user *User) (*os.File, error) {
 // Keyrings.
 //
 // A keyring (keyctl's JOIN_SESSION_KEYRING, the only way gVisor makes one)
-// outlives its processes: gVisor keeps every key of a user namespace until
-// the namespace ends, lists none (no /proc/keys; serial numbers are random)
-// and removes none (no KEYCTL_INVALIDATE, REVOKE or UNLINK), and one whose
-// owner lets others search it is found by its name from any later call. So
-// the agent, as PID 1, fills the sandbox's key set with anonymous keyrings
-// of its own as soon as it starts (5 to 8 ms under gVisor, in the
-// background, while its first spare starts; a call's snippet waits until it
-// is done), and snippets get EDQUOT from keyctl, as they would get EPERM
-// under Docker's default seccomp profile. A reset fills it again (one call
-// while it stays full) and counts: a reset fails if the set holds keyrings
-// that the agent did not make.
+// outlives its processes: gVisor keeps every key of a user namespace until the
+// namespace ends, lists none (no /proc/keys; serial numbers are random) and
+// removes none (no KEYCTL_INVALIDATE, REVOKE or UNLINK), and one whose owner
+// lets others search it is found by its name from any later call. So the
+// agent, as PID 1, fills the sandbox's key set with anonymous keyrings of its
+// own as soon as it starts (in the background, while its first spare starts; a
+// call's snippet waits until it is done; its cost: docs/ARCHITECTURE.md, "What
+// a sandbox can hold, and how a reset clears it"), and snippets get EDQUOT
+// from keyctl, as they would get EPERM under Docker's default seccomp profile.
+// A reset fills it again (one call while it stays full) and counts: a reset
+// fails if the set holds keyrings that the agent did not make.
 
 // maxKeyrings bounds the keyrings sealKeyrings makes: gVisor's key set
 // holds 200 by default (/proc/sys/kernel/keys/maxkeys, which only the

@@ -16,35 +16,33 @@ import (
 //
 // gVisor keeps all of a sandbox's memory, its processes' and its /tmp's, in
 // one host file charged to the sandbox's memory cgroup, and past the cgroup's
-// limit the host kills the whole sandbox, /tmp and all. RLIMIT_AS bounds each
-// snippet process, not their sum nor what /tmp holds: two processes under
-// the limit and a full /tmp were enough to kill a sandbox. So while snippets
-// run, the agent reads how much memory the sandbox uses (Agent.MemInfo,
-// /proc/meminfo: MemTotal - MemAvailable, plus Agent.InodeBytes for each
-// inode used in Agent.CleanDirs, see filesBytes): first memFirstRead after a call
-// starts, which notes what the sandbox used then, and every memPoll after.
-// When less than memReserve of Agent.MemoryBudget is left, it kills a snippet
-// that has run since the sandbox used less (by more than memTolerance): the
-// one whose process group holds the most memory if there are several, one at
-// a time, none while a killed one is still going (once it is gone, the others
-// are blamed only for what they use from then on). It reports it out of
-// memory (Result.OOMKilled); the sandbox and its files survive. The spares go
-// before any call (dropSparesForMemory), and none starts while memory is
-// short (memoryShort): one that starts next to a call makes the call look as
-// if it grew. flmbox sets the
-// cgroup's limit above the budget (runtime.MemoryHeadroom), so that the
-// watch, which shares the sandbox's CPU with the snippets it watches, has time
-// to act. A snippet that started when memory was already short and does not
-// use more is left alone, so that a call can still delete files from a /tmp
-// that fills the sandbox. Calls shorter than memFirstRead, while no other call
-// runs, never read the file.
+// limit the host kills the whole sandbox, /tmp and all. No rlimit bounds that
+// sum of the snippets' memory and what /tmp holds (the agent sets no
+// RLIMIT_AS: see wire.Limits). So while snippets run, the agent reads how much
+// memory the sandbox uses (Agent.MemInfo, /proc/meminfo: MemTotal -
+// MemAvailable, plus Agent.InodeBytes for each inode used in Agent.CleanDirs,
+// see filesBytes): first memFirstRead after a call starts, which notes what
+// the sandbox used then, and every memPoll after. When less than memReserve of
+// Agent.MemoryBudget is left, it kills a snippet that has run since the
+// sandbox used less (by more than memTolerance): the one whose process group
+// holds the most memory if there are several, one at a time, none while a
+// killed one is still going (once it is gone, the others are blamed only for
+// what they use from then on). It reports it out of memory (Result.OOMKilled);
+// the sandbox and its files survive. The spares go before any call
+// (dropSparesForMemory), and none starts while memory is short (memoryShort):
+// one that starts next to a call makes the call look as if it grew. flmbox
+// sets the cgroup's limit above the budget (runtime.MemoryHeadroom), so that
+// the watch, which shares the sandbox's CPU with the snippets it watches, has
+// time to act. A snippet that started when memory was already short and does
+// not use more is left alone, so that a call can still delete files from a
+// /tmp that fills the sandbox. Calls shorter than memFirstRead, while no other
+// call runs, never read the file.
 
 // How often the watch reads the sandbox's memory: every memPoll, and every
-// memPollShort once less than twice the reserve is left. Measured in a
-// sandbox with 1 CPU, four processes allocating at once take some 2 MiB per
-// millisecond, in bursts between the pauses of the CPU quota.
-// The first read is later: it only notes what the sandbox uses, and most
-// calls end before it, paying nothing for the watch.
+// memPollShort once less than twice the reserve is left: snippets allocating
+// at once can take megabytes between two reads (docs/PERFORMANCE.md, "Memory
+// watch"). The first read is later: it only notes what the sandbox uses, and
+// most calls end before it, paying nothing for the watch.
 const (
 	memFirstRead = 20 * time.Millisecond
 	memPoll      = 5 * time.Millisecond
@@ -84,22 +82,20 @@ type memWatch struct {
 }
 
 // memRSSPoll is how often, while snippets run, the watch measures how much
-// their processes grew since /proc/meminfo last changed: gVisor refreshes
-// it only every so often (it rate-limits its scan of the sandbox's memory),
-// and next to six processes growing at full speed it changed by steps of
-// up to 163 MiB, 244 ms apart, which outran the cgroup's headroom (two
-// sandboxes lost in 40 runs at 256 MiB). A pass over /proc costs some
-// 0.3 ms under gVisor.
+// their processes grew since /proc/meminfo last changed: gVisor refreshes it
+// only every so often (it rate-limits its scan of the sandbox's memory), so
+// next to processes growing at full speed it lags by steps large enough to
+// outrun the cgroup's headroom; a pass over /proc is cheap by comparison
+// (docs/PERFORMANCE.md, "The smallest sandbox, by experiment").
 const memRSSPoll = 20 * time.Millisecond
 
-// growthSince returns how much the processes of the watched snippets'
-// groups grew, in resident memory, since /proc/meminfo last changed (its
-// reading is memUsed), measuring them again every memRSSPoll: a lower bound
-// of what the reading does not show yet. Each process counts from its own
-// first measure, so a forked child's pages shared with its parent (which
-// gVisor's resident figure shows in both, as it shows Pss = Rss) count
-// once: 100 forked Pythons were killed as out of memory when a group's
-// new members counted whole.
+// growthSince returns how much the processes of the watched snippets' groups
+// grew, in resident memory, since /proc/meminfo last changed (its reading is
+// memUsed), measuring them again every memRSSPoll: a lower bound of what the
+// reading does not show yet. Each process counts from its own first measure,
+// so a forked child's pages shared with its parent (which gVisor's resident
+// figure shows in both, as it shows Pss = Rss) count once, not in every child
+// (docs/PERFORMANCE.md, "The smallest sandbox, by experiment").
 func (a *Agent) growthSince(memUsed int64) int64 {
 	w := &a.mem
 	w.mu.Lock()
@@ -304,8 +300,9 @@ func usedInodesStatfs(dir string) int64 {
 // filesBytes is what the files in CleanDirs cost gVisor beyond their data:
 // their inodes (statfs) at InodeBytes each. Their metadata is gVisor's own
 // memory, which /proc/meminfo does not show, charged to the sandbox's memory
-// cgroup all the same: 100,000 empty files killed a 128 MiB sandbox whose
-// /tmp held no data. A directory that is not there counts nothing.
+// cgroup all the same: empty files alone can kill a sandbox
+// (docs/ARCHITECTURE.md, "The memory watch"; docs/PERFORMANCE.md, "What a file
+// costs gVisor"). A directory that is not there counts nothing.
 func (a *Agent) filesBytes() int64 {
 	if a.InodeBytes <= 0 {
 		return 0
@@ -317,13 +314,11 @@ func (a *Agent) filesBytes() int64 {
 	return n * a.InodeBytes
 }
 
-// memTolerance is the growth since a snippet's first read that does not
-// count: a clean-up call may start a process or import a module, and rm -rf
-// reads a whole directory before it deletes a file (an entry of some 140
-// bytes for each, by estimate: 3 MiB for the 22,000 empty files that fill a
-// 256 MiB sandbox at InodeBytes, 1.4% of any budget). Half the reserve, at
-// least 8 MiB: with an eighth of it, at least 4 MiB, rm -rf of such a
-// directory was killed.
+// memTolerance is the growth since a snippet's first read that does not count:
+// a clean-up call may start a process or import a module, and rm -rf reads a
+// whole directory before it deletes a file. Half the reserve, at least 8 MiB,
+// lets rm -rf empty a /tmp that empty files filled (docs/PERFORMANCE.md,
+// "Memory watch").
 func memTolerance(reserve int64) int64 { return max(reserve/2, 8<<20) }
 
 // groupsRSS returns the resident memory of each process group, by its ID,

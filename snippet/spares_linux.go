@@ -9,16 +9,15 @@ import (
 // Spares.
 //
 // Starting an interpreter under gVisor costs more than running a small
-// snippet: about 14 ms for python3 and 4 ms for sh, measured inside a
-// sandbox. With Agent.Spares, the agent starts the process of the next
+// snippet. With Agent.Spares, the agent starts the process of the next
 // snippet of each language ahead of time, as soon as a call ends: a spare
 // waits, blocked on its gate with its limits set, and the next request of its
 // language and limits takes it, writes its code and only waits for the code
 // itself. Each call still gets a process that has run nothing before it.
 //
 // Python spares are forked by a zygote, a python3 started once (at the
-// first Python call) that forks a child per request: a fork costs about a
-// third of a new python3 under gVisor, and it leaves the sandbox's CPU free
+// first Python call) that forks a child per request: a fork costs much less
+// than a new python3 under gVisor, and it leaves the sandbox's CPU free
 // sooner for the next call. A zygote's children share its startup state, so
 // the differences from python3 -c are: the same str hash seed in every call
 // of a sandbox (hash randomization across calls is lost; set PYTHONHASHSEED
@@ -29,19 +28,13 @@ import (
 // with another shell (bash reads a script on stdin a byte at a time, so the
 // script's commands could read its rest), runs as sh -c and has no spare.
 //
-// Spares cost memory while a sandbox idles. Under gVisor, measured on the
-// host (PSS of all of a sandbox's processes, sandboxes of one image side by
-// side on a 2-core VM), against a bare runsc container running sleep on the
-// same rootfs: a sandbox holding the agent alone 1.14 times, with the first
-// Python spare (a python3: some 7 MiB of pages of the interpreter's files,
-// which sandboxes of one image share, and 4 MiB of its own) 1.72 times, and
-// after Python and shell calls (the zygote, its forked spare, a shell spare)
-// 2.2 times: gVisor breaks a forked child's copy-on-write by copying up to
-// 2 MiB around the page written. With Agent.LazySpares, Serve starts no
-// spare: a sandbox that no call used holds the agent alone, and its first
-// Python call starts python3 itself (some 15 to 50 ms more than taking the
-// spare, on a busy host). A reset drops the spares in either mode; the next
-// call of each language starts them again.
+// Spares cost memory while a sandbox idles, a forked one most: gVisor breaks
+// a forked child's copy-on-write by copying up to 2 MiB around the page
+// written. With Agent.LazySpares, Serve starts no spare: a sandbox that no
+// call used holds the agent alone, and its first Python call starts python3
+// itself, later than taking a spare would. A reset drops the spares in either
+// mode; the next call of each language starts them again. What spares save
+// and cost: docs/PERFORMANCE.md, "Spares and the zygote".
 
 // maxZygoteFailures is how many times a zygote may die before the agent
 // stops starting new ones and starts python3 for every call.

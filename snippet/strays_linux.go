@@ -22,10 +22,10 @@ import (
 //
 // This happens only where orphans come back to the agent, as PID 1 of its
 // sandbox or a child subreaper (one agent per process then): elsewhere the
-// agent cannot tell its processes from others'. It takes a pass over /proc
-// (under a millisecond in gVisor) after the call's answer is sent, or, if
-// the next call comes first, before that one runs: calls made one after the
-// other never meet the strays of the ones before.
+// agent cannot tell its processes from others'. It takes a short pass over
+// /proc after the call's answer is sent, or, if the next call comes first,
+// before that one runs: calls made one after the other never meet the strays
+// of the ones before.
 
 // strayDeadline bounds a sweep: strays that keep coming (a daemon that
 // forks as fast as it is killed) are left to the next one.

@@ -32,8 +32,9 @@ const answerGrace = time.Minute
 // what is checked is what is connected to. While the agent's accept queue is
 // full, Dial tries again until ctx is done.
 //
-// Dial uses system calls rather than package net, which would add about a
-// millisecond to the start of every flmbox run.
+// Dial uses system calls rather than package net, whose initialisation
+// would slow the start of every flmbox run (docs/PERFORMANCE.md,
+// "snippet/wire: the client").
 func Dial(ctx context.Context, path string) (*os.File, error) {
 	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
