@@ -41,6 +41,26 @@ func (a *Agent) watchAbandon() {
 	}
 }
 
+// endingWait bounds how long a suspend waits for the calls' lock while no
+// snippet runs: what holds it then is bounded work that a call's end or a
+// reset left (the stray sweep, within strayDeadline), or a copy.
+const endingWait = strayDeadline + time.Second
+
+// lockCalls takes the calls' lock for a suspend: at once, or, while no
+// snippet runs, once the work a call left at its end is done (a suspend
+// sent right after a call's answer meets that call's sweep). It is false if
+// a snippet runs, or the lock stays held past endingWait.
+func (a *Agent) lockCalls() bool {
+	deadline := time.Now().Add(endingWait)
+	for !a.calls.TryLock() {
+		if a.running.Load() > 0 || time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
+}
+
 // suspend answers a Suspend request.
 func (a *Agent) suspend() *wire.Result {
 	res := &wire.Result{Version: wire.ProtocolVersion}
@@ -51,7 +71,7 @@ func (a *Agent) suspend() *wire.Result {
 	if a.Listen == nil {
 		return fail(errors.New("suspend: this agent cannot listen again after a checkpoint"))
 	}
-	if !a.calls.TryLock() {
+	if !a.lockCalls() {
 		return fail(errors.New("suspend: calls are running in the sandbox: wait for them to end, or interrupt them"))
 	}
 	select { // an abandon signal from before this suspend is not for it
