@@ -106,7 +106,20 @@ fuzz:
 integration: deps runsc
 	$(GO) test -count=1 -tags integration -timeout 40m ./integration/ ./internal/testimage/ ./sandbox/
 
-test: deps runsc vet unit fuzz integration
+# Each stage in turn, its wall time said when it ends, then the total.
+TEST_STAGES := deps runsc vet unit fuzz integration
+test:
+	@total=$$(date +%s); \
+	for stage in $(TEST_STAGES); do \
+		start=$$(date +%s); rc=0; \
+		$(MAKE) --no-print-directory $$stage || rc=$$?; \
+		took=$$(( $$(date +%s) - start )); \
+		if [ $$rc != 0 ]; then \
+			echo "make test: $$stage failed after $${took}s (total $$(( $$(date +%s) - total ))s)"; exit $$rc; \
+		fi; \
+		echo "make test: $$stage took $${took}s"; \
+	done; \
+	echo "make test: all stages took $$(( $$(date +%s) - total ))s"
 
 # CPython's own tests (libpython3.11-testsuite, in a variant of the test image
 # that the test builds once per machine) under bare runsc and under flmbox,
