@@ -113,7 +113,7 @@ func diffTreeStates(before, after map[string]string) []string {
 // host's rootfs directory: the cache must have made them when it unpacked.
 func TestSandboxesLeaveTheCachedTreeUntouched(t *testing.T) {
 	reg := startRegistry(t)
-	root := sandboxRoot(t, reg)
+	root := unpackedSandboxRoot(t, reg)
 	tree := filepath.Join(root, "images", "rootfs", strings.TrimPrefix(img.AMD64Digest.String(), "sha256:"), "rootfs")
 	before := treeState(t, tree)
 	// The prewarm made the mount points of sandboxes' bind mounts, and

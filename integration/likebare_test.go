@@ -165,7 +165,7 @@ print('ok', len(kids))
 // its bootstrap variables) never reaches what a snippet starts.
 func TestContainerEnvironment(t *testing.T) {
 	reg := startRegistry(t)
-	root := sandboxRoot(t, reg)
+	root := unpackedSandboxRoot(t, reg)
 	tree := prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef()).Rootfs
 	before := treeState(t, tree)
 	faultSandbox(t, root, reg, "env")

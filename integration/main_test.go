@@ -41,6 +41,8 @@ var (
 	img *testimage.Image
 	// runscPath is the runsc binary the tests use.
 	runscPath string
+	// workDir is the suite's own directory, removed when it ends.
+	workDir string
 )
 
 func TestMain(m *testing.M) {
@@ -69,6 +71,7 @@ func setup(m *testing.M) int {
 		return fail("%v", err)
 	}
 	defer os.RemoveAll(dir)
+	workDir = dir
 	// flmbox, flmbox-core and flmbox-agent, side by side as installed.
 	flmboxBin, flmboxCore, flmboxAgent = filepath.Join(dir, "flmbox"), filepath.Join(dir, "flmbox-core"), filepath.Join(dir, "flmbox-agent")
 	build := exec.CommandContext(ctx, "go", "build", "-tags", "urfave_cli_no_docs", "-o", dir+"/", "../cmd/flmbox", "../cmd/flmbox-core", "../cmd/flmbox-agent")
@@ -76,7 +79,11 @@ func setup(m *testing.M) int {
 	if out, err := build.CombinedOutput(); err != nil {
 		return fail("build flmbox: %v\n%s", err, out)
 	}
-	return m.Run()
+	code := m.Run()
+	if err := checkPrewarmed(); err != nil {
+		return fail("%v", err)
+	}
+	return code
 }
 
 // testRegistry serves the test image from an in-process registry on
@@ -94,9 +101,20 @@ type testRegistry struct {
 const repo = "flmbox/python"
 
 // startRegistry starts a registry holding the test image's index as
-// flmbox/python:3.12-slim.
+// flmbox/python:3.12-slim, closed when the test ends.
 func startRegistry(t testing.TB) *testRegistry {
 	t.Helper()
+	r, err := newRegistry()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.srv.Close)
+	return r
+}
+
+// newRegistry starts a registry holding the test image's index as
+// flmbox/python:3.12-slim; its caller closes r.srv.
+func newRegistry() (*testRegistry, error) {
 	r := &testRegistry{corrupt: map[string]bool{}}
 	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
 	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
@@ -119,18 +137,18 @@ func startRegistry(t testing.TB) *testRegistry {
 		}
 		h.ServeHTTP(w, req)
 	}))
-	t.Cleanup(r.srv.Close)
 	r.host = strings.TrimPrefix(r.srv.URL, "http://")
 	ref, err := name.ParseReference(r.tagRef())
-	if err != nil {
-		t.Fatal(err)
+	if err == nil {
+		err = remote.WriteIndex(ref, img.Index)
 	}
-	if err := remote.WriteIndex(ref, img.Index); err != nil {
-		t.Fatalf("push the test image: %v", err)
+	if err != nil {
+		r.srv.Close()
+		return nil, fmt.Errorf("push the test image: %w", err)
 	}
 	r.requests.Store(0)
 	r.blobGets.Store(0)
-	return r
+	return r, nil
 }
 
 func (r *testRegistry) tagRef() string { return r.host + "/" + repo + ":3.12-slim" }

@@ -22,10 +22,33 @@ import (
 
 // sandboxRoot returns a state root with the test image prewarmed from reg,
 // and removes every sandbox in it (and runsc's mounts) when the test ends.
+// Its cached tree's files are hard links to those of a root prewarmed once
+// for all tests (copyRoot), and the prewarm from reg is a cache hit.
 func sandboxRoot(t *testing.T, reg *testRegistry) string {
 	t.Helper()
 	root := t.TempDir()
+	copyPrewarmed(t, root)
+	if res := prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef()); !res.Cached {
+		t.Fatalf("the copy of the prewarmed root is not a cache hit: %+v", res)
+	}
+	return cleanedRoot(t, root)
+}
+
+// unpackedSandboxRoot is sandboxRoot where the prewarm unpacks a tree of
+// the root's own, for a test that looks at the tree's every inode (a hard
+// link shared with other roots changes its link count when they come and
+// go).
+func unpackedSandboxRoot(t *testing.T, reg *testRegistry) string {
+	t.Helper()
+	root := t.TempDir()
 	prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef())
+	return cleanedRoot(t, root)
+}
+
+// cleanedRoot removes every sandbox in root (and runsc's mounts) when the
+// test ends, and returns root.
+func cleanedRoot(t *testing.T, root string) string {
+	t.Helper()
 	t.Cleanup(func() {
 		out := flmbox(t, root, "sandbox", "ls", "--json")
 		var sbs []struct{ Name string }
