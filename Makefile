@@ -103,8 +103,12 @@ fuzz:
 	$(GO) test -run=NONE -fuzz=FuzzExtract -fuzztime=$(FUZZTIME) ./internal/safetar/
 
 # Integration tests need root, runsc and the test image; a missing piece fails them.
+# Tests that share nothing run TEST_PARALLEL at a time (their sandboxes mostly
+# wait); those that measure time or memory, or set the environment, run alone
+# first.
+TEST_PARALLEL ?= 4
 integration: deps runsc
-	$(GO) test -count=1 -tags integration -timeout 40m ./integration/ ./internal/testimage/ ./sandbox/
+	$(GO) test -count=1 -tags integration -timeout 40m -parallel $(TEST_PARALLEL) ./integration/ ./internal/testimage/ ./sandbox/
 
 # Each stage in turn, its wall time said when it ends, then the total.
 TEST_STAGES := deps runsc vet unit fuzz integration

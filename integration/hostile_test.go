@@ -24,6 +24,7 @@ import (
 // signal or trace the agent (PID 1), its zygote and its spares. Each is
 // refused, and the sandbox, with its /tmp, answers after each.
 func TestHostileSnippetsCannotStopTheAgent(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "k3")
@@ -188,6 +189,7 @@ print('pwned' if os.path.exists('/tmp/pwned') else 'clean')
 // speaks to the agent: a snippet that tries every way in gets nowhere, nothing
 // runs for it, and its own timeout still ends everything it started.
 func TestHostileSnippetsCannotReachTheAgentSocket(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "reach")
@@ -228,6 +230,7 @@ func runscOn(t *testing.T, root string, args ...string) {
 // unresponsive, a call fails within seconds saying so, and the sandbox
 // answers again once continued.
 func TestUnresponsiveSandbox(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "wedged")
@@ -263,6 +266,7 @@ func waitState(t *testing.T, root, name, want string) {
 // TestCallToARemovedSandbox removes a sandbox while a call runs in it: the
 // call says that the sandbox was removed, not that it died.
 func TestCallToARemovedSandbox(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "gone")
@@ -293,6 +297,7 @@ func TestCallToARemovedSandbox(t *testing.T) {
 // TestLastRemovalLeavesARemovableRoot checks that once its last sandbox is
 // removed, a state root holds no mount and rm -rf removes it.
 func TestLastRemovalLeavesARemovableRoot(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := filepath.Join(t.TempDir(), "root")
 	prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef())

@@ -45,6 +45,11 @@ var (
 	workDir string
 )
 
+// Every test has a state root, sandboxes and a registry of its own, and
+// runs in parallel with the others (t.Parallel; make test runs
+// TEST_PARALLEL at a time). One that must run alone (it bounds a duration,
+// races the memory watch, or sets the environment) says why on its first
+// line: go test runs such tests before the parallel ones, one at a time.
 func TestMain(m *testing.M) {
 	os.Exit(setup(m))
 }

@@ -84,6 +84,7 @@ func rootfsListing(t *testing.T, root string) string {
 }
 
 func TestDemo1PersistentSandbox(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	before := rootfsListing(t, root)
@@ -113,6 +114,7 @@ func TestDemo1PersistentSandbox(t *testing.T) {
 }
 
 func TestDemo2Batch(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	var codes []string
@@ -143,6 +145,7 @@ print(revenue, round(revenue - 290, 2))
 }
 
 func TestRunBadBatchesAreRefusedBeforeRunning(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	dir := t.TempDir()
@@ -175,6 +178,7 @@ func TestRunBadBatchesAreRefusedBeforeRunning(t *testing.T) {
 }
 
 func TestRunFreshSandboxTimeoutAndEnvironment(t *testing.T) {
+	// Not parallel: t.Setenv.
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	t.Setenv("FLMBOX_TEST_SECRET", "hunter2")
@@ -198,6 +202,7 @@ func TestRunFreshSandboxTimeoutAndEnvironment(t *testing.T) {
 }
 
 func TestRunOnADeadSandboxFailsAtOnce(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	mustFlmbox(t, root, "sandbox", "create", "--name", "doomed", "--image", reg.digestRef())
@@ -240,6 +245,7 @@ func TestRunOnADeadSandboxFailsAtOnce(t *testing.T) {
 }
 
 func TestNetworkNoneCannotReachTheHost(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -273,6 +279,7 @@ except urllib.error.URLError as e:
 // TestBatchSaysWhyASnippetWasKilled: a snippet killed on timeout says so in
 // its stderr (and timed_out), and the others run.
 func TestBatchSaysWhyASnippetWasKilled(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "batch-kill")
@@ -294,6 +301,7 @@ func TestBatchSaysWhyASnippetWasKilled(t *testing.T) {
 // --language and --timeout are the defaults of codes that set neither, in
 // the batch or in the code.
 func TestBatchKeepsWhatSingleRunsKeep(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "batch-fields")
