@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -108,7 +109,7 @@ func prewarmInto(root string) error {
 		"prewarm", "--json", "--platform", "linux/amd64", reg.digestRef()).Output()
 	if err != nil {
 		var stderr []byte
-		if ee, ok := err.(*exec.ExitError); ok {
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
 			stderr = ee.Stderr
 		}
 		return fmt.Errorf("prewarm the test image: %w\n%s", err, stderr)
