@@ -104,10 +104,27 @@ fuzz:
 	$(GO) test -run=NONE -fuzz=FuzzExtract -fuzztime=$(FUZZTIME) ./internal/safetar/
 
 # Integration tests need root, runsc and the test image; a missing piece fails them.
+# Tests that share nothing run TEST_PARALLEL at a time (their sandboxes mostly
+# wait); those that measure time or memory, or set the environment, run alone
+# first.
+TEST_PARALLEL ?= 4
 integration: deps runsc
-	$(GO) test -count=1 -tags integration -timeout 40m ./integration/ ./internal/testrig/testimage/ ./sandbox/
+	$(GO) test -count=1 -tags integration -timeout 40m -parallel $(TEST_PARALLEL) ./integration/ ./internal/testrig/testimage/ ./sandbox/
 
-test: deps runsc vet unit fuzz integration
+# Each stage in turn, its wall time said when it ends, then the total.
+TEST_STAGES := deps runsc vet unit fuzz integration
+test:
+	@total=$$(date +%s); \
+	for stage in $(TEST_STAGES); do \
+		start=$$(date +%s); rc=0; \
+		$(MAKE) --no-print-directory $$stage || rc=$$?; \
+		took=$$(( $$(date +%s) - start )); \
+		if [ $$rc != 0 ]; then \
+			echo "make test: $$stage failed after $${took}s (total $$(( $$(date +%s) - total ))s)"; exit $$rc; \
+		fi; \
+		echo "make test: $$stage took $${took}s"; \
+	done; \
+	echo "make test: all stages took $$(( $$(date +%s) - total ))s"
 
 # CPython's own tests (libpython3.11-testsuite, in a variant of the test image
 # that the test builds once per machine) under bare runsc and under flmbox,

@@ -24,6 +24,7 @@ func benchImageRef() string { return "oci-layout:" + img.LayoutPath + "@" + img.
 // a real measurement, and that it leaves nothing behind. Speed is logged,
 // never asserted.
 func TestBenchQuickJSON(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	start := time.Now()
 	// Paced warm calls: every method waits 5 ms before each call.
@@ -194,6 +195,7 @@ func (j jsonWalker) stats(v any, path string, n float64) {
 // (the persistent one runs, fresh ones and raw runsc containers come and
 // go): it must say so, exit 130 and leave nothing behind.
 func TestBenchInterrupted(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	cmd := exec.Command(flmboxBin, "--root", root, "--runsc", runscPath, "bench", "--quick", "--image", benchImageRef())
 	stderr, err := cmd.StderrPipe()

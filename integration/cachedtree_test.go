@@ -113,8 +113,9 @@ func diffTreeStates(before, after map[string]string) []string {
 // removed. runsc's gofer creates the destinations of bind mounts in the
 // host's rootfs directory: the cache must have made them when it unpacked.
 func TestSandboxesLeaveTheCachedTreeUntouched(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
-	root := sandboxRoot(t, reg)
+	root := unpackedSandboxRoot(t, reg)
 	tree := filepath.Join(stateroot.Images(root), "rootfs", strings.TrimPrefix(img.AMD64Digest.String(), "sha256:"), "rootfs")
 	before := treeState(t, tree)
 	// The prewarm made the mount points of sandboxes' bind mounts, and
@@ -171,6 +172,7 @@ func readEntry(t *testing.T, tree string) *rootfs.Image {
 // that is the only change, and the next sandbox with that mount changes
 // nothing.
 func TestSpecMountsDestinationIsMadeOnceAndRecorded(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	m, _ := newManager(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

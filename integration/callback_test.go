@@ -184,6 +184,7 @@ CB = os.environ.get("FLMBOX_CALLBACK_SOCKET")
 // TestCallbackDemo3 is make demo's demo 3: the toolserver built here, demo3.py
 // in a fresh --network none sandbox, 20 tool calls.
 func TestCallbackDemo3(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	bin := filepath.Join(t.TempDir(), "toolserver")
@@ -227,6 +228,7 @@ func TestCallbackDemo3(t *testing.T) {
 // closes its forwarded connections; the next call without --callback has
 // neither the socket nor the variable.
 func TestCallbackLimits(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "cb")
@@ -358,6 +360,7 @@ print(os.environ.get("FLMBOX_CALLBACK_SOCKET"), os.environ.get("HERMES_RPC_SOCKE
 // its own host socket, reach only their own: a connection to the other
 // call's socket is closed at once and reaches no host server.
 func TestCallbackConcurrentCalls(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "cb2")
@@ -419,6 +422,7 @@ print(mine, *others)
 // socket by its path, and a host abstract socket are all unreachable
 // inside, in the same call as a working callback.
 func TestCallbackReachesNothingElse(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	dir := shortDir(t)
@@ -482,6 +486,7 @@ print("abstract", call("\0" + %q))
 // rename nor replace the call's socket (its directory is the agent's), and
 // a socket of its own, named in the variable, reaches nothing of the host.
 func TestCallbackSocketCannotBeReplaced(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	srv := startToolServer(t, filepath.Join(shortDir(t), "tools.sock"), "host")
@@ -550,6 +555,7 @@ print("callback", call(CB).strip(), sorted(os.listdir(d)) == [os.path.basename(C
 // TestCallbackRefusedBeforeRunning: HOST_SOCKET missing or not a socket
 // fails with exit 125 before anything runs: no sandbox is made.
 func TestCallbackRefusedBeforeRunning(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	dir := shortDir(t)
@@ -577,6 +583,7 @@ func TestCallbackRefusedBeforeRunning(t *testing.T) {
 // TestCallbackBatch: with --batch --image, each snippet has its own
 // forwarding, to the same host socket, under --callback-env's name too.
 func TestCallbackBatch(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	srv := startToolServer(t, filepath.Join(shortDir(t), "tools.sock"), "host")

@@ -191,6 +191,7 @@ func conformanceModules(t *testing.T) []regrModule {
 }
 
 func TestConformance(t *testing.T) {
+	// Not parallel: CPython's timing-sensitive tests compare two sides that must share a quiet machine.
 	known := readKnownDifferences(t)
 	modules := conformanceModules(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
@@ -825,6 +826,7 @@ func docTable(doc, header string) ([]docRow, error) {
 // table of known differences parses and names tests of listed modules, and
 // its table of modules is the two lists.
 func TestConformanceDoc(t *testing.T) {
+	t.Parallel()
 	doc, err := os.ReadFile(conformanceDoc)
 	if err != nil {
 		t.Fatal(err)
@@ -866,6 +868,7 @@ func TestConformanceDoc(t *testing.T) {
 
 // TestConformanceDifferences checks the comparison on made-up runs.
 func TestConformanceDifferences(t *testing.T) {
+	t.Parallel()
 	m := regrModule{name: "test_x"}
 	rec := func(id string, o outcome) string {
 		b, _ := json.Marshal(map[string]string{"id": id, "outcome": string(o), "detail": "why"})
@@ -910,6 +913,7 @@ func TestConformanceDifferences(t *testing.T) {
 }
 
 func TestConformanceMatchPatterns(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		ids   []string
 		want  []string

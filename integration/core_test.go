@@ -28,6 +28,7 @@ import (
 // still fails. (flmbox once took an empty result for a snippet that never
 // ran, and reported "exit_code -1, flmbox: not run: <nil>".)
 func TestBatchOfSilentSnippets(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	mustFlmbox(t, root, "sandbox", "create", "--name", "quiet", "--image", reg.digestRef())
@@ -65,6 +66,7 @@ func TestBatchOfSilentSnippets(t *testing.T) {
 // --pip preinstalled still imports. (flmbox once let the caller's
 // PYTHONPATH override its own, so nothing pip installed imported.)
 func TestEnvPythonPathKeepsSitePackages(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	mustFlmbox(t, root, "pipcache", "add", writeTestWheel(t, t.TempDir(), "flmbox-pp", "1.0"))
@@ -256,6 +258,7 @@ func noCgroups(t *testing.T, id string) {
 // again. (The cgroups were once left: runsc removes only those it made and
 // knows of.)
 func TestCreateKilledDuringRunscRun(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	image := reg.digestRef()
 	root := sandboxRoot(t, reg)
@@ -301,6 +304,7 @@ func TestCreateKilledDuringRunscRun(t *testing.T) {
 // name by itself. (flmbox once left a sandbox that ls listed as running, a
 // lease no sandbox would release, and a name no create could take.)
 func TestCreateKilledAfterItsLease(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	image := reg.digestRef()
 

@@ -29,6 +29,7 @@ import (
 // as resource exhausted, saying so, and leaves no partial file; a refused
 // copy out leaves nothing on the host; a missing file is not found.
 func TestCpFaults(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "s", "--tmp-size", "256MiB")

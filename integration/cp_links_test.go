@@ -15,6 +15,7 @@ import (
 // into them writes nothing where they point (it fails, or replaces the link
 // itself), and the sandbox goes on answering.
 func TestCpHostileLinks(t *testing.T) {
+	t.Parallel()
 	root := cpSandbox(t)
 	_, runDir, hostRunDir := faultAgentPaths(t, root, "s")
 	host := t.TempDir()
@@ -100,6 +101,7 @@ func hostListing(t *testing.T, p string) string {
 // a link (one the stream makes, or one a snippet planted) is refused, and
 // nothing is written where the link points.
 func TestCpStreamsThroughLinks(t *testing.T) {
+	t.Parallel()
 	root := cpSandbox(t)
 	shell(t, root, "s", "mkdir /tmp/m /tmp/victim; ln -s /tmp/victim /tmp/m/planted; ln -s /etc /tmp/m/etc")
 	for _, tc := range []struct {

@@ -14,6 +14,7 @@ import (
 // calls, all succeed: the agent's reaper of orphans must never reap a copy's
 // helper before the copy waits for it ("waitid: no child processes").
 func TestCpManyCopies(t *testing.T) {
+	t.Parallel()
 	root := cpSandbox(t)
 	f := filepath.Join(t.TempDir(), "f")
 	if err := os.WriteFile(f, []byte("f\n"), 0o644); err != nil {

@@ -14,6 +14,7 @@ import (
 // promptly, saying so, and nothing is written in the sandbox; so does a
 // host tree that cannot be read whole.
 func TestCpMaxSizeOnTheHost(t *testing.T) {
+	t.Parallel()
 	root := cpSandbox(t)
 	host := t.TempDir()
 	big := filepath.Join(host, "big")

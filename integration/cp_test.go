@@ -280,6 +280,7 @@ func makeHostTree(t *testing.T, p string, bigSize int64) {
 // types, modes, link targets, contents and mtimes each way; what is copied
 // in belongs to the sandbox's user, who can read and change it.
 func TestCpRoundTrip(t *testing.T) {
+	t.Parallel()
 	root := cpSandbox(t)
 	host := t.TempDir()
 	src := filepath.Join(host, "tree")
@@ -391,6 +392,7 @@ func readTar(t *testing.T, stream []byte) map[string]string {
 // directory of the sandbox; "cp NAME:PATH -" writes PATH's tar stream to
 // stdout; a hostile stream on stdin is refused, nothing written outside.
 func TestCpStreams(t *testing.T) {
+	t.Parallel()
 	root := cpSandbox(t)
 	shell(t, root, "s", "mkdir /tmp/d /tmp/m")
 	stream := tarOf(t, regular("a.txt", "a\n", 0o644), directory("sub/"), regular("sub/b.txt", "b\n", 0o600), link("sub/l", "b.txt"))
@@ -439,6 +441,7 @@ func TestCpStreams(t *testing.T) {
 // a copy out of what the sandbox's user cannot read fails, saying why;
 // links in the sandbox come out as links, never as what they point to.
 func TestCpOutsideTmpAndUnreadable(t *testing.T) {
+	t.Parallel()
 	root := cpSandbox(t)
 	_, runDir, _ := faultAgentPaths(t, root, "s")
 	host := t.TempDir()
@@ -493,6 +496,7 @@ func TestCpOutsideTmpAndUnreadable(t *testing.T) {
 // TestCpLimits: a copy past --max-size fails, each way and from a stream,
 // saying so; a copy on a sandbox that is not there fails with exit 125.
 func TestCpLimits(t *testing.T) {
+	t.Parallel()
 	root := cpSandbox(t)
 	host := t.TempDir()
 	big := filepath.Join(host, "big")

@@ -22,6 +22,7 @@ import (
 // demos with it against the real runsc and the test image: the same results
 // as the CLI prints, and nothing left behind.
 func TestEmbeddedDemos(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 

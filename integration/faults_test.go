@@ -203,6 +203,7 @@ func faultDirBytes(t *testing.T, dir string) int64 {
 }
 
 func TestFaultsRunawayCodeIsStopped(t *testing.T) {
+	// Not parallel: its memory hogs race the agent's memory watch, which other tests' load slows.
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	const name = "runaway"
@@ -508,6 +509,7 @@ except OSError as e:
 }
 
 func TestFaultsIsolation(t *testing.T) {
+	// Not parallel: t.Setenv.
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	const secret = "flmbox-secret-7f3a9c"
@@ -675,6 +677,7 @@ for p in ['/usr/x', '/var/tmp/x', '/x', '/etc/x', '/usr/bin/python3']:
 }
 
 func TestFaultsEachCallIsANewProcess(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	const name = "calls"
@@ -712,6 +715,7 @@ type faultCounts struct {
 }
 
 func TestFaultsNoLeaks(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	const name = "leaks"
@@ -803,6 +807,7 @@ print(procs, rss)
 }
 
 func TestFaultsSandboxNames(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "taken")
@@ -868,6 +873,7 @@ func TestFaultsSandboxNames(t *testing.T) {
 // zygote (same user) must not get them run in the next zygote, which has no
 // limits, nor in any process the agent starts; sys.path stays python3's.
 func TestFaultsStartupCodeInTmpNeverRunsUnlimited(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	const name = "startup"

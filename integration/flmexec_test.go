@@ -26,6 +26,7 @@ func flamepyTask(language, runtime, code string) string {
 // bash; code runs as main.py or main.sh; a task of another session runs
 // nothing; and a task may run longer than 30 s.
 func TestInstanceFlmexec(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 

@@ -206,6 +206,7 @@ func hermesExecuteToken(t *testing.T, root string, srv *hermesServer, token, scr
 }
 
 func TestHermesExecuteCode(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	image := []string{"--image", reg.digestRef()}
@@ -328,6 +329,7 @@ func hostname(t *testing.T, root, name string) string {
 // (-i), a directory copied in before the code runs (--copy), the call's
 // own environment (-e, gone in the next call), and the code as a file.
 func TestRunInputs(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "inputs")

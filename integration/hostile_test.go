@@ -25,6 +25,7 @@ import (
 // signal or trace the agent (PID 1), its zygote and its spares. Each is
 // refused, and the sandbox, with its /tmp, answers after each.
 func TestHostileSnippetsCannotStopTheAgent(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "k3")
@@ -189,6 +190,7 @@ print('pwned' if os.path.exists('/tmp/pwned') else 'clean')
 // speaks to the agent: a snippet that tries every way in gets nowhere, nothing
 // runs for it, and its own timeout still ends everything it started.
 func TestHostileSnippetsCannotReachTheAgentSocket(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "reach")
@@ -229,6 +231,7 @@ func runscOn(t *testing.T, root string, args ...string) {
 // unresponsive, a call fails within seconds saying so, and the sandbox
 // answers again once continued.
 func TestUnresponsiveSandbox(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "wedged")
@@ -264,6 +267,7 @@ func waitState(t *testing.T, root, name, want string) {
 // TestCallToARemovedSandbox removes a sandbox while a call runs in it: the
 // call says that the sandbox was removed, not that it died.
 func TestCallToARemovedSandbox(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "gone")
@@ -294,6 +298,7 @@ func TestCallToARemovedSandbox(t *testing.T) {
 // TestLastRemovalLeavesARemovableRoot checks that once its last sandbox is
 // removed, a state root holds no mount and rm -rf removes it.
 func TestLastRemovalLeavesARemovableRoot(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := filepath.Join(t.TempDir(), "root")
 	prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef())

@@ -47,6 +47,7 @@ func inode(path string) uint64 {
 // Once the first is killed (its socket left, stale), a third takes the
 // endpoint.
 func TestInstanceSocketInUse(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	first := startInstance(t, root)
 	sock := first.sim.Socket()
@@ -89,6 +90,7 @@ func TestInstanceSocketInUse(t *testing.T) {
 // TestInstanceSocketPaths: a path that is a regular file is refused and
 // left as it was; so is a path too long for a Unix socket, saying the limit.
 func TestInstanceSocketPaths(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	file := filepath.Join(dir, "instance.sock")
 	if err := os.WriteFile(file, []byte("not a socket"), 0o600); err != nil {

@@ -14,6 +14,7 @@ import (
 // stdin, its env is its own, and its runtime picks one of the image's
 // interpreters; one the image lacks fails the task, saying so.
 func TestInstanceTaskStdinEnvRuntime(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	e := startInstance(t, root)
@@ -71,6 +72,7 @@ func TestInstanceTaskStdinEnvRuntime(t *testing.T) {
 // TestInstanceFlamepySandbox: a session as flamepy.tools.Sandbox opens it,
 // with its SandboxAttr as common_data, whose runtime its tasks take.
 func TestInstanceFlamepySandbox(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	e := startInstance(t, root, "--image", reg.digestRef())
@@ -93,6 +95,7 @@ func TestInstanceFlamepySandbox(t *testing.T) {
 // leave it; the next flmbox command removes its sandbox (its owner is gone)
 // and leaves no container and no lease.
 func TestInstanceKilled(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	e := startInstance(t, root)
@@ -122,6 +125,7 @@ func TestInstanceKilled(t *testing.T) {
 // refused with a message saying what to fix, leaves nothing behind, and the
 // instance takes the next session.
 func TestInstanceEnterRefused(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	e := startInstance(t, root, "--memory", "512MiB")

@@ -103,6 +103,7 @@ func script(lang, code string) string { return string(flamesim.Script(lang, code
 // through the Instance protocol, with flamepy's exact request, a timeout,
 // refusals, and a SIGTERM that leaves nothing behind.
 func TestInstanceOverFlameProtocol(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	e := startInstance(t, root)
@@ -186,6 +187,7 @@ func TestInstanceOverFlameProtocol(t *testing.T) {
 // one session spread over two instance processes at once, as Flame spreads a
 // session's tasks over executors: each result matches its input.
 func TestInstanceDemo2OverTwoExecutors(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	var demo struct{ Codes []string }
@@ -241,6 +243,7 @@ func TestInstanceDemo2OverTwoExecutors(t *testing.T) {
 // cleans up. (A snippet cannot kill its agent, which runs as another user:
 // hostile_test.go; the host kills it here.)
 func TestInstanceSandboxDies(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	e := startInstance(t, root)

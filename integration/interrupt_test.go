@@ -86,6 +86,7 @@ func checkInterrupted(t *testing.T, what string, res result, sig syscall.Signal,
 // warm call and flmbox-core's run, on a sandbox and on a fresh one from
 // --image, which is removed.
 func TestRunInterrupted(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	mustFlmbox(t, root, "sandbox", "create", "--name", "work", "--image", reg.digestRef())

@@ -11,6 +11,7 @@ import (
 // agent until its first call, runs Python and shell calls as any other, and
 // its pool shape is its own (a pool of the default shape is not used for it).
 func TestLazySpares(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := poolRoot(t, reg)
 	image := reg.digestRef()
@@ -44,6 +45,7 @@ func TestLazySpares(t *testing.T) {
 // it, lists its processes from Python and finds neither sh nor a second
 // Python).
 func TestLazyPoolParksTheAgentAlone(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := poolRoot(t, reg)
 	image := reg.digestRef()

@@ -25,6 +25,7 @@ import (
 // after a call that left as many behind. (Forked Pythons cost some 5 MiB
 // each under gVisor: TestMemoryCountsWhatTheSandboxUses.)
 func TestLimitsMeasureWhatTheySay(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "lim")
@@ -122,6 +123,7 @@ if not daemons:
 // is stopped by the watch (no address-space limit): the snippet is killed
 // as out of memory and the sandbox lives.
 func TestMemoryCountsWhatTheSandboxUses(t *testing.T) {
+	// Not parallel: the agent's memory watch must stop the snippet before the host's cgroup does.
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	// gVisor copies a page shared after fork 2 MiB at a time, so that
@@ -166,8 +168,9 @@ print('ok', len(kids))
 // localhost resolves; and what flmbox needs for itself (unbuffered output,
 // its bootstrap variables) never reaches what a snippet starts.
 func TestContainerEnvironment(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
-	root := sandboxRoot(t, reg)
+	root := unpackedSandboxRoot(t, reg)
 	tree := prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef()).Rootfs
 	before := treeState(t, tree)
 	faultSandbox(t, root, reg, "env")
@@ -244,6 +247,7 @@ func pyQuote(s string) string { b, _ := json.Marshal(s); return string(b) }
 // pool (its directory renamed) keeps its /etc files through a suspend and
 // resume: the restore binds them from the directory it has now.
 func TestContainerEnvironmentAfterAdoptionAndResume(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := poolRoot(t, reg)
 	fillPool(t, root, reg.digestRef(), 1)

@@ -26,6 +26,7 @@ import (
 // default; a plain rm -rf then empties the directory. The loop stops early:
 // a million files would take minutes under gVisor.
 func TestLimitsManySmallFilesStopTheSnippetOnly(t *testing.T) {
+	// Not parallel: the agent's memory watch must stop the snippet before the host's cgroup does.
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	for _, mem := range []string{fmt.Sprintf("%dMiB", sandbox.MinMemoryBytes>>20), "512MiB"} {
@@ -67,6 +68,7 @@ for i in range(%[2]d):
 // in one line that names the minimum (--pids 4 failed inside runsc with
 // 2 KB of goroutine traces); the minimum itself makes a working sandbox.
 func TestLimitsTooSmallAreRefused(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	for _, flags := range [][]string{

@@ -41,8 +41,15 @@ var (
 	img *testimage.Image
 	// runscPath is the runsc binary the tests use.
 	runscPath string
+	// workDir is the suite's own directory, removed when it ends.
+	workDir string
 )
 
+// Every test has a state root, sandboxes and a registry of its own, and
+// runs in parallel with the others (t.Parallel; make test runs
+// TEST_PARALLEL at a time). One that must run alone (it bounds a duration,
+// races the memory watch, or sets the environment) says why on its first
+// line: go test runs such tests before the parallel ones, one at a time.
 func TestMain(m *testing.M) {
 	os.Exit(setup(m))
 }
@@ -69,6 +76,7 @@ func setup(m *testing.M) int {
 		return fail("%v", err)
 	}
 	defer os.RemoveAll(dir)
+	workDir = dir
 	// flmbox, flmbox-core, flmbox-bench and flmbox-agent, side by side as installed.
 	flmboxBin, flmboxCore, flmboxAgent = filepath.Join(dir, "flmbox"), filepath.Join(dir, "flmbox-core"), filepath.Join(dir, "flmbox-agent")
 	build := exec.CommandContext(ctx, "go", "build", "-tags", "urfave_cli_no_docs", "-o", dir+"/", "../cmd/flmbox", "../cmd/flmbox-core", "../cmd/flmbox-bench", "../cmd/flmbox-agent")
@@ -76,7 +84,11 @@ func setup(m *testing.M) int {
 	if out, err := build.CombinedOutput(); err != nil {
 		return fail("build flmbox: %v\n%s", err, out)
 	}
-	return m.Run()
+	code := m.Run()
+	if err := checkPrewarmed(); err != nil {
+		return fail("%v", err)
+	}
+	return code
 }
 
 // testRegistry serves the test image from an in-process registry on
@@ -94,9 +106,20 @@ type testRegistry struct {
 const repo = "flmbox/python"
 
 // startRegistry starts a registry holding the test image's index as
-// flmbox/python:3.12-slim.
+// flmbox/python:3.12-slim, closed when the test ends.
 func startRegistry(t testing.TB) *testRegistry {
 	t.Helper()
+	r, err := newRegistry()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.srv.Close)
+	return r
+}
+
+// newRegistry starts a registry holding the test image's index as
+// flmbox/python:3.12-slim; its caller closes r.srv.
+func newRegistry() (*testRegistry, error) {
 	r := &testRegistry{corrupt: map[string]bool{}}
 	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
 	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
@@ -119,18 +142,18 @@ func startRegistry(t testing.TB) *testRegistry {
 		}
 		h.ServeHTTP(w, req)
 	}))
-	t.Cleanup(r.srv.Close)
 	r.host = strings.TrimPrefix(r.srv.URL, "http://")
 	ref, err := name.ParseReference(r.tagRef())
-	if err != nil {
-		t.Fatal(err)
+	if err == nil {
+		err = remote.WriteIndex(ref, img.Index)
 	}
-	if err := remote.WriteIndex(ref, img.Index); err != nil {
-		t.Fatalf("push the test image: %v", err)
+	if err != nil {
+		r.srv.Close()
+		return nil, fmt.Errorf("push the test image: %w", err)
 	}
 	r.requests.Store(0)
 	r.blobGets.Store(0)
-	return r
+	return r, nil
 }
 
 func (r *testRegistry) tagRef() string { return r.host + "/" + repo + ":3.12-slim" }

@@ -65,6 +65,7 @@ func killedOwner(t *testing.T, root string, args ...string) *record.Record {
 // no sandbox, no runsc container and no image lease. (It once stayed
 // running for ever, with its container and its lease.)
 func TestOwnerKilled(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	image := reg.digestRef()
 	batch := filepath.Join(t.TempDir(), "batch.json")

@@ -47,6 +47,7 @@ func cacheListing(t *testing.T, root string) string {
 // managed"), the next call imports it, a fresh sandbox does not have it, and
 // what the cache lacks fails at once with pip's message.
 func TestPipcacheOfflineInstall(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	// The test image's Python marks itself externally managed (PEP 668).
@@ -99,6 +100,7 @@ func TestPipcacheOfflineInstall(t *testing.T) {
 // TestPipcacheIsReadOnlyInSandboxes: the cache is a read-only mount, and
 // nothing a snippet tries changes it on the host.
 func TestPipcacheIsReadOnlyInSandboxes(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	mustFlmbox(t, root, "pipcache", "add", writeTestWheel(t, t.TempDir(), "flmbox-ro", "1.0"))
@@ -137,6 +139,7 @@ PY
 // a --network host sandbox; pipcache fetch fills the cache from it; a
 // --network none sandbox then installs from the cache, without the index.
 func TestPipcacheIndexAndFetch(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	fn, wheel := testWheel("flmbox-other", "2.0")
@@ -189,6 +192,7 @@ func TestPipcacheIndexAndFetch(t *testing.T) {
 // add's validation; a bad wheel on the index is refused and nothing of the
 // download (here a good wheel beside it) is imported.
 func TestPipcacheFetchRefusesBadWheels(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	goodName, good := testWheel("flmbox-dep", "1.0")
@@ -211,6 +215,7 @@ func TestPipcacheFetchRefusesBadWheels(t *testing.T) {
 // a requirement the cache cannot satisfy fails the creation with pip's
 // message and leaves no sandbox and no lease.
 func TestPipcacheCreateWithPip(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	mustFlmbox(t, root, "pipcache", "add", writeTestWheel(t, t.TempDir(), "flmbox-pre", "1.0"))
@@ -240,6 +245,7 @@ func TestPipcacheCreateWithPip(t *testing.T) {
 // TestPipcacheAddRefusesBadWheels: add refuses a bad file with a clear
 // message and imports nothing of its batch.
 func TestPipcacheAddRefusesBadWheels(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	good := writeTestWheel(t, t.TempDir(), "flmbox-good", "1.0")
 	write := func(name string, b []byte) string {

@@ -249,6 +249,7 @@ const bootID = `print(open('/proc/sys/kernel/random/boot_id').read().strip())`
 // finds none of it, sees what user 0 saw in it fresh from pool fill, and
 // its own code runs unaffected.
 func TestPoolTenancy(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := poolRoot(t, reg)
 	image := reg.digestRef()
@@ -334,6 +335,7 @@ print(bmod.WHO, json.dumps([1]))`)
 // the same instant (sandbox create --image) get different sandboxes,
 // exactly one of them the pooled one; both take calls.
 func TestPoolAcquireRace(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := poolRoot(t, reg)
 	image := reg.digestRef()
@@ -398,6 +400,7 @@ func TestPoolAcquireRace(t *testing.T) {
 // ls every sandbox is idle in its pool and clean, runsc runs exactly their
 // containers, and the killed one is gone unless it never left the pool.
 func TestPoolAdopterKilled(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := poolRoot(t, reg)
 	image := reg.digestRef()
@@ -512,6 +515,7 @@ func recordOf(root, id string) *record.Record {
 // create, are the ones the snippets see); the results keep their order;
 // afterwards the pool holds two idle sandboxes and nothing else is left.
 func TestPoolBatch(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := poolRoot(t, reg)
 	image := reg.digestRef()
@@ -565,6 +569,7 @@ func TestPoolBatch(t *testing.T) {
 // nor its registry holds fails (exit 125, naming the image) and leaves no
 // pool settings and no sandbox.
 func TestPoolFillMissingImage(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := poolRoot(t, reg)
 	layout := filepath.Join(t.TempDir(), "nolayout")
@@ -591,6 +596,7 @@ func TestPoolFillMissingImage(t *testing.T) {
 // sandboxes from the pool and give them back: every run succeeds, and
 // afterwards no pool and no sandbox is left.
 func TestPoolDrainWhileAcquiring(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := poolRoot(t, reg)
 	image := reg.digestRef()
@@ -633,6 +639,7 @@ func TestPoolDrainWhileAcquiring(t *testing.T) {
 // reach it no more); an idle pooled sandbox refuses calls (exit 125, saying
 // it is idle in a pool).
 func TestPoolSandboxCreateRm(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := poolRoot(t, reg)
 	image := reg.digestRef()
@@ -696,6 +703,7 @@ func TestPoolSandboxCreateRm(t *testing.T) {
 // with the default timeout keeps its sandbox, and the expired pool keeps
 // its size.
 func TestPoolDrainExpired(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := poolRoot(t, reg)
 	image := reg.digestRef()
@@ -737,6 +745,7 @@ func TestPoolDrainExpired(t *testing.T) {
 // sandbox advises nothing wrong: it is not being created, and if it says to
 // remove the sandbox with sandbox rm, that command removes it.
 func TestPoolIdleRefusalAdvice(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := poolRoot(t, reg)
 	p := fillPool(t, root, reg.digestRef(), 1)

@@ -48,6 +48,7 @@ func prewarmJSON(t *testing.T, root string, args ...string) rootfs.Result {
 }
 
 func TestPrewarmFromRegistryIsExactAndCached(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := t.TempDir()
 	res := prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef())
@@ -234,6 +235,7 @@ func fileHash(p string) [32]byte {
 }
 
 func TestPrewarmRegistryDownAfterPrewarm(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := t.TempDir()
 	first := prewarmJSON(t, root, reg.digestRef())
@@ -261,6 +263,7 @@ func TestPrewarmRegistryDownAfterPrewarm(t *testing.T) {
 }
 
 func TestPrewarmArm64AndLayout(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := t.TempDir()
 	arm := prewarmJSON(t, root, "--platform", "linux/arm64/v8", reg.digestRef())
@@ -288,6 +291,7 @@ func TestPrewarmArm64AndLayout(t *testing.T) {
 }
 
 func TestPrewarmCorruptLayerLeavesNothing(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	m, _ := img.Index.Image(img.AMD64Digest)
 	layers, _ := m.Layers()
@@ -346,6 +350,7 @@ func assertNoEntries(t *testing.T, root string) {
 }
 
 func TestEightConcurrentPrewarmsDownloadOnce(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := t.TempDir()
 	const n = 8
@@ -381,6 +386,7 @@ func TestEightConcurrentPrewarmsDownloadOnce(t *testing.T) {
 }
 
 func TestPrewarmKilledAnyMomentRecovers(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := t.TempDir()
 	for _, delay := range []time.Duration{0, 20 * time.Millisecond, 80 * time.Millisecond, 200 * time.Millisecond,
@@ -416,6 +422,7 @@ func TestPrewarmKilledAnyMomentRecovers(t *testing.T) {
 }
 
 func TestImagesLsRmGCWithLease(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	res := prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef())
@@ -467,6 +474,7 @@ func TestImagesLsRmGCWithLease(t *testing.T) {
 }
 
 func TestDoctor(t *testing.T) {
+	t.Parallel()
 	out := mustFlmbox(t, t.TempDir(), "doctor", "--json")
 	var checks []struct {
 		Name   string
@@ -494,6 +502,7 @@ func TestDoctor(t *testing.T) {
 // doctor names what is missing, and a new sandbox fails at once (exit 125,
 // the same message) with nothing pulled, created or left behind.
 func TestMissingAgent(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	for _, bin := range []string{flmboxBin, flmboxCore} {
 		data, err := os.ReadFile(bin)

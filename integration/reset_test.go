@@ -52,6 +52,7 @@ print('left:', left)
 // without it files and IPC objects stay (processes do not, daemons
 // included); with it none of them.
 func TestResetReturnsASandboxToNew(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "reuse")
@@ -83,6 +84,7 @@ func TestResetReturnsASandboxToNew(t *testing.T) {
 // TestResetSocketDirectorySealed checks that a snippet cannot replace the
 // agent's socket (to receive the next calls' code) nor trace the agent.
 func TestResetSocketDirectorySealed(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "sealed")
@@ -113,6 +115,7 @@ for what, f in [('create', lambda: open(d + '/x', 'w')), ('rename', lambda: os.r
 // (--parallel 1), which reuses its sandbox: each snippet finds the sandbox
 // as new, whatever the one before left.
 func TestBatchSnippetsDoNotSeeEachOther(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	codes := []string{messCode, checkClean, messCode, checkClean,

@@ -23,10 +23,33 @@ import (
 
 // sandboxRoot returns a state root with the test image prewarmed from reg,
 // and removes every sandbox in it (and runsc's mounts) when the test ends.
+// Its cached tree's files are hard links to those of a root prewarmed once
+// for all tests (copyRoot), and the prewarm from reg is a cache hit.
 func sandboxRoot(t *testing.T, reg *testRegistry) string {
 	t.Helper()
 	root := t.TempDir()
+	copyPrewarmed(t, root)
+	if res := prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef()); !res.Cached {
+		t.Fatalf("the copy of the prewarmed root is not a cache hit: %+v", res)
+	}
+	return cleanedRoot(t, root)
+}
+
+// unpackedSandboxRoot is sandboxRoot where the prewarm unpacks a tree of
+// the root's own, for a test that looks at the tree's every inode (a hard
+// link shared with other roots changes its link count when they come and
+// go).
+func unpackedSandboxRoot(t *testing.T, reg *testRegistry) string {
+	t.Helper()
+	root := t.TempDir()
 	prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef())
+	return cleanedRoot(t, root)
+}
+
+// cleanedRoot removes every sandbox in root (and runsc's mounts) when the
+// test ends, and returns root.
+func cleanedRoot(t *testing.T, root string) string {
+	t.Helper()
 	t.Cleanup(func() {
 		out := flmbox(t, root, "sandbox", "ls", "--json")
 		var sbs []struct{ Name string }
@@ -62,6 +85,7 @@ func rootfsListing(t *testing.T, root string) string {
 }
 
 func TestDemo1PersistentSandbox(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	before := rootfsListing(t, root)
@@ -91,6 +115,7 @@ func TestDemo1PersistentSandbox(t *testing.T) {
 }
 
 func TestDemo2Batch(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	var codes []string
@@ -121,6 +146,7 @@ print(revenue, round(revenue - 290, 2))
 }
 
 func TestRunBadBatchesAreRefusedBeforeRunning(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	dir := t.TempDir()
@@ -153,6 +179,7 @@ func TestRunBadBatchesAreRefusedBeforeRunning(t *testing.T) {
 }
 
 func TestRunFreshSandboxTimeoutAndEnvironment(t *testing.T) {
+	// Not parallel: t.Setenv.
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	t.Setenv("FLMBOX_TEST_SECRET", "hunter2")
@@ -176,6 +203,7 @@ func TestRunFreshSandboxTimeoutAndEnvironment(t *testing.T) {
 }
 
 func TestRunOnADeadSandboxFailsAtOnce(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	mustFlmbox(t, root, "sandbox", "create", "--name", "doomed", "--image", reg.digestRef())
@@ -218,6 +246,7 @@ func TestRunOnADeadSandboxFailsAtOnce(t *testing.T) {
 }
 
 func TestNetworkNoneCannotReachTheHost(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -251,6 +280,7 @@ except urllib.error.URLError as e:
 // TestBatchSaysWhyASnippetWasKilled: a snippet killed on timeout says so in
 // its stderr (and timed_out), and the others run.
 func TestBatchSaysWhyASnippetWasKilled(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "batch-kill")
@@ -272,6 +302,7 @@ func TestBatchSaysWhyASnippetWasKilled(t *testing.T) {
 // --language and --timeout are the defaults of codes that set neither, in
 // the batch or in the code.
 func TestBatchKeepsWhatSingleRunsKeep(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "batch-fields")

@@ -161,6 +161,7 @@ func noSandboxes(t *testing.T, root string) {
 }
 
 func TestRunscHang(t *testing.T) {
+	// Not parallel: it bounds how long commands take.
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	h := newHangRunsc(t)
@@ -275,6 +276,7 @@ func withoutKVM(t *testing.T, args ...string) []string {
 }
 
 func TestKVMRefusedWithoutDevKVM(t *testing.T) {
+	// Not parallel: it bounds how long commands take.
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	h := newHangRunsc(t)

@@ -22,6 +22,7 @@ import (
 // prewarm unpacked, with the spec flmbox generates: Python starts, runs as
 // 65534, can write /tmp but not the read-only root.
 func TestCachedRootfsRunsUnderRunsc(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := t.TempDir()
 	res := prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef())

@@ -82,6 +82,7 @@ func faultsRootClean(t *testing.T, m *sandbox.Manager, root string, names ...str
 // a failed resume recorded suspended at once, errors of one line that keep
 // their kind and ctx's end.
 func TestSandboxFaultsLeaveNothing(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	m, root := newManager(t)
 	ctx := context.Background()
@@ -186,6 +187,7 @@ func TestSandboxFaultsLeaveNothing(t *testing.T) {
 // says in its first line that flmbox needs root, and leaves its state root
 // as it was.
 func TestSandboxFaultsNonRoot(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	dir, err := os.MkdirTemp("", "flmbox-nonroot-")
 	if err != nil {
@@ -233,6 +235,7 @@ func TestSandboxFaultsNonRoot(t *testing.T) {
 // reading records costs (in process, no runsc, no ping), and Probe says it
 // is running.
 func TestSandboxFaultsGetList(t *testing.T) {
+	// Not parallel: it bounds how long calls take, in milliseconds.
 	reg := startRegistry(t)
 	m, _ := newManager(t)
 	ctx := context.Background()

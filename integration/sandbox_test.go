@@ -88,6 +88,7 @@ func waitNoProcesses(t *testing.T, id string) {
 // and is idempotent; a container whose first process does not exist fails
 // to run and leaves nothing behind.
 func TestRuntimeRunAliveDelete(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	res := prewarmJSON(t, t.TempDir(), "--platform", "linux/amd64", reg.digestRef())
 	rt := newRuntime(t)
@@ -165,6 +166,7 @@ func TestRuntimeRunAliveDelete(t *testing.T) {
 // duplicates and bad names, calls sharing /tmp, death behind flmbox's back,
 // removal (idempotent) that leaves no directory, process or image lease.
 func TestManagerLifecycle(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	m, root := newManager(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

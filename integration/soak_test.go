@@ -31,6 +31,7 @@ const soakCalls = 200
 // sandbox's /tmp keeps its first file, and its cgroups never met their
 // memory and pids limits.
 func TestSoakHostileAndOrdinaryCalls(t *testing.T) {
+	// Not parallel: its memory hogs race the agent's memory watch, which other tests' load slows.
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	const name = "soak"

@@ -291,6 +291,7 @@ func killAt(t *testing.T, root string, p killPoint, args ...string) (reached boo
 // the mounts) and a resume: the third call prints what it prints in a
 // sandbox never suspended.
 func TestSuspendDemo1Reboot(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	demo := func(name string, between func()) string {
@@ -351,6 +352,7 @@ func TestSuspendDemo1Reboot(t *testing.T) {
 // suspended, the sandbox has an image of at least its /tmp and no host
 // process names its container: it holds no memory.
 func TestSuspendCyclesKeepFiles(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	const name = "cycles"
@@ -423,6 +425,7 @@ func TestSuspendCyclesKeepFiles(t *testing.T) {
 // suspended (exit 125, saying why); it keeps running, takes other calls,
 // the call completes, and then it suspends.
 func TestSuspendRefusedDuringACall(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	const name = "busy"
@@ -476,6 +479,7 @@ func TestSuspendRefusedDuringACall(t *testing.T) {
 // host is not suspended: suspend fails saying it is dead, and writes no
 // image.
 func TestSuspendDeadSandbox(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	const name = "victim"
@@ -506,6 +510,7 @@ func TestSuspendDeadSandbox(t *testing.T) {
 // restore, one container, and a file written by a call after them is seen
 // by the next.
 func TestResumeTwiceAndConcurrent(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	const name = "twice"
@@ -587,6 +592,7 @@ func TestResumeTwiceAndConcurrent(t *testing.T) {
 // says so: a note on stderr, or "resumed": true in its JSON; a call to a
 // running sandbox says nothing of the kind.
 func TestResumeOnRun(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	const name = "onrun"
@@ -627,6 +633,7 @@ func TestResumeOnRun(t *testing.T) {
 // TestSuspendedRemove: sandbox rm removes a suspended sandbox, its image
 // and its directory, and leaves no container, lease or process.
 func TestSuspendedRemove(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	const name = "gone"
@@ -725,6 +732,7 @@ func suspendKilled(t *testing.T, kills []suspendKill) {
 // checkpoint image is written: the sandbox is running (the image was not
 // yet renamed) or suspended (it was).
 func TestSuspendKilledWithItsImage(t *testing.T) {
+	t.Parallel()
 	suspendKilled(t, []suspendKill{
 		// The image is whole in checkpoint.tmp, not yet renamed.
 		{killPoint{verb: "checkpoint", when: "after"}, "running"},
@@ -747,6 +755,7 @@ func TestSuspendKilledWithItsImage(t *testing.T) {
 // checkpoint, for a minute; killed during it, until the sandbox's own
 // checkpoint ends.
 func TestSuspendKilledBeforeItsImage(t *testing.T) {
+	t.Parallel()
 	suspendKilled(t, []suspendKill{
 		// The agent closed its listener; no image yet.
 		{killPoint{verb: "checkpoint", when: "before"}, "running"},
@@ -760,6 +769,7 @@ func TestSuspendKilledBeforeItsImage(t *testing.T) {
 // nothing of the restore left running (no process, no host cgroup); it
 // then resumes with /tmp intact, and its removal leaves no cgroup either.
 func TestResumeKilled(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	for i, p := range []killPoint{
@@ -810,6 +820,7 @@ func TestResumeKilled(t *testing.T) {
 // suspended and nothing running for it; with the image put back, it
 // resumes with its /tmp.
 func TestResumeDamagedImage(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	const name = "damaged"
@@ -900,6 +911,7 @@ func TestResumeDamagedImage(t *testing.T) {
 // for less; --remove-idle removes sandboxes idle for longer, suspended or
 // running.
 func TestSandboxGC(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "idle")

@@ -256,6 +256,7 @@ func checkTenant(t *testing.T, root, name string, args ...string) tenantView {
 // environment, modules, mounts, cgroup, working directory); its own package
 // imports.
 func TestTenancyResetLeavesNothing(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "tenant")
@@ -319,6 +320,7 @@ print(bmod.WHO, json.dumps([1]))
 // free in gVisor: every reset of that sandbox fails, naming them, and the
 // sandbox runs on.
 func TestTenancyResetRefusesStrandedSockets(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	faultSandbox(t, root, reg, "stranded")

@@ -16,6 +16,7 @@ import (
 // flmbox-core, and prints what flmbox-core prints for them; any other command
 // needs flmbox-core and says so when it is missing.
 func TestWarmCallsWithoutCore(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	const name = "warm"
@@ -108,6 +109,7 @@ func TestWarmCallsWithoutCore(t *testing.T) {
 // TestCoreOfAnotherBuild: flmbox hands a command line only to a
 // flmbox-core of its own build; another build is named and refused (125).
 func TestCoreOfAnotherBuild(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	for _, bin := range []string{flmboxBin, flmboxAgent} {
 		b, err := os.ReadFile(bin)
