@@ -54,9 +54,13 @@ func Matching(match func(cmdline []string) bool) ([]int, error) {
 			pids = append(pids, pid)
 		}
 	}
+	// A matching process's child may match too (forked, not yet exec'd: it
+	// has its parent's command line); each pid is listed once.
 	seen := map[int]bool{}
+	for _, p := range pids {
+		seen[p] = true
+	}
 	for i := 0; i < len(pids); i++ {
-		seen[pids[i]] = true
 		for _, c := range children[pids[i]] {
 			if !seen[c] {
 				seen[c] = true

@@ -84,3 +84,34 @@ func TestOfCountsAnAddressSpaceOnce(t *testing.T) {
 		t.Fatalf("a process and its thread: %+v; the process alone: %+v (want its memory once)", both, alone)
 	}
 }
+
+// TestMatchingListsEachOnce: a matching process whose child matches too (a
+// fork before its exec has its parent's command line) is listed once, and
+// so is the child.
+func TestMatchingListsEachOnce(t *testing.T) {
+	const id = "flmbox-procmem-test-fork-0123456789"
+	// sh and its subshell, a fork that never execs: both end with id.
+	cmd := exec.Command("sh", "-c", "(while :; do sleep 1; done) & wait", "sh", id)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		cmd.Wait()
+	}()
+	var pids []int
+	for deadline := time.Now().Add(5 * time.Second); len(pids) < 2 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		pids, _ = Container(id)
+	}
+	seen := map[int]bool{}
+	for _, p := range pids {
+		if seen[p] {
+			t.Fatalf("processes %v: %d twice", pids, p)
+		}
+		seen[p] = true
+	}
+	if len(pids) < 2 || pids[0] != cmd.Process.Pid {
+		t.Fatalf("processes %v, want sh (%d) and its subshell", pids, cmd.Process.Pid)
+	}
+}
