@@ -28,7 +28,7 @@ type Request struct {
 	// Reset first returns the sandbox to a clean state: every other
 	// process killed, /tmp and /dev/shm emptied, System V IPC removed.
 	Reset bool
-	// Stdin is the snippet's standard input (at most wire.MaxStdinSize
+	// Stdin is the snippet's standard input (at most MaxStdinSize
 	// bytes), then EOF. Default: EOF at once.
 	Stdin []byte
 	// Env are K=V settings added to the sandbox's environment for this call
@@ -37,13 +37,13 @@ type Request struct {
 	// Interpreter names the program that runs the code in place of the
 	// language's python3 or /bin/sh: a command in the image's PATH, such as
 	// python3.11 or bash, an absolute path in the image, or for Python a
-	// version such as 3.11 (see wire.Request.Interpreter). One the image
-	// lacks fails the call (Result.Error).
+	// version such as 3.11 (PythonVersion; "python" and "3" are the
+	// default). One the image lacks fails the call (Result.Error).
 	Interpreter string
 	// File, if set, runs the code as a file of that base name (such as
 	// main.py), as python3 FILE or sh FILE do: __file__, sys.argv[0] or $0
-	// name it, a new directory under /tmp holds it for the call (see
-	// wire.Request.File). Without it, Python code runs as python3 -c does.
+	// name it, and a new directory under /tmp holds it for the call.
+	// Without it, Python code runs as python3 -c does.
 	File string
 	// CopyIn are copied into the sandbox, in order, before the code runs
 	// (after Reset), as Manager.CopyIn copies; one that fails fails the call

@@ -98,7 +98,7 @@ func (m *Manager) sandbox(rec *record.Record) *Sandbox {
 }
 
 // ProbeTimeout bounds Probe's check of one sandbox: its agent's ping
-// (record.PingTimeout) and, if that fails, runsc's state.
+// (a few seconds) and, if that fails, runsc's state.
 const ProbeTimeout = record.PingTimeout + 2*time.Second
 
 // maxProbes is how many sandboxes Probe checks at once.
