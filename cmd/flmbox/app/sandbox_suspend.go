@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/flmbox/flmbox/sandbox"
 	"github.com/urfave/cli/v2"
 )
 
@@ -14,18 +15,7 @@ func sandboxSuspendCommand() *cli.Command {
 			"process; they survive a reboot; run --sandbox or sandbox resume brings one back",
 		ArgsUsage: "NAME...",
 		Action: func(c *cli.Context) error {
-			if c.NArg() == 0 {
-				return fmt.Errorf("sandbox suspend needs at least one NAME")
-			}
-			m, err := openManager(c)
-			if err != nil {
-				return err
-			}
-			var errs []error
-			for _, name := range c.Args().Slice() {
-				errs = append(errs, m.Suspend(c.Context, name))
-			}
-			return errors.Join(errs...)
+			return eachSandbox(c, "suspend", (*sandbox.Manager).Suspend)
 		},
 	}
 }
