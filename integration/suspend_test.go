@@ -256,16 +256,26 @@ type killPoint struct {
 func (p killPoint) String() string { return p.when + " runsc " + p.verb }
 
 // killAt runs flmbox args... with hookedRunsc, SIGKILLs its process group
-// at p and reaps it. It returns false if flmbox ended before p was reached
-// (a "during" point whose until never held).
+// at p and reaps it. With an until, flmbox is stopped (SIGSTOP) when runsc
+// reaches its verb, so that it is killed there. It returns false if flmbox
+// ended before p was reached (a "during" point whose until never held).
 func killAt(t *testing.T, root string, p killPoint, args ...string) (reached bool) {
 	t.Helper()
 	mark := filepath.Join(t.TempDir(), "mark")
 	cmd := exec.Command(flmboxBin, append([]string{"--root", root, "--runsc", hookedRunsc(t)}, args...)...)
 	cmd.Env = append(os.Environ(), "HOOK_VERB="+p.verb, "HOOK_WHEN="+p.when, "HOOK_MARK="+mark)
 	k := startKillable(t, cmd)
+	stopped := false
 	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(2 * time.Millisecond) {
-		if _, err := os.Stat(mark); err == nil && (p.until == nil || p.until()) {
+		_, err := os.Stat(mark)
+		if err == nil && p.until != nil && !stopped {
+			// flmbox is stopped (runsc, its child, runs on) until the
+			// condition holds: however busy the host, flmbox cannot move
+			// past the point before it is killed.
+			syscall.Kill(cmd.Process.Pid, syscall.SIGSTOP)
+			stopped = true
+		}
+		if err == nil && (p.until == nil || p.until()) {
 			k.kill()
 			return true
 		}
