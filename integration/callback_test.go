@@ -261,21 +261,40 @@ print(sum(a == "ok host\n" for a in answers), answers[-1].strip())
 	})
 
 	t.Run("16 MiB + 1", func(t *testing.T) {
-		code := cbPrelude + `print(call(CB, b"o" + bytes(16 << 20)))`
-		res := cbRun(t, root, 0, "--sandbox", "cb", "--callback", srv.path, "--callback-bytes", "16MiB", "-c", code)
-		if !refused(strings.TrimSpace(res.Stdout)) {
-			t.Errorf("stdout %q stderr %q: want the stream cut", res.Stdout, res.Stderr)
-		}
-		if res.Callbacks == nil || *res.Callbacks != (cbStats{Connections: 1, BytesOut: 16 << 20}) {
-			t.Errorf("callbacks %+v: want 1 connection, bytes_out 16 MiB exactly", res.Callbacks)
-		}
+		// The call lasts until the host's server has had the stream (the
+		// test then makes /tmp/received): a call's end closes its forwarded
+		// connections with what they still carry, and a busy host may not
+		// have passed the cut stream's last bytes on when the snippet exits.
+		code := cbPrelude + `
+r = call(CB, b"o" + bytes(16 << 20))
+deadline = time.time() + 60
+while not os.path.exists("/tmp/received") and time.time() < deadline:
+    time.sleep(0.01)
+print(r)`
+		done := make(chan result, 1)
+		go func() {
+			done <- flmbox(t, root, "run", "--json", "--sandbox", "cb", "--callback", srv.path, "--callback-bytes", "16MiB", "-c", code)
+		}()
 		select {
 		case n := <-srv.received:
 			if n != 16<<20 {
 				t.Errorf("the host received %d bytes, want 16 MiB", n)
 			}
-		case <-time.After(30 * time.Second):
+		case <-time.After(60 * time.Second):
 			t.Error("the host's server never saw the stream end")
+		}
+		mustFlmbox(t, root, "run", "--sandbox", "cb", "-l", "shell", "-c", "touch /tmp/received")
+		run := <-done
+		mustFlmbox(t, root, "run", "--sandbox", "cb", "-l", "shell", "-c", "rm /tmp/received")
+		var res cbResult
+		if err := json.Unmarshal([]byte(run.stdout), &res); err != nil || run.code != 0 {
+			t.Fatalf("the 16 MiB + 1 call: exit %d, %v\nstdout: %s\nstderr: %s", run.code, err, run.stdout, run.stderr)
+		}
+		if !refused(strings.TrimSpace(res.Stdout)) {
+			t.Errorf("stdout %q stderr %q: want the stream cut", res.Stdout, res.Stderr)
+		}
+		if res.Callbacks == nil || *res.Callbacks != (cbStats{Connections: 1, BytesOut: 16 << 20}) {
+			t.Errorf("callbacks %+v: want 1 connection, bytes_out 16 MiB exactly", res.Callbacks)
 		}
 		// The other way: the snippet sends 1 byte, reads 16 MiB - 1 (the
 		// call's budget), then EOF.
