@@ -15,19 +15,7 @@ import (
 func TestContainer(t *testing.T) {
 	const id = "flmbox-procmem-test-0123456789ab"
 	// sh's command line ends with the ID; it starts a child.
-	cmd := exec.Command("sh", "-c", "sleep 30 & wait", "sh", id)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		cmd.Wait()
-	}()
-	var pids []int
-	for deadline := time.Now().Add(5 * time.Second); len(pids) < 2 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		pids, _ = Container(id)
-	}
+	cmd, pids := startTree(t, "sleep 30 & wait", id)
 	if len(pids) != 2 || pids[0] != cmd.Process.Pid {
 		t.Fatalf("processes %v, want sh (%d) and its sleep", pids, cmd.Process.Pid)
 	}
@@ -91,19 +79,7 @@ func TestOfCountsAnAddressSpaceOnce(t *testing.T) {
 func TestMatchingListsEachOnce(t *testing.T) {
 	const id = "flmbox-procmem-test-fork-0123456789"
 	// sh and its subshell, a fork that never execs: both end with id.
-	cmd := exec.Command("sh", "-c", "(while :; do sleep 1; done) & wait", "sh", id)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		cmd.Wait()
-	}()
-	var pids []int
-	for deadline := time.Now().Add(5 * time.Second); len(pids) < 2 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		pids, _ = Container(id)
-	}
+	cmd, pids := startTree(t, "(while :; do sleep 1; done) & wait", id)
 	seen := map[int]bool{}
 	for _, p := range pids {
 		if seen[p] {
@@ -114,4 +90,25 @@ func TestMatchingListsEachOnce(t *testing.T) {
 	if len(pids) < 2 || pids[0] != cmd.Process.Pid {
 		t.Fatalf("processes %v, want sh (%d) and its subshell", pids, cmd.Process.Pid)
 	}
+}
+
+// startTree starts sh -c script with a command line ending in id, in a
+// process group killed when the test ends, and polls Container(id) until it
+// finds two processes (or 5 s pass).
+func startTree(t *testing.T, script, id string) (*exec.Cmd, []int) {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", script, "sh", id)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		cmd.Wait()
+	})
+	var pids []int
+	for deadline := time.Now().Add(5 * time.Second); len(pids) < 2 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		pids, _ = Container(id)
+	}
+	return cmd, pids
 }
