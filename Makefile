@@ -25,7 +25,7 @@ LDFLAGS       := -X github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd.Build=$(
 all: build
 
 build:
-	$(GO) build -tags $(GOTAGS) -ldflags '$(LDFLAGS)' -o bin/ ./cmd/flmbox ./cmd/flmbox-core ./cmd/flmbox-bench ./cmd/flmbox-agent
+	$(GO) build -tags $(GOTAGS) -ldflags '$(LDFLAGS)' -o bin/ ./cmd/flmbox ./cmd/flmbox-core ./cmd/flmbox-bench ./cmd/flmbox-agent ./cmd/flmbox-resolver
 
 # System packages: debootstrap builds the test image.
 deps:

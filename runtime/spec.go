@@ -23,15 +23,19 @@ const (
 	// NetworkHost lets the sandbox use the host's network through gVisor's
 	// network stack pass-through.
 	NetworkHost Network = "host"
+	// NetworkSandbox runs gVisor's own network stack on the links of the
+	// network namespace the spec names (WithNetNS): runsc takes their
+	// addresses and routes for its stack.
+	NetworkSandbox Network = "sandbox"
 )
 
 // ParseNetwork validates a --network value.
 func ParseNetwork(s string) (Network, error) {
 	switch n := Network(s); n {
-	case NetworkNone, NetworkHost:
+	case NetworkNone, NetworkHost, NetworkSandbox:
 		return n, nil
 	}
-	return "", fmt.Errorf("network %q: want none or host: %w", s, errdefs.ErrInvalidArgument)
+	return "", fmt.Errorf("network %q: want none, host or sandbox: %w", s, errdefs.ErrInvalidArgument)
 }
 
 // GenerateSpec returns the default sandbox spec with opts applied: no
@@ -188,6 +192,20 @@ func WithNetwork(n Network) SpecOpt {
 			s.Linux.Namespaces = ns
 		}
 		return nil
+	}
+}
+
+// WithNetNS names the network namespace the sandbox joins
+// (NetworkSandbox), a path to a bind-mounted namespace.
+func WithNetNS(path string) SpecOpt {
+	return func(s *specs.Spec) error {
+		for i, x := range s.Linux.Namespaces {
+			if x.Type == specs.NetworkNamespace {
+				s.Linux.Namespaces[i].Path = path
+				return nil
+			}
+		}
+		return fmt.Errorf("join network namespace %s: the spec has none: %w", path, errdefs.ErrInvalidArgument)
 	}
 }
 

@@ -141,6 +141,11 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err != nil {
 		return nil, err
 	}
+	if spec.Network == NetworkEgress {
+		if err := m.makeEgress(ctx, rec, spec.Egress); err != nil {
+			return nil, err
+		}
+	}
 	opts, err := m.specOpts(spec, rec, img, cfg.Config.Env, agentBin)
 	if err != nil {
 		return nil, err
@@ -183,11 +188,11 @@ func (m *Manager) specOpts(spec Spec, rec *record.Record, img *rootfs.Result, im
 	if err != nil {
 		return nil, err
 	}
-	etc, err := writeEtc(rec, spec.Network, img.Skipped, spec.Mounts)
+	etc, err := writeEtc(rec, img.Skipped, spec.Mounts)
 	if err != nil {
 		return nil, err
 	}
-	extraEnv := slices.Concat([]string{"HOSTNAME=" + hostname(rec)}, m.wheelsEnv(spec.Network), spec.Env)
+	extraEnv := slices.Concat([]string{"HOSTNAME=" + hostname(rec)}, m.wheelsEnv(spec.Network != NetworkNone), spec.Env)
 	opts := append(rootOpts(spec, img.Rootfs),
 		runtime.WithUser(0, 0),
 		runtime.WithCapabilities(agentCapabilities...),
@@ -203,6 +208,9 @@ func (m *Manager) specOpts(spec Spec, rec *record.Record, img *rootfs.Result, im
 		opts = append(opts, runtime.WithBind(spec.fetch, fetchMount, false))
 	}
 	opts = append(opts, withRunDir(rec))
+	if spec.Network == NetworkEgress {
+		opts = append(opts, runtime.WithNetNS(netnsPath(rec)))
+	}
 	return append(opts, boundOpts(spec)...), nil
 }
 
@@ -215,7 +223,7 @@ func rootOpts(spec Spec, rootfsDir string) []runtime.SpecOpt {
 // boundOpts are what bounds every container of spec: its network and
 // limits.
 func boundOpts(spec Spec) []runtime.SpecOpt {
-	return []runtime.SpecOpt{runtime.WithNetwork(runtime.Network(spec.Network)), runtime.WithLimits(runtimeLimits(spec.Limits))}
+	return []runtime.SpecOpt{runtime.WithNetwork(runscNetwork(spec.Network)), runtime.WithLimits(runtimeLimits(spec.Limits))}
 }
 
 // BareSpec returns the OCI runtime spec of a bare runsc container that is
@@ -316,7 +324,7 @@ func parseHolder(holder string) (name, id string, ok bool) {
 
 // container is what runsc knows of the sandbox.
 func container(rec *record.Record) runtime.Container {
-	return runtime.Container{ID: rec.ID, Network: runtime.Network(rec.Network), Platform: rec.Platform}
+	return runtime.Container{ID: rec.ID, Network: runscNetwork(Network(rec.Network)), Platform: rec.Platform}
 }
 
 func runtimeLimits(l record.Limits) runtime.Limits {

@@ -69,19 +69,23 @@ func hostsFile(host string) string {
 // writeEtc writes the sandbox's files of /etc into etcDir and returns the
 // spec's read-only binds of those whose mount point the image has
 // (skipped: rootfs.Result.Skipped) and that none of the caller's mounts
-// covers. /etc/resolv.conf is the host's with the host's network, and none
-// (the image's own) without a network or when the host has none.
-func writeEtc(rec *record.Record, network Network, skipped []rootfs.MountPoint, mounts []Mount) ([]runtime.SpecOpt, error) {
+// covers. /etc/resolv.conf is the host's with the host's network, names
+// the sandbox's resolver with egress, and is none (the image's own)
+// without a network or when the host has none.
+func writeEtc(rec *record.Record, skipped []rootfs.MountPoint, mounts []Mount) ([]runtime.SpecOpt, error) {
 	dir := etcDir(rec)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("write sandbox %q's /etc files: %w", rec.Name, err)
 	}
 	host := hostname(rec)
 	files := map[string][]byte{etcHosts: []byte(hostsFile(host)), etcHostname: []byte(host + "\n")}
-	if network == NetworkHost {
+	switch Network(rec.Network) {
+	case NetworkHost:
 		if b, err := os.ReadFile(hostResolvConf); err == nil {
 			files[etcResolv] = b
 		}
+	case NetworkEgress:
+		files[etcResolv] = []byte("nameserver " + rec.Egress.Gateway + "\n")
 	}
 	var opts []runtime.SpecOpt
 	for _, mp := range etcMountPoints {

@@ -75,6 +75,9 @@ type Sandbox struct {
 	// (config.json): for tools that measure or inspect runsc itself. Never
 	// change what is there.
 	ID, Bundle string
+	// Egress is an egress sandbox's policy and what it refused (nil for
+	// other networks).
+	Egress *EgressStatus
 
 	m   *Manager
 	rec *record.Record // what it was read from, for Probe
@@ -93,6 +96,9 @@ func (m *Manager) sandbox(rec *record.Record) *Sandbox {
 	}
 	if sb.State == StateSuspended {
 		sb.ImageBytes = checkpointBytes(rec)
+	}
+	if sb.Network == NetworkEgress {
+		sb.Egress = egressStatus(rec)
 	}
 	return sb
 }

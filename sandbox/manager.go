@@ -37,11 +37,13 @@ type Manager struct {
 }
 
 type options struct {
-	runsc  string
-	agent  string
-	warnf  func(format string, args ...any)
-	debugf func(format string, args ...any)
-	wheels *pipcache.Cache
+	runsc string
+	agent string
+	// resolver is the egress resolver binary (WithResolver).
+	resolver string
+	warnf    func(format string, args ...any)
+	debugf   func(format string, args ...any)
+	wheels   *pipcache.Cache
 	// refiller starts a refill of a pool (WithRefill); nil: a goroutine.
 	refiller func(shape string)
 }

@@ -16,8 +16,8 @@ import (
 
 // wheelsEnv is pip's environment for the wheel cache mounted at
 // pipcacheMount (with no network, no index either).
-func (m *Manager) wheelsEnv(n Network) []string {
-	return pipcache.SandboxEnv(pipcacheMount, n == NetworkHost)
+func (m *Manager) wheelsEnv(online bool) []string {
+	return pipcache.SandboxEnv(pipcacheMount, online)
 }
 
 // ErrPip is in the error of a pip command that failed in a sandbox (a

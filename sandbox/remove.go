@@ -89,6 +89,11 @@ func (m *Manager) destroy(ctx context.Context, rec *record.Record) error {
 	if err := unix.Unmount(rec.RunDir(), unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
 		return fmt.Errorf("remove sandbox %q: unmount its run directory: %w", rec.Name, err)
 	}
+	if Network(rec.Network) == NetworkEgress {
+		if err := removeEgress(rec); err != nil {
+			return fmt.Errorf("remove sandbox %q: %w", rec.Name, err)
+		}
+	}
 	if rec.Manifest != "" {
 		store, err := m.Images()
 		if err != nil {

@@ -26,6 +26,7 @@ import (
 type shape struct {
 	Manifest string        `json:"manifest"`
 	Network  string        `json:"network"`
+	Egress   *Egress       `json:"egress,omitempty"`
 	Platform string        `json:"platform,omitempty"`
 	Limits   record.Limits `json:"limits"`
 	TmpBytes int64         `json:"tmp_bytes"`
@@ -63,7 +64,11 @@ func agentID(fi os.FileInfo) string { return fmt.Sprintf("%d-%d", fi.Size(), fi.
 // shapeFrom is the shape of the sandboxes spec makes from the image of
 // manifest with the agent of agentID.
 func shapeFrom(spec Spec, manifest, agentID string) shape {
-	return shape{Manifest: manifest, Network: string(spec.Network), Platform: spec.Platform,
+	var e *Egress
+	if spec.Network == NetworkEgress {
+		e = &spec.Egress
+	}
+	return shape{Egress: e, Manifest: manifest, Network: string(spec.Network), Platform: spec.Platform,
 		Limits: spec.Limits, TmpBytes: spec.TmpBytes, Env: spec.Env, Pip: spec.Pip,
 		Mounts: spec.Mounts, Protocol: wire.ProtocolVersion, Agent: agentID, LazySpares: spec.LazySpares, Fetch: spec.fetch != ""}
 }
@@ -80,7 +85,11 @@ func (s shape) key() string {
 
 // spec is a Spec that makes sandboxes of the shape from image.
 func (s shape) spec(image string) Spec {
-	return Spec{Image: image, Network: Network(s.Network), Platform: s.Platform, Limits: s.Limits,
+	var e Egress
+	if s.Egress != nil {
+		e = *s.Egress
+	}
+	return Spec{Image: image, Network: Network(s.Network), Egress: e, Platform: s.Platform, Limits: s.Limits,
 		TmpBytes: s.TmpBytes, Env: s.Env, Pip: s.Pip, Mounts: s.Mounts, LazySpares: s.LazySpares}
 }
 

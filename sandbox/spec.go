@@ -25,6 +25,9 @@ type Spec struct {
 	Pull *rootfs.PullOptions
 	// Network is the sandbox's network. Default: NetworkNone.
 	Network Network
+	// Egress is where an egress sandbox (NetworkEgress) may connect:
+	// nowhere if empty. Only for NetworkEgress.
+	Egress Egress
 	// Platform is gVisor's platform (systrap, ptrace, kvm). Default: runsc's.
 	Platform string
 	// LazySpares makes the agent start no spare process (a Python ready
@@ -174,6 +177,9 @@ func (s Spec) normalize(root string) (Spec, error) {
 		s.Network = NetworkNone
 	}
 	if _, err := ParseNetwork(string(s.Network)); err != nil {
+		return s, err
+	}
+	if err := normalizeEgress(s); err != nil {
 		return s, err
 	}
 	if err := runtime.ValidatePlatform(s.Platform); err != nil {

@@ -123,6 +123,13 @@ func (m *Manager) finishSuspend(ctx context.Context, rec *record.Record) error {
 	if err := unmountRunDir(rec); err != nil {
 		return fmt.Errorf("suspend sandbox %q: %w", rec.Name, err)
 	}
+	if Network(rec.Network) == NetworkEgress {
+		// The network (its namespace, link and table) stays for the
+		// restore; the resolver is started again then.
+		if err := resolverFiles(rec).Stop(); err != nil {
+			return fmt.Errorf("suspend sandbox %q: %w", rec.Name, err)
+		}
+	}
 	rec.State = record.Suspended
 	return record.Write(rec)
 }
@@ -228,6 +235,11 @@ func (m *Manager) restore(ctx context.Context, rec *record.Record) error {
 	if err := pointOwnMounts(rec); err != nil {
 		return err
 	}
+	if Network(rec.Network) == NetworkEgress {
+		if err := m.resumeEgress(ctx, rec); err != nil {
+			return err
+		}
+	}
 	logf, err := os.OpenFile(consolePath(rec), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
@@ -253,6 +265,9 @@ func (m *Manager) undoResume(ctx context.Context, rec *record.Record) error {
 	}
 	if err := unmountRunDir(rec); err != nil {
 		errs = append(errs, err)
+	}
+	if Network(rec.Network) == NetworkEgress {
+		errs = append(errs, resolverFiles(rec).Stop())
 	}
 	rec.State = record.Suspended
 	if err := record.Write(rec); err != nil {

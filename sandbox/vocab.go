@@ -1,6 +1,10 @@
 package sandbox
 
 import (
+	"fmt"
+
+	"github.com/containerd/errdefs"
+
 	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
@@ -80,11 +84,22 @@ const (
 	NetworkHost Network = "host"
 )
 
-// ParseNetwork returns the network s names ("none" or "host"), or an
-// errdefs.ErrInvalidArgument error.
+// ParseNetwork returns the network s names ("none", "host" or "egress"),
+// or an errdefs.ErrInvalidArgument error.
 func ParseNetwork(s string) (Network, error) {
-	n, err := runtime.ParseNetwork(s) // the runsc driver's modes are sandbox's
-	return Network(n), err
+	switch n := Network(s); n {
+	case NetworkNone, NetworkHost, NetworkEgress:
+		return n, nil
+	}
+	return "", fmt.Errorf("network %q: want none, host or egress: %w", s, errdefs.ErrInvalidArgument)
+}
+
+// runscNetwork is runsc's network mode for n.
+func runscNetwork(n Network) runtime.Network {
+	if n == NetworkEgress {
+		return runtime.NetworkSandbox
+	}
+	return runtime.Network(n)
 }
 
 // Errors of calls, besides those of call.go, that a caller may test for

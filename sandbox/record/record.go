@@ -84,9 +84,22 @@ type Record struct {
 	// Lease is the holder of its image lease, if not Name.ID (a pooled
 	// sandbox keeps the lease it was made with under every name it takes).
 	Lease string `json:"lease,omitempty"`
+	// Egress is the policy and addresses of a sandbox whose network is
+	// egress.
+	Egress *Egress `json:"egress,omitempty"`
 
 	// Dir is the sandbox's directory (not stored).
 	Dir string `json:"-"`
+}
+
+// Egress is an egress sandbox's policy (rules in their text form) and the
+// addresses of its link: the gateway (the host's side) and its own.
+type Egress struct {
+	Allow   []string `json:"allow,omitempty"`
+	Deny    []string `json:"deny,omitempty"`
+	DNS     []string `json:"dns,omitempty"`
+	Gateway string   `json:"gateway,omitempty"`
+	Addr    string   `json:"addr,omitempty"`
 }
 
 const recordFile = "sandbox.json"

@@ -2,6 +2,7 @@ package app
 
 import (
 	"fmt" // package runtime is flmbox's runsc driver
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -92,7 +93,10 @@ var jsonFlag = &cli.BoolFlag{Name: "json", Usage: "print JSON"}
 // sandboxEnvFlag.
 func sandboxFlags() []cli.Flag {
 	return append(pullFlags(),
-		&cli.StringFlag{Name: "network", Value: "none", Usage: "network: none or host"},
+		&cli.StringFlag{Name: "network", Value: "none", Usage: "network: none; egress (only what --allow names, through a policy on the host); host (everything the host reaches: trusts the code)"},
+		&cli.GenericFlag{Name: "allow", Value: &stringList{}, Usage: "with --network egress, let the sandbox reach `HOST|*.DOMAIN|IP|CIDR[:PORT]` (repeatable); private, link-local and the host's addresses only by range"},
+		&cli.GenericFlag{Name: "deny", Value: &stringList{}, Usage: "with --network egress, refuse `HOST|*.DOMAIN|IP|CIDR[:PORT]` even if allowed (repeatable)"},
+		&cli.GenericFlag{Name: "dns", Value: &stringList{}, Usage: "with --network egress, the DNS server `IP` the sandbox's resolver asks (repeatable; default: the host's)"},
 		&cli.StringFlag{Name: "memory", Value: units.BytesSize(float64(sandbox.DefaultLimits.MemoryBytes)), Usage: "memory of the sandbox's processes and /tmp together; a snippet that would exceed it is killed (its cgroup allows a quarter more, for gVisor)"},
 		&cli.Float64Flag{Name: "cpus", Value: sandbox.DefaultLimits.CPUs, Usage: "CPU limit of the sandbox"},
 		&cli.Int64Flag{Name: "pids", Value: sandbox.DefaultLimits.Pids, Usage: "process limit of the sandbox"},
@@ -160,6 +164,9 @@ func specFrom(c *cli.Context) (sandbox.Spec, error) {
 	if s.Network, err = sandbox.ParseNetwork(c.String("network")); err != nil {
 		return s, err
 	}
+	if s.Egress, err = egressFrom(c); err != nil {
+		return s, err
+	}
 	if s.Limits.MemoryBytes, err = parseSize("--memory", c.String("memory")); err != nil {
 		return s, err
 	}
@@ -185,6 +192,31 @@ func specFrom(c *cli.Context) (sandbox.Spec, error) {
 			"install in the snippets: pip install NAME installs from the wheel cache")
 	}
 	return s, nil // the rest (--env's K=V, ...) is checked by package sandbox before anything runs
+}
+
+// egressFrom reads --allow, --deny and --dns.
+func egressFrom(c *cli.Context) (sandbox.Egress, error) {
+	var e sandbox.Egress
+	for _, f := range []struct {
+		name  string
+		rules *[]sandbox.EgressRule
+	}{{"allow", &e.Allow}, {"deny", &e.Deny}} {
+		for _, v := range listFlag(c, f.name) {
+			r, err := sandbox.ParseEgressRule(v)
+			if err != nil {
+				return e, fmt.Errorf("--%s: %w", f.name, err)
+			}
+			*f.rules = append(*f.rules, r)
+		}
+	}
+	for _, v := range listFlag(c, "dns") {
+		a, err := netip.ParseAddr(v)
+		if err != nil {
+			return e, fmt.Errorf("--dns %q: want an IPv4 address", v)
+		}
+		e.DNS = append(e.DNS, a)
+	}
+	return e, nil
 }
 
 func parseSize(flag, s string) (int64, error) {

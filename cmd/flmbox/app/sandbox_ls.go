@@ -30,6 +30,33 @@ type sandboxInfo struct {
 	Shape string `json:"shape,omitempty"`
 	// ImageBytes is the size of a suspended sandbox's checkpoint image.
 	ImageBytes int64 `json:"image_bytes,omitempty"`
+	// Egress is an egress sandbox's policy and what it refused.
+	Egress *egressInfo `json:"egress,omitempty"`
+}
+
+// egressInfo is an egress sandbox's policy and its refusals.
+type egressInfo struct {
+	Allow        []sandbox.EgressRule  `json:"allow"`
+	Deny         []sandbox.EgressRule  `json:"deny,omitempty"`
+	Refused      []sandbox.Refusal     `json:"refused"`
+	RefusedNames []sandbox.RefusedName `json:"refused_names"`
+}
+
+func egressInfoOf(st *sandbox.EgressStatus) *egressInfo {
+	if st == nil {
+		return nil
+	}
+	i := &egressInfo{Allow: st.Policy.Allow, Deny: st.Policy.Deny, Refused: st.Refused, RefusedNames: st.RefusedNames}
+	if i.Allow == nil {
+		i.Allow = []sandbox.EgressRule{}
+	}
+	if i.Refused == nil {
+		i.Refused = []sandbox.Refusal{}
+	}
+	if i.RefusedNames == nil {
+		i.RefusedNames = []sandbox.RefusedName{}
+	}
+	return i
 }
 
 func sandboxLsCommand() *cli.Command {
@@ -57,7 +84,8 @@ func sandboxLsCommand() *cli.Command {
 			infos := []sandboxInfo{}
 			for _, sb := range sbs {
 				infos = append(infos, sandboxInfo{Name: sb.Name, Image: sb.Image, Network: sb.Network, State: sb.State,
-					Created: sb.Created, LastUsed: sb.LastUsed, OwnerPID: sb.OwnerPID, ID: sb.ID, Shape: sb.Shape, ImageBytes: sb.ImageBytes})
+					Created: sb.Created, LastUsed: sb.LastUsed, OwnerPID: sb.OwnerPID, ID: sb.ID, Shape: sb.Shape, ImageBytes: sb.ImageBytes,
+					Egress: egressInfoOf(sb.Egress)})
 			}
 			if c.Bool("json") {
 				return json.NewEncoder(c.App.Writer).Encode(infos)

@@ -1,0 +1,243 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/flmbox/flmbox/internal/flock"
+)
+
+// Network is one sandbox's egress network: a network namespace of its own
+// (which runsc --network=sandbox joins), a veth pair from it to the host,
+// a /30 of Range, and the sandbox's nftables table on the host side.
+type Network struct {
+	// ID is the sandbox's runsc container ID: it names the table and the
+	// host's link.
+	ID string `json:"id"`
+	// NetNS is where the namespace is bind-mounted.
+	NetNS string `json:"netns"`
+	// Host is the host side's link.
+	Host string `json:"host"`
+	// Gateway is the host side's address: the sandbox's router and its
+	// DNS server.
+	Gateway netip.Addr `json:"gateway"`
+	// Addr is the sandbox's address.
+	Addr netip.Addr `json:"addr"`
+}
+
+// Range is where sandboxes' addresses come from by default, a /30 each.
+var Range = netip.MustParsePrefix("10.200.0.0/16")
+
+// sandboxLink is the link's name inside the sandbox's namespace.
+const sandboxLink = "eth0"
+
+// linkPrefix starts the host side's link of every egress sandbox.
+const linkPrefix = "flmb"
+
+// HostLink is the host side's link name of the sandbox whose runsc ID is
+// id: linkPrefix and 11 hex digits of the ID.
+func HostLink(id string) string {
+	h := id[strings.LastIndexByte(id, '-')+1:]
+	return linkPrefix + h[:min(len(h), unix.IFNAMSIZ-1-len(linkPrefix))]
+}
+
+// allocLock serializes the choice of a /30 between processes, whatever
+// their state roots: two sandboxes of one host never share addresses.
+const allocLock = "/run/flmbox/egress.lock"
+
+// Create makes the network of the sandbox whose runsc ID is id: its
+// namespace bound at nsPath, the veth pair, addresses, routes and the
+// table that enforces p (an error if any of it cannot be made, and then
+// nothing is left). Forwarding is turned on if it is off (see
+// enableForwarding).
+func Create(ctx context.Context, id, nsPath string, p Policy) (_ *Network, err error) {
+	n := &Network{ID: id, NetNS: nsPath, Host: HostLink(id)}
+	defer func() {
+		if err != nil {
+			Delete(id, nsPath)
+			err = fmt.Errorf("make the sandbox's egress network: %w", err)
+		}
+	}()
+	if err := enableForwarding(); err != nil {
+		return nil, err
+	}
+	if err := newNetNS(nsPath); err != nil {
+		return nil, err
+	}
+	ns, err := netns.GetFromPath(nsPath)
+	if err != nil {
+		return nil, err
+	}
+	defer ns.Close()
+	if err := os.MkdirAll(filepath.Dir(allocLock), 0o700); err != nil {
+		return nil, err
+	}
+	lock, err := flock.LockFile(ctx, allocLock, 0o600, flock.Exclusive)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.Unlock()
+	if n.Gateway, n.Addr, err = freeSubnet(); err != nil {
+		return nil, err
+	}
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: n.Host}, PeerName: sandboxLink, PeerNamespace: netlink.NsFd(ns)}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return nil, fmt.Errorf("add link %s: %w", n.Host, err)
+	}
+	host, err := netlink.LinkByName(n.Host)
+	if err != nil {
+		return nil, err
+	}
+	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipNet(n.Gateway)}); err != nil {
+		return nil, fmt.Errorf("address link %s: %w", n.Host, err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return nil, err
+	}
+	if err := n.Configure(); err != nil {
+		return nil, err
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return nil, err
+	}
+	if err := n.rules(c, p); err != nil {
+		return nil, err
+	}
+	if err := c.Flush(); err != nil {
+		return nil, fmt.Errorf("install the policy's nftables table %s: %w", TableName(id), err)
+	}
+	return n, nil
+}
+
+// ipNet is a's /30.
+func ipNet(a netip.Addr) *net.IPNet {
+	return &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(30, 32)}
+}
+
+// Configure addresses the sandbox's side of the link and routes through the
+// gateway. runsc takes the link's addresses and routes for its own network
+// stack and removes them from the namespace: a restore needs them again.
+func (n *Network) Configure() error {
+	ns, err := netns.GetFromPath(n.NetNS)
+	if err != nil {
+		return fmt.Errorf("open network namespace: %w", err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(sandboxLink)
+	if err != nil {
+		return err
+	}
+	if err := h.AddrReplace(l, &netlink.Addr{IPNet: ipNet(n.Addr)}); err != nil {
+		return fmt.Errorf("address the sandbox's link: %w", err)
+	}
+	if err := h.LinkSetUp(l); err != nil {
+		return err
+	}
+	lo, err := h.LinkByName("lo")
+	if err == nil {
+		err = h.LinkSetUp(lo)
+	}
+	if err != nil {
+		return err
+	}
+	def := &netlink.Route{LinkIndex: l.Attrs().Index, Gw: n.Gateway.AsSlice()}
+	if err := h.RouteReplace(def); err != nil {
+		return fmt.Errorf("route the sandbox's link: %w", err)
+	}
+	return nil
+}
+
+// freeSubnet returns the first /30 of Range that no link of the host's
+// namespace has an address in: its gateway (.1) and sandbox (.2) addresses.
+func freeSubnet() (gw, sb netip.Addr, err error) {
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return gw, sb, fmt.Errorf("list the host's addresses: %w", err)
+	}
+	used := map[netip.Addr]bool{}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && Range.Contains(ip) {
+			used[netip.PrefixFrom(ip, 30).Masked().Addr()] = true
+		}
+	}
+	base := Range.Masked().Addr().As4()
+	for i := uint32(0); i < 1<<(32-Range.Bits()-2); i++ {
+		b := base
+		v := (uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])) + i*4
+		net := netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+		if !used[net] {
+			return net.Next(), net.Next().Next(), nil
+		}
+	}
+	return gw, sb, fmt.Errorf("no free /30 in %s: %w", Range, errdefs.ErrResourceExhausted)
+}
+
+// newNetNS makes a network namespace and binds it at path.
+func newNetNS(path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("make network namespace: %w", err)
+	}
+	f.Close()
+	errc := make(chan error, 1)
+	go func() {
+		// A thread that unshared its namespace is never given back to
+		// Go: it ends with this goroutine.
+		goruntime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			errc <- err
+			return
+		}
+		errc <- unix.Mount(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), path, "", unix.MS_BIND, "")
+	}()
+	if err := <-errc; err != nil {
+		os.Remove(path)
+		return fmt.Errorf("make network namespace: %w", err)
+	}
+	return nil
+}
+
+// Delete removes what Create made for the sandbox whose runsc ID is id
+// (its table, link, and namespace at nsPath), whatever of it is there.
+func Delete(id, nsPath string) error {
+	var errs []error
+	if c, err := nftables.New(); err == nil {
+		c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(id)})
+		if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("delete nftables table %s: %w", TableName(id), err))
+		}
+	}
+	if l, err := netlink.LinkByName(HostLink(id)); err == nil {
+		if err := netlink.LinkDel(l); err != nil {
+			errs = append(errs, fmt.Errorf("delete link %s: %w", l.Attrs().Name, err))
+		}
+	}
+	if nsPath != "" {
+		if err := unix.Unmount(nsPath, unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
+			errs = append(errs, fmt.Errorf("unmount network namespace %s: %w", nsPath, err))
+		}
+		if err := os.Remove(nsPath); err != nil && !os.IsNotExist(err) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

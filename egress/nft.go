@@ -1,0 +1,301 @@
+package egress
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// A sandbox's policy is one nftables table of its own, family inet, in the
+// host's network namespace (where code in the sandbox cannot reach it):
+// removing the table removes every rule, set and counter of the sandbox at
+// once, and tables of different sandboxes never meet. Its chains:
+//
+//	forward (hook forward): from the sandbox's link, jump to out; to it,
+//	  only packets of connections it opened (ct established, related).
+//	out: established and related pass; a source address not the
+//	  sandbox's is dropped; IPv6 is refused; then, in order: Deny rules
+//	  refuse, Allow ranges inside Reserved pass, Reserved refuses, the
+//	  addresses the resolver answered (sets pin and pinport, with a
+//	  timeout) and the other Allow ranges pass, the rest is refused.
+//	input (hook input): from the sandbox's link only DNS to the gateway
+//	  (the sandbox's resolver) and Allow'd host addresses; the host's
+//	  every other address is refused.
+//	nat (hook postrouting): the sandbox's address is masqueraded.
+//
+// A refusal is counted in the set refused (destination . protocol . port,
+// a counter per element) and answered at once: a TCP reset, an ICMP port
+// unreachable for the rest, so that code fails fast and says why.
+
+// Set names in a sandbox's table.
+const (
+	setPin      = "pin"      // ipv4_addr: answers of names allowed on every port
+	setPinPort  = "pinport"  // ipv4_addr . inet_service: answers of names allowed on some ports
+	setRefused  = "refused"  // ipv4_addr . inet_proto . inet_service, counters
+	refusedSize = 4096       // elements refused keeps; refusals past it are counted in total only
+	chainOut    = "out"
+)
+
+// nftables' 32-bit registers, for concatenations.
+const (
+	reg0 = 8 + iota // NFT_REG32_00
+	reg1
+	reg2
+)
+
+// TableName is the name of the nftables table of the sandbox whose runsc
+// ID is id.
+func TableName(id string) string { return id }
+
+var (
+	pinType     = nftables.TypeIPAddr
+	pinPortType = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)
+	refusedType = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)
+)
+
+// rules builds a sandbox's table, chains, sets and rules into c.
+func (n *Network) rules(c *nftables.Conn, p Policy) error {
+	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(n.ID)})
+	pin := &nftables.Set{Table: t, Name: setPin, KeyType: pinType, HasTimeout: true}
+	pinPort := &nftables.Set{Table: t, Name: setPinPort, KeyType: pinPortType, HasTimeout: true, Concatenation: true}
+	refused := &nftables.Set{Table: t, Name: setRefused, KeyType: refusedType, Concatenation: true,
+		Dynamic: true, Counter: true, Size: refusedSize}
+	for _, s := range []*nftables.Set{pin, pinPort, refused} {
+		if err := c.AddSet(s, nil); err != nil {
+			return err
+		}
+	}
+	accept := &expr.Verdict{Kind: expr.VerdictAccept}
+	drop := &expr.Verdict{Kind: expr.VerdictDrop}
+	policy := nftables.ChainPolicyAccept
+	fwd := c.AddChain(&nftables.Chain{Table: t, Name: "forward", Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &policy})
+	out := c.AddChain(&nftables.Chain{Table: t, Name: chainOut})
+	in := c.AddChain(&nftables.Chain{Table: t, Name: "input", Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &policy})
+	nat := c.AddChain(&nftables.Chain{Table: t, Name: "nat", Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &policy})
+	add := func(ch *nftables.Chain, e ...[]expr.Any) {
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: slices.Concat(e...)})
+	}
+	v := func(e expr.Any) []expr.Any { return []expr.Any{e} }
+
+	add(fwd, iif(n.Host), v(&expr.Verdict{Kind: expr.VerdictJump, Chain: chainOut}))
+	add(fwd, oif(n.Host), ctEstablished(), v(accept))
+	add(fwd, oif(n.Host), v(drop))
+
+	// allow adds a rule accepting what match matches on port p (any
+	// port and protocol if 0).
+	allow := func(ch *nftables.Chain, p uint16, match ...[]expr.Any) {
+		if p == 0 {
+			add(ch, slices.Concat(match...), v(accept))
+			return
+		}
+		for _, proto := range ported {
+			add(ch, slices.Concat(match...), l4proto(proto), dportIs(p), v(accept))
+		}
+	}
+	// refuse adds rules refusing what match matches on port p (any if 0),
+	// and counting it in the set refused. The set's update and the verdict
+	// are two rules: a full set fails its own rule, never the refusal.
+	refuse := func(ch *nftables.Chain, p uint16, match ...[]expr.Any) {
+		m := slices.Concat(match...)
+		for _, proto := range ported {
+			add(ch, m, l4proto(proto), dportOr(p), ipv4(), refusedKey(true), v(&expr.Dynset{SrcRegKey: reg0, SetName: refused.Name, Operation: unix.NFT_DYNSET_OP_UPDATE}))
+		}
+		if p == 0 {
+			add(ch, m, notPorted(), ipv4(), refusedKey(false), v(&expr.Dynset{SrcRegKey: reg0, SetName: refused.Name, Operation: unix.NFT_DYNSET_OP_UPDATE}))
+		}
+		add(ch, m, l4proto(unix.IPPROTO_TCP), dportOr(p), v(&expr.Counter{}), v(&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}))
+		if p != 0 {
+			add(ch, m, l4proto(unix.IPPROTO_UDP), dportOr(p), v(&expr.Counter{}), v(&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH}))
+			return
+		}
+		add(ch, m, v(&expr.Counter{}), v(&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH}))
+	}
+	add(out, ctEstablished(), v(accept))
+	add(out, ipv4(), saddrNot(n.Addr), v(drop))
+	add(out, nfproto(unix.NFPROTO_IPV6), v(&expr.Counter{}), v(&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}))
+	for _, r := range p.Deny {
+		if r.Name == "" {
+			refuse(out, r.Port, ipv4(), daddrIn(r.Prefix))
+		}
+	}
+	for _, r := range p.Allow {
+		if r.Name == "" && r.explicit() {
+			allow(out, r.Port, ipv4(), daddrIn(r.Prefix))
+		}
+	}
+	for _, pr := range Reserved {
+		refuse(out, 0, ipv4(), daddrIn(pr))
+	}
+	add(out, ipv4(), daddr(reg1), v(&expr.Lookup{SourceRegister: reg1, SetName: pin.Name}), v(accept))
+	for _, proto := range ported {
+		add(out, ipv4(), l4proto(proto), daddr(reg0), dport(reg1), v(&expr.Lookup{SourceRegister: reg0, SetName: pinPort.Name}), v(accept))
+	}
+	for _, r := range p.Allow {
+		if r.Name == "" && !r.explicit() {
+			allow(out, r.Port, ipv4(), daddrIn(r.Prefix))
+		}
+	}
+	refuse(out, 0)
+
+	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+		add(in, iif(n.Host), ipv4(), daddrIn(netip.PrefixFrom(n.Gateway, 32)), l4proto(proto), dportIs(53), v(accept))
+	}
+	for _, r := range p.Allow {
+		if r.Name == "" && r.Prefix.Bits() == 32 && r.Prefix.Addr() != n.Gateway {
+			allow(in, r.Port, iif(n.Host), ipv4(), daddrIn(r.Prefix))
+		}
+	}
+	refuse(in, 0, iif(n.Host))
+
+	add(nat, ipv4(), saddrIs(n.Addr), oifNot(n.Host), v(&expr.Masq{}))
+	return nil
+}
+
+func ifname(name string) []byte {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, name)
+	return b
+}
+
+func iif(name string) []expr.Any {
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(name)}}
+}
+
+func oif(name string) []expr.Any {
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(name)}}
+}
+
+func oifNot(name string) []expr.Any {
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1}, &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname(name)}}
+}
+
+func nfproto(p byte) []expr.Any {
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{p}}}
+}
+
+func ipv4() []expr.Any { return nfproto(unix.NFPROTO_IPV4) }
+
+func l4proto(p byte) []expr.Any {
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{p}}}
+}
+
+func ctEstablished() []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binary.NativeEndian.AppendUint32(nil, expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
+	}
+}
+
+// addr loads the IPv4 source (offset 12) or destination (16) into reg.
+func addr(offset, reg uint32) *expr.Payload {
+	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4}
+}
+
+func daddr(reg uint32) []expr.Any { return []expr.Any{addr(16, reg)} }
+
+func dport(reg uint32) []expr.Any {
+	return []expr.Any{&expr.Payload{DestRegister: reg, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}}
+}
+
+func inPrefix(offset uint32, p netip.Prefix) []expr.Any {
+	a := p.Addr().As4()
+	mask := binary.BigEndian.AppendUint32(nil, ^uint32(0)<<(32-p.Bits()))
+	if p.Bits() == 0 {
+		mask = make([]byte, 4)
+	}
+	return []expr.Any{addr(offset, 1),
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: a[:]}}
+}
+
+func daddrIn(p netip.Prefix) []expr.Any { return inPrefix(16, p) }
+
+func saddrIs(a netip.Addr) []expr.Any { return inPrefix(12, netip.PrefixFrom(a, 32)) }
+
+func saddrNot(a netip.Addr) []expr.Any {
+	b := a.As4()
+	return []expr.Any{addr(12, 1), &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: b[:]}}
+}
+
+func dportIs(p uint16) []expr.Any {
+	return append(dport(1), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, p)})
+}
+
+// ported are the protocols with ports.
+var ported = []byte{unix.IPPROTO_TCP, unix.IPPROTO_UDP}
+
+// notPorted matches protocols without ports.
+func notPorted() []expr.Any {
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{unix.IPPROTO_UDP}}}
+}
+
+// dportOr matches destination port p, or any if p is 0.
+func dportOr(p uint16) []expr.Any {
+	if p == 0 {
+		return nil
+	}
+	return dportIs(p)
+}
+
+// refusedKey loads destination . protocol . port into reg0..reg2: the
+// transport header's port if withPort, else 0.
+func refusedKey(withPort bool) []expr.Any {
+	port := expr.Any(&expr.Immediate{Register: reg2, Data: []byte{0, 0, 0, 0}})
+	if withPort {
+		port = &expr.Payload{DestRegister: reg2, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}
+	}
+	return []expr.Any{addr(16, reg0), &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1}, port}
+}
+
+// pinTimeout bounds how long an answered address stays reachable: at least
+// minPin (clients cache answers past their TTL), at most maxPin.
+const (
+	minPin = 5 * time.Minute
+	maxPin = 24 * time.Hour
+)
+
+func pinTimeout(ttl time.Duration) time.Duration { return min(max(ttl, minPin), maxPin) }
+
+// pin makes addrs reachable on ports (nil: every port) for the sandbox
+// whose table is table, for pinTimeout(ttl).
+func pin(c *nftables.Conn, table string, addrs []netip.Addr, ports []uint16, ttl time.Duration) error {
+	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: table}
+	var elems []nftables.SetElement
+	set := &nftables.Set{Table: t, Name: setPin, KeyType: pinType}
+	for _, a := range addrs {
+		b := a.As4()
+		if ports == nil {
+			elems = append(elems, nftables.SetElement{Key: b[:], Timeout: pinTimeout(ttl)})
+			continue
+		}
+		set = &nftables.Set{Table: t, Name: setPinPort, KeyType: pinPortType}
+		for _, p := range ports {
+			key := append(b[:], 0, 0, 0, 0)
+			binary.BigEndian.PutUint16(key[4:], p)
+			elems = append(elems, nftables.SetElement{Key: key, Timeout: pinTimeout(ttl)})
+		}
+	}
+	if len(elems) == 0 {
+		return nil
+	}
+	if err := c.SetAddElements(set, elems); err != nil {
+		return err
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("pin %v in table %s: %w", addrs, table, err)
+	}
+	return nil
+}

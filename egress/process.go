@@ -1,0 +1,133 @@
+package egress
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/flmbox/flmbox/internal/atomicfile"
+)
+
+// ResolverName is the resolver binary's file name (cmd/flmbox-resolver).
+const ResolverName = "flmbox-resolver"
+
+// resolverStart bounds the wait for a new resolver to listen.
+const resolverStart = 10 * time.Second
+
+// Resolver is the files of one sandbox's resolver process, all in the
+// sandbox's directory.
+type Resolver struct {
+	// Config is its configuration (ResolverConfig, JSON).
+	Config string
+	// Pid is its process ID's file.
+	Pid string
+	// Log is where it writes what goes wrong.
+	Log string
+}
+
+// Start writes cfg and starts bin serving it, in a session of its own (no
+// signal of its starter's terminal reaches it), and returns once it
+// listens. A resolver that does not listen is killed.
+func (r Resolver) Start(ctx context.Context, bin string, cfg ResolverConfig) (err error) {
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.WriteFile(r.Config, b, 0o600); err != nil {
+		return fmt.Errorf("start the sandbox's resolver: %w", err)
+	}
+	logf, err := os.OpenFile(r.Log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("start the sandbox's resolver: %w", err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(bin, r.Config)
+	cmd.Stderr = logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start the sandbox's resolver: %w", err)
+	}
+	go cmd.Wait() // reaped here if its starter lives on; by init if not
+	defer func() {
+		if err != nil {
+			cmd.Process.Kill()
+		}
+	}()
+	if err := atomicfile.WriteFile(r.Pid, []byte(strconv.Itoa(cmd.Process.Pid)), 0o600); err != nil {
+		return fmt.Errorf("start the sandbox's resolver: %w", err)
+	}
+	ready := make(chan error, 1)
+	go func() {
+		line, err := bufio.NewReader(out).ReadString('\n')
+		if err == nil && line != "ready\n" {
+			err = fmt.Errorf("said %q", line)
+		}
+		ready <- err
+	}()
+	t := time.NewTimer(resolverStart)
+	defer t.Stop()
+	select {
+	case err := <-ready:
+		if err != nil {
+			b, _ := os.ReadFile(r.Log)
+			return fmt.Errorf("start the sandbox's resolver: %v: %s", err, lastLine(b))
+		}
+		return nil
+	case <-t.C:
+		return fmt.Errorf("start the sandbox's resolver: not listening after %v", resolverStart)
+	case <-ctx.Done():
+		return fmt.Errorf("start the sandbox's resolver: %w", ctx.Err())
+	}
+}
+
+func lastLine(b []byte) string {
+	b = bytes.TrimSpace(b)
+	if i := bytes.LastIndexByte(b, '\n'); i >= 0 {
+		b = b[i+1:]
+	}
+	return string(b)
+}
+
+// Stop kills the resolver, if it runs, and waits until it is gone. A pid
+// whose process is not this resolver (its command line names another
+// configuration) is left alone.
+func (r Resolver) Stop() error {
+	b, err := os.ReadFile(r.Pid)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 1 {
+		return os.Remove(r.Pid)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil || !bytes.Contains(cmdline, []byte("\x00"+r.Config+"\x00")) {
+			break // gone, or another process
+		}
+		if st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); bytes.Contains(st, []byte(") Z ")) {
+			break // dead, not yet reaped
+		}
+		syscall.Kill(pid, syscall.SIGKILL)
+		if time.Now().After(deadline) {
+			return fmt.Errorf("stop the sandbox's resolver (pid %d): still running", pid)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return os.Remove(r.Pid)
+}

@@ -1,0 +1,241 @@
+package egress
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/miekg/dns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/flmbox/flmbox/internal/atomicfile"
+)
+
+// ResolverConfig is what a sandbox's resolver serves: Serve answers the
+// sandbox's DNS on Gateway:53 (UDP and TCP) from Policy.DNS's servers.
+type ResolverConfig struct {
+	// Table is the sandbox's nftables table, where answers are pinned.
+	Table string `json:"table"`
+	// Gateway is the address the resolver listens on.
+	Gateway netip.Addr `json:"gateway"`
+	// Policy says which names resolve and to what.
+	Policy Policy `json:"policy"`
+	// Upstream are the servers asked, each host:port.
+	Upstream []string `json:"upstream"`
+	// Refused is the file that counts the names refused (RefusedNames).
+	Refused string `json:"refused"`
+}
+
+// resolverTimeout bounds one question to the upstream servers.
+const resolverTimeout = 5 * time.Second
+
+// Serve answers DNS for one sandbox until ctx ends: a name the policy does
+// not allow is NXDOMAIN; an allowed name is asked upstream, its IPv4
+// answers the policy refuses (reserved, the host's own, denied) are
+// dropped, the rest pinned in the sandbox's table for the ports the policy
+// gives the name before the answer is sent, and AAAA answers dropped (a
+// sandbox has no IPv6). ready is called once both sockets listen.
+func Serve(ctx context.Context, cfg ResolverConfig, ready func()) error {
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	r := &resolver{cfg: cfg, nft: c, refused: map[string]int{}, host: hostAddrs()}
+	addr := netip.AddrPortFrom(cfg.Gateway, 53).String()
+	pc, err := net.ListenPacket("udp4", addr)
+	if err != nil {
+		return fmt.Errorf("resolver: %w", err)
+	}
+	l, err := net.Listen("tcp4", addr)
+	if err != nil {
+		pc.Close()
+		return fmt.Errorf("resolver: %w", err)
+	}
+	servers := []*dns.Server{{PacketConn: pc, Handler: r}, {Listener: l, Handler: r}}
+	errc := make(chan error, len(servers))
+	for _, s := range servers {
+		go func() { errc <- s.ActivateAndServe() }()
+	}
+	if ready != nil {
+		ready()
+	}
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			for _, s := range servers {
+				s.Shutdown()
+			}
+			return r.flush()
+		case err := <-errc:
+			return fmt.Errorf("resolver: %w", err)
+		case <-tick.C:
+			if err := r.flush(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+type resolver struct {
+	cfg  ResolverConfig
+	host []netip.Addr
+
+	mu      sync.Mutex // guards nft (one batch at a time), refused, dirty
+	nft     *nftables.Conn
+	refused map[string]int
+	dirty   bool
+}
+
+// hostAddrs are the host's own addresses, which no answer may name.
+func hostAddrs() []netip.Addr {
+	addrs, _ := netlink.AddrList(nil, netlink.FAMILY_V4)
+	var out []netip.Addr
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok {
+			out = append(out, ip)
+		}
+	}
+	return out
+}
+
+func (r *resolver) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
+	m := r.answer(q)
+	w.WriteMsg(m)
+}
+
+func (r *resolver) answer(q *dns.Msg) *dns.Msg {
+	m := new(dns.Msg)
+	if len(q.Question) != 1 || q.Opcode != dns.OpcodeQuery {
+		return m.SetRcode(q, dns.RcodeRefused)
+	}
+	name := strings.TrimSuffix(strings.ToLower(q.Question[0].Name), ".")
+	ports, ok := r.cfg.Policy.NamePorts(name)
+	if !ok {
+		r.refuse(name)
+		return m.SetRcode(q, dns.RcodeNameError)
+	}
+	up, err := r.ask(q)
+	if err != nil {
+		return m.SetRcode(q, dns.RcodeServerFailure)
+	}
+	var pins []netip.Addr
+	ttl, dropped := uint32(0), 0
+	keep := func(rrs []dns.RR) []dns.RR {
+		return slices.DeleteFunc(rrs, func(rr dns.RR) bool {
+			switch a := rr.(type) {
+			case *dns.AAAA:
+				return true
+			case *dns.A:
+				ip, ok := netip.AddrFromSlice(a.A.To4())
+				if !ok || !r.cfg.Policy.AnswerAllowed(ip, r.host) {
+					dropped++
+					return true
+				}
+				pins = append(pins, ip)
+				ttl = max(ttl, a.Hdr.Ttl)
+			}
+			return false
+		})
+	}
+	up.Answer, up.Ns, up.Extra = keep(up.Answer), keep(up.Ns), slices.DeleteFunc(keep(up.Extra), func(rr dns.RR) bool {
+		_, a := rr.(*dns.A)
+		return a // additional addresses are of other names
+	})
+	if len(pins) == 0 && dropped > 0 {
+		// Every address the name has is refused: the name is, as if it
+		// were not allowed.
+		r.refuse(name)
+		return m.SetRcode(q, dns.RcodeNameError)
+	}
+	if len(pins) > 0 {
+		r.mu.Lock()
+		err := pin(r.nft, r.cfg.Table, pins, ports, time.Duration(ttl)*time.Second)
+		r.mu.Unlock()
+		if err != nil {
+			return m.SetRcode(q, dns.RcodeServerFailure) // fail closed
+		}
+	}
+	up.Id, up.RecursionAvailable = q.Id, true
+	return up
+}
+
+// ask asks the upstream servers in turn, over TCP when UDP's answer is
+// truncated.
+func (r *resolver) ask(q *dns.Msg) (*dns.Msg, error) {
+	var errs []error
+	for _, s := range r.cfg.Upstream {
+		c := &dns.Client{Net: "udp", Timeout: resolverTimeout}
+		m, _, err := c.Exchange(q, s)
+		if err == nil && m.Truncated {
+			c.Net = "tcp"
+			m, _, err = c.Exchange(q, s)
+		}
+		if err == nil {
+			return m, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, errors.Join(errs...)
+}
+
+func (r *resolver) refuse(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.refused[name]; ok || len(r.refused) < refusedSize {
+		r.refused[name]++
+		r.dirty = true
+	}
+}
+
+// flush writes the names refused, if any changed.
+func (r *resolver) flush() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.dirty || r.cfg.Refused == "" {
+		return nil
+	}
+	var names []RefusedName
+	for n, c := range r.refused {
+		names = append(names, RefusedName{Name: n, Count: c})
+	}
+	slices.SortFunc(names, func(a, b RefusedName) int { return strings.Compare(a.Name, b.Name) })
+	b, err := json.Marshal(names)
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.WriteFile(r.cfg.Refused, b, 0o600); err != nil {
+		return err
+	}
+	r.dirty = false
+	return nil
+}
+
+// RefusedName counts the questions for a name the policy does not allow.
+type RefusedName struct {
+	Name  string `json:"name"`
+	Count int    `json:"count"`
+}
+
+// RefusedNames reads the names a resolver refused from its file.
+func RefusedNames(path string) ([]RefusedName, error) {
+	b, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var names []RefusedName
+	return names, json.Unmarshal(b, &names)
+}

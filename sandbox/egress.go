@@ -1,0 +1,257 @@
+package sandbox
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/flmbox/flmbox/egress"
+	"github.com/flmbox/flmbox/sandbox/record"
+)
+
+// NetworkEgress gives the sandbox gVisor's own network stack on a link to
+// the host, where a policy of the host's (Spec.Egress, which the sandbox
+// cannot change) lets it reach what the policy allows and nothing else:
+// not the host, its loopback, link-local addresses (the cloud's metadata
+// service) or private ranges unless allowed by range. Names resolve
+// through a resolver of the sandbox's own on the host, which answers only
+// allowed names and opens the addresses it answered.
+const NetworkEgress Network = "egress"
+
+// Egress is where an egress sandbox may connect: Allow's names and ranges,
+// but Deny's. Its DNS are the servers the sandbox's resolver asks
+// (default: the host's, from /etc/resolv.conf).
+type Egress = egress.Policy
+
+// EgressRule names destinations: HOST, *.DOMAIN, IP or CIDR, optionally
+// with :PORT (ParseEgressRule).
+type EgressRule = egress.Rule
+
+// ParseEgressRule parses an egress rule (errdefs.ErrInvalidArgument if it
+// names none).
+func ParseEgressRule(s string) (EgressRule, error) { return egress.ParseRule(s) }
+
+// Refusal counts the packets an egress sandbox sent to one destination
+// that its policy refused.
+type Refusal = egress.Refusal
+
+// RefusedName counts the questions for one name that an egress sandbox's
+// resolver refused (NXDOMAIN).
+type RefusedName = egress.RefusedName
+
+// EgressStatus is an egress sandbox's policy and what it refused.
+type EgressStatus struct {
+	Policy       Egress
+	Refused      []Refusal
+	RefusedNames []RefusedName
+}
+
+// ResolverName is the file name of the egress sandboxes' resolver binary.
+const ResolverName = egress.ResolverName
+
+// WithResolver names the resolver binary (cmd/flmbox-resolver) that every
+// egress sandbox runs on the host. Default: flmbox-resolver in the
+// directory of the running executable.
+func WithResolver(path string) Option { return func(o *options) { o.resolver = path } }
+
+// Resolver returns the resolver binary of egress sandboxes, after checking
+// that it is an executable file (errdefs.ErrNotFound otherwise).
+func (m *Manager) Resolver() (string, error) {
+	p := m.o.resolver
+	if p == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return "", fmt.Errorf("find %s: %w", ResolverName, err)
+		}
+		p = filepath.Join(filepath.Dir(self), ResolverName)
+	}
+	fi, err := os.Stat(p)
+	if err == nil && (!fi.Mode().IsRegular() || fi.Mode()&0o111 == 0) {
+		err = fmt.Errorf("not an executable file: %w", errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return "", fmt.Errorf("find %s, egress sandboxes' resolver, at %s: %w", ResolverName, p, err)
+	}
+	return p, nil
+}
+
+// normalizeEgress checks an egress policy: rules only with NetworkEgress,
+// IPv4 DNS servers.
+func normalizeEgress(s Spec) error {
+	e := s.Egress
+	if s.Network != NetworkEgress && (len(e.Allow) > 0 || len(e.Deny) > 0 || len(e.DNS) > 0) {
+		return fmt.Errorf("egress rules and DNS servers need network egress, not %s: %w", s.Network, errdefs.ErrInvalidArgument)
+	}
+	return e.Validate()
+}
+
+func netnsPath(rec *record.Record) string { return filepath.Join(rec.Dir, "netns") }
+
+func resolverFiles(rec *record.Record) egress.Resolver {
+	return egress.Resolver{Config: filepath.Join(rec.Dir, "resolver.json"), Pid: filepath.Join(rec.Dir, "resolver.pid"),
+		Log: filepath.Join(rec.Dir, "resolver.log")}
+}
+
+func refusedNamesPath(rec *record.Record) string { return filepath.Join(rec.Dir, "refused-names.json") }
+
+// egressRecord is p as the record keeps it.
+func egressRecord(p Egress) *record.Egress {
+	e := &record.Egress{}
+	for _, r := range p.Allow {
+		e.Allow = append(e.Allow, r.String())
+	}
+	for _, r := range p.Deny {
+		e.Deny = append(e.Deny, r.String())
+	}
+	for _, a := range p.DNS {
+		e.DNS = append(e.DNS, a.String())
+	}
+	return e
+}
+
+// egressOf is the policy and network the record of an egress sandbox keeps.
+func egressOf(rec *record.Record) (Egress, *egress.Network, error) {
+	var p Egress
+	e := rec.Egress
+	if e == nil {
+		return p, nil, fmt.Errorf("sandbox %q has no egress policy: %w", rec.Name, errdefs.ErrDataLoss)
+	}
+	var errs []error
+	parse := func(ss []string) (rules []EgressRule) {
+		for _, s := range ss {
+			r, err := egress.ParseRule(s)
+			errs = append(errs, err)
+			rules = append(rules, r)
+		}
+		return rules
+	}
+	p.Allow, p.Deny = parse(e.Allow), parse(e.Deny)
+	for _, s := range e.DNS {
+		a, err := netip.ParseAddr(s)
+		errs = append(errs, err)
+		p.DNS = append(p.DNS, a)
+	}
+	n := &egress.Network{ID: rec.ID, NetNS: netnsPath(rec), Host: egress.HostLink(rec.ID)}
+	var err1, err2 error
+	n.Gateway, err1 = netip.ParseAddr(e.Gateway)
+	n.Addr, err2 = netip.ParseAddr(e.Addr)
+	if err := errors.Join(append(errs, err1, err2)...); err != nil {
+		return p, nil, fmt.Errorf("sandbox %q's egress policy: %w", rec.Name, err)
+	}
+	return p, n, nil
+}
+
+// makeEgress makes the network of the new egress sandbox of rec (whose
+// record is written, so that destroy finds whatever this leaves) and starts
+// its resolver. Its caller destroys the sandbox if it fails.
+func (m *Manager) makeEgress(ctx context.Context, rec *record.Record, p Egress) error {
+	bin, err := m.Resolver()
+	if err != nil {
+		return fmt.Errorf("create sandbox %q: %w", rec.Name, err)
+	}
+	rec.Egress = egressRecord(p)
+	if err := record.Write(rec); err != nil {
+		return err
+	}
+	n, err := egress.Create(ctx, rec.ID, netnsPath(rec), p)
+	if err != nil {
+		return fmt.Errorf("create sandbox %q: %w", rec.Name, err)
+	}
+	rec.Egress.Gateway, rec.Egress.Addr = n.Gateway.String(), n.Addr.String()
+	if err := record.Write(rec); err != nil {
+		return err
+	}
+	return m.startResolver(ctx, rec, bin, p, n)
+}
+
+// startResolver starts the resolver of the egress sandbox of rec.
+func (m *Manager) startResolver(ctx context.Context, rec *record.Record, bin string, p Egress, n *egress.Network) error {
+	up, err := upstreams(p.DNS)
+	if err != nil {
+		return fmt.Errorf("sandbox %q: %w", rec.Name, err)
+	}
+	cfg := egress.ResolverConfig{Table: egress.TableName(rec.ID), Gateway: n.Gateway, Policy: p, Upstream: up,
+		Refused: refusedNamesPath(rec)}
+	if err := resolverFiles(rec).Start(ctx, bin, cfg); err != nil {
+		return fmt.Errorf("sandbox %q: %w", rec.Name, err)
+	}
+	return nil
+}
+
+// resumeEgress readies the network of the suspended egress sandbox of rec
+// for its restore: the addresses runsc took from its link, and its
+// resolver.
+func (m *Manager) resumeEgress(ctx context.Context, rec *record.Record) error {
+	bin, err := m.Resolver()
+	if err != nil {
+		return err
+	}
+	p, n, err := egressOf(rec)
+	if err != nil {
+		return err
+	}
+	if err := n.Configure(); err != nil {
+		return fmt.Errorf("sandbox %q's network: %w", rec.Name, err)
+	}
+	return m.startResolver(ctx, rec, bin, p, n)
+}
+
+// removeEgress removes the network and resolver of the egress sandbox of
+// rec, whatever of them is there.
+func removeEgress(rec *record.Record) error {
+	return errors.Join(resolverFiles(rec).Stop(), egress.Delete(rec.ID, netnsPath(rec)))
+}
+
+// hostResolvers are the IPv4 servers of the host's resolv.conf.
+func hostResolvers() []netip.Addr {
+	f, err := os.Open(hostResolvConf)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []netip.Addr
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) >= 2 && fs[0] == "nameserver" {
+			if a, err := netip.ParseAddr(fs[1]); err == nil && a.Is4() {
+				out = append(out, a)
+			}
+		}
+	}
+	return out
+}
+
+// upstreams are the servers a resolver asks: dns, or the host's.
+func upstreams(dns []netip.Addr) ([]string, error) {
+	if len(dns) == 0 {
+		dns = hostResolvers()
+	}
+	if len(dns) == 0 {
+		return nil, fmt.Errorf("no DNS server to ask: the host's %s names no IPv4 server, and none was given: %w", hostResolvConf, errdefs.ErrFailedPrecondition)
+	}
+	var out []string
+	for _, a := range dns {
+		out = append(out, netip.AddrPortFrom(a, 53).String())
+	}
+	return out, nil
+}
+
+// egressStatus is what the egress sandbox of rec refused.
+func egressStatus(rec *record.Record) *EgressStatus {
+	p, _, err := egressOf(rec)
+	if err != nil {
+		return nil
+	}
+	st := &EgressStatus{Policy: p}
+	st.Refused, _ = egress.Refusals(rec.ID)
+	st.RefusedNames, _ = egress.RefusedNames(refusedNamesPath(rec))
+	return st
+}
