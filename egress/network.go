@@ -104,6 +104,9 @@ func Create(ctx context.Context, id, nsPath string, p Policy) (_ *Network, err e
 	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipNet(n.Gateway)}); err != nil {
 		return nil, fmt.Errorf("address link %s: %w", n.Host, err)
 	}
+	if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+n.Host+"/disable_ipv6", []byte("1\n"), 0o644); err != nil && !os.IsNotExist(err) {
+		return nil, fmt.Errorf("turn IPv6 off on link %s: %w", n.Host, err)
+	}
 	if err := netlink.LinkSetUp(host); err != nil {
 		return nil, err
 	}
@@ -204,6 +207,12 @@ func newNetNS(path string) error {
 		// Go: it ends with this goroutine.
 		goruntime.LockOSThread()
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			errc <- err
+			return
+		}
+		// A sandbox has no IPv6: its link, made in the namespace later,
+		// takes the namespace's default.
+		if err := os.WriteFile("/proc/sys/net/ipv6/conf/default/disable_ipv6", []byte("1\n"), 0o644); err != nil && !os.IsNotExist(err) {
 			errc <- err
 			return
 		}

@@ -37,6 +37,7 @@ import (
 const (
 	setPin      = "pin"      // ipv4_addr: answers of names allowed on every port
 	setPinPort  = "pinport"  // ipv4_addr . inet_service: answers of names allowed on some ports
+	setDenyPort = "denyport" // ipv4_addr . inet_service: answers of names denied on some ports
 	setRefused  = "refused"  // ipv4_addr . inet_proto . inet_service, counters
 	refusedSize = 4096       // elements refused keeps; refusals past it are counted in total only
 	chainOut    = "out"
@@ -64,9 +65,10 @@ func (n *Network) rules(c *nftables.Conn, p Policy) error {
 	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(n.ID)})
 	pin := &nftables.Set{Table: t, Name: setPin, KeyType: pinType, HasTimeout: true}
 	pinPort := &nftables.Set{Table: t, Name: setPinPort, KeyType: pinPortType, HasTimeout: true, Concatenation: true}
+	denyPort := &nftables.Set{Table: t, Name: setDenyPort, KeyType: pinPortType, HasTimeout: true, Concatenation: true}
 	refused := &nftables.Set{Table: t, Name: setRefused, KeyType: refusedType, Concatenation: true,
 		Dynamic: true, Counter: true, Size: refusedSize}
-	for _, s := range []*nftables.Set{pin, pinPort, refused} {
+	for _, s := range []*nftables.Set{pin, pinPort, denyPort, refused} {
 		if err := c.AddSet(s, nil); err != nil {
 			return err
 		}
@@ -126,6 +128,9 @@ func (n *Network) rules(c *nftables.Conn, p Policy) error {
 		if r.Name == "" {
 			refuse(out, r.Port, ipv4(), daddrIn(r.Prefix))
 		}
+	}
+	for _, proto := range ported {
+		refuse(out, 0, ipv4(), l4proto(proto), daddr(reg0), dport(reg1), []expr.Any{&expr.Lookup{SourceRegister: reg0, SetName: denyPort.Name}})
 	}
 	for _, r := range p.Allow {
 		if r.Name == "" && r.explicit() {
@@ -269,30 +274,42 @@ const (
 
 func pinTimeout(ttl time.Duration) time.Duration { return min(max(ttl, minPin), maxPin) }
 
-// pin makes addrs reachable on ports (nil: every port) for the sandbox
-// whose table is table, for pinTimeout(ttl).
-func pin(c *nftables.Conn, table string, addrs []netip.Addr, ports []uint16, ttl time.Duration) error {
+// pin makes addrs reachable on ports (nil: every port) and unreachable on
+// denied, for the sandbox whose table is table, for pinTimeout(ttl).
+func pin(c *nftables.Conn, table string, addrs []netip.Addr, ports, denied []uint16, ttl time.Duration) error {
 	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: table}
-	var elems []nftables.SetElement
-	set := &nftables.Set{Table: t, Name: setPin, KeyType: pinType}
-	for _, a := range addrs {
-		b := a.As4()
-		if ports == nil {
-			elems = append(elems, nftables.SetElement{Key: b[:], Timeout: pinTimeout(ttl)})
-			continue
+	timeout := pinTimeout(ttl)
+	ported := func(set string, ports []uint16) error {
+		var elems []nftables.SetElement
+		for _, a := range addrs {
+			b := a.As4()
+			for _, p := range ports {
+				key := append(b[:], 0, 0, 0, 0)
+				binary.BigEndian.PutUint16(key[4:], p)
+				elems = append(elems, nftables.SetElement{Key: key, Timeout: timeout})
+			}
 		}
-		set = &nftables.Set{Table: t, Name: setPinPort, KeyType: pinPortType}
-		for _, p := range ports {
-			key := append(b[:], 0, 0, 0, 0)
-			binary.BigEndian.PutUint16(key[4:], p)
-			elems = append(elems, nftables.SetElement{Key: key, Timeout: pinTimeout(ttl)})
+		if len(elems) == 0 {
+			return nil
 		}
+		return c.SetAddElements(&nftables.Set{Table: t, Name: set, KeyType: pinPortType, HasTimeout: true}, elems)
 	}
-	if len(elems) == 0 {
-		return nil
-	}
-	if err := c.SetAddElements(set, elems); err != nil {
+	if err := ported(setDenyPort, denied); err != nil {
 		return err
+	}
+	if ports != nil {
+		if err := ported(setPinPort, ports); err != nil {
+			return err
+		}
+	} else {
+		var elems []nftables.SetElement
+		for _, a := range addrs {
+			b := a.As4()
+			elems = append(elems, nftables.SetElement{Key: b[:], Timeout: timeout})
+		}
+		if err := c.SetAddElements(&nftables.Set{Table: t, Name: setPin, KeyType: pinType, HasTimeout: true}, elems); err != nil {
+			return err
+		}
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("pin %v in table %s: %w", addrs, table, err)

@@ -163,10 +163,11 @@ func (r Rule) explicit() bool {
 	})
 }
 
-// NamePorts reports whether host may be resolved, and the ports its answers
-// open (nil with ok: every port). A Deny name rule without a port closes the
-// name; with one, that port only.
-func (p Policy) NamePorts(host string) (ports []uint16, ok bool) {
+// NamePorts reports whether host may be resolved, the ports its answers
+// open (nil with ok: every port) and those they close (Deny name rules
+// with a port, which beat an Allow of every port). A Deny name rule without
+// a port closes the name.
+func (p Policy) NamePorts(host string) (ports, denied []uint16, ok bool) {
 	host = strings.TrimSuffix(strings.ToLower(host), ".")
 	all := false
 	for _, r := range p.Allow {
@@ -181,17 +182,19 @@ func (p Policy) NamePorts(host string) (ports []uint16, ok bool) {
 		}
 	}
 	for _, r := range p.Deny {
-		if r.matchName(host) && r.Port == 0 {
-			return nil, false
+		switch {
+		case !r.matchName(host):
+		case r.Port == 0:
+			return nil, nil, false
+		case !slices.Contains(denied, r.Port):
+			denied = append(denied, r.Port)
 		}
 	}
 	if all {
-		return nil, ok
+		return nil, denied, ok
 	}
-	ports = slices.DeleteFunc(ports, func(port uint16) bool {
-		return slices.ContainsFunc(p.Deny, func(r Rule) bool { return r.matchName(host) && r.Port == port })
-	})
-	return ports, ok && len(ports) > 0
+	ports = slices.DeleteFunc(ports, func(port uint16) bool { return slices.Contains(denied, port) })
+	return ports, nil, ok && len(ports) > 0
 }
 
 // AnswerAllowed reports whether a, a resolved name's address, may be

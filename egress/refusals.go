@@ -2,7 +2,6 @@ package egress
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -28,12 +27,18 @@ func Refusals(id string) ([]Refusal, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(id)}
-	set := &nftables.Set{Table: t, Name: setRefused, KeyType: refusedType}
-	elems, err := c.GetSetElements(set)
-	if errors.Is(err, unix.ENOENT) {
+	// nftables' errors of a missing table do not wrap ENOENT: it is looked
+	// for first.
+	ts, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return nil, fmt.Errorf("list nftables tables: %w", err)
+	}
+	i := slices.IndexFunc(ts, func(t *nftables.Table) bool { return t.Name == TableName(id) })
+	if i < 0 {
 		return nil, nil
 	}
+	set := &nftables.Set{Table: ts[i], Name: setRefused, KeyType: refusedType}
+	elems, err := c.GetSetElements(set)
 	if err != nil {
 		return nil, fmt.Errorf("read the refusals of table %s: %w", TableName(id), err)
 	}

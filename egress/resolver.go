@@ -120,7 +120,7 @@ func (r *resolver) answer(q *dns.Msg) *dns.Msg {
 		return m.SetRcode(q, dns.RcodeRefused)
 	}
 	name := strings.TrimSuffix(strings.ToLower(q.Question[0].Name), ".")
-	ports, ok := r.cfg.Policy.NamePorts(name)
+	ports, denied, ok := r.cfg.Policy.NamePorts(name)
 	if !ok {
 		r.refuse(name)
 		return m.SetRcode(q, dns.RcodeNameError)
@@ -160,7 +160,7 @@ func (r *resolver) answer(q *dns.Msg) *dns.Msg {
 	}
 	if len(pins) > 0 {
 		r.mu.Lock()
-		err := pin(r.nft, r.cfg.Table, pins, ports, time.Duration(ttl)*time.Second)
+		err := pin(r.nft, r.cfg.Table, pins, ports, denied, time.Duration(ttl)*time.Second)
 		r.mu.Unlock()
 		if err != nil {
 			return m.SetRcode(q, dns.RcodeServerFailure) // fail closed

@@ -1,0 +1,139 @@
+package egress
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+)
+
+// inPrivateNetNS runs the calling test again in a network namespace of its
+// own (unshare -n), so that nothing it makes touches the host's network,
+// and reports whether this is that run.
+func inPrivateNetNS(t *testing.T) bool {
+	t.Helper()
+	if os.Getenv("EGRESS_TEST_NETNS") == t.Name() {
+		return true
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces, nftables)")
+	}
+	cmd := exec.Command("unshare", "--net", "--", os.Args[0], "-test.run", "^"+t.Name()+"$", "-test.v")
+	cmd.Env = append(os.Environ(), "EGRESS_TEST_NETNS="+t.Name())
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: "+t.Name()) {
+		t.Fatalf("in a network namespace of its own: %v\n%s", err, out)
+	}
+	return false
+}
+
+func tables(t *testing.T) []string {
+	t.Helper()
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, err := c.ListTables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, x := range ts {
+		names = append(names, x.Name)
+	}
+	return names
+}
+
+func links(t *testing.T) []string {
+	t.Helper()
+	ls, err := netlink.LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, l := range ls {
+		names = append(names, l.Attrs().Name)
+	}
+	return names
+}
+
+func TestCreateDelete(t *testing.T) {
+	if !inPrivateNetNS(t) {
+		return
+	}
+	lo, _ := netlink.LinkByName("lo")
+	netlink.LinkSetUp(lo)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	id := "flmbox-0123456789abcdef01234567"
+	ns := filepath.Join(t.TempDir(), "netns")
+	p := Policy{Allow: rules("allowed.test", "198.51.100.0/24:443", "169.254.169.254"), Deny: rules("198.51.100.9")}
+	n, err := Create(ctx, id, ns, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Delete(id, ns) })
+	if n.Host != HostLink(id) || !Range.Contains(n.Gateway) || n.Addr != n.Gateway.Next() {
+		t.Fatalf("network %+v", n)
+	}
+	if !slices.Contains(links(t), n.Host) || !slices.Contains(tables(t), TableName(id)) || !slices.Contains(tables(t), guardTable) {
+		t.Fatalf("links %v, tables %v", links(t), tables(t))
+	}
+	if b, _ := os.ReadFile(ipForward); strings.TrimSpace(string(b)) != "1" {
+		t.Fatalf("forwarding is %q", b)
+	}
+	// A second sandbox takes the next /30.
+	n2, err := Create(ctx, "flmbox-1123456789abcdef01234567", filepath.Join(t.TempDir(), "netns"), Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Delete(n2.ID, n2.NetNS) })
+	if n2.Gateway == n.Gateway || netip.PrefixFrom(n.Gateway, 30).Masked().Contains(n2.Gateway) {
+		t.Fatalf("two sandboxes share a subnet: %v, %v", n.Gateway, n2.Gateway)
+	}
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := netip.MustParseAddr("198.51.100.10")
+	if err := pin(c, TableName(id), []netip.Addr{a}, []uint16{443}, []uint16{80}, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	set := &nftables.Set{Table: &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(id)}, Name: setPinPort, KeyType: pinPortType}
+	elems, err := c.GetSetElements(set)
+	if err != nil || len(elems) != 1 || elems[0].Timeout != minPin || elems[0].Expires <= 0 {
+		t.Fatalf("pinned %+v, %v", elems, err)
+	}
+	if r, err := Refusals(id); err != nil || len(r) != 0 {
+		t.Fatalf("refusals %v, %v", r, err)
+	}
+	if err := n.Configure(); err != nil { // again, as before a restore
+		t.Fatal(err)
+	}
+	for _, x := range []*Network{n, n2} {
+		if err := Delete(x.ID, x.NetNS); err != nil {
+			t.Fatal(err)
+		}
+		if err := Delete(x.ID, x.NetNS); err != nil {
+			t.Fatalf("a second Delete: %v", err)
+		}
+	}
+	if slices.ContainsFunc(links(t), func(l string) bool { return strings.HasPrefix(l, linkPrefix) }) ||
+		!slices.Equal(tables(t), []string{guardTable}) {
+		t.Fatalf("left: links %v, tables %v", links(t), tables(t))
+	}
+	if _, err := os.Stat(ns); !os.IsNotExist(err) {
+		t.Fatalf("namespace file left: %v", err)
+	}
+	if r, err := Refusals(id); err != nil || r != nil {
+		t.Fatalf("refusals of a deleted table: %v, %v", r, err)
+	}
+}

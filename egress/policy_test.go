@@ -1,0 +1,131 @@
+package egress
+
+import (
+	"errors"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/containerd/errdefs"
+)
+
+func TestParseRule(t *testing.T) {
+	for _, tc := range []struct {
+		in, want string // want "": invalid
+	}{
+		{"pypi.org", "pypi.org"},
+		{"PyPI.org.", "pypi.org"},
+		{"*.example.com:443", "*.example.com:443"},
+		{"10.0.0.0/8", "10.0.0.0/8"},
+		{"10.1.2.3/8", "10.0.0.0/8"},
+		{"1.2.3.4", "1.2.3.4"},
+		{"1.2.3.4/32:53", "1.2.3.4:53"},
+		{"0.0.0.0/0", "0.0.0.0/0"},
+		{"", ""},
+		{":80", ""},
+		{"host:", ""},
+		{"host:0", ""},
+		{"host:65536", ""},
+		{"host:http", ""},
+		{"a..b", ""},
+		{"-a.b", ""},
+		{"a*.b", ""},
+		{"*.*.b", ""},
+		{"*", ""},
+		{"::1", ""},
+		{"[::1]:80", ""},
+		{"fd00::/8", ""},
+		{"a b", ""},
+		{"a/b", ""},
+	} {
+		r, err := ParseRule(tc.in)
+		if tc.want == "" {
+			if !errors.Is(err, errdefs.ErrInvalidArgument) {
+				t.Errorf("ParseRule(%q) = %v, %v; want an invalid argument", tc.in, r, err)
+			}
+			continue
+		}
+		if err != nil || r.String() != tc.want {
+			t.Errorf("ParseRule(%q) = %q, %v; want %q", tc.in, r.String(), err, tc.want)
+		}
+		var back Rule
+		if err := back.UnmarshalText([]byte(r.String())); err != nil || back != r {
+			t.Errorf("rule %q does not read back: %v, %v", r, back, err)
+		}
+	}
+}
+
+func rules(ss ...string) []Rule {
+	var out []Rule
+	for _, s := range ss {
+		r, err := ParseRule(s)
+		if err != nil {
+			panic(err)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+func TestNamePorts(t *testing.T) {
+	p := Policy{
+		Allow: rules("pypi.org", "*.example.com:443", "*.example.com:80", "api.example.com", "x.test:22", "x.test:23", "gone.test"),
+		Deny:  rules("bad.example.com", "x.test:22", "gone.test:1"),
+	}
+	for _, tc := range []struct {
+		name          string
+		ok            bool
+		ports, denied []uint16
+	}{
+		{"pypi.org", true, nil, nil},
+		{"PYPI.ORG.", true, nil, nil},
+		{"files.pypi.org", false, nil, nil},
+		{"example.com", false, nil, nil},
+		{"www.example.com", true, []uint16{443, 80}, nil},
+		{"a.b.example.com", true, []uint16{443, 80}, nil},
+		{"api.example.com", true, nil, nil},
+		{"bad.example.com", false, nil, nil},
+		{"x.test", true, []uint16{23}, nil},
+		{"gone.test", true, nil, []uint16{1}},
+		{"evilexample.com", false, nil, nil},
+	} {
+		ports, denied, ok := p.NamePorts(tc.name)
+		if ok != tc.ok || !slices.Equal(ports, tc.ports) || !slices.Equal(denied, tc.denied) {
+			t.Errorf("NamePorts(%q) = %v, %v, %v; want %v, %v, %v", tc.name, ports, denied, ok, tc.ports, tc.denied, tc.ok)
+		}
+	}
+}
+
+func TestAnswerAllowed(t *testing.T) {
+	host := []netip.Addr{netip.MustParseAddr("203.0.113.2")}
+	p := Policy{Allow: rules("0.0.0.0/0", "10.1.0.0/16", "169.254.169.254:80"), Deny: rules("198.51.100.0/24")}
+	for _, tc := range []struct {
+		addr string
+		ok   bool
+	}{
+		{"8.8.8.8", true},
+		{"198.51.100.7", false},   // denied
+		{"10.2.0.1", false},       // private: 0.0.0.0/0 does not name it
+		{"10.1.2.3", true},        // named by a range inside 10/8
+		{"169.254.169.254", true}, // named explicitly
+		{"169.254.1.1", false},
+		{"127.0.0.1", false},
+		{"192.168.1.1", false},
+		{"100.64.0.1", false},
+		{"224.0.0.1", false},
+		{"203.0.113.2", false}, // the host's
+		{"::1", false},
+		{"2001:db8::1", false},
+	} {
+		if got := p.AnswerAllowed(netip.MustParseAddr(tc.addr), host); got != tc.ok {
+			t.Errorf("AnswerAllowed(%s) = %v, want %v", tc.addr, got, tc.ok)
+		}
+	}
+}
+
+func TestHostLink(t *testing.T) {
+	got := HostLink("flmbox-9f88d6d209f128458e69440d")
+	if got != "flmb9f88d6d209f" || len(got) > 15 {
+		t.Fatalf("HostLink = %q", got)
+	}
+}
