@@ -224,3 +224,49 @@ func (p Policy) Validate() error {
 	}
 	return nil
 }
+
+// Within reports whether r names nothing that o does not: the same or a
+// narrower name or range, on o's port if o has one.
+func (r Rule) Within(o Rule) bool {
+	if o.Port != 0 && r.Port != o.Port {
+		return false
+	}
+	switch {
+	case r.Name == "" && o.Name == "":
+		return o.Prefix.Bits() <= r.Prefix.Bits() && o.Prefix.Contains(r.Prefix.Addr())
+	case r.Name == "" || o.Name == "":
+		return false
+	case r.Name == o.Name:
+		return true
+	}
+	d, ok := strings.CutPrefix(o.Name, "*.")
+	return ok && strings.HasSuffix(strings.TrimPrefix(r.Name, "*."), "."+d)
+}
+
+// Narrow returns the policy that allows what both p (the most a caller may
+// have) and n (what it asks for) allow: n's Allow, each of which must lie
+// within one of p's (errdefs.ErrInvalidArgument naming the first that does
+// not), or p's if n has none; and both Deny lists. DNS servers are p's.
+func (p Policy) Narrow(n Policy) (Policy, error) {
+	out := Policy{Allow: p.Allow, Deny: slices.Concat(p.Deny, n.Deny), DNS: p.DNS}
+	if len(n.Allow) > 0 {
+		for _, r := range n.Allow {
+			if !slices.ContainsFunc(p.Allow, r.Within) {
+				return p, fmt.Errorf("egress rule %s: not within what is allowed (%s): %w", r, rulesString(p.Allow), errdefs.ErrInvalidArgument)
+			}
+		}
+		out.Allow = n.Allow
+	}
+	return out, nil
+}
+
+func rulesString(rs []Rule) string {
+	if len(rs) == 0 {
+		return "nothing"
+	}
+	var ss []string
+	for _, r := range rs {
+		ss = append(ss, r.String())
+	}
+	return strings.Join(ss, ", ")
+}

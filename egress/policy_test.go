@@ -129,3 +129,37 @@ func TestHostLink(t *testing.T) {
 		t.Fatalf("HostLink = %q", got)
 	}
 }
+
+func TestNarrow(t *testing.T) {
+	op := Policy{Allow: rules("*.example.com", "pypi.org:443", "10.0.0.0/8", "1.2.3.4"), Deny: rules("bad.example.com")}
+	for _, tc := range []struct {
+		allow []string
+		ok    bool
+	}{
+		{nil, true},
+		{[]string{"www.example.com"}, true},
+		{[]string{"*.a.example.com:80"}, true},
+		{[]string{"*.example.com"}, true},
+		{[]string{"example.com"}, false},
+		{[]string{"pypi.org:443"}, true},
+		{[]string{"pypi.org"}, false},
+		{[]string{"pypi.org:80"}, false},
+		{[]string{"10.1.0.0/16:22"}, true},
+		{[]string{"0.0.0.0/0"}, false},
+		{[]string{"1.2.3.4:80"}, true},
+		{[]string{"1.2.3.0/24"}, false},
+		{[]string{"www.example.com", "evil.org"}, false},
+	} {
+		got, err := op.Narrow(Policy{Allow: rules(tc.allow...), Deny: rules("x.example.com")})
+		if (err == nil) != tc.ok {
+			t.Errorf("Narrow(%v) = %v; want ok %v", tc.allow, err, tc.ok)
+			continue
+		}
+		if err != nil {
+			continue
+		}
+		if len(got.Deny) != 2 || (tc.allow == nil && len(got.Allow) != len(op.Allow)) {
+			t.Errorf("Narrow(%v) = %+v", tc.allow, got)
+		}
+	}
+}

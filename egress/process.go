@@ -8,12 +8,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
-	"strings"
+	"path/filepath"
 	"syscall"
 	"time"
 
 	"github.com/flmbox/flmbox/internal/atomicfile"
+	"github.com/flmbox/flmbox/internal/procmem"
 )
 
 // ResolverName is the resolver binary's file name (cmd/flmbox-resolver).
@@ -27,8 +27,6 @@ const resolverStart = 10 * time.Second
 type Resolver struct {
 	// Config is its configuration (ResolverConfig, JSON).
 	Config string
-	// Pid is its process ID's file.
-	Pid string
 	// Log is where it writes what goes wrong.
 	Log string
 }
@@ -65,9 +63,6 @@ func (r Resolver) Start(ctx context.Context, bin string, cfg ResolverConfig) (er
 			cmd.Process.Kill()
 		}
 	}()
-	if err := atomicfile.WriteFile(r.Pid, []byte(strconv.Itoa(cmd.Process.Pid)), 0o600); err != nil {
-		return fmt.Errorf("start the sandbox's resolver: %w", err)
-	}
 	ready := make(chan error, 1)
 	go func() {
 		line, err := bufio.NewReader(out).ReadString('\n')
@@ -100,34 +95,27 @@ func lastLine(b []byte) string {
 	return string(b)
 }
 
-// Stop kills the resolver, if it runs, and waits until it is gone. A pid
-// whose process is not this resolver (its command line names another
-// configuration) is left alone.
+// Stop kills every process that serves the resolver's configuration, and
+// waits until they are gone. It finds them by their command line, not by a
+// pid that a killed starter may not have written.
 func (r Resolver) Stop() error {
-	b, err := os.ReadFile(r.Pid)
-	if os.IsNotExist(err) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || pid <= 1 {
-		return os.Remove(r.Pid)
+	mine := func(cmdline []string) bool {
+		return len(cmdline) == 2 && filepath.Base(cmdline[0]) == ResolverName && cmdline[1] == r.Config
 	}
 	for deadline := time.Now().Add(5 * time.Second); ; {
-		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err != nil || !bytes.Contains(cmdline, []byte("\x00"+r.Config+"\x00")) {
-			break // gone, or another process
+		pids, err := procmem.Matching(mine)
+		if err != nil {
+			return fmt.Errorf("stop the sandbox's resolver: %w", err)
 		}
-		if st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); bytes.Contains(st, []byte(") Z ")) {
-			break // dead, not yet reaped
+		if len(pids) == 0 {
+			return nil
 		}
-		syscall.Kill(pid, syscall.SIGKILL)
 		if time.Now().After(deadline) {
-			return fmt.Errorf("stop the sandbox's resolver (pid %d): still running", pid)
+			return fmt.Errorf("stop the sandbox's resolver: processes %v still run", pids)
+		}
+		for _, pid := range pids {
+			syscall.Kill(pid, syscall.SIGKILL)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	return os.Remove(r.Pid)
 }

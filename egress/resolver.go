@@ -70,7 +70,7 @@ func Serve(ctx context.Context, cfg ResolverConfig, ready func()) error {
 	}
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
-	for {
+	for i := 0; ; i++ {
 		select {
 		case <-ctx.Done():
 			for _, s := range servers {
@@ -82,6 +82,11 @@ func Serve(ctx context.Context, cfg ResolverConfig, ready func()) error {
 		case <-tick.C:
 			if err := r.flush(); err != nil {
 				return err
+			}
+			// A resolver whose sandbox's table is gone has no sandbox:
+			// it was left by a starter killed before it recorded it.
+			if i%10 == 9 && !r.tableExists() {
+				return fmt.Errorf("resolver: table %s is gone", cfg.Table)
 			}
 		}
 	}
@@ -95,6 +100,15 @@ type resolver struct {
 	nft     *nftables.Conn
 	refused map[string]int
 	dirty   bool
+}
+
+// tableExists reports whether the sandbox's table is there (true if that
+// cannot be told).
+func (r *resolver) tableExists() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ts, err := r.nft.ListTablesOfFamily(nftables.TableFamilyINet)
+	return err != nil || slices.ContainsFunc(ts, func(t *nftables.Table) bool { return t.Name == r.cfg.Table })
 }
 
 // hostAddrs are the host's own addresses, which no answer may name.

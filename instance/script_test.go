@@ -184,3 +184,56 @@ func TestSessionTmpWithinMemory(t *testing.T) {
 		t.Errorf("a /tmp larger than memory: %v", err)
 	}
 }
+
+// TestSessionNetwork: a session may ask for less network than its
+// operator's, never more: under egress, only within the operator's rules,
+// whose denials and DNS servers stay.
+func TestSessionNetwork(t *testing.T) {
+	rule := func(s string) sandbox.EgressRule {
+		r, err := sandbox.ParseEgressRule(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	op := func(n sandbox.Network, e sandbox.Egress) *Server {
+		return New(nil, Options{Spec: sandbox.Spec{Image: "op", Network: n, Egress: e}})
+	}
+	sc := func(data string) *flamepb.SessionContext {
+		return &flamepb.SessionContext{SessionId: "s", Application: &flamepb.ApplicationContext{Name: "flmbox"}, CommonData: []byte(data)}
+	}
+	eg := op(sandbox.NetworkEgress, sandbox.Egress{Allow: []sandbox.EgressRule{rule("*.example.com"), rule("pypi.org:443")},
+		Deny: []sandbox.EgressRule{rule("bad.example.com")}})
+	spec, _, err := eg.sessionSpec(sc(`{}`))
+	if err != nil || spec.Network != sandbox.NetworkEgress || len(spec.Egress.Allow) != 2 || len(spec.Egress.Deny) != 1 {
+		t.Fatalf("the operator's egress: %+v, %v", spec, err)
+	}
+	spec, _, err = eg.sessionSpec(sc(`{"allow":["api.example.com:443"],"deny":["pypi.org"]}`))
+	if err != nil || len(spec.Egress.Allow) != 1 || spec.Egress.Allow[0].String() != "api.example.com:443" || len(spec.Egress.Deny) != 2 {
+		t.Fatalf("a narrower egress: %+v, %v", spec.Egress, err)
+	}
+	spec, _, err = eg.sessionSpec(sc(`{"network":"none"}`))
+	if err != nil || spec.Network != sandbox.NetworkNone || len(spec.Egress.Allow) != 0 {
+		t.Fatalf("none under egress: %+v, %v", spec, err)
+	}
+	spec, _, err = op(sandbox.NetworkHost, sandbox.Egress{}).sessionSpec(sc(`{"network":"egress","allow":["pypi.org"]}`))
+	if err != nil || spec.Network != sandbox.NetworkEgress || len(spec.Egress.Allow) != 1 {
+		t.Fatalf("egress under host: %+v, %v", spec, err)
+	}
+	for _, tc := range []struct {
+		s    *Server
+		data string
+	}{
+		{eg, `{"allow":["evil.org"]}`},
+		{eg, `{"allow":["pypi.org"]}`}, // every port: wider than :443
+		{eg, `{"network":"host"}`},
+		{eg, `{"allow":["not a rule"]}`},
+		{op(sandbox.NetworkNone, sandbox.Egress{}), `{"network":"egress"}`},
+		{op(sandbox.NetworkNone, sandbox.Egress{}), `{"allow":["pypi.org"]}`},
+		{op(sandbox.NetworkHost, sandbox.Egress{}), `{"network":"host","allow":["pypi.org"]}`},
+	} {
+		if _, _, err := tc.s.sessionSpec(sc(tc.data)); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("%s under %s: %v", tc.data, tc.s.o.Spec.Network, err)
+		}
+	}
+}

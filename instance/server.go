@@ -158,6 +158,8 @@ type taskDefaults struct {
 type sessionOptions struct {
 	Image   string          `json:"image"`
 	Network string          `json:"network"`
+	Allow   []string        `json:"allow"` // egress rules, within the operator's
+	Deny    []string        `json:"deny"`
 	Memory  json.RawMessage `json:"memory"`
 	CPUs    float64         `json:"cpus"`
 	Pids    int64           `json:"pids"`
@@ -209,15 +211,8 @@ func (s *Server) sessionSpec(sc *flamepb.SessionContext) (sandbox.Spec, taskDefa
 		return spec, tasks, err
 	}
 	limits := spec.Limits
-	if so.Network != "" {
-		n, err := sandbox.ParseNetwork(so.Network)
-		if err != nil {
-			return spec, tasks, err
-		}
-		if n == sandbox.NetworkHost && spec.Network != sandbox.NetworkHost {
-			return spec, tasks, fmt.Errorf("network host: this instance allows none (its operator's --network): %w", errdefs.ErrInvalidArgument)
-		}
-		spec.Network = n
+	if spec, err = sessionNetwork(spec, so); err != nil {
+		return spec, tasks, err
 	}
 	if err := lower("memory", so.Memory, &spec.Limits.MemoryBytes, limits.MemoryBytes); err != nil {
 		return spec, tasks, err
@@ -261,6 +256,55 @@ func (s *Server) sessionSpec(sc *flamepb.SessionContext) (sandbox.Spec, taskDefa
 		tasks.Runtime = *so.Runtime
 	}
 	return spec, tasks, nil
+}
+
+// sessionNetwork is spec (the operator's) with the network session options
+// so ask for, which may be less than the operator's and never more: none
+// is always allowed, egress under an egress or host operator (under egress,
+// only within its rules; its Deny rules and DNS servers stay), host only
+// under host.
+func sessionNetwork(spec sandbox.Spec, so sessionOptions) (sandbox.Spec, error) {
+	n := spec.Network
+	if so.Network != "" {
+		var err error
+		if n, err = sandbox.ParseNetwork(so.Network); err != nil {
+			return spec, err
+		}
+	}
+	switch {
+	case n == spec.Network, n == sandbox.NetworkNone, n == sandbox.NetworkEgress && spec.Network == sandbox.NetworkHost:
+	default:
+		return spec, fmt.Errorf("network %s: this instance allows at most %s (its operator's --network): %w", n, spec.Network, errdefs.ErrInvalidArgument)
+	}
+	var asked sandbox.Egress
+	for _, l := range []struct {
+		in  []string
+		out *[]sandbox.EgressRule
+	}{{so.Allow, &asked.Allow}, {so.Deny, &asked.Deny}} {
+		for _, v := range l.in {
+			r, err := sandbox.ParseEgressRule(v)
+			if err != nil {
+				return spec, err
+			}
+			*l.out = append(*l.out, r)
+		}
+	}
+	switch {
+	case n != sandbox.NetworkEgress && (len(asked.Allow) > 0 || len(asked.Deny) > 0):
+		return spec, fmt.Errorf("allow and deny need network egress, not %s: %w", n, errdefs.ErrInvalidArgument)
+	case n != sandbox.NetworkEgress:
+		spec.Egress = sandbox.Egress{}
+	case spec.Network == sandbox.NetworkEgress:
+		e, err := spec.Egress.Narrow(asked)
+		if err != nil {
+			return spec, err
+		}
+		spec.Egress = e
+	default: // under host: the session's policy, the host's DNS
+		spec.Egress = asked
+	}
+	spec.Network = n
+	return spec, nil
 }
 
 // lower sets *dst to the size raw names (bytes, or a string such as

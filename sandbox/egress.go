@@ -95,8 +95,7 @@ func normalizeEgress(s Spec) error {
 func netnsPath(rec *record.Record) string { return filepath.Join(rec.Dir, "netns") }
 
 func resolverFiles(rec *record.Record) egress.Resolver {
-	return egress.Resolver{Config: filepath.Join(rec.Dir, "resolver.json"), Pid: filepath.Join(rec.Dir, "resolver.pid"),
-		Log: filepath.Join(rec.Dir, "resolver.log")}
+	return egress.Resolver{Config: filepath.Join(rec.Dir, "resolver.json"), Log: filepath.Join(rec.Dir, "resolver.log")}
 }
 
 func refusedNamesPath(rec *record.Record) string { return filepath.Join(rec.Dir, "refused-names.json") }
