@@ -10,6 +10,8 @@ import (
 
 	"github.com/docker/go-units"
 	"golang.org/x/sys/unix"
+
+	"github.com/flmbox/flmbox/egress"
 )
 
 // MinFreeBytes is the free space under a state root below which Doctor's
@@ -39,6 +41,7 @@ const (
 	CheckKernel    = "kernel"    // openat2(RESOLVE_IN_ROOT), for unpacking
 	CheckCgroups   = "cgroups"   // the memory, pids and cpu controllers
 	CheckSpace     = "space"     // MinFreeBytes free under the state root
+	CheckEgress    = "egress"    // egress networks can be made (NetworkEgress)
 )
 
 // Doctor checks that this host can run the Manager's sandboxes, and says
@@ -46,7 +49,21 @@ const (
 // constants. It changes nothing.
 func (m *Manager) Doctor(ctx context.Context) []Check {
 	runsc, info := m.checkRunsc(ctx)
-	return []Check{runsc, checkPlatforms(info), m.checkAgent(), checkRoot(), checkKernel(), checkCgroups(), checkSpace(m.root)}
+	return []Check{runsc, checkPlatforms(info), m.checkAgent(), checkRoot(), checkKernel(), checkCgroups(), checkSpace(m.root), m.checkEgress()}
+}
+
+// checkEgress checks what egress sandboxes need: their resolver binary,
+// nftables, addresses no route of the host's takes, forwarding no other
+// table drops.
+func (m *Manager) checkEgress() Check {
+	if _, err := m.Resolver(); err != nil {
+		return Check{Name: CheckEgress, Detail: err.Error()}
+	}
+	detail, err := egress.Check()
+	if err != nil {
+		return Check{Name: CheckEgress, Detail: err.Error()}
+	}
+	return Check{Name: CheckEgress, OK: true, Detail: detail}
 }
 
 func (m *Manager) checkRunsc(ctx context.Context) (Check, *Runsc) {

@@ -73,7 +73,7 @@ func fix(ch sandbox.Check) string {
 			}
 		}
 	case sandbox.CheckAgent:
-		return "run `make build`, and install bin/flmbox, bin/flmbox-core and bin/flmbox-agent in one directory"
+		return "run `make build`, and install bin/flmbox, bin/flmbox-core, bin/flmbox-agent and bin/flmbox-resolver in one directory"
 	case sandbox.CheckRoot:
 		return "run flmbox as root: runsc needs it to create sandboxes and the cache keeps images' file owners"
 	case sandbox.CheckKernel:
@@ -82,6 +82,8 @@ func fix(ch sandbox.Check) string {
 		return "mount the cgroup controllers memory, pids and cpu (cgroup v2 at /sys/fs/cgroup, or v1 hierarchies); sandboxes' limits need them"
 	case sandbox.CheckSpace:
 		return "free space there, remove images (flmbox images gc), or choose another state root with --root"
+	case sandbox.CheckEgress:
+		return "only --network egress needs this: install bin/flmbox-resolver beside bin/flmbox-core, and see what the check names (docs/USAGE.md, \"Egress\")"
 	}
 	return ""
 }
