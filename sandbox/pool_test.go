@@ -38,7 +38,7 @@ func TestShapeKey(t *testing.T) {
 	}
 	changes := map[string]func(*shape){
 		"Manifest":    func(s *shape) { s.Manifest = "sha256:" + strings.Repeat("cd", 32) },
-		"Network":     func(s *shape) { s.Network = "sandbox" },
+		"Network":     func(s *shape) { s.Network = "egress" },
 		"Platform":    func(s *shape) { s.Platform = "" },
 		"Limits":      func(s *shape) { s.Limits.MemoryBytes++ },
 		"Limits.CPUs": func(s *shape) { s.Limits.CPUs = 0.5 },
@@ -52,6 +52,10 @@ func TestShapeKey(t *testing.T) {
 		"Agent":       func(s *shape) { s.Agent = "4700001-1764600000000000000" },
 		"LazySpares":  func(s *shape) { s.LazySpares = true },
 		"Fetch":       func(s *shape) { s.Fetch = true },
+		"Egress": func(s *shape) {
+			r, _ := ParseEgressRule("pypi.org")
+			s.Network, s.Egress = "egress", &Egress{Allow: []EgressRule{r}}
+		},
 	}
 	// Every field of shape has a change here: a field added later must be
 	// in the key, and in this test.
