@@ -29,7 +29,7 @@ func goList(t *testing.T, what string, patterns ...string) map[string][]string {
 // TestFrontsStayAboveSandbox keeps docs/ARCHITECTURE.md's rule: the fronts
 // call sandbox, rootfs and pipcache, never what sandbox is made of.
 func TestFrontsStayAboveSandbox(t *testing.T) {
-	below := []string{"runtime", "snippet", "snippet/wire", "sandbox/record"}
+	below := []string{"runtime", "snippet", "snippet/wire", "sandbox/record", "egress"}
 	for pkg, imports := range goList(t, "Imports", "../flmbox/app", "../../instance", "../../bench", "../flmbox-bench") {
 		for _, imp := range imports {
 			if name, ok := strings.CutPrefix(imp, module); ok && slices.Contains(below, name) {
@@ -39,10 +39,22 @@ func TestFrontsStayAboveSandbox(t *testing.T) {
 	}
 }
 
+// TestLauncherLinksNoEgress: the flmbox launcher, whose start every warm
+// call pays, links no nftables, netlink or DNS code.
+func TestLauncherLinksNoEgress(t *testing.T) {
+	for pkg, deps := range goList(t, "Deps", "../flmbox") {
+		for _, dep := range deps {
+			if dep == module+"egress" || strings.Contains(dep, "nftables") || strings.Contains(dep, "miekg/dns") {
+				t.Errorf("%s links %s", pkg, dep)
+			}
+		}
+	}
+}
+
 // TestShippedBinariesLinkNoTestRig: the binaries a worker installs link no
 // registry server, Flame simulator, test image builder or tool server.
 func TestShippedBinariesLinkNoTestRig(t *testing.T) {
-	for pkg, deps := range goList(t, "Deps", ".", "../flmbox", "../flmbox-agent") {
+	for pkg, deps := range goList(t, "Deps", ".", "../flmbox", "../flmbox-agent", "../flmbox-resolver") {
 		for _, dep := range deps {
 			if strings.HasSuffix(dep, "go-containerregistry/pkg/registry") || strings.HasPrefix(dep, module+"internal/testrig") ||
 				dep == module+"bench" {
