@@ -29,6 +29,8 @@ type State struct {
 	// Mounts are the mount points under /run/netns of this process's
 	// mount namespace, but those of networld worlds.
 	Mounts []string
+	// Procs are the processes in the worker's namespace: "PID COMM".
+	Procs []string
 }
 
 // String lists s, one item a line.
@@ -37,7 +39,7 @@ func (s State) String() string {
 	for _, part := range []struct {
 		name  string
 		items []string
-	}{{"links", s.Links}, {"addrs", s.Addrs}, {"routes", s.Routes}, {"nftables", s.Tables}, {"netns", s.NetNS}, {"mounts", s.Mounts}} {
+	}{{"links", s.Links}, {"addrs", s.Addrs}, {"routes", s.Routes}, {"nftables", s.Tables}, {"netns", s.NetNS}, {"mounts", s.Mounts}, {"procs", s.Procs}} {
 		for _, it := range part.items {
 			fmt.Fprintf(&b, "%s: %s\n", part.name, it)
 		}
@@ -94,10 +96,40 @@ func (w *World) WorkerState() (State, error) {
 	if s.Mounts, err = netnsMounts(); err != nil {
 		return s, err
 	}
+	if s.Procs, err = w.workerProcs(); err != nil {
+		return s, err
+	}
 	for _, l := range [][]string{s.Links, s.Addrs, s.Routes, s.Tables} {
 		sort.Strings(l)
 	}
 	return s, nil
+}
+
+// workerProcs lists the processes whose network namespace is the
+// worker's: "PID COMM". (A thread of this process that entered the worker
+// is not one: it is not its process's leader.)
+func (w *World) workerProcs() ([]string, error) {
+	var want unix.Stat_t
+	if err := unix.Fstat(int(w.worker), &want); err != nil {
+		return nil, fmt.Errorf("stat the worker's namespace: %w", err)
+	}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	var procs []string
+	for _, e := range ents {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat("/proc/"+e.Name()+"/ns/net", &st) != nil || st.Dev != want.Dev || st.Ino != want.Ino {
+			continue // gone, or elsewhere
+		}
+		comm, _ := os.ReadFile("/proc/" + e.Name() + "/comm")
+		procs = append(procs, e.Name()+" "+strings.TrimSpace(string(comm)))
+	}
+	return procs, nil
 }
 
 // WorkerTables lists the worker's nftables tables: "FAMILY NAME".

@@ -51,6 +51,9 @@ func TestWorkerSeesOnlyTheWorld(t *testing.T) {
 	if defaults != 1 {
 		t.Errorf("%d default routes in the worker, want 1:\n%s", defaults, s)
 	}
+	if len(s.Procs) != 0 {
+		t.Errorf("processes in a new worker: %v", s.Procs)
+	}
 	if len(s.Tables) != 0 {
 		t.Errorf("nftables tables in a new worker: %v", s.Tables)
 	}
@@ -64,6 +67,25 @@ func TestWorkerSeesOnlyTheWorld(t *testing.T) {
 	syscall.Stat("/proc/self/ns/mnt", &want[1])
 	if got := strings.Fields(string(out)); len(got) != 2 || !strings.HasSuffix(got[0], ":["+strconv.FormatUint(want[0].Ino, 10)+"]") || !strings.HasSuffix(got[1], ":["+strconv.FormatUint(want[1].Ino, 10)+"]") {
 		t.Errorf("Command's namespaces: %q, want net inode %d and this process's mount namespace %d", out, want[0].Ino, want[1].Ino)
+	}
+	// WorkerState sees a process left in the worker.
+	sleep := w.Command(context.Background(), "sleep", "60")
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer sleep.Wait()
+	defer sleep.Process.Kill()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		s, err := w.WorkerState()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(s.Procs) == 1 && strings.HasSuffix(s.Procs[0], " sleep") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("processes in the worker: %v, want sleep", s.Procs)
+		}
 	}
 	if _, err := w.DialWorker(context.Background(), "tcp", "allowed.test:80"); err == nil {
 		t.Error("DialWorker dialed a name")
