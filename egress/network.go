@@ -54,9 +54,22 @@ func HostLink(id string) string {
 	return linkPrefix + h[:min(len(h), unix.IFNAMSIZ-1-len(linkPrefix))]
 }
 
-// allocLock serializes the choice of a /30 between processes, whatever
-// their state roots: two sandboxes of one host never share addresses.
-const allocLock = "/run/flmbox/egress.lock"
+// hostLock serializes the changes of egress networks to the host between
+// processes, whatever their state roots: two sandboxes never share
+// addresses, and forwarding is turned off only when no egress link is left.
+const hostLock = "/run/flmbox/egress.lock"
+
+// lockHost takes hostLock.
+func lockHost(ctx context.Context) (unlock func(), err error) {
+	if err := os.MkdirAll(filepath.Dir(hostLock), 0o700); err != nil {
+		return nil, err
+	}
+	l, err := flock.LockFile(ctx, hostLock, 0o600, flock.Exclusive)
+	if err != nil {
+		return nil, err
+	}
+	return l.Unlock, nil
+}
 
 // Create makes the network of the sandbox whose runsc ID is id: its
 // namespace bound at nsPath, the veth pair, addresses, routes and the
@@ -67,10 +80,15 @@ func Create(ctx context.Context, id, nsPath string, p Policy) (_ *Network, err e
 	n := &Network{ID: id, NetNS: nsPath, Host: HostLink(id)}
 	defer func() {
 		if err != nil {
-			Delete(id, nsPath)
+			Delete(id, nsPath) // after unlock, deferred below
 			err = fmt.Errorf("make the sandbox's egress network: %w", err)
 		}
 	}()
+	unlock, err := lockHost(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	if err := enableForwarding(); err != nil {
 		return nil, err
 	}
@@ -82,14 +100,6 @@ func Create(ctx context.Context, id, nsPath string, p Policy) (_ *Network, err e
 		return nil, err
 	}
 	defer ns.Close()
-	if err := os.MkdirAll(filepath.Dir(allocLock), 0o700); err != nil {
-		return nil, err
-	}
-	lock, err := flock.LockFile(ctx, allocLock, 0o600, flock.Exclusive)
-	if err != nil {
-		return nil, err
-	}
-	defer lock.Unlock()
 	if n.Gateway, n.Addr, err = freeSubnet(); err != nil {
 		return nil, err
 	}
@@ -226,8 +236,15 @@ func newNetNS(path string) error {
 }
 
 // Delete removes what Create made for the sandbox whose runsc ID is id
-// (its table, link, and namespace at nsPath), whatever of it is there.
+// (its table, link, and namespace at nsPath), whatever of it is there. The
+// last egress sandbox's Delete turns forwarding off again if Create turned
+// it on (see enableForwarding).
 func Delete(id, nsPath string) error {
+	unlock, err := lockHost(context.Background())
+	if err != nil {
+		return fmt.Errorf("delete the sandbox's egress network: %w", err)
+	}
+	defer unlock()
 	var errs []error
 	if c, err := nftables.New(); err == nil {
 		c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(id)})
@@ -247,6 +264,9 @@ func Delete(id, nsPath string) error {
 		if err := os.Remove(nsPath); err != nil && !os.IsNotExist(err) {
 			errs = append(errs, err)
 		}
+	}
+	if len(errs) == 0 {
+		errs = append(errs, restoreForwarding())
 	}
 	return errors.Join(errs...)
 }

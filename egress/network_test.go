@@ -118,17 +118,22 @@ func TestCreateDelete(t *testing.T) {
 	if err := n.Configure(); err != nil { // again, as before a restore
 		t.Fatal(err)
 	}
-	for _, x := range []*Network{n, n2} {
+	for i, x := range []*Network{n, n2} {
 		if err := Delete(x.ID, x.NetNS); err != nil {
 			t.Fatal(err)
+		}
+		if b, _ := os.ReadFile(ipForward); i == 0 && strings.TrimSpace(string(b)) != "1" {
+			t.Fatalf("forwarding is %q while an egress network is left", b)
 		}
 		if err := Delete(x.ID, x.NetNS); err != nil {
 			t.Fatalf("a second Delete: %v", err)
 		}
 	}
-	if slices.ContainsFunc(links(t), func(l string) bool { return strings.HasPrefix(l, linkPrefix) }) ||
-		!slices.Equal(tables(t), []string{guardTable}) {
+	if slices.ContainsFunc(links(t), func(l string) bool { return strings.HasPrefix(l, linkPrefix) }) || len(tables(t)) != 0 {
 		t.Fatalf("left: links %v, tables %v", links(t), tables(t))
+	}
+	if b, _ := os.ReadFile(ipForward); strings.TrimSpace(string(b)) != "0" {
+		t.Fatalf("forwarding is %q after the last egress network went, want 0 as before", b)
 	}
 	if _, err := os.Stat(ns); !os.IsNotExist(err) {
 		t.Fatalf("namespace file left: %v", err)

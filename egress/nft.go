@@ -24,6 +24,7 @@ import (
 //	  refuse, Allow ranges inside Reserved pass, Reserved refuses, the
 //	  addresses the resolver answered (sets pin and pinport, with a
 //	  timeout) and the other Allow ranges pass, the rest is refused.
+//	  What passes is TCP and UDP only: ICMP (ping) is always refused.
 //	input (hook input): from the sandbox's link only DNS to the gateway
 //	  (the sandbox's resolver) and Allow'd host addresses; the host's
 //	  every other address is refused.
@@ -92,15 +93,12 @@ func (n *Network) rules(c *nftables.Conn, p Policy) error {
 	add(fwd, oif(n.Host), ctEstablished(), v(accept))
 	add(fwd, oif(n.Host), v(drop))
 
-	// allow adds a rule accepting what match matches on port p (any
-	// port and protocol if 0).
+	// allow adds rules accepting TCP and UDP that match matches, on port p
+	// (any if 0): an Allow rule opens those two protocols only (ICMP is
+	// refused).
 	allow := func(ch *nftables.Chain, p uint16, match ...[]expr.Any) {
-		if p == 0 {
-			add(ch, slices.Concat(match...), v(accept))
-			return
-		}
 		for _, proto := range ported {
-			add(ch, slices.Concat(match...), l4proto(proto), dportIs(p), v(accept))
+			add(ch, slices.Concat(match...), l4proto(proto), dportOr(p), v(accept))
 		}
 	}
 	// refuse adds rules refusing what match matches on port p (any if 0),
@@ -140,7 +138,9 @@ func (n *Network) rules(c *nftables.Conn, p Policy) error {
 	for _, pr := range Reserved {
 		refuse(out, 0, ipv4(), daddrIn(pr))
 	}
-	add(out, ipv4(), daddr(reg1), v(&expr.Lookup{SourceRegister: reg1, SetName: pin.Name}), v(accept))
+	for _, proto := range ported {
+		add(out, ipv4(), l4proto(proto), daddr(reg1), v(&expr.Lookup{SourceRegister: reg1, SetName: pin.Name}), v(accept))
+	}
 	for _, proto := range ported {
 		add(out, ipv4(), l4proto(proto), daddr(reg0), dport(reg1), v(&expr.Lookup{SourceRegister: reg0, SetName: pinPort.Name}), v(accept))
 	}

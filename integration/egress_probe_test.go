@@ -78,6 +78,9 @@ func egressCheck(t testing.TB, got map[string]string, want map[string]func(strin
 var (
 	// egressFailed: any failure (a refusal, an unreachable network, a timeout).
 	egressFailed = func(r string) bool { return r != "" && !strings.HasPrefix(r, "ok") }
+	// egressConnRefused: a TCP connect the host's table refused, at once
+	// (a reset).
+	egressConnRefused = func(r string) bool { return r == "ECONNREFUSED" }
 	// egressNXDomain: getaddrinfo's EAI_NONAME, what an NXDOMAIN answer gives.
 	egressNXDomain = func(r string) bool { return r == "gai:-2" }
 	// egressNoAddress: the name does not resolve to an address (NXDOMAIN, or an

@@ -69,8 +69,8 @@ func TestEgress(t *testing.T) {
 	// the host's /etc/resolv.conf names a real server (a query to it would
 	// die in world, which routes nothing).
 	control := egressProbes(t, w, root, []string{"--image", reg.digestRef(), "--network", "host"}, map[string]string{
-		"dns udp":  `dnsq("198.51.100.53", "allowed.test")`,
-		"dns tcp":  `dnsq("198.51.100.53", "allowed.test", tcp=True)`,
+		"dns udp":  `dnsq("192.0.2.53", "allowed.test")`,
+		"dns tcp":  `dnsq("192.0.2.53", "allowed.test", tcp=True)`,
 		"metadata": `get("169.254.169.254")`,
 		"private":  `get("10.77.0.5")`,
 		"v6":       `get("fd77::1", family=socket.AF_INET6)`,

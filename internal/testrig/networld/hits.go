@@ -14,7 +14,7 @@ const (
 	HTTP     Service = "http"     // :80 of allowed, other and pypi.test: a request
 	HTTPS    Service = "https"    // :443 of the same: a request
 	PyPI     Service = "pypi"     // the index on pypi.test: a request (also an HTTP hit)
-	DNS      Service = "dns"      // 198.51.100.53:53, UDP or TCP: a query
+	DNS      Service = "dns"      // 192.0.2.53:53, UDP or TCP: a query
 	Echo     Service = "echo"     // UDP echo on 198.51.100.10:7 and :9999: a datagram
 	Metadata Service = "metadata" // 169.254.169.254:80: a request
 	Private  Service = "private"  // 10.77.0.5:80: a request

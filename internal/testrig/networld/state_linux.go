@@ -77,6 +77,9 @@ func (w *World) WorkerState() (State, error) {
 		return s, fmt.Errorf("list the worker's routes: %w", err)
 	}
 	for _, r := range routes {
+		if r.Dst != nil && r.Dst.IP.IsLinkLocalUnicast() {
+			continue // the kernel's, once a link-local address is no longer tentative
+		}
 		s.Routes = append(s.Routes, fmt.Sprintf("table %d dev %s %s", r.Table, names[r.LinkIndex], r))
 	}
 	nft, err := nftables.New(nftables.WithNetNSFd(int(w.worker)))

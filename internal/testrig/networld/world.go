@@ -7,7 +7,7 @@
 // "world", at the veth's other end (203.0.113.1/24, fd77::1/64), holds
 // every server, in this process, on addresses of its loopback:
 //
-//	198.51.100.53:53     DNS, UDP and TCP (SetA, SetAAAA, Queries)
+//	192.0.2.53:53     DNS, UDP and TCP (SetA, SetAAAA, Queries)
 //	198.51.100.10-12:80  HTTP: "hello HOST from ADDR", /bytes/N (HTTP);
 //	                     198.51.100.12 is also a PEP 503 index (PyPI, AddWheel)
 //	198.51.100.10-12:443 HTTPS with a certificate per SNI from CAPEM (HTTPS)
@@ -52,7 +52,7 @@ const (
 	AllowedAddr  = "198.51.100.10"   // allowed.test and sub.wild.test
 	OtherAddr    = "198.51.100.11"   // other.test
 	PyPIAddr     = "198.51.100.12"   // pypi.test
-	DNSAddr      = "198.51.100.53"   // the DNS server
+	DNSAddr      = "192.0.2.53"      // the DNS server
 	PrivateAddr  = "10.77.0.5"       // private.test
 	MetadataAddr = "169.254.169.254" // meta.test
 	WorldAddr6   = "fd77::1"         // v6.test, world's IPv6 end of the veth
