@@ -213,26 +213,42 @@ func newNetNS(path string) error {
 	f.Close()
 	errc := make(chan error, 1)
 	go func() {
-		// A thread that unshared its namespace is never given back to
-		// Go: it ends with this goroutine.
 		goruntime.LockOSThread()
+		orig, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			goruntime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		defer orig.Close()
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			goruntime.UnlockOSThread()
 			errc <- err
 			return
 		}
-		// A sandbox has no IPv6: its link, made in the namespace later,
-		// takes the namespace's default.
-		if err := os.WriteFile("/proc/sys/net/ipv6/conf/default/disable_ipv6", []byte("1\n"), 0o644); err != nil && !os.IsNotExist(err) {
-			errc <- err
-			return
+		errc <- inNewNetNS(path)
+		// Back to the host's namespace, the thread is Go's again; if it
+		// cannot go back, it stays locked and ends with this goroutine.
+		if unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET) == nil {
+			goruntime.UnlockOSThread()
 		}
-		errc <- unix.Mount(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), path, "", unix.MS_BIND, "")
 	}()
 	if err := <-errc; err != nil {
 		os.Remove(path)
 		return fmt.Errorf("make network namespace: %w", err)
 	}
 	return nil
+}
+
+// inNewNetNS readies the namespace of the calling thread, new: IPv6 off by
+// default (a sandbox has none: its link, made in the namespace later,
+// takes the default; /proc/sys/net is the namespace's of the thread that
+// opens it), and binds it at path.
+func inNewNetNS(path string) error {
+	if err := os.WriteFile("/proc/sys/net/ipv6/conf/default/disable_ipv6", []byte("1\n"), 0o644); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	return unix.Mount(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), path, "", unix.MS_BIND, "")
 }
 
 // Delete removes what Create made for the sandbox whose runsc ID is id
@@ -269,4 +285,63 @@ func Delete(id, nsPath string) error {
 		errs = append(errs, restoreForwarding())
 	}
 	return errors.Join(errs...)
+}
+
+// Prune deletes the tables of egress sandboxes whose link is gone (the
+// sandbox's namespace went without its removal, say with its state root):
+// Create makes a sandbox's link before its table, both under hostLock, so
+// a table without a link is nobody's, whatever state root made it. Their
+// resolvers leave by themselves once their table is gone. A host that made
+// no egress network since it booted costs a stat: not even hostLock is
+// taken.
+func Prune(ctx context.Context) error {
+	if _, err := os.Stat(hostLock); err != nil {
+		return nil
+	}
+	unlock, err := lockHost(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	ts, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return fmt.Errorf("list nftables tables: %w", err)
+	}
+	deleted := false
+	for _, t := range ts {
+		if !isTableName(t.Name) {
+			continue
+		}
+		if _, err := netlink.LinkByName(HostLink(t.Name)); err == nil {
+			continue
+		}
+		c.DelTable(t)
+		deleted = true
+	}
+	if !deleted {
+		return nil
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("delete the tables of egress sandboxes that are gone: %w", err)
+	}
+	return restoreForwarding()
+}
+
+// isTableName reports whether name is an egress sandbox's table's: a
+// runsc container ID of flmbox's ("flmbox-" and 24 hex digits).
+func isTableName(name string) bool {
+	h, ok := strings.CutPrefix(name, "flmbox-")
+	if !ok || len(h) != 24 {
+		return false
+	}
+	for _, c := range h {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // inPrivateNetNS runs the calling test again in a network namespace of its
@@ -140,5 +141,57 @@ func TestCreateDelete(t *testing.T) {
 	}
 	if r, err := Refusals(id); err != nil || r != nil {
 		t.Fatalf("refusals of a deleted table: %v, %v", r, err)
+	}
+}
+
+// TestPrune: a table whose link is gone is deleted, with forwarding
+// restored; a table with its link, and other tables, are left.
+func TestPrune(t *testing.T) {
+	if !inPrivateNetNS(t) {
+		return
+	}
+	ctx := context.Background()
+	live := "flmbox-2123456789abcdef01234567"
+	n, err := Create(ctx, live, filepath.Join(t.TempDir(), "netns"), Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Delete(n.ID, n.NetNS) })
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphan := "flmbox-3123456789abcdef01234567"
+	c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: orphan})
+	c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: "someone-elses"})
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := Prune(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := tables(t)
+	slices.Sort(got)
+	if want := []string{live, guardTable, "someone-elses"}; !slices.Equal(got, want) {
+		t.Fatalf("tables after Prune: %v, want %v", got, want)
+	}
+	// The namespace goes without Delete (its veth with it): Prune deletes
+	// the table, and forwarding goes off with the last egress link.
+	if err := unix.Unmount(n.NetNS, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); slices.Contains(links(t), n.Host); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("link %s outlives its namespace", n.Host)
+		}
+	}
+	if err := Prune(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := tables(t); !slices.Equal(got, []string{"someone-elses"}) {
+		t.Fatalf("tables after the namespace went: %v", got)
+	}
+	if b, _ := os.ReadFile(ipForward); strings.TrimSpace(string(b)) != "0" {
+		t.Fatalf("forwarding is %q", b)
 	}
 }

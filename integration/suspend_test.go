@@ -261,8 +261,14 @@ func (p killPoint) String() string { return p.when + " runsc " + p.verb }
 // ended before p was reached (a "during" point whose until never held).
 func killAt(t *testing.T, root string, p killPoint, args ...string) (reached bool) {
 	t.Helper()
+	return killCmdAt(t, p, exec.Command(flmboxBin, append([]string{"--root", root, "--runsc", hookedRunsc(t)}, args...)...), args)
+}
+
+// killCmdAt is killAt of cmd, a flmbox command (args its arguments after
+// --root and --runsc, which must be hookedRunsc's).
+func killCmdAt(t *testing.T, p killPoint, cmd *exec.Cmd, args []string) (reached bool) {
+	t.Helper()
 	mark := filepath.Join(t.TempDir(), "mark")
-	cmd := exec.Command(flmboxBin, append([]string{"--root", root, "--runsc", hookedRunsc(t)}, args...)...)
 	cmd.Env = append(os.Environ(), "HOOK_VERB="+p.verb, "HOOK_WHEN="+p.when, "HOOK_MARK="+mark)
 	k := startKillable(t, cmd)
 	stopped := false

@@ -254,3 +254,12 @@ func egressStatus(rec *record.Record) *EgressStatus {
 	st.RefusedNames, _ = egress.RefusedNames(refusedNamesPath(rec))
 	return st
 }
+
+// reconcileEgress deletes the egress tables no sandbox has any more (see
+// egress.Prune).
+func (m *Manager) reconcileEgress(ctx context.Context) error {
+	if err := egress.Prune(ctx); err != nil {
+		return fmt.Errorf("reconcile egress networks: %w", err)
+	}
+	return nil
+}

@@ -161,7 +161,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			}
 		}
 	}
-	errs = append(errs, m.reconcileContainers(ctx), m.reconcileLeases(ctx))
+	errs = append(errs, m.reconcileContainers(ctx), m.reconcileLeases(ctx), m.reconcileEgress(ctx))
 	m.pruneRunsc()
 	return errors.Join(errs...)
 }

@@ -2,6 +2,7 @@ package networld
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"os"
 	"sort"
@@ -31,6 +32,8 @@ type State struct {
 	Mounts []string
 	// Procs are the processes in the worker's namespace: "PID COMM".
 	Procs []string
+	// Forwarding is the worker's net.ipv4.ip_forward: "0" or "1".
+	Forwarding string
 }
 
 // String lists s, one item a line.
@@ -39,7 +42,7 @@ func (s State) String() string {
 	for _, part := range []struct {
 		name  string
 		items []string
-	}{{"links", s.Links}, {"addrs", s.Addrs}, {"routes", s.Routes}, {"nftables", s.Tables}, {"netns", s.NetNS}, {"mounts", s.Mounts}, {"procs", s.Procs}} {
+	}{{"links", s.Links}, {"addrs", s.Addrs}, {"routes", s.Routes}, {"nftables", s.Tables}, {"netns", s.NetNS}, {"mounts", s.Mounts}, {"procs", s.Procs}, {"ip_forward", []string{s.Forwarding}}} {
 		for _, it := range part.items {
 			fmt.Fprintf(&b, "%s: %s\n", part.name, it)
 		}
@@ -102,6 +105,12 @@ func (w *World) WorkerState() (State, error) {
 	if s.Procs, err = w.workerProcs(); err != nil {
 		return s, err
 	}
+	// /proc/sys/net is the namespace's of the process that reads it.
+	fwd, err := w.Command(context.Background(), "cat", "/proc/sys/net/ipv4/ip_forward").Output()
+	if err != nil {
+		return s, fmt.Errorf("read the worker's ip_forward: %w", err)
+	}
+	s.Forwarding = strings.TrimSpace(string(fwd))
 	for _, l := range [][]string{s.Links, s.Addrs, s.Routes, s.Tables} {
 		sort.Strings(l)
 	}
