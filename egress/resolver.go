@@ -50,6 +50,12 @@ func Serve(ctx context.Context, cfg ResolverConfig, ready func()) error {
 		return err
 	}
 	r := &resolver{cfg: cfg, nft: c, refused: map[string]int{}, host: hostAddrs()}
+	// A resolver started again (a resume) counts on from its predecessor.
+	if names, err := RefusedNames(cfg.Refused); err == nil {
+		for _, n := range names {
+			r.refused[n.Name] = n.Count
+		}
+	}
 	addr := netip.AddrPortFrom(cfg.Gateway, 53).String()
 	pc, err := net.ListenPacket("udp4", addr)
 	if err != nil {
