@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -65,9 +66,16 @@ func TestSpecDefaults(t *testing.T) {
 	if s.Network != "none" || s.Limits != DefaultLimits || s.TmpBytes != DefaultTmpBytes {
 		t.Fatalf("defaults: %+v", s)
 	}
+	if _, err := (Spec{Image: "img", Network: NetworkEgress}).withDefaults(""); err != nil {
+		t.Fatalf("egress that allows nothing: %v", err)
+	}
 	for _, bad := range []Spec{
 		{},
 		{Image: "img", Network: "bridge"},
+		{Image: "img", Network: "sandbox"}, // runsc's name, not a sandbox's network
+		{Image: "img", Egress: Egress{Allow: []EgressRule{{Name: "pypi.org"}}}},
+		{Image: "img", Network: NetworkHost, Egress: Egress{Deny: []EgressRule{{Name: "pypi.org"}}}},
+		{Image: "img", Network: NetworkEgress, Egress: Egress{DNS: []netip.Addr{netip.MustParseAddr("::1")}}},
 		{Image: "img", Platform: "xen"},
 		{Image: "img", Env: []string{"NOEQUALS"}},
 		{Image: "img", Env: []string{"=v"}},
