@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -173,9 +174,9 @@ func (m *Manager) makeEgress(ctx context.Context, rec *record.Record, p Egress) 
 // startResolver starts the resolver of the egress sandbox of rec.
 func (m *Manager) startResolver(ctx context.Context, rec *record.Record, bin string, p Egress, n *egress.Network) error {
 	up, err := upstreams(p.DNS)
-	if err != nil {
+	if err != nil && slices.ContainsFunc(p.Allow, func(r EgressRule) bool { return r.Name != "" }) {
 		return fmt.Errorf("sandbox %q: %w", rec.Name, err)
-	}
+	} // without name rules the resolver asks no one: every name is refused
 	cfg := egress.ResolverConfig{Table: egress.TableName(rec.ID), Gateway: n.Gateway, Policy: p, Upstream: up,
 		Refused: refusedNamesPath(rec)}
 	if err := resolverFiles(rec).Start(ctx, bin, cfg); err != nil {
