@@ -193,7 +193,7 @@ func (r *resolver) answer(q *dns.Msg) *dns.Msg {
 // ask asks the upstream servers in turn, over TCP when UDP's answer is
 // truncated.
 func (r *resolver) ask(q *dns.Msg) (*dns.Msg, error) {
-	var errs []error
+	errs := []error{errors.New("no DNS server to ask")}
 	for _, s := range r.cfg.Upstream {
 		c := &dns.Client{Net: "udp", Timeout: resolverTimeout}
 		m, _, err := c.Exchange(q, s)
