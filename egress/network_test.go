@@ -22,6 +22,13 @@ import (
 func inPrivateNetNS(t *testing.T) bool {
 	t.Helper()
 	if os.Getenv("EGRESS_TEST_NETNS") == t.Name() {
+		lo, err := netlink.LinkByName("lo")
+		if err == nil {
+			err = netlink.LinkSetUp(lo)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
 		return true
 	}
 	if os.Geteuid() != 0 {
@@ -70,8 +77,6 @@ func TestCreateDelete(t *testing.T) {
 	if !inPrivateNetNS(t) {
 		return
 	}
-	lo, _ := netlink.LinkByName("lo")
-	netlink.LinkSetUp(lo)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	id := "flmbox-0123456789abcdef01234567"

@@ -1,0 +1,140 @@
+package egress
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/nftables"
+	"github.com/miekg/dns"
+)
+
+// upstream serves names → addresses (A and AAAA) on 127.0.0.1 over UDP,
+// and counts the questions it was asked.
+func upstream(t *testing.T, names map[string][]string) (addr string, asked map[string]int) {
+	t.Helper()
+	asked = map[string]int{}
+	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		m := new(dns.Msg).SetReply(q)
+		name := q.Question[0].Name
+		asked[strings.ToLower(name)]++
+		ips, ok := names[strings.ToLower(name)]
+		if !ok {
+			m.Rcode = dns.RcodeNameError
+		}
+		for _, ip := range ips {
+			a := netip.MustParseAddr(ip)
+			hdr := dns.RR_Header{Name: name, Class: dns.ClassINET, Ttl: 60}
+			switch {
+			case a.Is4() && q.Question[0].Qtype == dns.TypeA:
+				hdr.Rrtype = dns.TypeA
+				m.Answer = append(m.Answer, &dns.A{Hdr: hdr, A: a.AsSlice()})
+			case a.Is6() && q.Question[0].Qtype == dns.TypeAAAA:
+				hdr.Rrtype = dns.TypeAAAA
+				m.Answer = append(m.Answer, &dns.AAAA{Hdr: hdr, AAAA: a.AsSlice()})
+			}
+		}
+		w.WriteMsg(m)
+	})}
+	go srv.ActivateAndServe()
+	t.Cleanup(func() { srv.Shutdown() })
+	return pc.LocalAddr().String(), asked
+}
+
+func setElements(t *testing.T, c *nftables.Conn, table, set string) int {
+	t.Helper()
+	elems, err := c.GetSetElements(&nftables.Set{Table: &nftables.Table{Family: nftables.TableFamilyINet, Name: table}, Name: set,
+		KeyType: map[string]nftables.SetDatatype{setPin: pinType, setPinPort: pinPortType, setDenyPort: pinPortType}[set]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(elems)
+}
+
+// TestResolverAnswers: what a sandbox's resolver answers, asks upstream,
+// pins and counts.
+func TestResolverAnswers(t *testing.T) {
+	if !inPrivateNetNS(t) {
+		return
+	}
+	id := "flmbox-4123456789abcdef01234567"
+	p := Policy{Allow: rules("allowed.test", "ported.test:443", "*.wild.test", "private.test", "10.9.0.0/16"),
+		Deny: rules("bad.wild.test", "allowed.test:25")}
+	n, err := Create(context.Background(), id, filepath.Join(t.TempDir(), "netns"), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Delete(n.ID, n.NetNS) })
+	up, asked := upstream(t, map[string][]string{
+		"allowed.test.":   {"198.51.100.10", "2001:db8::1"},
+		"ported.test.":    {"198.51.100.11"},
+		"a.wild.test.":    {"198.51.100.12"},
+		"bad.wild.test.":  {"198.51.100.13"},
+		"private.test.":   {"10.1.2.3", "169.254.169.254"},
+		"inrange.test.":   {"10.9.1.1"},
+		"other.test.":     {"198.51.100.14"},
+		"mixed.wild.test": {},
+	})
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &resolver{cfg: ResolverConfig{Table: TableName(id), Gateway: n.Gateway, Policy: p, Upstream: []string{up}},
+		nft: c, refused: map[string]int{}}
+	ask := func(name string, qtype uint16) *dns.Msg {
+		q := new(dns.Msg).SetQuestion(name, qtype)
+		return r.answer(q)
+	}
+	for _, tc := range []struct {
+		name   string
+		qtype  uint16
+		rcode  int
+		answer int
+	}{
+		{"allowed.test.", dns.TypeA, dns.RcodeSuccess, 1},
+		{"ALLOWED.test.", dns.TypeA, dns.RcodeSuccess, 1},
+		{"allowed.test.", dns.TypeAAAA, dns.RcodeSuccess, 0}, // no IPv6
+		{"ported.test.", dns.TypeA, dns.RcodeSuccess, 1},
+		{"a.wild.test.", dns.TypeA, dns.RcodeSuccess, 1},
+		{"bad.wild.test.", dns.TypeA, dns.RcodeNameError, 0}, // denied: never asked
+		{"wild.test.", dns.TypeA, dns.RcodeNameError, 0},     // *.wild.test is not wild.test
+		{"other.test.", dns.TypeA, dns.RcodeNameError, 0},
+		{"private.test.", dns.TypeA, dns.RcodeNameError, 0}, // every answer reserved
+	} {
+		m := ask(tc.name, tc.qtype)
+		if m.Rcode != tc.rcode || len(m.Answer) != tc.answer {
+			t.Errorf("%s %s: rcode %d, %d answers; want %d, %d:\n%v", tc.name, dns.TypeToString[tc.qtype], m.Rcode, len(m.Answer), tc.rcode, tc.answer, m)
+		}
+	}
+	for _, name := range []string{"bad.wild.test.", "wild.test.", "other.test."} {
+		if asked[name] != 0 {
+			t.Errorf("%s, a name the policy refuses, was asked upstream", name)
+		}
+	}
+	if r.refused["other.test"] != 1 || r.refused["private.test"] != 1 || r.refused["bad.wild.test"] != 1 {
+		t.Errorf("refused names: %v", r.refused)
+	}
+	// allowed.test and a.wild.test on every port; ported.test on 443;
+	// allowed.test's port 25 closed.
+	if got := setElements(t, c, TableName(id), setPin); got != 2 {
+		t.Errorf("pin has %d elements, want 2", got)
+	}
+	if got := setElements(t, c, TableName(id), setPinPort); got != 1 {
+		t.Errorf("pinport has %d elements, want 1", got)
+	}
+	if got := setElements(t, c, TableName(id), setDenyPort); got != 1 {
+		t.Errorf("denyport has %d elements, want 1", got)
+	}
+	// A resolver without a server to ask fails, and pins nothing.
+	r.cfg.Upstream = nil
+	if m := ask("allowed.test.", dns.TypeA); m.Rcode != dns.RcodeServerFailure {
+		t.Errorf("no upstream: rcode %d", m.Rcode)
+	}
+}
