@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/flmbox/flmbox/internal/atomicfile"
 	"github.com/flmbox/flmbox/internal/procmem"
 )
@@ -25,15 +27,26 @@ const resolverStart = 10 * time.Second
 // Resolver is the files of one sandbox's resolver process, all in the
 // sandbox's directory.
 type Resolver struct {
-	// Config is its configuration (ResolverConfig, JSON).
+	// Config is its configuration (ResolverConfig, JSON), for people: the
+	// resolver reads it on its standard input, and is known by its path
+	// in its command line.
 	Config string
 	// Log is where it writes what goes wrong.
 	Log string
+	// Dir is the only directory it writes (ResolverConfig.Refused), owned
+	// by ResolverUID.
+	Dir string
 }
 
-// Start writes cfg and starts bin serving it, in a session of its own (no
-// signal of its starter's terminal reaches it), and returns once it
-// listens. A resolver that does not listen is killed.
+// ResolverUID is the user a resolver runs as, with no capability but
+// CAP_NET_BIND_SERVICE (port 53) and CAP_NET_ADMIN (its sandbox's table):
+// it parses what code in the sandbox sends, and a flaw in that must not
+// give the host's root away.
+const ResolverUID = 65534
+
+// Start writes cfg and starts bin serving it, as ResolverUID, in a session
+// of its own (no signal of its starter's terminal reaches it), and returns
+// once it listens. A resolver that does not listen is killed.
 func (r Resolver) Start(ctx context.Context, bin string, cfg ResolverConfig) (err error) {
 	b, err := json.Marshal(cfg)
 	if err != nil {
@@ -42,14 +55,35 @@ func (r Resolver) Start(ctx context.Context, bin string, cfg ResolverConfig) (er
 	if err := atomicfile.WriteFile(r.Config, b, 0o600); err != nil {
 		return fmt.Errorf("start the sandbox's resolver: %w", err)
 	}
+	if err := os.Mkdir(r.Dir, 0o700); err != nil && !os.IsExist(err) {
+		return fmt.Errorf("start the sandbox's resolver: %w", err)
+	}
+	if err := os.Chown(r.Dir, ResolverUID, ResolverUID); err != nil {
+		return fmt.Errorf("start the sandbox's resolver: %w", err)
+	}
+	dir, err := os.Open(r.Dir)
+	if err != nil {
+		return fmt.Errorf("start the sandbox's resolver: %w", err)
+	}
+	defer dir.Close()
 	logf, err := os.OpenFile(r.Log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("start the sandbox's resolver: %w", err)
 	}
 	defer logf.Close()
-	cmd := exec.Command(bin, r.Config)
-	cmd.Stderr = logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	// The binary is run from a descriptor: ResolverUID need not reach the
+	// directory it is installed in.
+	exe, err := os.Open(bin)
+	if err != nil {
+		return fmt.Errorf("start the sandbox's resolver: %w", err)
+	}
+	defer exe.Close()
+	cmd := exec.Command("/proc/self/fd/4", r.Config)
+	cmd.Args[0] = bin
+	cmd.Stdin, cmd.Stderr, cmd.ExtraFiles = bytes.NewReader(b), logf, []*os.File{dir, exe}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true,
+		Credential:  &syscall.Credential{Uid: ResolverUID, Gid: ResolverUID, NoSetGroups: false},
+		AmbientCaps: []uintptr{unix.CAP_NET_BIND_SERVICE, unix.CAP_NET_ADMIN}}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return err

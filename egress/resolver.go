@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -16,8 +17,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
-
-	"github.com/flmbox/flmbox/internal/atomicfile"
+	"golang.org/x/sys/unix"
 )
 
 // ResolverConfig is what a sandbox's resolver serves: Serve answers the
@@ -31,7 +31,8 @@ type ResolverConfig struct {
 	Policy Policy `json:"policy"`
 	// Upstream are the servers asked, each host:port.
 	Upstream []string `json:"upstream"`
-	// Refused is the file that counts the names refused (RefusedNames).
+	// Refused is the file, in the directory Serve is given, that counts
+	// the names refused (RefusedNames).
 	Refused string `json:"refused"`
 }
 
@@ -43,15 +44,16 @@ const resolverTimeout = 5 * time.Second
 // answers the policy refuses (reserved, the host's own, denied) are
 // dropped, the rest pinned in the sandbox's table for the ports the policy
 // gives the name before the answer is sent, and AAAA answers dropped (a
-// sandbox has no IPv6). ready is called once both sockets listen.
-func Serve(ctx context.Context, cfg ResolverConfig, ready func()) error {
+// sandbox has no IPv6). It writes only in dir (cfg.Refused). ready is
+// called once both sockets listen.
+func Serve(ctx context.Context, cfg ResolverConfig, dir *os.File, ready func()) error {
 	c, err := nftables.New()
 	if err != nil {
 		return err
 	}
-	r := &resolver{cfg: cfg, nft: c, refused: map[string]int{}, host: hostAddrs()}
+	r := &resolver{cfg: cfg, nft: c, refused: map[string]int{}, host: hostAddrs(), dir: dir}
 	// A resolver started again (a resume) counts on from its predecessor.
-	if names, err := RefusedNames(cfg.Refused); err == nil {
+	if names, err := RefusedNames(filepath.Join(dir.Name(), cfg.Refused)); err == nil {
 		for _, n := range names {
 			r.refused[n.Name] = n.Count
 		}
@@ -101,6 +103,7 @@ func Serve(ctx context.Context, cfg ResolverConfig, ready func()) error {
 type resolver struct {
 	cfg  ResolverConfig
 	host []netip.Addr
+	dir  *os.File // where cfg.Refused is
 
 	mu      sync.Mutex // guards nft (one batch at a time), refused, dirty
 	nft     *nftables.Conn
@@ -222,7 +225,7 @@ func (r *resolver) refuse(name string) {
 func (r *resolver) flush() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !r.dirty || r.cfg.Refused == "" {
+	if !r.dirty || r.cfg.Refused == "" || r.dir == nil {
 		return nil
 	}
 	var names []RefusedName
@@ -234,11 +237,30 @@ func (r *resolver) flush() error {
 	if err != nil {
 		return err
 	}
-	if err := atomicfile.WriteFile(r.cfg.Refused, b, 0o600); err != nil {
-		return err
+	if err := writeAt(r.dir, r.cfg.Refused, b); err != nil {
+		return fmt.Errorf("write the names refused: %w", err)
 	}
 	r.dirty = false
 	return nil
+}
+
+// writeAt replaces the file name in dir with data: a temporary file, then a
+// rename, both relative to dir (the resolver cannot reach dir by its path).
+func writeAt(dir *os.File, name string, data []byte) error {
+	fd := int(dir.Fd())
+	tmp := "." + name + ".tmp"
+	f, err := unix.Openat(fd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = unix.Write(f, data)
+	if cerr := unix.Close(f); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return unix.Renameat(fd, tmp, fd, name)
 }
 
 // RefusedName counts the questions for a name the policy does not allow.

@@ -4,6 +4,7 @@ package integration
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -38,6 +39,7 @@ func TestEgressCreateKilled(t *testing.T) {
 		if !strings.Contains(mid.String(), "flmbox-resolver") || !strings.Contains(mid.String(), "inet flmbox-") {
 			t.Fatalf("killed %s runsc run: no resolver or table to clean up, the test kills too early:\n%s", when, mid)
 		}
+		egressResolverUnprivileged(t, mid)
 		out := mustFlmboxIn(t, w, root, "sandbox", "ls", "--json")
 		if strings.Contains(out, name) {
 			t.Fatalf("sandbox ls after a killed create lists it: %s", out)
@@ -54,5 +56,33 @@ func TestEgressCreateKilled(t *testing.T) {
 		if after.String() != before.String() {
 			t.Fatalf("a create killed %s runsc run left, after Reconcile:\n%s\nbefore:\n%s", when, after, before)
 		}
+	}
+}
+
+// egressResolverUnprivileged checks that the resolvers in s run as 65534
+// with CAP_NET_BIND_SERVICE and CAP_NET_ADMIN only: they parse what a
+// sandbox sends.
+func egressResolverUnprivileged(t *testing.T, s networld.State) {
+	t.Helper()
+	n := 0
+	for _, p := range s.Procs {
+		pid, comm, _ := strings.Cut(p, " ")
+		if comm != "flmbox-resolver" {
+			continue
+		}
+		n++
+		b, err := os.ReadFile("/proc/" + pid + "/status")
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := string(b)
+		const caps = "0000000000001400" // CAP_NET_BIND_SERVICE (10), CAP_NET_ADMIN (12)
+		if !strings.Contains(st, "\nUid:\t65534\t65534\t65534\t65534\n") || !strings.Contains(st, "\nCapEff:\t"+caps+"\n") ||
+			!strings.Contains(st, "\nCapPrm:\t"+caps+"\n") {
+			t.Errorf("resolver %s runs with more than it needs:\n%s", pid, st)
+		}
+	}
+	if n == 0 {
+		t.Errorf("no resolver among the worker's processes: %v", s.Procs)
 	}
 }

@@ -96,10 +96,16 @@ func normalizeEgress(s Spec) error {
 func netnsPath(rec *record.Record) string { return filepath.Join(rec.Dir, "netns") }
 
 func resolverFiles(rec *record.Record) egress.Resolver {
-	return egress.Resolver{Config: filepath.Join(rec.Dir, "resolver.json"), Log: filepath.Join(rec.Dir, "resolver.log")}
+	return egress.Resolver{Config: filepath.Join(rec.Dir, "resolver.json"), Dir: filepath.Join(rec.Dir, "resolver"), Log: filepath.Join(rec.Dir, "resolver.log")}
 }
 
-func refusedNamesPath(rec *record.Record) string { return filepath.Join(rec.Dir, "refused-names.json") }
+// refusedNames is the file the resolver counts refused names in, in its
+// directory.
+const refusedNames = "refused-names.json"
+
+func refusedNamesPath(rec *record.Record) string {
+	return filepath.Join(resolverFiles(rec).Dir, refusedNames)
+}
 
 // egressRecord is p as the record keeps it.
 func egressRecord(p Egress) *record.Egress {
@@ -178,7 +184,7 @@ func (m *Manager) startResolver(ctx context.Context, rec *record.Record, bin str
 		return fmt.Errorf("sandbox %q: %w", rec.Name, err)
 	} // without name rules the resolver asks no one: every name is refused
 	cfg := egress.ResolverConfig{Table: egress.TableName(rec.ID), Gateway: n.Gateway, Policy: p, Upstream: up,
-		Refused: refusedNamesPath(rec)}
+		Refused: refusedNames}
 	if err := resolverFiles(rec).Start(ctx, bin, cfg); err != nil {
 		return fmt.Errorf("sandbox %q: %w", rec.Name, err)
 	}

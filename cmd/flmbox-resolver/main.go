@@ -2,8 +2,11 @@
 // the host side, one per sandbox, started and stopped by package sandbox.
 // It answers only the names the sandbox's policy allows and pins the
 // addresses it answers in the sandbox's nftables table (see package
-// egress). Its one argument is its configuration file; it prints "ready"
-// once it listens.
+// egress). It reads its configuration on its standard input (its one
+// argument is the configuration's file, which names it for people and for
+// egress.Resolver.Stop), writes only in the directory it gets as file
+// descriptor 3, and prints "ready" once it listens. It runs as
+// egress.ResolverUID with CAP_NET_BIND_SERVICE and CAP_NET_ADMIN only.
 package main
 
 import (
@@ -28,18 +31,17 @@ func run() error {
 	if len(os.Args) != 2 {
 		return fmt.Errorf("usage: flmbox-resolver CONFIG")
 	}
-	b, err := os.ReadFile(os.Args[1])
-	if err != nil {
-		return err
-	}
+	// Started from a descriptor, its name is the descriptor's number.
+	os.WriteFile("/proc/self/comm", []byte(egress.ResolverName), 0)
 	var cfg egress.ResolverConfig
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		return fmt.Errorf("read %s: %w", os.Args[1], err)
+	if err := json.NewDecoder(os.Stdin).Decode(&cfg); err != nil {
+		return fmt.Errorf("read the configuration: %w", err)
 	}
+	dir := os.NewFile(3, os.Args[1]+" (directory)")
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
-	return egress.Serve(ctx, cfg, func() {
+	return egress.Serve(ctx, cfg, dir, func() {
 		fmt.Println("ready")
 		os.Stdout.Close()
 	})
