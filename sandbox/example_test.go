@@ -125,3 +125,43 @@ for text in ["the quick brown fox", "jumps"]:
 	// Output:
 	// exit 0, stdout "4 words\n1 words\n", 2 connections
 }
+
+// An egress sandbox reaches the package index and one API, and nothing
+// else: not the host, not the cloud's metadata service, not the private
+// network. What it was refused is counted on its handle.
+func ExampleEgress() {
+	ctx := context.Background()
+	m, err := sandbox.Open(root, options...)
+	if err != nil {
+		log.Fatal(err)
+	}
+	var allow []sandbox.EgressRule
+	for _, s := range []string{"pypi.org", "files.pythonhosted.org", "api.example.com:443"} {
+		r, err := sandbox.ParseEgressRule(s)
+		if err != nil {
+			log.Fatal(err)
+		}
+		allow = append(allow, r)
+	}
+	sb, err := m.Create(ctx, sandbox.Spec{Image: image, Network: sandbox.NetworkEgress, Egress: sandbox.Egress{Allow: allow}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sb.Remove(ctx)
+	res, err := sb.Call(ctx, sandbox.Request{Code: `
+import urllib.request
+try:
+    urllib.request.urlopen("http://169.254.169.254/", timeout=5)
+except OSError as e:
+    print("refused:", e.reason)`})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Print(res.Stdout.Data)
+	if sb, err = m.Get(ctx, sb.Name); err != nil {
+		log.Fatal(err)
+	}
+	for _, r := range sb.Egress.Refused {
+		fmt.Println(r.Destination, r.Port, r.Protocol, r.Count)
+	}
+}
