@@ -19,8 +19,8 @@ import (
 //
 //	forward (hook forward): from the sandbox's link, jump to out; to it,
 //	  only packets of connections it opened (ct established, related).
-//	out: established and related pass; a source address not the
-//	  sandbox's is dropped; IPv6 is refused; then, in order: Deny rules
+//	out: a source address not the sandbox's is dropped; established and
+//	  related pass; IPv6 is refused; then, in order: Deny rules
 //	  refuse, Allow ranges inside Reserved pass, Reserved refuses, the
 //	  addresses the resolver answered (sets pin and pinport, with a
 //	  timeout) and the other Allow ranges pass, the rest is refused.
@@ -119,8 +119,10 @@ func (n *Network) rules(c *nftables.Conn, p Policy) error {
 		}
 		add(ch, m, v(&expr.Counter{}), v(&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH}))
 	}
-	add(out, ctEstablished(), v(accept))
+	// A source not the sandbox's is dropped first: a spoofed packet must
+	// not pass as another sandbox's established connection.
 	add(out, ipv4(), saddrNot(n.Addr), v(drop))
+	add(out, ctEstablished(), v(accept))
 	add(out, nfproto(unix.NFPROTO_IPV6), v(&expr.Counter{}), v(&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}))
 	for _, r := range p.Deny {
 		if r.Name == "" {
