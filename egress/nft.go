@@ -153,6 +153,9 @@ func (n *Network) rules(c *nftables.Conn, p Policy) error {
 	}
 	refuse(out, 0)
 
+	// Spoofed sources are dropped here too: the resolver's answers must
+	// not be sent to a third party (a reflection).
+	add(in, iif(n.Host), ipv4(), saddrNot(n.Addr), v(drop))
 	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 		add(in, iif(n.Host), ipv4(), daddrIn(netip.PrefixFrom(n.Gateway, 32)), l4proto(proto), dportIs(53), v(accept))
 	}
