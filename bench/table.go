@@ -45,7 +45,7 @@ func (rep *Report) WriteTable(w io.Writer) error {
 			cb.Runs, cb.RoundTrips/cb.Runs, callbackWarmup)
 	}
 	if e := rep.Egress; e.Runs > 0 {
-		fmt.Fprintf(w, "egress: in network namespaces of the bench's own, to a server of its own; %d downloads and %d runs of %d connects (after %d not measured) a side, timed by the Python code, host python3 in the same namespace\n",
+		fmt.Fprintf(w, "egress: in network namespaces of the bench's own, from a server of its own, timed by the Python code, host python3 in the same namespace; a side: downloads %d, connects %d runs of %d after %d not measured\n",
 			e.DownloadMS.N, e.Runs, e.Connects/e.Runs, connectWarmup)
 	}
 	fmt.Fprintf(w, "image:  %s (%s, %s)\n", rep.Image.Ref, rep.Image.Platform, units.BytesSize(float64(rep.Image.SizeBytes)))
