@@ -155,10 +155,10 @@ func (r *runner) measureEgress(ctx context.Context) (_ Egress, err error) {
 
 	sandboxSide := func(name string, flags ...string) (*netSide, error) {
 		args := append([]string{"sandbox", "create", "--name", name, "--image", r.ref}, flags...)
+		made = append(made, name) // removed even if create fails half-way (rm of none is no error)
 		if _, _, err := timeCommand(r.flmboxAt(ctx, n.worker, args...)); err != nil {
 			return nil, err
 		}
-		made = append(made, name)
 		return &netSide{name: name, run: func(ctx context.Context, code string) (string, error) {
 			_, out, err := timeCommand(r.flmboxAt(ctx, n.worker, "run", "--sandbox", name, "-c", code))
 			return string(out), err
