@@ -77,9 +77,10 @@ func setup(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	workDir = dir
-	// flmbox, flmbox-core, flmbox-bench and flmbox-agent, side by side as installed.
+	// flmbox, flmbox-core, flmbox-bench, flmbox-agent and flmbox-resolver (egress
+	// sandboxes', which flmbox bench makes), side by side as installed.
 	flmboxBin, flmboxCore, flmboxAgent = filepath.Join(dir, "flmbox"), filepath.Join(dir, "flmbox-core"), filepath.Join(dir, "flmbox-agent")
-	build := exec.CommandContext(ctx, "go", "build", "-tags", "urfave_cli_no_docs", "-o", dir+"/", "../cmd/flmbox", "../cmd/flmbox-core", "../cmd/flmbox-bench", "../cmd/flmbox-agent")
+	build := exec.CommandContext(ctx, "go", "build", "-tags", "urfave_cli_no_docs", "-o", dir+"/", "../cmd/flmbox", "../cmd/flmbox-core", "../cmd/flmbox-bench", "../cmd/flmbox-agent", "../cmd/flmbox-resolver")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		return fail("build flmbox: %v\n%s", err, out)
