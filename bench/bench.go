@@ -61,6 +61,11 @@ type Options struct {
 	// host processes, each making 5 round trips that are not measured
 	// first (1 to 1000; no flag).
 	CallbackTrips int
+	// EgressDownloads is the number of measured downloads of 100 MiB of
+	// each side of the egress figures (1 to 100; no flag). Their connect
+	// figure makes Rounds runs of EgressConnects measured TCP connects a
+	// side (1 to 10000; no flag), each run after 5 that are not measured.
+	EgressDownloads, EgressConnects int
 	// Idle is how long a new sandbox, and the bare runsc container, idle
 	// before their memory is measured (0 to 1 minute; no flag).
 	Idle time.Duration
@@ -78,19 +83,20 @@ type Options struct {
 // Defaults returns the settings of the full protocol, which takes a few
 // minutes on a 2-core machine: 12 pairs, 5 warm-up calls, 6 rounds of 50
 // calls, 5 prewarm rounds, a batch of 64, 200 callback round trips per run,
-// 2 s of idling. With quick, every measurement is kept but repeated less,
-// to finish within a minute: 3 pairs, 2 warm-up calls, 2 rounds of 10
-// calls, 2 prewarm rounds, a batch of 16, 50 callback round trips per run,
-// 1 s of idling (the CLI's --quick; flags set explicitly still
-// win). Pause is 0; Root, Runsc, Flmbox, Image, Progress and Warnf are
-// left empty.
+// 5 egress downloads and 200 egress connects per run, 2 s of idling. With
+// quick, every measurement is kept but repeated less, to finish within a
+// minute: 3 pairs, 2 warm-up calls, 2 rounds of 10 calls, 2 prewarm
+// rounds, a batch of 16, 50 callback round trips per run, 1 egress
+// download and 50 egress connects per run, 1 s of idling (the CLI's
+// --quick; flags set explicitly still win). Pause is 0; Root, Runsc,
+// Flmbox, Image, Progress and Warnf are left empty.
 func Defaults(quick bool) Options {
 	if quick {
 		return Options{Pairs: 3, Warmup: 2, Rounds: 2, Calls: 10, PrewarmRounds: 2, BatchSnippets: 16, CallbackTrips: 50,
-			Idle: time.Second}
+			EgressDownloads: 1, EgressConnects: 50, Idle: time.Second}
 	}
 	return Options{Pairs: 12, Warmup: 5, Rounds: 6, Calls: 50, PrewarmRounds: 5, BatchSnippets: 64, CallbackTrips: 200,
-		Idle: 2 * time.Second}
+		EgressDownloads: 5, EgressConnects: 200, Idle: 2 * time.Second}
 }
 
 // maxCount bounds every count of Options.
@@ -119,6 +125,7 @@ func (o Options) validate() error {
 		{"pairs", o.Pairs, 1, maxCount}, {"warmup", o.Warmup, 0, maxCount}, {"rounds", o.Rounds, 1, maxCount},
 		{"calls", o.Calls, 1, maxCount}, {"prewarm rounds", o.PrewarmRounds, 1, maxCount},
 		{"batch snippets", o.BatchSnippets, 1, sandbox.MaxBatch}, {"callback round trips", o.CallbackTrips, 1, maxCallbackTrips},
+		{"egress downloads", o.EgressDownloads, 1, maxDownloads}, {"egress connects", o.EgressConnects, 1, maxConnects},
 	} {
 		if f.n < f.min || f.n > f.max {
 			return fmt.Errorf("bench: %s %d: want %d to %d: %w", f.name, f.n, f.min, f.max, errdefs.ErrInvalidArgument)
@@ -141,8 +148,9 @@ var ErrNoImage = fmt.Errorf("no image to measure: %w", errdefs.ErrFailedPrecondi
 // is cancelled: then the error says "bench interrupted" and wraps ctx's
 // cause. Invalid options fail with errdefs.ErrInvalidArgument before
 // anything is made; see also ErrNotRoot and ErrNoImage. Without python3 on
-// the host's PATH (the callback figure's baseline), Run fails at once with
-// errdefs.ErrFailedPrecondition.
+// the host's PATH (the callback and egress figures' baseline) or nsenter
+// (which runs the egress figures in network namespaces of the bench's
+// own), Run fails at once with errdefs.ErrFailedPrecondition.
 func Run(ctx context.Context, o Options) (_ *Report, err error) {
 	if err := o.validate(); err != nil {
 		return nil, err

@@ -12,8 +12,10 @@ import (
 )
 
 func TestDefaults(t *testing.T) {
-	full := Options{Pairs: 12, Warmup: 5, Rounds: 6, Calls: 50, PrewarmRounds: 5, BatchSnippets: 64, CallbackTrips: 200, Idle: 2 * time.Second}
-	quick := Options{Pairs: 3, Warmup: 2, Rounds: 2, Calls: 10, PrewarmRounds: 2, BatchSnippets: 16, CallbackTrips: 50, Idle: time.Second}
+	full := Options{Pairs: 12, Warmup: 5, Rounds: 6, Calls: 50, PrewarmRounds: 5, BatchSnippets: 64, CallbackTrips: 200,
+		EgressDownloads: 5, EgressConnects: 200, Idle: 2 * time.Second}
+	quick := Options{Pairs: 3, Warmup: 2, Rounds: 2, Calls: 10, PrewarmRounds: 2, BatchSnippets: 16, CallbackTrips: 50,
+		EgressDownloads: 1, EgressConnects: 50, Idle: time.Second}
 	for _, tc := range []struct {
 		quick bool
 		want  Options
@@ -21,7 +23,7 @@ func TestDefaults(t *testing.T) {
 		got := Defaults(tc.quick)
 		if got.Pairs != tc.want.Pairs || got.Warmup != tc.want.Warmup || got.Rounds != tc.want.Rounds || got.Calls != tc.want.Calls ||
 			got.PrewarmRounds != tc.want.PrewarmRounds || got.BatchSnippets != tc.want.BatchSnippets || got.Idle != tc.want.Idle ||
-			got.CallbackTrips != tc.want.CallbackTrips ||
+			got.CallbackTrips != tc.want.CallbackTrips || got.EgressDownloads != tc.want.EgressDownloads || got.EgressConnects != tc.want.EgressConnects ||
 			got.Pause != 0 || got.Root != "" || got.Flmbox != "" || got.Image != "" || got.Progress != nil || got.Warnf != nil {
 			t.Errorf("Defaults(%t) = %+v, want %+v", tc.quick, got, tc.want)
 		}
@@ -63,6 +65,9 @@ func TestValidate(t *testing.T) {
 		{"most callback round trips", func(o *Options) { o.CallbackTrips = 1000 }, ""},
 		{"no callback round trips", func(o *Options) { o.CallbackTrips = 0 }, "callback round trips 0: want 1 to 1000"},
 		{"too many callback round trips", func(o *Options) { o.CallbackTrips = 1001 }, "callback round trips 1001"},
+		{"most egress downloads and connects", func(o *Options) { o.EgressDownloads, o.EgressConnects = 100, 10000 }, ""},
+		{"no egress downloads", func(o *Options) { o.EgressDownloads = 0 }, "egress downloads 0: want 1 to 100"},
+		{"too many egress connects", func(o *Options) { o.EgressConnects = 10001 }, "egress connects 10001: want 1 to 10000"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := valid(tc.change).validate()

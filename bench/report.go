@@ -37,7 +37,10 @@ type Report struct {
 	// Records is Manager.Get, List and Probe in process (added for issue
 	// 27).
 	Records Records `json:"records"`
-	Runsc   Runsc   `json:"runsc"`
+	// Egress is --network egress against --network none and the host's
+	// own network stack (added for issue 29).
+	Egress Egress `json:"egress"`
+	Runsc  Runsc  `json:"runsc"`
 	// Image is what was measured; Settings how often.
 	Image    Image    `json:"image"`
 	Settings Settings `json:"settings"`
@@ -92,6 +95,43 @@ type Records struct {
 	GetMS     Stats `json:"get_ms"`
 	ListMS    Stats `json:"list_ms"`
 	ProbeMS   Stats `json:"probe_ms"`
+}
+
+// Egress is --network egress, measured in two network namespaces the bench
+// makes and removes: "worker", where every flmbox process and host python3
+// of these figures runs (nsenter --net), and "world", worker's only way
+// out, the internet: a server of the bench's process on 198.51.100.10:80.
+type Egress struct {
+	// FirstResultMS is a whole `flmbox run --image --network egress
+	// --allow 198.51.100.10` process until its output is back;
+	// NoneFirstResultMS the same with --network none, its baseline,
+	// measured alternately, pair by pair.
+	FirstResultMS     Stats `json:"first_result_ms"`
+	NoneFirstResultMS Stats `json:"none_first_result_ms"`
+	// DownloadBytes are downloaded over HTTP from world's server, timed by
+	// the Python code itself (perf_counter around the request and every
+	// read): in a persistent egress sandbox (DownloadMS), in the host's
+	// python3 in worker, on the host's network stack (HostDownloadMS, the
+	// baseline), and in a --network host sandbox in worker, gVisor passing
+	// the host's stack through (HostNetworkDownloadMS), in rotating order.
+	DownloadBytes         int64 `json:"download_bytes"`
+	DownloadMS            Stats `json:"download_ms"`
+	HostDownloadMS        Stats `json:"host_download_ms"`
+	HostNetworkDownloadMS Stats `json:"host_network_download_ms"`
+	// DownloadMiBps, HostDownloadMiBps and HostNetworkDownloadMiBps are
+	// DownloadBytes over the median times, in MiB/s.
+	DownloadMiBps            float64 `json:"download_mib_per_s"`
+	HostDownloadMiBps        float64 `json:"host_download_mib_per_s"`
+	HostNetworkDownloadMiBps float64 `json:"host_network_download_mib_per_s"`
+	// ConnectMS is a TCP connect to world's server and its close, timed
+	// by the Python code itself (perf_counter_ns), Connects of them in
+	// Runs runs, each run after a few connects that are not measured; on
+	// the same three sides as the downloads, in rotating order.
+	ConnectMS            RoundStats `json:"connect_ms"`
+	HostConnectMS        RoundStats `json:"host_connect_ms"`
+	HostNetworkConnectMS RoundStats `json:"host_network_connect_ms"`
+	Connects             int        `json:"connects"`
+	Runs                 int        `json:"runs"`
 }
 
 // Copy is whole `flmbox cp` processes carrying a directory with one file

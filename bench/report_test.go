@@ -80,6 +80,13 @@ func sampleReport(retained bool, crane bool) *Report {
 				{Language: "shell", MedianMS: 6, P95MS: 9, CLIMedianMS: 8, CLIP95MS: 12, Calls: 20}}},
 		Callback: Callback{InsideMS: RoundStats{Stats: Stats{Median: 0.42, Min: 0.3, Max: 2.5, N: 100}, P95: 0.9},
 			HostMS: RoundStats{Stats: Stats{Median: 0.06, Min: 0.04, Max: 0.3, N: 100}, P95: 0.1}, AddedMS: 0.36, RoundTrips: 100, Runs: 2},
+		Egress: Egress{FirstResultMS: s(230), NoneFirstResultMS: s(200), DownloadBytes: 100 << 20,
+			DownloadMS: s(400), HostDownloadMS: s(100), HostNetworkDownloadMS: s(200),
+			DownloadMiBps: 250, HostDownloadMiBps: 1000, HostNetworkDownloadMiBps: 500,
+			ConnectMS:            RoundStats{Stats: Stats{Median: 0.3, Min: 0.2, Max: 1.5, N: 100}, P95: 0.6},
+			HostConnectMS:        RoundStats{Stats: Stats{Median: 0.05, Min: 0.04, Max: 0.2, N: 100}, P95: 0.08},
+			HostNetworkConnectMS: RoundStats{Stats: Stats{Median: 0.2, Min: 0.1, Max: 0.9, N: 100}, P95: 0.4},
+			Connects:             100, Runs: 2},
 	}
 	for _, api := range []string{"sandbox", "batch"} {
 		for _, lang := range []string{"python", "shell"} {
@@ -157,6 +164,10 @@ func TestJSONKeys(t *testing.T) {
 		"callback":            {"added_ms", "host_ms", "inside_ms", "round_trips", "runs"},
 		"callback.inside_ms":  {"max", "median", "min", "n", "p95"},
 		"records":             {"get_ms", "list_ms", "probe_ms", "sandboxes"},
+		"egress": {"connect_ms", "connects", "download_bytes", "download_mib_per_s", "download_ms", "first_result_ms",
+			"host_connect_ms", "host_download_mib_per_s", "host_download_ms", "host_network_connect_ms",
+			"host_network_download_mib_per_s", "host_network_download_ms", "none_first_result_ms", "runs"},
+		"egress.connect_ms": {"max", "median", "min", "n", "p95"},
 	}
 	keys := func(v any) []string {
 		m, _ := v.(map[string]any)
@@ -167,7 +178,7 @@ func TestJSONKeys(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
-	if got := keys(obj); !slices.Equal(got, []string{"allocation", "batch", "callback", "copy", "image", "instance", "memory", "pool", "prewarm", "records", "runsc", "settings", "suspend", "warm"}) {
+	if got := keys(obj); !slices.Equal(got, []string{"allocation", "batch", "callback", "copy", "egress", "image", "instance", "memory", "pool", "prewarm", "records", "runsc", "settings", "suspend", "warm"}) {
 		t.Errorf("top-level keys %v", got)
 	}
 	for path, w := range want {
@@ -183,6 +194,8 @@ func TestJSONKeys(t *testing.T) {
 			v = obj["memory"].(map[string]any)["modes"].([]any)[0]
 		case "callback.inside_ms":
 			v = obj["callback"].(map[string]any)["inside_ms"]
+		case "egress.connect_ms":
+			v = obj["egress"].(map[string]any)["connect_ms"]
 		default:
 			v = obj[path]
 		}
@@ -289,6 +302,17 @@ func validateJSON(obj map[string]any, retained, crane bool) error {
 	if err := numbers(cb, "added_ms", "round_trips", "runs"); err != nil {
 		return fmt.Errorf("callback: %w", err)
 	}
+	eg := section("egress")
+	for _, k := range []string{"first_result_ms", "none_first_result_ms", "download_ms", "host_download_ms", "host_network_download_ms",
+		"connect_ms", "host_connect_ms", "host_network_connect_ms"} {
+		if err := isStats(eg[k]); err != nil {
+			return fmt.Errorf("egress.%s: %w", k, err)
+		}
+	}
+	if err := numbers(eg, "download_bytes", "download_mib_per_s", "host_download_mib_per_s", "host_network_download_mib_per_s",
+		"connects", "runs"); err != nil {
+		return fmt.Errorf("egress: %w", err)
+	}
 	rs := section("runsc")
 	for _, k := range []string{"path", "version", "platform"} {
 		if s, _ := rs[k].(string); s == "" {
@@ -314,6 +338,11 @@ func TestTable(t *testing.T) {
 		"callback round trip from inside, 1 KiB each way (Go API)", "0.420 ms", "host to host 0.060 ms", "7.00×",
 		"host to host 0.100 ms", "9.00×", "added per round trip", "0.360 ms", "≤ 1 ms added",
 		"callbacks: median of 2 calls' medians (p95: of their p95s), 50 round trips each after 5 warm-up ones",
+		"new egress sandbox → first result (run --image --network egress)", "--network none 200 ms", "1.15×", "≤ 1.15×",
+		"100 MiB over HTTP, egress sandbox", "250 MiB/s (400 ms)", "host python3 1000 MiB/s (100 ms)", "0.25× throughput", "≥ 0.5×",
+		"500 MiB/s (200 ms)", "0.50× throughput", "TCP connect + close, egress sandbox", "0.300 ms", "host python3 0.050 ms", "6.00×",
+		"host python3 0.080 ms", "7.50×", "0.200 ms", "4.00×",
+		"egress: in network namespaces of the bench's own", "a side: downloads 3, connects 2 runs of 50 after 5 not measured",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the table lacks %q:\n%s", want, out)
@@ -336,6 +365,12 @@ func TestTable(t *testing.T) {
 	none.WriteTable(&buf)
 	if out := buf.String(); strings.Contains(out, "callback") {
 		t.Errorf("callbacks not measured:\n%s", out)
+	}
+	none.Egress = Egress{}
+	buf.Reset()
+	none.WriteTable(&buf)
+	if out := buf.String(); strings.Contains(out, "egress") {
+		t.Errorf("egress not measured:\n%s", out)
 	}
 	paced := sampleReport(false, true)
 	paced.Settings.PauseMS = 20

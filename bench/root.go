@@ -31,6 +31,9 @@ import (
 //	dir/flame-*/     working directories (and sockets) of flmbox instance
 //	                 processes, whose sandboxes are under dir/main
 //
+// The egress figures also make two network namespaces, bound at
+// /run/netns/flmbox-ID-world and -worker, which they remove (benchNet).
+//
 // close removes every sandbox and container, unmounts what is mounted under
 // dir and removes it.
 type runner struct {
@@ -38,7 +41,8 @@ type runner struct {
 	flmboxBin string // the flmbox binary, run as a user would
 	runsc     string // its path
 	runscInfo *sandbox.Runsc
-	python    string // the host's python3, the callback figure's baseline
+	python    string // the host's python3, the callback and egress figures' baseline
+	nsenter   string // runs the egress figures' processes in their namespace
 	dir       string
 	root      string           // dir/main
 	m         *sandbox.Manager // the sandboxes under root
@@ -64,6 +68,10 @@ func newRunner(ctx context.Context, o Options) (*runner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("find python3 on the host, the callback figure's baseline: %w: %w", err, errdefs.ErrFailedPrecondition)
 	}
+	nsenter, err := exec.LookPath("nsenter")
+	if err != nil {
+		return nil, fmt.Errorf("find nsenter, which runs the egress figures in a network namespace: %w: %w", err, errdefs.ErrFailedPrecondition)
+	}
 	image, err := pickImage(ctx, o.Root, o.Image)
 	if err != nil {
 		return nil, err
@@ -86,7 +94,7 @@ func newRunner(ctx context.Context, o Options) (*runner, error) {
 	if real, err := filepath.EvalSymlinks(dir); err == nil {
 		dir = real
 	}
-	r := &runner{opts: o, flmboxBin: o.Flmbox, runsc: runsc.Path, runscInfo: runsc, python: python, dir: dir, root: filepath.Join(dir, "main"), image: image,
+	r := &runner{opts: o, flmboxBin: o.Flmbox, runsc: runsc.Path, runscInfo: runsc, python: python, nsenter: nsenter, dir: dir, root: filepath.Join(dir, "main"), image: image,
 		progress: o.Progress, start: time.Now()}
 	if r.progress == nil {
 		r.progress = io.Discard

@@ -10,7 +10,8 @@ import (
 // run measures everything, in an order that keeps each part from disturbing
 // the next: prewarm first (it fills the private cache the sandboxes run on),
 // then allocation, warm calls, flmbox instance and callbacks beside one
-// persistent sandbox, batch throughput, and memory last, with no other sandbox of the
+// persistent sandbox, copies, suspend, egress (in network namespaces of
+// its own), batch throughput, and memory last, with no other sandbox of the
 // bench running.
 func (r *runner) run(ctx context.Context) (*Report, error) {
 	o := r.opts
@@ -56,6 +57,9 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	if rep.Suspend, err = r.measureSuspend(ctx); err != nil {
+		return nil, err
+	}
+	if rep.Egress, err = r.measureEgress(ctx); err != nil {
 		return nil, err
 	}
 	if rep.Batch, err = r.measureBatch(ctx); err != nil {

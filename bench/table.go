@@ -44,6 +44,10 @@ func (rep *Report) WriteTable(w io.Writer) error {
 		fmt.Fprintf(w, "callbacks: median of %d calls' medians (p95: of their p95s), %d round trips each after %d warm-up ones, alternating with as many host python3 processes\n",
 			cb.Runs, cb.RoundTrips/cb.Runs, callbackWarmup)
 	}
+	if e := rep.Egress; e.Runs > 0 {
+		fmt.Fprintf(w, "egress: in network namespaces of the bench's own, from a server of its own, timed by the Python code, host python3 in the same namespace; a side: downloads %d, connects %d runs of %d after %d not measured\n",
+			e.DownloadMS.N, e.Runs, e.Connects/e.Runs, connectWarmup)
+	}
 	fmt.Fprintf(w, "image:  %s (%s, %s)\n", rep.Image.Ref, rep.Image.Platform, units.BytesSize(float64(rep.Image.SizeBytes)))
 	_, err := fmt.Fprintf(w, "runsc:  %s (%s, platform %s); %d CPUs\n", rep.Runsc.Path, rep.Runsc.Version, rep.Runsc.Platform, rep.Settings.CPUs)
 	return err
@@ -130,6 +134,7 @@ func tableRows(rep *Report) []row {
 				ratio(su.ResumeFirstResultMS.Median, su.RawRestoreFirstResultMS.Median), "", ""},
 			row{"  host processes left while suspended", fmt.Sprint(su.SuspendedProcesses), "", "", "0", ""})
 	}
+	rows = append(rows, egressRows(rep.Egress)...)
 	if pm := rep.Pool; pm.IdleKiB > 0 && pm.BareKiB > 0 {
 		bare := "bare runsc sleep " + fmtKiB(pm.BareKiB)
 		rows = append(rows,
@@ -176,6 +181,30 @@ func callbackRows(cb Callback) []row {
 			ratio(in.Median, host.Median), "", ""},
 		{"  p95", fmtFineMS(in.P95), "host to host " + fmtFineMS(host.P95), ratio(in.P95, host.P95), "", ""},
 		{"  added per round trip", fmtFineMS(cb.AddedMS), "", "", "≤ 1 ms added", ""},
+	}
+}
+
+// egressRows are the table's lines of --network egress, none if it was not
+// measured.
+func egressRows(e Egress) []row {
+	if e.FirstResultMS.N == 0 {
+		return nil
+	}
+	mib := float64(e.DownloadBytes) / (1 << 20)
+	tput := func(s Stats, mibps float64) string { return fmt.Sprintf("%.0f MiB/s (%s)", mibps, fmtMS(s.Median)) }
+	host := "host python3 " + tput(e.HostDownloadMS, e.HostDownloadMiBps)
+	hostConn := "host python3 " + fmtFineMS(e.HostConnectMS.Median)
+	return []row{
+		{"new egress sandbox → first result (run --image --network egress)", fmtMS(e.FirstResultMS.Median),
+			"--network none " + fmtMS(e.NoneFirstResultMS.Median), ratio(e.FirstResultMS.Median, e.NoneFirstResultMS.Median), "≤ 1.15×", ""},
+		{fmt.Sprintf("%.0f MiB over HTTP, egress sandbox", mib), tput(e.DownloadMS, e.DownloadMiBps), host,
+			ratio(e.DownloadMiBps, e.HostDownloadMiBps) + " throughput", "≥ 0.5×", ""},
+		{"  --network host sandbox", tput(e.HostNetworkDownloadMS, e.HostNetworkDownloadMiBps), host,
+			ratio(e.HostNetworkDownloadMiBps, e.HostDownloadMiBps) + " throughput", "", ""},
+		{"TCP connect + close, egress sandbox", fmtFineMS(e.ConnectMS.Median), hostConn, ratio(e.ConnectMS.Median, e.HostConnectMS.Median), "", ""},
+		{"  p95", fmtFineMS(e.ConnectMS.P95), "host python3 " + fmtFineMS(e.HostConnectMS.P95), ratio(e.ConnectMS.P95, e.HostConnectMS.P95), "", ""},
+		{"  --network host sandbox", fmtFineMS(e.HostNetworkConnectMS.Median), hostConn,
+			ratio(e.HostNetworkConnectMS.Median, e.HostConnectMS.Median), "", ""},
 	}
 }
 

@@ -119,6 +119,19 @@ func checkBenchReport(t *testing.T, rep map[string]any) {
 		t.Errorf("prewarm.crane_tar_ms = %v without crane on PATH, want null", crane)
 	}
 
+	// Egress (issue 29): --quick's 3 pairs, 1 download and 2 runs of 50
+	// connects a side.
+	for k, n := range map[string]float64{"first_result_ms": 3, "none_first_result_ms": 3, "download_ms": 1, "host_download_ms": 1,
+		"host_network_download_ms": 1, "connect_ms": 100, "host_connect_ms": 100, "host_network_connect_ms": 100} {
+		j.stats(rep, "egress."+k, n)
+	}
+	for _, k := range []string{"download_mib_per_s", "host_download_mib_per_s", "host_network_download_mib_per_s", "connect_ms.p95"} {
+		j.positive(rep, "egress."+k)
+	}
+	if got := j.num(rep, "egress.download_bytes"); got != 100<<20 {
+		t.Errorf("egress.download_bytes = %v, want 100 MiB", got)
+	}
+
 	if got := j.str(rep, "runsc.path"); got != runscPath {
 		t.Errorf("runsc.path %q, want %q", got, runscPath)
 	}

@@ -19,12 +19,17 @@ func benchCommand() *cli.Command {
 		Name:  "bench",
 		Usage: app.BenchUsage,
 		Description: `Every figure comes with a baseline measured in the same run (raw runsc, runsc exec, the same
-command under chroot, crane export | tar, the same callback client on the host) and the reference system's number where there is one.
+command under chroot, crane export | tar, the same callback client, download and connects on the host) and the reference
+system's number where there is one.
 
 The bench works in a private state root, a directory bench-XXXX under --root that it removes at the
 end (also when interrupted): it never touches the sandboxes or the image cache of --root. IMAGE is
 copied into an in-process registry on 127.0.0.1 and prewarmed from there. Without --image, the
-image cache of --root must hold exactly one image whose source it knows (a tag or an OCI layout).`,
+image cache of --root must hold exactly one image whose source it knows (a tag or an OCI layout).
+
+The egress figures (--network egress) run in two network namespaces the bench makes and removes,
+flmbox-ID-world (its own "internet", a server on 198.51.100.10) and flmbox-ID-worker (joined to it
+by a veth): nothing is sent off the machine, and the host's own namespace is left as it is.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "image", Usage: "image to measure, as prewarm takes it (default: the cache's only image)"},
 			&cli.IntFlag{Name: "pairs", Value: full.Pairs, Usage: "allocation pairs (fresh sandbox, raw runsc)"},
