@@ -135,7 +135,7 @@ func TestInstanceEnterRefused(t *testing.T) {
 	for _, tc := range []struct{ image, data, want string }{
 		{"", "", "no image: the session's common_data, the application or flmbox instance --image must name one"},
 		{ref, `{"memory":"1GiB"}`, "memory 1073741824 bytes: want more than 0 and at most 536870912"},
-		{ref, `{"network":"host"}`, "network host: this instance allows none"},
+		{ref, `{"network":"host"}`, "network host: this instance allows at most none"},
 		{ref, `{"image":7}`, "common_data"},
 		{missing, "", "sha256:" + strings.Repeat("0", 64)},
 	} {
