@@ -16,7 +16,8 @@ import (
 // starts (its network, table and resolver made) or after runsc made the
 // container leaves what the next command's Reconcile removes whole: the
 // worker's links, routes, nftables tables, namespaces, mounts and
-// processes are as before, and its forwarding is off again.
+// processes are as before, and its forwarding is off again. So does the
+// removal of a suspended egress sandbox.
 func TestEgressCreateKilled(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
@@ -56,6 +57,31 @@ func TestEgressCreateKilled(t *testing.T) {
 		if after.String() != before.String() {
 			t.Fatalf("a create killed %s runsc run left, after Reconcile:\n%s\nbefore:\n%s", when, after, before)
 		}
+	}
+	// A suspended egress sandbox keeps its namespace, link and table, not
+	// its resolver; its removal takes them all.
+	mustFlmboxIn(t, w, root, "sandbox", "create", "--name", "suspended", "--image", reg.digestRef(), "--network", "egress",
+		"--allow", "allowed.test", "--dns", networld.DNSAddr)
+	mustFlmboxIn(t, w, root, "sandbox", "suspend", "suspended")
+	mid, err := w.WorkerState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(mid.String(), "flmbox-resolver") || !strings.Contains(mid.String(), "inet flmbox-") {
+		t.Fatalf("a suspended egress sandbox: want its table and no resolver:\n%s", mid)
+	}
+	mustFlmboxIn(t, w, root, "sandbox", "rm", "suspended")
+	var after networld.State
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if after, err = w.WorkerState(); err != nil {
+			t.Fatal(err)
+		}
+		if after.String() == before.String() || time.Now().After(deadline) {
+			break
+		}
+	}
+	if after.String() != before.String() {
+		t.Fatalf("removing a suspended egress sandbox left:\n%s\nbefore:\n%s", after, before)
 	}
 }
 
