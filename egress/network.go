@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -77,6 +78,11 @@ func lockHost(ctx context.Context) (unlock func(), err error) {
 // nothing is left). Forwarding is turned on if it is off (see
 // enableForwarding).
 func Create(ctx context.Context, id, nsPath string, p Policy) (_ *Network, err error) {
+	return create(ctx, id, nsPath, p, netip.Addr{})
+}
+
+// create is Create, with the gateway want if its /30 is free.
+func create(ctx context.Context, id, nsPath string, p Policy, want netip.Addr) (_ *Network, err error) {
 	n := &Network{ID: id, NetNS: nsPath, Host: HostLink(id)}
 	defer func() {
 		if err != nil {
@@ -100,7 +106,12 @@ func Create(ctx context.Context, id, nsPath string, p Policy) (_ *Network, err e
 		return nil, err
 	}
 	defer ns.Close()
-	if n.Gateway, n.Addr, err = freeSubnet(); err != nil {
+	if n.Gateway, n.Addr, err = freeSubnet(want); err != nil {
+		return nil, err
+	}
+	// The address's earlier owner may have left connections: none may
+	// pass as this sandbox's established ones.
+	if err := forgetConnections(n.Addr); err != nil {
 		return nil, err
 	}
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: n.Host}, PeerName: sandboxLink, PeerNamespace: netlink.NsFd(ns)}
@@ -134,6 +145,19 @@ func Create(ctx context.Context, id, nsPath string, p Policy) (_ *Network, err e
 		return nil, fmt.Errorf("install the policy's nftables table %s: %w", TableName(id), err)
 	}
 	return n, nil
+}
+
+// forgetConnections deletes the connections the kernel tracks from addr,
+// a sandbox's address.
+func forgetConnections(addr netip.Addr) error {
+	f := &netlink.ConntrackFilter{}
+	if err := f.AddIP(netlink.ConntrackOrigSrcIP, addr.AsSlice()); err != nil {
+		return err
+	}
+	if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, f); err != nil {
+		return fmt.Errorf("forget the connections of %s: %w", addr, err)
+	}
+	return nil
 }
 
 // ipNet is a's /30.
@@ -179,9 +203,10 @@ func (n *Network) Configure() error {
 	return nil
 }
 
-// freeSubnet returns the first /30 of Range that no link of the host's
-// namespace has an address in: its gateway (.1) and sandbox (.2) addresses.
-func freeSubnet() (gw, sb netip.Addr, err error) {
+// freeSubnet returns want's /30 if it is free, else the first /30 of Range
+// that no link of the host's namespace has an address in: its gateway (.1)
+// and sandbox (.2) addresses.
+func freeSubnet(want netip.Addr) (gw, sb netip.Addr, err error) {
 	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
 	if err != nil {
 		return gw, sb, fmt.Errorf("list the host's addresses: %w", err)
@@ -191,6 +216,9 @@ func freeSubnet() (gw, sb netip.Addr, err error) {
 		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && Range.Contains(ip) {
 			used[netip.PrefixFrom(ip, 30).Masked().Addr()] = true
 		}
+	}
+	if w := netip.PrefixFrom(want, 30).Masked().Addr(); want.IsValid() && Range.Contains(want) && !used[w] {
+		return w.Next(), w.Next().Next(), nil
 	}
 	base := Range.Masked().Addr().As4()
 	for i := uint32(0); i < 1<<(32-Range.Bits()-2); i++ {
@@ -269,8 +297,14 @@ func Delete(id, nsPath string) error {
 		}
 	}
 	if l, err := netlink.LinkByName(HostLink(id)); err == nil {
+		addrs, _ := netlink.AddrList(l, netlink.FAMILY_V4)
 		if err := netlink.LinkDel(l); err != nil {
 			errs = append(errs, fmt.Errorf("delete link %s: %w", l.Attrs().Name, err))
+		}
+		for _, a := range addrs { // the sandbox's is the gateway's next
+			if gw, ok := netip.AddrFromSlice(a.IP.To4()); ok {
+				errs = append(errs, forgetConnections(gw.Next()))
+			}
 		}
 	}
 	if nsPath != "" {
@@ -344,4 +378,71 @@ func isTableName(name string) bool {
 		}
 	}
 	return true
+}
+
+// ErrGone is in the error of Ensure when the sandbox's namespace or link is
+// gone (as after a reboot): Recreate makes them again.
+var ErrGone = errors.New("the sandbox's network namespace or link is gone")
+
+// Ensure checks that n is whole, and makes again what can be made without
+// its namespace: its table (the policy, p; its pins are lost) if it went
+// (a flush of the host's rules), its link up if it is down (the resolver
+// takes it down when the table goes). It returns what it repaired, and an
+// error wrapping ErrGone if the namespace or link is gone.
+func (n *Network) Ensure(ctx context.Context, p Policy) (repaired []string, err error) {
+	unlock, err := lockHost(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	var st unix.Statfs_t
+	if err := unix.Statfs(n.NetNS, &st); err != nil || st.Type != unix.NSFS_MAGIC {
+		return nil, fmt.Errorf("network namespace %s: %w", n.NetNS, ErrGone)
+	}
+	l, err := netlink.LinkByName(n.Host)
+	if err != nil {
+		return nil, fmt.Errorf("link %s: %w", n.Host, ErrGone)
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return nil, err
+	}
+	ts, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return nil, fmt.Errorf("list nftables tables: %w", err)
+	}
+	if !slices.ContainsFunc(ts, func(t *nftables.Table) bool { return t.Name == TableName(n.ID) }) {
+		if err := enableForwarding(); err != nil {
+			return nil, err
+		}
+		if err := n.rules(c, p); err != nil {
+			return nil, err
+		}
+		if err := c.Flush(); err != nil {
+			return nil, fmt.Errorf("install the policy's nftables table %s again: %w", TableName(n.ID), err)
+		}
+		repaired = append(repaired, "its nftables table "+TableName(n.ID)+" (gone: were the host's rules flushed?)")
+	}
+	if l.Attrs().Flags&net.FlagUp == 0 {
+		if err := netlink.LinkSetUp(l); err != nil {
+			return repaired, err
+		}
+		repaired = append(repaired, "its link "+n.Host+" (down)")
+	}
+	return repaired, nil
+}
+
+// Recreate makes n's network again from nothing (its namespace, link and
+// table: what a reboot took), with its addresses if they are free; n is
+// updated with what it got.
+func (n *Network) Recreate(ctx context.Context, p Policy) error {
+	if err := Delete(n.ID, n.NetNS); err != nil {
+		return err
+	}
+	m, err := create(ctx, n.ID, n.NetNS, p, n.Gateway)
+	if err != nil {
+		return err
+	}
+	*n = *m
+	return nil
 }

@@ -17,7 +17,8 @@ import (
 )
 
 // inPrivateNetNS runs the calling test again in a network namespace of its
-// own (unshare -n), so that nothing it makes touches the host's network,
+// own (unshare -n), and a mount namespace of its own (its namespaces' bind
+// mounts go with it), so that nothing it makes touches the host's network,
 // and reports whether this is that run.
 func inPrivateNetNS(t *testing.T) bool {
 	t.Helper()
@@ -34,7 +35,7 @@ func inPrivateNetNS(t *testing.T) bool {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (network namespaces, nftables)")
 	}
-	cmd := exec.Command("unshare", "--net", "--", os.Args[0], "-test.run", "^"+t.Name()+"$", "-test.v")
+	cmd := exec.Command("unshare", "--net", "--mount", "--", os.Args[0], "-test.run", "^"+t.Name()+"$", "-test.v")
 	cmd.Env = append(os.Environ(), "EGRESS_TEST_NETNS="+t.Name())
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "--- PASS: "+t.Name()) {

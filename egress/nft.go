@@ -41,6 +41,7 @@ const (
 	setDenyPort = "denyport" // ipv4_addr . inet_service: answers of names denied on some ports
 	setRefused  = "refused"  // ipv4_addr . inet_proto . inet_service, counters
 	refusedSize = 4096       // elements refused keeps; refusals past it are counted in total only
+	pinSize     = 65536      // elements each pin set keeps: a full set fails the pin (SERVFAIL), not open
 	chainOut    = "out"
 )
 
@@ -64,9 +65,9 @@ var (
 // rules builds a sandbox's table, chains, sets and rules into c.
 func (n *Network) rules(c *nftables.Conn, p Policy) error {
 	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(n.ID)})
-	pin := &nftables.Set{Table: t, Name: setPin, KeyType: pinType, HasTimeout: true}
-	pinPort := &nftables.Set{Table: t, Name: setPinPort, KeyType: pinPortType, HasTimeout: true, Concatenation: true}
-	denyPort := &nftables.Set{Table: t, Name: setDenyPort, KeyType: pinPortType, HasTimeout: true, Concatenation: true}
+	pin := &nftables.Set{Table: t, Name: setPin, KeyType: pinType, HasTimeout: true, Size: pinSize}
+	pinPort := &nftables.Set{Table: t, Name: setPinPort, KeyType: pinPortType, HasTimeout: true, Concatenation: true, Size: pinSize}
+	denyPort := &nftables.Set{Table: t, Name: setDenyPort, KeyType: pinPortType, HasTimeout: true, Concatenation: true, Size: pinSize}
 	refused := &nftables.Set{Table: t, Name: setRefused, KeyType: refusedType, Concatenation: true,
 		Dynamic: true, Counter: true, Size: refusedSize}
 	for _, s := range []*nftables.Set{pin, pinPort, denyPort, refused} {

@@ -65,6 +65,9 @@ func ParseRule(s string) (Rule, error) {
 	if !validName(strings.TrimPrefix(name, "*.")) || strings.Contains(strings.TrimPrefix(name, "*."), "*") {
 		return bad("want a host name, *.domain, an IPv4 address or a CIDR")
 	}
+	if last := name[strings.LastIndexByte(name, '.')+1:]; strings.Trim(last, "0123456789") == "" {
+		return bad("not an IPv4 address, and not a host name (its last label is a number)")
+	}
 	r.Name = name
 	return r, nil
 }
@@ -139,6 +142,7 @@ type Policy struct {
 // of class E.
 var Reserved = []netip.Prefix{
 	netip.MustParsePrefix("0.0.0.0/8"),
+	netip.MustParsePrefix("168.63.129.16/32"), // Azure's WireServer, the host agent's endpoint
 	netip.MustParsePrefix("10.0.0.0/8"),
 	netip.MustParsePrefix("100.64.0.0/10"),
 	netip.MustParsePrefix("127.0.0.0/8"),
@@ -195,6 +199,12 @@ func (p Policy) NamePorts(host string) (ports, denied []uint16, ok bool) {
 	}
 	ports = slices.DeleteFunc(ports, func(port uint16) bool { return slices.Contains(denied, port) })
 	return ports, nil, ok && len(ports) > 0
+}
+
+// Denied reports whether a Deny rule closes host, a name, on every port.
+func (p Policy) Denied(host string) bool {
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	return slices.ContainsFunc(p.Deny, func(r Rule) bool { return r.Port == 0 && r.matchName(host) })
 }
 
 // AnswerAllowed reports whether a, a resolved name's address, may be

@@ -37,6 +37,9 @@ func TestParseRule(t *testing.T) {
 		{"fd00::/8", ""},
 		{"a b", ""},
 		{"a/b", ""},
+		{"010.0.0.1", ""}, // not an address, and no name
+		{"host.123", ""},
+		{`evil\.wild.test`, ""},
 	} {
 		r, err := ParseRule(tc.in)
 		if tc.want == "" {
@@ -113,7 +116,8 @@ func TestAnswerAllowed(t *testing.T) {
 		{"192.168.1.1", false},
 		{"100.64.0.1", false},
 		{"224.0.0.1", false},
-		{"203.0.113.2", false}, // the host's
+		{"168.63.129.16", false}, // Azure's WireServer
+		{"203.0.113.2", false},   // the host's
 		{"::1", false},
 		{"2001:db8::1", false},
 	} {

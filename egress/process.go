@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -36,6 +38,8 @@ type Resolver struct {
 	// Dir is the only directory it writes (ResolverConfig.Refused), owned
 	// by ResolverUID.
 	Dir string
+	// Pid is where Start notes its process ID, for Running.
+	Pid string
 }
 
 // ResolverUID is the user a resolver runs as, with no capability but
@@ -97,6 +101,9 @@ func (r Resolver) Start(ctx context.Context, bin string, cfg ResolverConfig) (er
 			cmd.Process.Kill()
 		}
 	}()
+	if err := atomicfile.WriteFile(r.Pid, []byte(strconv.Itoa(cmd.Process.Pid)), 0o600); err != nil {
+		return fmt.Errorf("start the sandbox's resolver: %w", err)
+	}
 	ready := make(chan error, 1)
 	go func() {
 		line, err := bufio.NewReader(out).ReadString('\n')
@@ -129,15 +136,33 @@ func lastLine(b []byte) string {
 	return string(b)
 }
 
+// Running reports whether the resolver Start started last is running
+// (cheaply: its pid's command line, not a scan of every process).
+func (r Resolver) Running() bool {
+	b, err := os.ReadFile(r.Pid)
+	if err != nil {
+		return false
+	}
+	pid, err := strconv.Atoi(string(bytes.TrimSpace(b)))
+	if err != nil {
+		return false
+	}
+	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	return err == nil && r.is(strings.Split(string(bytes.TrimSuffix(cmdline, []byte{0})), "\x00"))
+}
+
+// is reports whether a process whose command line is cmdline is this
+// resolver.
+func (r Resolver) is(cmdline []string) bool {
+	return len(cmdline) == 2 && filepath.Base(cmdline[0]) == ResolverName && cmdline[1] == r.Config
+}
+
 // Stop kills every process that serves the resolver's configuration, and
 // waits until they are gone. It finds them by their command line, not by a
 // pid that a killed starter may not have written.
 func (r Resolver) Stop() error {
-	mine := func(cmdline []string) bool {
-		return len(cmdline) == 2 && filepath.Base(cmdline[0]) == ResolverName && cmdline[1] == r.Config
-	}
 	for deadline := time.Now().Add(5 * time.Second); ; {
-		pids, err := procmem.Matching(mine)
+		pids, err := procmem.Matching(r.is)
 		if err != nil {
 			return fmt.Errorf("stop the sandbox's resolver: %w", err)
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -25,6 +26,9 @@ import (
 type ResolverConfig struct {
 	// Table is the sandbox's nftables table, where answers are pinned.
 	Table string `json:"table"`
+	// Link is the host's end of the sandbox's link, which the resolver
+	// takes down if the table goes (see Serve).
+	Link string `json:"link"`
 	// Gateway is the address the resolver listens on.
 	Gateway netip.Addr `json:"gateway"`
 	// Policy says which names resolve and to what.
@@ -44,16 +48,19 @@ const resolverTimeout = 5 * time.Second
 // answers the policy refuses (reserved, the host's own, denied) are
 // dropped, the rest pinned in the sandbox's table for the ports the policy
 // gives the name before the answer is sent, and AAAA answers dropped (a
-// sandbox has no IPv6). It writes only in dir (cfg.Refused). ready is
+// sandbox has no IPv6). It writes only in dir (cfg.Refused). Every 2 s it
+// checks that the sandbox's table is there; if not, it takes the
+// sandbox's link down and returns: without its table, the link would
+// reach whatever the host routes to. ready is
 // called once both sockets listen.
 func Serve(ctx context.Context, cfg ResolverConfig, dir *os.File, ready func()) error {
 	c, err := nftables.New()
 	if err != nil {
 		return err
 	}
-	r := &resolver{cfg: cfg, nft: c, refused: map[string]int{}, host: hostAddrs(), dir: dir}
+	r := &resolver{cfg: cfg, nft: c, refused: map[string]int{}, host: hostAddrs(), dir: dir, busy: make(chan struct{}, maxQuestions)}
 	// A resolver started again (a resume) counts on from its predecessor.
-	if names, err := RefusedNames(filepath.Join(dir.Name(), cfg.Refused)); err == nil {
+	if names, err := readRefused(dir, cfg.Refused); err == nil {
 		for _, n := range names {
 			r.refused[n.Name] = n.Count
 		}
@@ -91,10 +98,11 @@ func Serve(ctx context.Context, cfg ResolverConfig, dir *os.File, ready func()) 
 			if err := r.flush(); err != nil {
 				return err
 			}
-			// A resolver whose sandbox's table is gone has no sandbox:
-			// it was left by a starter killed before it recorded it.
+			// The table is the whole policy: if it goes (a flush of
+			// the host's rules, or the sandbox's removal), the link
+			// goes down at once, and the resolver leaves.
 			if i%10 == 9 && !r.tableExists() {
-				return fmt.Errorf("resolver: table %s is gone", cfg.Table)
+				return r.failClosed()
 			}
 		}
 	}
@@ -104,11 +112,25 @@ type resolver struct {
 	cfg  ResolverConfig
 	host []netip.Addr
 	dir  *os.File // where cfg.Refused is
+	busy chan struct{}
 
 	mu      sync.Mutex // guards nft (one batch at a time), refused, dirty
 	nft     *nftables.Conn
 	refused map[string]int
 	dirty   bool
+}
+
+// failClosed takes the sandbox's link down (it may be gone: the sandbox
+// was removed) and says why the resolver ends.
+func (r *resolver) failClosed() error {
+	l, err := netlink.LinkByName(r.cfg.Link)
+	if err != nil {
+		return fmt.Errorf("resolver: table %s is gone, and link %s: %w", r.cfg.Table, r.cfg.Link, err)
+	}
+	if err := netlink.LinkSetDown(l); err != nil {
+		return fmt.Errorf("resolver: table %s is gone: take link %s down: %w", r.cfg.Table, r.cfg.Link, err)
+	}
+	return fmt.Errorf("resolver: table %s is gone: link %s taken down", r.cfg.Table, r.cfg.Link)
 }
 
 // tableExists reports whether the sandbox's table is there (true if that
@@ -132,9 +154,18 @@ func hostAddrs() []netip.Addr {
 	return out
 }
 
+// maxQuestions bounds the questions a resolver answers at once; more are
+// answered SERVFAIL at once, so that a sandbox cannot grow its resolver.
+const maxQuestions = 64
+
 func (r *resolver) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
-	m := r.answer(q)
-	w.WriteMsg(m)
+	select {
+	case r.busy <- struct{}{}:
+		defer func() { <-r.busy }()
+		w.WriteMsg(r.answer(q))
+	default:
+		w.WriteMsg(new(dns.Msg).SetRcode(q, dns.RcodeServerFailure))
+	}
 }
 
 func (r *resolver) answer(q *dns.Msg) *dns.Msg {
@@ -144,13 +175,31 @@ func (r *resolver) answer(q *dns.Msg) *dns.Msg {
 	}
 	name := strings.TrimSuffix(strings.ToLower(q.Question[0].Name), ".")
 	ports, denied, ok := r.cfg.Policy.NamePorts(name)
-	if !ok {
+	if !ok || !validName(name) { // a name with escapes (\.) is matched by no rule
 		r.refuse(name)
 		return m.SetRcode(q, dns.RcodeNameError)
 	}
 	up, err := r.ask(q)
 	if err != nil {
 		return m.SetRcode(q, dns.RcodeServerFailure)
+	}
+	// The names the answer goes through (CNAMEs from the question's): a
+	// name denied among them denies the answer; only their addresses are
+	// pinned.
+	chain := map[string]bool{name: true}
+	for cur, i := name, 0; i < len(up.Answer); i++ {
+		for _, rr := range up.Answer {
+			if c, ok := rr.(*dns.CNAME); ok && strings.TrimSuffix(strings.ToLower(c.Hdr.Name), ".") == cur {
+				cur = strings.TrimSuffix(strings.ToLower(c.Target), ".")
+				chain[cur] = true
+			}
+		}
+	}
+	for n := range chain {
+		if r.cfg.Policy.Denied(n) {
+			r.refuse(name)
+			return m.SetRcode(q, dns.RcodeNameError)
+		}
 	}
 	var pins []netip.Addr
 	ttl, dropped := uint32(0), 0
@@ -160,6 +209,9 @@ func (r *resolver) answer(q *dns.Msg) *dns.Msg {
 			case *dns.AAAA:
 				return true
 			case *dns.A:
+				if !chain[strings.TrimSuffix(strings.ToLower(a.Hdr.Name), ".")] {
+					return true // another name's address
+				}
 				ip, ok := netip.AddrFromSlice(a.A.To4())
 				if !ok || !r.cfg.Policy.AnswerAllowed(ip, r.host) {
 					dropped++
@@ -269,12 +321,44 @@ type RefusedName struct {
 	Count int    `json:"count"`
 }
 
-// RefusedNames reads the names a resolver refused from its file.
+// RefusedNames reads the names a resolver refused from its file at path
+// (none if there is none). The file is in a directory the resolver owns: a
+// link, or anything but a regular file of at most maxRefusedFile bytes, is
+// refused.
 func RefusedNames(path string) ([]RefusedName, error) {
-	b, err := os.ReadFile(path)
+	dir, err := os.Open(filepath.Dir(path))
 	if os.IsNotExist(err) {
 		return nil, nil
 	}
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	return readRefused(dir, filepath.Base(path))
+}
+
+// maxRefusedFile bounds a file of refused names: refusedSize names.
+const maxRefusedFile = refusedSize * 300
+
+// readRefused reads the refused names of file name in dir.
+func readRefused(dir *os.File, name string) ([]RefusedName, error) {
+	fd, err := unix.Openat(int(dir.Fd()), name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err == unix.ENOENT {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the refused names: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() || fi.Size() > maxRefusedFile {
+		return nil, fmt.Errorf("read the refused names: %s is not a regular file of at most %d bytes", name, maxRefusedFile)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxRefusedFile))
 	if err != nil {
 		return nil, err
 	}

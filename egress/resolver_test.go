@@ -38,9 +38,18 @@ func upstream(t *testing.T, names map[string][]string) (addr string, asked func(
 		if !ok {
 			m.Rcode = dns.RcodeNameError
 		}
+		owner := name
 		for _, ip := range ips {
+			if target, ok := strings.CutPrefix(ip, "CNAME "); ok { // the rest are target's
+				m.Answer = append(m.Answer, &dns.CNAME{Hdr: dns.RR_Header{Name: owner, Rrtype: dns.TypeCNAME, Class: dns.ClassINET, Ttl: 60}, Target: target})
+				owner = target
+				continue
+			}
+			if other, ok := strings.CutPrefix(ip, "OTHER "); ok { // an address of another name
+				owner, ip = "x.evil.", other
+			}
 			a := netip.MustParseAddr(ip)
-			hdr := dns.RR_Header{Name: name, Class: dns.ClassINET, Ttl: 60}
+			hdr := dns.RR_Header{Name: owner, Class: dns.ClassINET, Ttl: 60}
 			switch {
 			case a.Is4() && q.Question[0].Qtype == dns.TypeA:
 				hdr.Rrtype = dns.TypeA
@@ -89,14 +98,16 @@ func TestResolverAnswers(t *testing.T) {
 		"private.test.":   {"10.1.2.3", "169.254.169.254"},
 		"inrange.test.":   {"10.9.1.1"},
 		"other.test.":     {"198.51.100.14"},
-		"mixed.wild.test": {},
+		"alias.wild.test.": {"CNAME bad.wild.test.", "198.51.100.13"},
+		"cdn.wild.test.":   {"CNAME edge.cdn.example.", "198.51.100.15"},
+		"stray.wild.test.": {"198.51.100.16", "OTHER 198.51.100.17"},
 	})
 	c, err := nftables.New()
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := &resolver{cfg: ResolverConfig{Table: TableName(id), Gateway: n.Gateway, Policy: p, Upstream: []string{up}},
-		nft: c, refused: map[string]int{}}
+		nft: c, refused: map[string]int{}, busy: make(chan struct{}, maxQuestions)}
 	ask := func(name string, qtype uint16) *dns.Msg {
 		q := new(dns.Msg).SetQuestion(name, qtype)
 		return r.answer(q)
@@ -116,6 +127,10 @@ func TestResolverAnswers(t *testing.T) {
 		{"wild.test.", dns.TypeA, dns.RcodeNameError, 0},     // *.wild.test is not wild.test
 		{"other.test.", dns.TypeA, dns.RcodeNameError, 0},
 		{"private.test.", dns.TypeA, dns.RcodeNameError, 0}, // every answer reserved
+		{"alias.wild.test.", dns.TypeA, dns.RcodeNameError, 0}, // through a denied name
+		{"cdn.wild.test.", dns.TypeA, dns.RcodeSuccess, 2},     // CNAME and A: through a name no rule names
+		{"stray.wild.test.", dns.TypeA, dns.RcodeSuccess, 1},   // another name's address dropped
+		{`evil\.wild.test.`, dns.TypeA, dns.RcodeNameError, 0},
 	} {
 		m := ask(tc.name, tc.qtype)
 		if m.Rcode != tc.rcode || len(m.Answer) != tc.answer {
@@ -130,10 +145,13 @@ func TestResolverAnswers(t *testing.T) {
 	if r.refused["other.test"] != 1 || r.refused["private.test"] != 1 || r.refused["bad.wild.test"] != 1 {
 		t.Errorf("refused names: %v", r.refused)
 	}
-	// allowed.test and a.wild.test on every port; ported.test on 443;
-	// allowed.test's port 25 closed.
-	if got := setElements(t, c, TableName(id), setPin); got != 2 {
-		t.Errorf("pin has %d elements, want 2", got)
+	if r.refused["alias.wild.test"] != 1 || r.refused[`evil\.wild.test`] != 1 {
+		t.Errorf("refused names: %v", r.refused)
+	}
+	// allowed.test, a.wild.test, cdn.wild.test's edge and stray.wild.test
+	// on every port; ported.test on 443; allowed.test's port 25 closed.
+	if got := setElements(t, c, TableName(id), setPin); got != 4 {
+		t.Errorf("pin has %d elements, want 4", got)
 	}
 	if got := setElements(t, c, TableName(id), setPinPort); got != 1 {
 		t.Errorf("pinport has %d elements, want 1", got)

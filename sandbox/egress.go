@@ -96,7 +96,8 @@ func normalizeEgress(s Spec) error {
 func netnsPath(rec *record.Record) string { return filepath.Join(rec.Dir, "netns") }
 
 func resolverFiles(rec *record.Record) egress.Resolver {
-	return egress.Resolver{Config: filepath.Join(rec.Dir, "resolver.json"), Dir: filepath.Join(rec.Dir, "resolver"), Log: filepath.Join(rec.Dir, "resolver.log")}
+	return egress.Resolver{Config: filepath.Join(rec.Dir, "resolver.json"), Dir: filepath.Join(rec.Dir, "resolver"),
+		Pid: filepath.Join(rec.Dir, "resolver.pid"), Log: filepath.Join(rec.Dir, "resolver.log")}
 }
 
 // refusedNames is the file the resolver counts refused names in, in its
@@ -183,7 +184,7 @@ func (m *Manager) startResolver(ctx context.Context, rec *record.Record, bin str
 	if err != nil && slices.ContainsFunc(p.Allow, func(r EgressRule) bool { return r.Name != "" }) {
 		return fmt.Errorf("sandbox %q: %w", rec.Name, err)
 	} // without name rules the resolver asks no one: every name is refused
-	cfg := egress.ResolverConfig{Table: egress.TableName(rec.ID), Gateway: n.Gateway, Policy: p, Upstream: up,
+	cfg := egress.ResolverConfig{Table: egress.TableName(rec.ID), Link: n.Host, Gateway: n.Gateway, Policy: p, Upstream: up,
 		Refused: refusedNames}
 	if err := resolverFiles(rec).Start(ctx, bin, cfg); err != nil {
 		return fmt.Errorf("sandbox %q: %w", rec.Name, err)
@@ -192,8 +193,9 @@ func (m *Manager) startResolver(ctx context.Context, rec *record.Record, bin str
 }
 
 // resumeEgress readies the network of the suspended egress sandbox of rec
-// for its restore: the addresses runsc took from its link, and its
-// resolver.
+// for its restore: whatever of it is gone made again (after a reboot: its
+// namespace, link and table, with its addresses if they are free), the
+// addresses runsc took from its link, and its resolver.
 func (m *Manager) resumeEgress(ctx context.Context, rec *record.Record) error {
 	bin, err := m.Resolver()
 	if err != nil {
@@ -203,8 +205,67 @@ func (m *Manager) resumeEgress(ctx context.Context, rec *record.Record) error {
 	if err != nil {
 		return err
 	}
+	if _, err := n.Ensure(ctx, p); errors.Is(err, egress.ErrGone) {
+		if err := m.recreateEgress(ctx, rec, p, n); err != nil {
+			return err
+		}
+	} else if err != nil {
+		return fmt.Errorf("sandbox %q's network: %w", rec.Name, err)
+	}
 	if err := n.Configure(); err != nil {
 		return fmt.Errorf("sandbox %q's network: %w", rec.Name, err)
+	}
+	if err := resolverFiles(rec).Stop(); err != nil {
+		return err
+	}
+	return m.startResolver(ctx, rec, bin, p, n)
+}
+
+// recreateEgress makes the network of the egress sandbox of rec again
+// from nothing; if its addresses changed, its record and /etc/resolv.conf
+// say the new ones.
+func (m *Manager) recreateEgress(ctx context.Context, rec *record.Record, p Egress, n *egress.Network) error {
+	if err := n.Recreate(ctx, p); err != nil {
+		return fmt.Errorf("sandbox %q's network, made again: %w", rec.Name, err)
+	}
+	if gw := n.Gateway.String(); gw != rec.Egress.Gateway {
+		rec.Egress.Gateway, rec.Egress.Addr = gw, n.Addr.String()
+		if err := record.Write(rec); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(etcDir(rec), filepath.Base(etcResolv)), []byte("nameserver "+gw+"\n"), 0o644); err != nil {
+			return fmt.Errorf("sandbox %q's /etc/resolv.conf: %w", rec.Name, err)
+		}
+	}
+	return nil
+}
+
+// healEgress repairs the network of the running egress sandbox of rec:
+// its table if it went (the host's rules flushed), its link if its
+// resolver took it down then, its resolver if it is not running. Each
+// repair is a warning.
+func (m *Manager) healEgress(ctx context.Context, rec *record.Record) error {
+	p, n, err := egressOf(rec)
+	if err != nil {
+		return err
+	}
+	repaired, err := n.Ensure(ctx, p)
+	for _, r := range repaired {
+		m.o.warnf("sandbox %s: made %s again", rec.Name, r)
+	}
+	if err != nil {
+		return fmt.Errorf("sandbox %q's network: %w", rec.Name, err)
+	}
+	if resolverFiles(rec).Running() {
+		return nil
+	}
+	bin, err := m.Resolver()
+	if err != nil {
+		return err
+	}
+	m.o.warnf("sandbox %s: its resolver was not running: started again", rec.Name)
+	if err := resolverFiles(rec).Stop(); err != nil {
+		return err
 	}
 	return m.startResolver(ctx, rec, bin, p, n)
 }

@@ -271,6 +271,9 @@ func (m *Manager) reconcileDir(ctx context.Context, dir string) (gone bool, err 
 		m.o.warnf("removing sandbox %s, which an interrupted flmbox left renamed from %s (taking it from a pool or giving it back)", name, rec.Name)
 	case rec.State == record.Running && !rec.Owner.Gone():
 		removeStaleImages(rec)
+		if Network(rec.Network) == NetworkEgress {
+			return false, m.healEgress(ctx, rec)
+		}
 		return false, nil
 	case rec.State == record.Suspended:
 		return false, nil
