@@ -303,7 +303,9 @@ func Delete(id, nsPath string) error {
 		}
 		for _, a := range addrs { // the sandbox's is the gateway's next
 			if gw, ok := netip.AddrFromSlice(a.IP.To4()); ok {
-				errs = append(errs, forgetConnections(gw.Next()))
+				if err := forgetConnections(gw.Next()); err != nil {
+					errs = append(errs, err)
+				}
 			}
 		}
 	}

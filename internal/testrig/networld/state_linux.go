@@ -1,7 +1,6 @@
 package networld
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
@@ -24,12 +23,6 @@ type State struct {
 	Routes []string
 	// Tables are the worker's nftables tables: "FAMILY NAME".
 	Tables []string
-	// NetNS are the named network namespaces (/run/netns) of the host but
-	// those of networld worlds, which parallel tests make and remove.
-	NetNS []string
-	// Mounts are the mount points under /run/netns of this process's
-	// mount namespace, but those of networld worlds.
-	Mounts []string
 	// Procs are the processes in the worker's namespace: "PID COMM".
 	Procs []string
 	// Forwarding is the worker's net.ipv4.ip_forward: "0" or "1".
@@ -42,7 +35,7 @@ func (s State) String() string {
 	for _, part := range []struct {
 		name  string
 		items []string
-	}{{"links", s.Links}, {"addrs", s.Addrs}, {"routes", s.Routes}, {"nftables", s.Tables}, {"netns", s.NetNS}, {"mounts", s.Mounts}, {"procs", s.Procs}, {"ip_forward", []string{s.Forwarding}}} {
+	}{{"links", s.Links}, {"addrs", s.Addrs}, {"routes", s.Routes}, {"nftables", s.Tables}, {"procs", s.Procs}, {"ip_forward", []string{s.Forwarding}}} {
 		for _, it := range part.items {
 			fmt.Fprintf(&b, "%s: %s\n", part.name, it)
 		}
@@ -50,8 +43,9 @@ func (s State) String() string {
 	return b.String()
 }
 
-// WorkerState reads the worker's links, addresses, routes and nftables
-// tables, and the host's named network namespaces and their mounts.
+// WorkerState reads the worker's links, addresses, routes (but the local
+// table's, the kernel's own for the worker's addresses), nftables tables,
+// processes and forwarding.
 func (w *World) WorkerState() (State, error) {
 	var s State
 	h, err := netlink.NewHandleAt(w.worker)
@@ -80,8 +74,8 @@ func (w *World) WorkerState() (State, error) {
 		return s, fmt.Errorf("list the worker's routes: %w", err)
 	}
 	for _, r := range routes {
-		if r.Dst != nil && r.Dst.IP.IsLinkLocalUnicast() {
-			continue // the kernel's, once a link-local address is no longer tentative
+		if r.Table == unix.RT_TABLE_LOCAL || r.Dst != nil && r.Dst.IP.IsLinkLocalUnicast() {
+			continue // the kernel's, for the worker's own addresses (compared as Addrs), added once they are no longer tentative
 		}
 		s.Routes = append(s.Routes, fmt.Sprintf("table %d dev %s %s", r.Table, names[r.LinkIndex], r))
 	}
@@ -95,12 +89,6 @@ func (w *World) WorkerState() (State, error) {
 	}
 	for _, t := range tables {
 		s.Tables = append(s.Tables, fmt.Sprintf("%s %s", familyName(t.Family), t.Name))
-	}
-	if s.NetNS, err = namedNetNS(); err != nil {
-		return s, err
-	}
-	if s.Mounts, err = netnsMounts(); err != nil {
-		return s, err
 	}
 	if s.Procs, err = w.workerProcs(); err != nil {
 		return s, err
@@ -166,42 +154,4 @@ func familyName(f nftables.TableFamily) string {
 		return "bridge"
 	}
 	return fmt.Sprintf("family-%d", f)
-}
-
-// namedNetNS lists /run/netns but networld's own namespaces.
-func namedNetNS() ([]string, error) {
-	ents, err := os.ReadDir(netnsDir)
-	if err != nil && !os.IsNotExist(err) {
-		return nil, fmt.Errorf("list %s: %w", netnsDir, err)
-	}
-	var names []string
-	for _, e := range ents {
-		if !strings.HasPrefix(e.Name(), NamePrefix) {
-			names = append(names, e.Name())
-		}
-	}
-	return names, nil
-}
-
-// netnsMounts lists the mount points under /run/netns of this process's
-// mount namespace, but networld's own, in mount order.
-func netnsMounts() ([]string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var mounts []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		mp := fields[4]
-		if strings.HasPrefix(mp, netnsDir+"/") && !strings.HasPrefix(mp, netnsDir+"/"+NamePrefix) {
-			mounts = append(mounts, mp)
-		}
-	}
-	return mounts, sc.Err()
 }
