@@ -5,10 +5,15 @@ package integration
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
+
+	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/internal/testrig/networld"
 )
 
@@ -111,4 +116,88 @@ func egressResolverUnprivileged(t *testing.T, s networld.State) {
 	if n == 0 {
 		t.Errorf("no resolver among the worker's processes: %v", s.Procs)
 	}
+}
+
+// flushWorkerRules flushes every nftables rule of w's worker, as `nft flush
+// ruleset` (or a reload of a host's nftables.conf) would.
+func flushWorkerRules(t *testing.T, w *networld.World) {
+	t.Helper()
+	f, err := os.Open(w.WorkerNetNS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	c, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.FlushRuleset()
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestEgressHeals: an egress sandbox fails closed when the host's rules
+// are flushed (its resolver takes its link down), and the next sandbox
+// command makes its policy again; a suspended one whose namespace, link and
+// table a reboot took resumes with its policy, on its addresses.
+func TestEgressHeals(t *testing.T) {
+	t.Parallel()
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	w := networld.Start(t)
+	for _, name := range []string{"flushed", "rebooted"} {
+		mustFlmboxIn(t, w, root, "sandbox", "create", "--name", name, "--image", reg.digestRef(), "--network", "egress",
+			"--allow", "allowed.test", "--dns", networld.DNSAddr)
+		t.Cleanup(func() { flmboxIn(t, w, root, "sandbox", "rm", name) })
+	}
+	probes := map[string]string{
+		"allowed": `get(resolve("allowed.test"))`,
+		"other":   `get("198.51.100.11")`,
+		"meta":    `get("169.254.169.254")`,
+	}
+	holds := func(name string) {
+		t.Helper()
+		got := egressProbes(t, w, root, []string{"--sandbox", name}, probes)
+		egressCheck(t, got, map[string]func(string) bool{
+			"allowed": egressIs("ok:hello 198.51.100.10 from 198.51.100.10:80"),
+			"other":   egressConnRefused,
+			"meta":    egressConnRefused,
+		})
+	}
+	holds("flushed")
+
+	flushWorkerRules(t, w)
+	// Until its resolver sees the table gone (2 s), the link is open; then
+	// it is down, and nothing passes.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		got := egressProbes(t, w, root, []string{"--sandbox", "flushed"}, map[string]string{"other": `get("198.51.100.11")`})
+		if egressFailed(got["other"]) && got["other"] != "ECONNREFUSED" {
+			break // not refused by a table (there is none): unreachable
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the link stays open with the host's rules flushed: %v", got)
+		}
+	}
+	res := flmboxIn(t, w, root, "sandbox", "ls")
+	if res.code != 0 || !strings.Contains(res.stderr, "made its nftables table") || !strings.Contains(res.stderr, "link") {
+		t.Fatalf("sandbox ls after a flush: exit %d, stderr %q", res.code, res.stderr)
+	}
+	// The link's carrier comes back a moment after it is up.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		got := egressProbes(t, w, root, []string{"--sandbox", "flushed"}, map[string]string{"allowed": `get(resolve("allowed.test"))`})
+		if strings.HasPrefix(got["allowed"], "ok:") || time.Now().After(deadline) {
+			break
+		}
+	}
+	holds("flushed")
+
+	// A reboot of a suspended sandbox: its namespace's mount, link and
+	// table are gone.
+	mustFlmboxIn(t, w, root, "sandbox", "suspend", "rebooted")
+	if err := unix.Unmount(filepath.Join(stateroot.Sandbox(root, "rebooted"), "netns"), unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	flushWorkerRules(t, w)
+	holds("rebooted") // resumed by its call
 }
