@@ -58,5 +58,9 @@ func Check() (detail string, err error) {
 	if b, err := os.ReadFile(ipForward); err == nil && string(bytes.TrimSpace(b)) != "1" {
 		fwd = "off (the first egress sandbox turns it on, forwarding nothing else)"
 	}
-	return fmt.Sprintf("nftables answers; addresses from %s; IPv4 forwarding %s", Range, fwd), nil
+	detail = fmt.Sprintf("nftables answers; addresses from %s; IPv4 forwarding %s", Range, fwd)
+	if b, err := os.ReadFile("/etc/nftables.conf"); err == nil && bytes.Contains(b, []byte("flush ruleset")) {
+		detail += "; note: /etc/nftables.conf flushes the ruleset (a reload of nftables removes every egress sandbox's table: their links go down until the next sandbox command makes them again)"
+	}
+	return detail, nil
 }
