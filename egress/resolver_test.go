@@ -91,13 +91,13 @@ func TestResolverAnswers(t *testing.T) {
 	}
 	t.Cleanup(func() { Delete(n.ID, n.NetNS) })
 	up, asked := upstream(t, map[string][]string{
-		"allowed.test.":   {"198.51.100.10", "2001:db8::1"},
-		"ported.test.":    {"198.51.100.11"},
-		"a.wild.test.":    {"198.51.100.12"},
-		"bad.wild.test.":  {"198.51.100.13"},
-		"private.test.":   {"10.1.2.3", "169.254.169.254"},
-		"inrange.test.":   {"10.9.1.1"},
-		"other.test.":     {"198.51.100.14"},
+		"allowed.test.":    {"198.51.100.10", "2001:db8::1"},
+		"ported.test.":     {"198.51.100.11"},
+		"a.wild.test.":     {"198.51.100.12"},
+		"bad.wild.test.":   {"198.51.100.13"},
+		"private.test.":    {"10.1.2.3", "169.254.169.254"},
+		"inrange.test.":    {"10.9.1.1"},
+		"other.test.":      {"198.51.100.14"},
 		"alias.wild.test.": {"CNAME bad.wild.test.", "198.51.100.13"},
 		"cdn.wild.test.":   {"CNAME edge.cdn.example.", "198.51.100.15"},
 		"stray.wild.test.": {"198.51.100.16", "OTHER 198.51.100.17"},
@@ -126,7 +126,7 @@ func TestResolverAnswers(t *testing.T) {
 		{"bad.wild.test.", dns.TypeA, dns.RcodeNameError, 0}, // denied: never asked
 		{"wild.test.", dns.TypeA, dns.RcodeNameError, 0},     // *.wild.test is not wild.test
 		{"other.test.", dns.TypeA, dns.RcodeNameError, 0},
-		{"private.test.", dns.TypeA, dns.RcodeNameError, 0}, // every answer reserved
+		{"private.test.", dns.TypeA, dns.RcodeNameError, 0},    // every answer reserved
 		{"alias.wild.test.", dns.TypeA, dns.RcodeNameError, 0}, // through a denied name
 		{"cdn.wild.test.", dns.TypeA, dns.RcodeSuccess, 2},     // CNAME and A: through a name no rule names
 		{"stray.wild.test.", dns.TypeA, dns.RcodeSuccess, 1},   // another name's address dropped
