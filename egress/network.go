@@ -110,10 +110,16 @@ func create(ctx context.Context, id, nsPath string, p Policy, want netip.Addr) (
 		return nil, err
 	}
 	// The address's earlier owner may have left connections: none may
-	// pass as this sandbox's established ones.
-	if err := forgetConnections(n.Addr); err != nil {
-		return nil, err
-	}
+	// pass as this sandbox's established ones. They are forgotten while
+	// the link is made, and before Create returns (nothing passes before
+	// runsc runs).
+	forgotten := make(chan error, 1)
+	go func() { forgotten <- forgetConnections(n.Addr) }()
+	defer func() { // before the deferred unlock; the first defer then deletes
+		if ferr := <-forgotten; ferr != nil && err == nil {
+			err = ferr
+		}
+	}()
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: n.Host}, PeerName: sandboxLink, PeerNamespace: netlink.NsFd(ns)}
 	if err := netlink.LinkAdd(veth); err != nil {
 		return nil, fmt.Errorf("add link %s: %w", n.Host, err)
@@ -296,17 +302,11 @@ func Delete(id, nsPath string) error {
 			errs = append(errs, fmt.Errorf("delete nftables table %s: %w", TableName(id), err))
 		}
 	}
+	// The connections tracked from the sandbox's address are forgotten
+	// when the address is given out again (Create), not here.
 	if l, err := netlink.LinkByName(HostLink(id)); err == nil {
-		addrs, _ := netlink.AddrList(l, netlink.FAMILY_V4)
 		if err := netlink.LinkDel(l); err != nil {
 			errs = append(errs, fmt.Errorf("delete link %s: %w", l.Attrs().Name, err))
-		}
-		for _, a := range addrs { // the sandbox's is the gateway's next
-			if gw, ok := netip.AddrFromSlice(a.IP.To4()); ok {
-				if err := forgetConnections(gw.Next()); err != nil {
-					errs = append(errs, err)
-				}
-			}
 		}
 	}
 	if nsPath != "" {

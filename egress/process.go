@@ -139,14 +139,23 @@ func lastLine(b []byte) string {
 // Running reports whether the resolver Start started last is running
 // (cheaply: its pid's command line, not a scan of every process).
 func (r Resolver) Running() bool {
+	_, ok := r.pid()
+	return ok
+}
+
+// pid is the process its pid file names, if that process is this
+// resolver (a zombie, its command line gone, is not).
+func (r Resolver) pid() (int, bool) {
 	b, err := os.ReadFile(r.Pid)
 	if err != nil {
-		return false
+		return 0, false
 	}
 	pid, err := strconv.Atoi(string(bytes.TrimSpace(b)))
-	if err != nil {
-		return false
-	}
+	return pid, err == nil && pid > 1 && r.alive(pid)
+}
+
+// alive reports whether pid is this resolver, running.
+func (r Resolver) alive(pid int) bool {
 	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
 	return err == nil && r.is(strings.Split(string(bytes.TrimSuffix(cmdline, []byte{0})), "\x00"))
 }
@@ -157,10 +166,20 @@ func (r Resolver) is(cmdline []string) bool {
 	return len(cmdline) == 2 && filepath.Base(cmdline[0]) == ResolverName && cmdline[1] == r.Config
 }
 
-// Stop kills every process that serves the resolver's configuration, and
-// waits until they are gone. It finds them by their command line, not by a
-// pid that a killed starter may not have written.
+// Stop kills the resolver and waits until it is gone: the process its pid
+// file names, if that is it; else every process that serves its
+// configuration, found by their command line (a starter killed before it
+// wrote the pid file).
 func (r Resolver) Stop() error {
+	if pid, ok := r.pid(); ok {
+		syscall.Kill(pid, syscall.SIGKILL)
+		for deadline := time.Now().Add(5 * time.Second); r.alive(pid); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("stop the sandbox's resolver: process %d still runs", pid)
+			}
+		}
+		return os.Remove(r.Pid)
+	}
 	for deadline := time.Now().Add(5 * time.Second); ; {
 		pids, err := procmem.Matching(r.is)
 		if err != nil {

@@ -141,10 +141,16 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err != nil {
 		return nil, err
 	}
+	resolverReady := func() error { return nil }
 	if spec.Network == NetworkEgress {
-		if err := m.makeEgress(ctx, rec, spec.Egress); err != nil {
+		if resolverReady, err = m.makeEgress(ctx, rec, spec.Egress); err != nil {
 			return nil, err
 		}
+		defer func() {
+			if err != nil {
+				resolverReady() // before destroy, which stops it
+			}
+		}()
 	}
 	opts, err := m.specOpts(spec, rec, img, cfg.Config.Env, agentBin)
 	if err != nil {
@@ -168,6 +174,9 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	}
 	if err := waitForAgent(ctx, rec); err != nil {
 		m.o.debugf("%v", err)
+		return nil, err
+	}
+	if err := resolverReady(); err != nil {
 		return nil, err
 	}
 	if err := m.preinstall(ctx, rec, spec.Pip); err != nil {

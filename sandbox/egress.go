@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/containerd/errdefs"
 
@@ -157,25 +158,29 @@ func egressOf(rec *record.Record) (Egress, *egress.Network, error) {
 
 // makeEgress makes the network of the new egress sandbox of rec (whose
 // record is written, so that destroy finds whatever this leaves) and starts
-// its resolver. Its caller destroys the sandbox if it fails.
-func (m *Manager) makeEgress(ctx context.Context, rec *record.Record, p Egress) error {
+// its resolver, which readies while runsc boots: wait returns once it
+// listens (or why it does not). Its caller destroys the sandbox if either
+// fails, after wait.
+func (m *Manager) makeEgress(ctx context.Context, rec *record.Record, p Egress) (wait func() error, err error) {
 	bin, err := m.Resolver()
 	if err != nil {
-		return fmt.Errorf("create sandbox %q: %w", rec.Name, err)
+		return nil, fmt.Errorf("create sandbox %q: %w", rec.Name, err)
 	}
 	rec.Egress = egressRecord(p)
 	if err := record.Write(rec); err != nil {
-		return err
+		return nil, err
 	}
 	n, err := egress.Create(ctx, rec.ID, netnsPath(rec), p)
 	if err != nil {
-		return fmt.Errorf("create sandbox %q: %w", rec.Name, err)
+		return nil, fmt.Errorf("create sandbox %q: %w", rec.Name, err)
 	}
 	rec.Egress.Gateway, rec.Egress.Addr = n.Gateway.String(), n.Addr.String()
 	if err := record.Write(rec); err != nil {
-		return err
+		return nil, err
 	}
-	return m.startResolver(ctx, rec, bin, p, n)
+	errc := make(chan error, 1)
+	go func() { errc <- m.startResolver(ctx, rec, bin, p, n) }()
+	return sync.OnceValue(func() error { return <-errc }), nil
 }
 
 // startResolver starts the resolver of the egress sandbox of rec.
