@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/netip"
 	"path/filepath"
 	goruntime "runtime"
 	"testing"
@@ -245,5 +246,66 @@ func TestEnsure(t *testing.T) {
 	}
 	if !echoedWithin(t, n, 40100, 10*time.Second) {
 		t.Fatal("the allowed port does not echo after Recreate")
+	}
+}
+
+// udpEcho serves UDP echo on pc until it is closed.
+func udpEcho(pc net.PacketConn) {
+	b := make([]byte, 1500)
+	for {
+		n, a, err := pc.ReadFrom(b)
+		if err != nil {
+			return
+		}
+		pc.WriteTo(b[:n], a)
+	}
+}
+
+// TestDNSOnlyToResolver: DNS from a sandbox reaches only its resolver's
+// marked socket, never another service of the host's on port 53 (as while
+// the resolver is not running).
+func TestDNSOnlyToResolver(t *testing.T) {
+	if !inPrivateNetNS(t) {
+		return
+	}
+	n, err := Create(context.Background(), "flmbox-eeeeeeeeeeeeeeeeeeeeeeee", filepath.Join(t.TempDir(), "netns"), Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Delete(n.ID, n.NetNS) })
+	asks := func() bool {
+		ok := false
+		inNS(t, n.NetNS, func() {
+			c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: n.Gateway.AsSlice(), Port: 53})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			c.Write([]byte("q"))
+			c.SetReadDeadline(time.Now().Add(time.Second))
+			_, err = c.Read(make([]byte, 8))
+			ok = err == nil
+		})
+		return ok
+	}
+	other, err := net.ListenPacket("udp4", "0.0.0.0:53") // a host's own DNS service
+	if err != nil {
+		t.Fatal(err)
+	}
+	go udpEcho(other)
+	if asks() {
+		t.Fatal("the sandbox reached a host service on port 53 that is not its resolver")
+	}
+	other.Close() // without SO_REUSEADDR on both, the two cannot bind at once
+	lc := net.ListenConfig{Control: markSocket}
+	mine, err := lc.ListenPacket(context.Background(), "udp4", netip.AddrPortFrom(n.Gateway, 53).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mine.Close()
+	go udpEcho(mine)
+	if !asks() {
+		t.Fatal("the sandbox does not reach its resolver's marked socket")
 	}
 }

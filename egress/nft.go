@@ -25,9 +25,10 @@ import (
 //	  addresses the resolver answered (sets pin and pinport, with a
 //	  timeout) and the other Allow ranges pass, the rest is refused.
 //	  What passes is TCP and UDP only: ICMP (ping) is always refused.
-//	input (hook input): from the sandbox's link only DNS to the gateway
-//	  (the sandbox's resolver) and Allow'd host addresses; the host's
-//	  every other address is refused.
+//	input (hook input): from the sandbox's link only DNS to the gateway,
+//	  and only to a socket marked ResolverMark (the sandbox's resolver's),
+//	  and Allow'd host addresses; the host's every other address and
+//	  service is refused.
 //	nat (hook postrouting): the sandbox's address is masqueraded.
 //
 // A refusal is counted in the set refused (destination . protocol . port,
@@ -157,8 +158,12 @@ func (n *Network) rules(c *nftables.Conn, p Policy) error {
 	// Spoofed sources are dropped here too: the resolver's answers must
 	// not be sent to a third party (a reflection).
 	add(in, iif(n.Host), ipv4(), saddrNot(n.Addr), v(drop))
+	// A TCP connection's packets after its SYN (which met the resolver's
+	// listening socket) meet a request or connected socket, whose mark
+	// nftables cannot read: they pass as established.
+	add(in, iif(n.Host), ipv4(), daddrIn(netip.PrefixFrom(n.Gateway, 32)), ctEstablished(), v(accept))
 	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-		add(in, iif(n.Host), ipv4(), daddrIn(netip.PrefixFrom(n.Gateway, 32)), l4proto(proto), dportIs(53), v(accept))
+		add(in, iif(n.Host), ipv4(), daddrIn(netip.PrefixFrom(n.Gateway, 32)), l4proto(proto), dportIs(53), resolverSocket(), v(accept))
 	}
 	for _, r := range p.Allow {
 		if r.Name == "" && r.Prefix.Bits() == 32 && r.Prefix.Addr() != n.Gateway {
@@ -241,6 +246,18 @@ func saddrNot(a netip.Addr) []expr.Any {
 
 func dportIs(p uint16) []expr.Any {
 	return append(dport(1), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, p)})
+}
+
+// ResolverMark marks the sockets of a sandbox's resolver (SO_MARK): DNS
+// from the sandbox reaches only a socket so marked, never another service
+// of the host's on port 53 (while its resolver is not running, say).
+const ResolverMark = 0x666c6d62 // "flmb"
+
+// resolverSocket matches packets whose socket on the host carries
+// ResolverMark.
+func resolverSocket() []expr.Any {
+	return []expr.Any{&expr.Socket{Key: expr.SocketKeyMark, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.NativeEndian.AppendUint32(nil, ResolverMark)}}
 }
 
 // ported are the protocols with ports.

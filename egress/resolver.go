@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/google/nftables"
@@ -66,11 +67,12 @@ func Serve(ctx context.Context, cfg ResolverConfig, dir *os.File, ready func()) 
 		}
 	}
 	addr := netip.AddrPortFrom(cfg.Gateway, 53).String()
-	pc, err := net.ListenPacket("udp4", addr)
+	lc := net.ListenConfig{Control: markSocket}
+	pc, err := lc.ListenPacket(ctx, "udp4", addr)
 	if err != nil {
 		return fmt.Errorf("resolver: %w", err)
 	}
-	l, err := net.Listen("tcp4", addr)
+	l, err := lc.Listen(ctx, "tcp4", addr)
 	if err != nil {
 		pc.Close()
 		return fmt.Errorf("resolver: %w", err)
@@ -106,6 +108,21 @@ func Serve(ctx context.Context, cfg ResolverConfig, dir *os.File, ready func()) 
 			}
 		}
 	}
+}
+
+// markSocket marks a resolver's socket with ResolverMark, which the
+// sandbox's table lets DNS reach (CAP_NET_ADMIN).
+func markSocket(network, address string, c syscall.RawConn) error {
+	var serr error
+	if err := c.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, ResolverMark)
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("mark the resolver's socket: %w", serr)
+	}
+	return nil
 }
 
 type resolver struct {
