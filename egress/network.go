@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/flmbox/flmbox/internal/flock"
+	"github.com/flmbox/flmbox/internal/mountinfo"
 )
 
 // Network is one sandbox's egress network: a network namespace of its own
@@ -397,8 +398,7 @@ func (n *Network) Ensure(ctx context.Context, p Policy) (repaired []string, err 
 		return nil, err
 	}
 	defer unlock()
-	var st unix.Statfs_t
-	if err := unix.Statfs(n.NetNS, &st); err != nil || st.Type != unix.NSFS_MAGIC {
+	if !mountinfo.IsNsfs(n.NetNS) {
 		return nil, fmt.Errorf("network namespace %s: %w", n.NetNS, ErrGone)
 	}
 	l, err := netlink.LinkByName(n.Host)

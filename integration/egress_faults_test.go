@@ -50,16 +50,7 @@ func TestEgressCreateKilled(t *testing.T) {
 		if strings.Contains(out, name) {
 			t.Fatalf("sandbox ls after a killed create lists it: %s", out)
 		}
-		var after networld.State
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-			if after, err = w.WorkerState(); err != nil {
-				t.Fatal(err)
-			}
-			if after.String() == before.String() || time.Now().After(deadline) {
-				break
-			}
-		}
-		if after.String() != before.String() {
+		if after, ok := egressStateBack(t, w, before); !ok {
 			t.Fatalf("a create killed %s runsc run left, after Reconcile:\n%s\nbefore:\n%s", when, after, before)
 		}
 	}
@@ -76,16 +67,7 @@ func TestEgressCreateKilled(t *testing.T) {
 		t.Fatalf("a suspended egress sandbox: want its table and no resolver:\n%s", mid)
 	}
 	mustFlmboxIn(t, w, root, "sandbox", "rm", "suspended")
-	var after networld.State
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if after, err = w.WorkerState(); err != nil {
-			t.Fatal(err)
-		}
-		if after.String() == before.String() || time.Now().After(deadline) {
-			break
-		}
-	}
-	if after.String() != before.String() {
+	if after, ok := egressStateBack(t, w, before); !ok {
 		t.Fatalf("removing a suspended egress sandbox left:\n%s\nbefore:\n%s", after, before)
 	}
 }

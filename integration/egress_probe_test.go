@@ -64,6 +64,25 @@ func egressProbes(t testing.TB, w *networld.World, root string, args []string, p
 	return got
 }
 
+// egressStateBack polls w's worker until its state is before again, for
+// up to 10 s (the kernel frees a network namespace, and with it a veth's
+// end, a moment after its last user goes), and returns the last state read.
+func egressStateBack(t testing.TB, w *networld.World, before networld.State) (networld.State, bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		after, err := w.WorkerState()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after.String() == before.String() {
+			return after, true
+		}
+		if time.Now().After(deadline) {
+			return after, false
+		}
+	}
+}
+
 // egressCheck fails t for each probe whose result does not satisfy want.
 func egressCheck(t testing.TB, got map[string]string, want map[string]func(string) bool) {
 	t.Helper()

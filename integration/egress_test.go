@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/flmbox/flmbox/internal/testrig/networld"
 )
@@ -141,16 +140,7 @@ func TestEgress(t *testing.T) {
 	}
 	// Removal is synchronous, but the kernel frees a network namespace
 	// (and with it a veth's end) a moment after its last user goes.
-	var after networld.State
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if after, err = w.WorkerState(); err != nil {
-			t.Fatal(err)
-		}
-		if after.String() == before.String() || time.Now().After(deadline) {
-			break
-		}
-	}
-	if after.String() != before.String() {
+	if after, ok := egressStateBack(t, w, before); !ok {
 		t.Errorf("sandbox rm left state behind in the worker:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 }

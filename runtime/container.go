@@ -18,6 +18,8 @@ import (
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/flmbox/flmbox/internal/mountinfo"
 )
 
 // Runtime runs runsc containers whose runsc state lives under one
@@ -151,7 +153,7 @@ func (r *Runtime) lockCreate() (func(), error) {
 			unix.Close(fd)
 			return nil, fmt.Errorf("lock runsc's state directory: %w", err)
 		}
-		if how == unix.LOCK_EX || isNsfs(filepath.Join(r.root, "null-netns")) {
+		if how == unix.LOCK_EX || mountinfo.IsNsfs(filepath.Join(r.root, "null-netns")) {
 			return func() { unix.Close(fd) }, nil
 		}
 		how = unix.LOCK_EX // converted, not atomically: two converting at once is fine
@@ -187,7 +189,7 @@ func (r *Runtime) Prune(idle func() bool) error {
 		}
 	}
 	netns := filepath.Join(r.root, "null-netns")
-	if isNsfs(netns) {
+	if mountinfo.IsNsfs(netns) {
 		if err := unix.Unmount(netns, unix.MNT_DETACH); err != nil {
 			return fmt.Errorf("unmount runsc's network namespace: %w", err)
 		}
@@ -201,12 +203,6 @@ func (r *Runtime) Prune(idle func() bool) error {
 		}
 	}
 	return nil
-}
-
-// isNsfs reports whether p is a mounted namespace file.
-func isNsfs(p string) bool {
-	var st unix.Statfs_t
-	return unix.Statfs(p, &st) == nil && st.Type == unix.NSFS_MAGIC
 }
 
 // Alive asks runsc whether the container's processes are alive. It says

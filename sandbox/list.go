@@ -75,8 +75,9 @@ type Sandbox struct {
 	// (config.json): for tools that measure or inspect runsc itself. Never
 	// change what is there.
 	ID, Bundle string
-	// Egress is an egress sandbox's policy and what it refused (nil for
-	// other networks).
+	// Egress is an egress sandbox's policy and what it refused, as Get and
+	// List read it (nil for other networks, and from Create or Acquire,
+	// whose sandbox has refused nothing yet to its new holder).
 	Egress *EgressStatus
 
 	m   *Manager
@@ -96,9 +97,6 @@ func (m *Manager) sandbox(rec *record.Record) *Sandbox {
 	}
 	if sb.State == StateSuspended {
 		sb.ImageBytes = checkpointBytes(rec)
-	}
-	if sb.Network == NetworkEgress {
-		sb.Egress = egressStatus(rec)
 	}
 	return sb
 }
@@ -189,7 +187,18 @@ func (m *Manager) Get(ctx context.Context, name string) (*Sandbox, error) {
 	if rec == nil {
 		return nil, fmt.Errorf("no sandbox %q: %w", name, errdefs.ErrNotFound)
 	}
-	return m.sandbox(rec), nil
+	return m.described(rec), nil
+}
+
+// described is m.sandbox(rec) with, for an egress sandbox, what it refused
+// (its table's counters and its resolver's file: Get and List, not the
+// handles Create and Acquire return).
+func (m *Manager) described(rec *record.Record) *Sandbox {
+	sb := m.sandbox(rec)
+	if sb.Network == NetworkEgress {
+		sb.Egress = egressStatus(rec)
+	}
+	return sb
 }
 
 // settled returns rec, or what is left of its sandbox once what a killed
@@ -234,7 +243,7 @@ func (m *Manager) List(ctx context.Context) ([]*Sandbox, error) {
 		if rec, err = m.settled(ctx, rec); err != nil {
 			m.o.warnf("%v", err)
 		} else if rec != nil {
-			out = append(out, m.sandbox(rec))
+			out = append(out, m.described(rec))
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })

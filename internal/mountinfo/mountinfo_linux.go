@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Mount is one line of a mount table.
@@ -92,4 +94,11 @@ func Unescape(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// IsNsfs reports whether path is a namespace bound there (a mounted nsfs
+// file, as ip netns add or runsc makes).
+func IsNsfs(path string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(path, &st) == nil && st.Type == unix.NSFS_MAGIC
 }
