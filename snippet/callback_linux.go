@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -385,7 +386,9 @@ func (c *callback) forward(conn *net.UnixConn, host *hostEnd, standby bool) (reu
 		conn.Close()
 		host.conn.Close()
 	}
-	l.last.Store(time.Now().UnixNano())
+	if c.idle > 0 {
+		l.touch()
+	}
 	var from io.Reader = host.conn
 	if host.r != nil {
 		from = wire.NewCallbackStream(host.r)
@@ -405,15 +408,49 @@ func (c *callback) forward(conn *net.UnixConn, host *hostEnd, standby bool) (reu
 
 // link is what the two directions of a forwarded connection share.
 type link struct {
-	last   atomic.Int64   // unix nanoseconds of the last byte either way
+	last   atomic.Int64   // unix nanoseconds of the last byte either way, with an idle cut
 	ended  [2]atomic.Bool // a direction's EOF, from the snippet (0) or the host (1)
 	cut    func()         // closes both ends at once
 	cutOff atomic.Bool    // cut was called
 }
 
+// touch records a byte either way now.
+func (l *link) touch() { l.last.Store(time.Now().UnixNano()) }
+
 // wakeWait is how long a standby's wake byte waits for the snippet's first
 // bytes, to go with them.
 const wakeWait = 2 * time.Millisecond
+
+// readNow reads what src holds already, without waiting, in one read(2):
+// ok is false if it holds nothing yet (or cannot be read so), and src is
+// to be read as usual.
+func readNow(src net.Conn, p []byte) (n int, err error, ok bool) {
+	sc, isSys := src.(syscall.Conn)
+	if !isSys {
+		return 0, nil, false
+	}
+	rc, rerr := sc.SyscallConn()
+	if rerr != nil {
+		return 0, nil, false
+	}
+	if cerr := rc.Read(func(fd uintptr) bool {
+		for {
+			n, err = unix.Read(int(fd), p)
+			if err != unix.EINTR {
+				return true
+			}
+		}
+	}); cerr != nil || err == unix.EAGAIN {
+		return 0, nil, false
+	}
+	switch {
+	case err != nil:
+		return 0, err, true
+	case n == 0 && len(p) > 0:
+		return 0, io.EOF, true
+	}
+	return n, nil, true
+}
 
 // copy copies r, src's bytes, to dst (out: from the snippet) within the
 // limits, as frames if framed, the wake byte first if wake (with the first
@@ -426,20 +463,32 @@ func (c *callback) copy(dst, src net.Conn, r io.Reader, framed bool, l *link, ou
 	}
 	buf := make([]byte, off+32<<10)
 	for {
-		var deadline time.Time // none
-		if c.idle > 0 {
-			deadline = time.Unix(0, l.last.Load()).Add(c.idle)
-		}
+		var n int
+		var err error
+		ready := false
 		if wake {
-			deadline = time.Now().Add(wakeWait)
+			// The snippet has usually written its first bytes by now:
+			// then no deadline (no clock read: in gVisor, a system call).
+			n, err, ready = readNow(src, buf[off:])
 		}
-		src.SetReadDeadline(deadline)
-		n, err := r.Read(buf[off:])
+		if !ready {
+			var deadline time.Time // none
+			if c.idle > 0 {
+				deadline = time.Unix(0, l.last.Load()).Add(c.idle)
+			}
+			if wake {
+				deadline = time.Now().Add(wakeWait)
+			}
+			src.SetReadDeadline(deadline)
+			n, err = r.Read(buf[off:])
+		}
 		if wake && n == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
 			err = nil // the snippet waits for the server to speak first
 		}
 		if n > 0 {
-			l.last.Store(time.Now().UnixNano())
+			if c.idle > 0 {
+				l.touch()
+			}
 			if over := c.spend(int64(n)); over > 0 {
 				n -= int(over)
 				err = errOverLimit
