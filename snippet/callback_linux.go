@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -291,7 +292,7 @@ func (a *Agent) attach(id string, host net.Conn, refused bool) {
 		c.refuse(conn)
 		return
 	}
-	end := &hostEnd{conn: host}
+	end := &hostEnd{conn: rawIO(host)}
 	c.openLocked(conn, end)
 	c.mu.Unlock()
 	go c.forwarded(conn, end, false)
@@ -319,9 +320,9 @@ func (a *Agent) standby(id string, host net.Conn, framed bool) {
 		host.Close()
 		return
 	}
-	end := &hostEnd{conn: host}
+	end := &hostEnd{conn: rawIO(host)}
 	if framed {
-		end.r = bufio.NewReaderSize(host, 32<<10)
+		end.r = bufio.NewReaderSize(end.conn, 32<<10)
 	}
 	c.release(end)
 }
@@ -396,14 +397,100 @@ func (c *callback) forward(conn *net.UnixConn, host *hostEnd, standby bool) (reu
 	// The snippet's bytes are copied on this goroutine; the host's, on one
 	// started once the wake byte is sent (nothing comes before).
 	var wg sync.WaitGroup
-	in := func() { wg.Go(func() { c.copy(conn, host.conn, from, false, l, false, false, nil) }) }
+	snippet := rawIO(conn)
+	in := func() { wg.Go(func() { c.copy(snippet, host.conn, from, false, l, false, false, nil) }) }
 	if !standby {
 		in()
 		in = nil
 	}
-	c.copy(host.conn, conn, conn, host.r != nil, l, true, standby, in)
+	c.copy(host.conn, snippet, snippet, host.r != nil, l, true, standby, in)
 	wg.Wait()
 	return host.r != nil && !l.cutOff.Load()
+}
+
+// rawIO returns conn, a Unix socket's connection, read and written with
+// raw system calls (rawConn), or conn itself if it is not one.
+func rawIO(conn net.Conn) net.Conn {
+	uc, ok := conn.(*net.UnixConn)
+	if !ok {
+		return conn
+	}
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return conn
+	}
+	return &rawConn{UnixConn: uc, rc: rc}
+}
+
+// rawConn reads and writes a non-blocking socket with unix.RawSyscall, not
+// through the scheduler's system call hooks: the agent runs on one P
+// (GOMAXPROCS=1), and under gVisor a read or write (to the host's socket
+// above all) often lasts longer than a tick of the Go runtime's sysmon (20
+// us), which then takes the P away from the thread in the call, has
+// another thread woken for it, and keeps polling every 20 us (a nanosleep
+// each time). The sockets are non-blocking: a raw call never blocks, and
+// EAGAIN waits in the poller as usual (RawConn), with the deadlines.
+type rawConn struct {
+	*net.UnixConn
+	rc syscall.RawConn
+}
+
+func (c *rawConn) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	var n int
+	var errno syscall.Errno
+	err := c.rc.Read(func(fd uintptr) bool {
+		for {
+			r, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+			switch e {
+			case unix.EINTR:
+				continue
+			case unix.EAGAIN:
+				return false
+			}
+			n, errno = int(r), e
+			return true
+		}
+	})
+	switch {
+	case err != nil:
+		return 0, err
+	case errno != 0:
+		return 0, &net.OpError{Op: "read", Net: "unix", Err: os.NewSyscallError("read", errno)}
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+func (c *rawConn) Write(p []byte) (int, error) {
+	var n int
+	var errno syscall.Errno
+	err := c.rc.Write(func(fd uintptr) bool {
+		for n < len(p) {
+			r, _, e := unix.RawSyscall(unix.SYS_WRITE, fd, uintptr(unsafe.Pointer(&p[n])), uintptr(len(p)-n))
+			switch e {
+			case 0:
+				n += int(r)
+			case unix.EINTR:
+			case unix.EAGAIN:
+				return false
+			default:
+				errno = e
+				return true
+			}
+		}
+		return true
+	})
+	switch {
+	case err != nil:
+		return n, err
+	case errno != 0:
+		return n, &net.OpError{Op: "write", Net: "unix", Err: os.NewSyscallError("write", errno)}
+	}
+	return n, nil
 }
 
 // link is what the two directions of a forwarded connection share.
