@@ -435,7 +435,15 @@ type rawConn struct {
 	rc syscall.RawConn
 }
 
-func (c *rawConn) Read(p []byte) (int, error) {
+func (c *rawConn) Read(p []byte) (int, error) { return c.read(p, true) }
+
+// errNothingYet is read's error when the socket holds nothing and the read
+// is not to wait.
+var errNothingYet = errors.New("nothing to read yet")
+
+// read reads p from the socket, waiting in the poller for bytes if wait,
+// else failing with errNothingYet when there are none.
+func (c *rawConn) read(p []byte, wait bool) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
@@ -448,6 +456,10 @@ func (c *rawConn) Read(p []byte) (int, error) {
 			case unix.EINTR:
 				continue
 			case unix.EAGAIN:
+				if !wait {
+					errno = e
+					return true
+				}
 				return false
 			}
 			n, errno = int(r), e
@@ -457,6 +469,8 @@ func (c *rawConn) Read(p []byte) (int, error) {
 	switch {
 	case err != nil:
 		return 0, err
+	case errno == unix.EAGAIN:
+		return 0, errNothingYet
 	case errno != 0:
 		return 0, &net.OpError{Op: "read", Net: "unix", Err: os.NewSyscallError("read", errno)}
 	case n == 0:
@@ -512,31 +526,15 @@ const wakeWait = 2 * time.Millisecond
 // ok is false if it holds nothing yet (or cannot be read so), and src is
 // to be read as usual.
 func readNow(src net.Conn, p []byte) (n int, err error, ok bool) {
-	sc, isSys := src.(syscall.Conn)
-	if !isSys {
+	rc, isRaw := src.(*rawConn)
+	if !isRaw || len(p) == 0 {
 		return 0, nil, false
 	}
-	rc, rerr := sc.SyscallConn()
-	if rerr != nil {
+	n, err = rc.read(p, false)
+	if errors.Is(err, errNothingYet) {
 		return 0, nil, false
 	}
-	if cerr := rc.Read(func(fd uintptr) bool {
-		for {
-			n, err = unix.Read(int(fd), p)
-			if err != unix.EINTR {
-				return true
-			}
-		}
-	}); cerr != nil || err == unix.EAGAIN {
-		return 0, nil, false
-	}
-	switch {
-	case err != nil:
-		return 0, err, true
-	case n == 0 && len(p) > 0:
-		return 0, io.EOF, true
-	}
-	return n, nil, true
+	return n, err, true
 }
 
 // copy copies r, src's bytes, to dst (out: from the snippet) within the

@@ -424,3 +424,89 @@ func TestCallbackDirNotInCleanDirs(t *testing.T) {
 		t.Fatalf("got %s", dump(res))
 	}
 }
+
+// TestRawConn: a forwarded connection's raw reads and writes behave as
+// package net's do: bytes, EOF, a deadline, a failed write, and a read
+// that does not wait.
+func TestRawConn(t *testing.T) {
+	dir := t.TempDir()
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, "s"), Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	peer, err := net.DialUnix("unix", nil, ln.Addr().(*net.UnixAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	accepted, err := ln.AcceptUnix()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := rawIO(accepted)
+	defer conn.Close()
+	if _, ok := conn.(*rawConn); !ok {
+		t.Fatalf("rawIO gave a %T, want a *rawConn", conn)
+	}
+
+	buf := make([]byte, 64)
+	if _, _, ok := readNow(conn, buf); ok {
+		t.Fatal("readNow read from an empty socket")
+	}
+	conn.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	if _, err := conn.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a read past its deadline: %v, want os.ErrDeadlineExceeded", err)
+	}
+	conn.SetReadDeadline(time.Time{})
+
+	if _, err := peer.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, err, ok := readNow(conn, buf)
+		if ok {
+			if err != nil || string(buf[:n]) != "hello" {
+				t.Fatalf("readNow: %q, %v; want \"hello\"", buf[:n], err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("readNow never read the peer's bytes")
+		}
+		time.Sleep(time.Millisecond)
+	}
+
+	big := make([]byte, 1<<20) // more than the socket buffers: the write waits for the reader
+	go io.Copy(io.Discard, peer)
+	if n, err := conn.Write(big); n != len(big) || err != nil {
+		t.Fatalf("write: %d bytes, %v; want %d", n, err, len(big))
+	}
+
+	go func() {
+		time.Sleep(10 * time.Millisecond)
+		peer.CloseWrite()
+	}()
+	if n, err := conn.Read(buf); n != 0 || err != io.EOF {
+		t.Fatalf("a read at the peer's EOF: %d, %v; want 0, io.EOF", n, err)
+	}
+	if n, err, ok := readNow(conn, buf); !ok || n != 0 || err != io.EOF {
+		t.Fatalf("readNow at EOF: %d, %v, %v; want 0, io.EOF, true", n, err, ok)
+	}
+
+	peer.Close()
+	var werr error
+	for range 100 { // a write to a closed peer fails, at once or at the next
+		if _, werr = conn.Write([]byte("x")); werr != nil {
+			break
+		}
+	}
+	if werr == nil {
+		t.Fatal("writes to a closed peer did not fail")
+	}
+	conn.Close()
+	if _, err := conn.Read(buf); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("a read of a closed connection: %v, want net.ErrClosed", err)
+	}
+}
