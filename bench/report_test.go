@@ -336,7 +336,7 @@ func TestTable(t *testing.T) {
 		"new flmbox instance → first result", "flmbox run --image 160 ms", "1.56×", "until its socket answers",
 		"warm task over gRPC, python (OnTaskInvoke)", "flmbox run --sandbox 16.0 ms", "0.88×", "flmbox run --sandbox 12.0 ms",
 		"callback round trip from inside, 1 KiB each way (Go API)", "0.420 ms", "host to host 0.060 ms", "7.00×",
-		"host to host 0.100 ms", "9.00×", "added per round trip", "0.360 ms", "≤ 1 ms added",
+		"host to host 0.100 ms", "9.00×", "added per round trip", "0.360 ms", "≤ 0.5 ms added",
 		"callbacks: median of 2 calls' medians (p95: of their p95s), 50 round trips each after 5 warm-up ones",
 		"new egress sandbox → first result (run --image --network egress)", "--network none 200 ms", "1.15×", "≤ 1.15×",
 		"100 MiB over HTTP, egress sandbox", "250 MiB/s (400 ms)", "host python3 1000 MiB/s (100 ms)", "0.25× throughput", "≥ 0.5×",

@@ -61,23 +61,27 @@ func tableRows(rep *Report) []row {
 	a := rep.Allocation
 	raw := "raw runsc " + fmtMS(a.RawRunscMS.Median)
 	rows := []row{
-		{"new sandbox → first result (flmbox run --image)", fmtMS(a.FreshMS.Median), raw, ratio(a.FreshMS.Median, a.RawRunscMS.Median), "≤ 1.0×", refFresh},
+		{"new sandbox → first result (flmbox run --image)", fmtMS(a.FreshMS.Median), raw, ratio(a.FreshMS.Median, a.RawRunscMS.Median), "≤ 0.95×", refFresh},
 		{"  in process (Go API)", fmtMS(a.FreshInprocessMS.Median), raw, ratio(a.FreshInprocessMS.Median, a.RawRunscMS.Median), "", ""},
 		{"retained sandbox → first result", "n/a", "", "", "", refRetained},
 	}
 	if a.RetainedMS != nil {
-		rows[2].flmbox, rows[2].baseline, rows[2].ratio = fmtMS(a.RetainedMS.Median), raw, ratio(a.RetainedMS.Median, a.RawRunscMS.Median)
+		rows[2].flmbox, rows[2].baseline, rows[2].ratio, rows[2].target = fmtMS(a.RetainedMS.Median), raw, ratio(a.RetainedMS.Median, a.RawRunscMS.Median), "≤ 0.25×"
 	}
 	if a.PooledMS != nil && a.PooledReleaseMS != nil {
 		rows = append(rows,
-			row{"warm pool → first result (flmbox run --image)", fmtMS(a.PooledMS.Median), raw, ratio(a.PooledMS.Median, a.RawRunscMS.Median), "≤ 0.2×", ""},
+			row{"warm pool → first result (flmbox run --image)", fmtMS(a.PooledMS.Median), raw, ratio(a.PooledMS.Median, a.RawRunscMS.Median), "≤ 0.08×", ""},
 			row{"  then its reset back into the pool, until exit", fmtMS(a.PooledReleaseMS.Median), "", "", "", ""})
 	}
 	for _, w := range rep.Warm {
 		exec := "runsc exec " + fmtMS(w.RunscExecMedianMS)
+		target := "≤ 0.5×"
+		if w.API == "batch" && w.Language == "shell" {
+			target = "≤ 0.6×" // a batch of one pays for its batch's bookkeeping
+		}
 		rows = append(rows,
 			row{fmt.Sprintf("warm call, %s API, %s (flmbox run)", w.API, w.Language), fmtMS(w.MedianMS), exec,
-				ratio(w.MedianMS, w.RunscExecMedianMS), "≤ 0.5×", refWarm[[2]string{w.API, w.Language}]},
+				ratio(w.MedianMS, w.RunscExecMedianMS), target, refWarm[[2]string{w.API, w.Language}]},
 			row{"  p95", fmtMS(w.P95MS), "runsc exec " + fmtMS(w.RunscExecP95MS), ratio(w.P95MS, w.RunscExecP95MS), "", ""},
 			row{"  in process (Go API)", fmtMS(w.InprocessMedianMS), exec, ratio(w.InprocessMedianMS, w.RunscExecMedianMS), "≤ 0.5×", ""},
 			row{"  against no sandbox", fmtMS(w.MedianMS), "chroot " + fmtMS(w.NativeMedianMS), ratio(w.MedianMS, w.NativeMedianMS), "", ""},
@@ -98,12 +102,16 @@ func tableRows(rep *Report) []row {
 			fmt.Sprintf("%.1f s", bt.ParallelS), fmt.Sprintf("--parallel 1 %.1f s", bt.SerialS), ratio(bt.ParallelS, bt.SerialS), "", ""},
 		row{"cold prewarm from a loopback registry", fmtMS(p.ColdMS), "crane export | tar -x n/a", "", "≤ 0.8×", ""},
 		row{"cache-hit prewarm by index digest", fmtMS(p.HitMS), "", "", "≤ 20 ms", ""},
-		row{"host memory of an idle sandbox (PSS)", fmtKiB(m.SandboxKiB), "bare runsc sleep " + fmtKiB(m.BareRunscKiB), ratio(float64(m.SandboxKiB), float64(m.BareRunscKiB)), "", ""},
+		row{"host memory of an idle sandbox (PSS)", fmtKiB(m.SandboxKiB), "bare runsc sleep " + fmtKiB(m.BareRunscKiB), ratio(float64(m.SandboxKiB), float64(m.BareRunscKiB)), "≤ 1.2×", ""},
 		row{"  RSS", fmtKiB(m.SandboxRSSKiB), "bare runsc sleep " + fmtKiB(m.BareRunscRSSKiB), ratio(float64(m.SandboxRSSKiB), float64(m.BareRunscRSSKiB)), "", ""},
 	)
 	for _, md := range m.Modes {
+		target := "≤ 1.2×"
+		if md.Spares == "lazy" {
+			target = "≤ 1.0×"
+		}
 		rows = append(rows,
-			row{fmt.Sprintf("  %s spares: idle, new (PSS)", md.Spares), fmtKiB(md.KiB), "bare runsc sleep " + fmtKiB(m.BareRunscKiB), ratio(float64(md.KiB), float64(m.BareRunscKiB)), "", ""},
+			row{fmt.Sprintf("  %s spares: idle, new (PSS)", md.Spares), fmtKiB(md.KiB), "bare runsc sleep " + fmtKiB(m.BareRunscKiB), ratio(float64(md.KiB), float64(m.BareRunscKiB)), target, ""},
 			row{fmt.Sprintf("  %s spares: idle after calls (PSS)", md.Spares), fmtKiB(md.UsedKiB), "bare runsc sleep " + fmtKiB(m.BareRunscKiB), ratio(float64(md.UsedKiB), float64(m.BareRunscKiB)), "", ""},
 			row{fmt.Sprintf("  %s spares: first Python call, then shell", md.Spares), fmtMS(md.FirstPythonMS), fmtMS(md.FirstShellMS), "", "", ""},
 			row{fmt.Sprintf("  %s spares: warm Python, shell (Go API)", md.Spares), fmtMS(md.WarmPythonMS.Median), fmtMS(md.WarmShellMS.Median), "", "", ""},
@@ -154,7 +162,7 @@ func instanceRows(in Instance) []row {
 		fresh := "flmbox run --image " + fmtMS(in.FreshMS.Median)
 		rows = append(rows,
 			row{"new flmbox instance → first result (Flame's calls)", fmtMS(in.EnterFirstResultMS.Median), fresh,
-				ratio(in.EnterFirstResultMS.Median, in.FreshMS.Median), "", ""},
+				ratio(in.EnterFirstResultMS.Median, in.FreshMS.Median), "≤ 1.0×", ""},
 			row{"  until its socket answers", fmtMS(in.SocketMS.Median), "", "", "", ""},
 			row{"  OnSessionEnter (the session's sandbox)", fmtMS(in.EnterMS.Median), "", "", "", ""},
 		)
@@ -180,7 +188,7 @@ func callbackRows(cb Callback) []row {
 		{"callback round trip from inside, 1 KiB each way (Go API)", fmtFineMS(in.Median), "host to host " + fmtFineMS(host.Median),
 			ratio(in.Median, host.Median), "", ""},
 		{"  p95", fmtFineMS(in.P95), "host to host " + fmtFineMS(host.P95), ratio(in.P95, host.P95), "", ""},
-		{"  added per round trip", fmtFineMS(cb.AddedMS), "", "", "≤ 1 ms added", ""},
+		{"  added per round trip", fmtFineMS(cb.AddedMS), "", "", "≤ 0.5 ms added", ""},
 	}
 }
 
