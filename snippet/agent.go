@@ -129,6 +129,7 @@ type Agent struct {
 	env         []string
 
 	calls          sync.RWMutex // held for reading by each Run, for writing by Reset
+	resets         atomic.Int32 // Resets waiting or running
 	mu             sync.Mutex
 	spares         map[string]*proc // by language
 	refilling      map[string]*refilling

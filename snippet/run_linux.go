@@ -240,7 +240,7 @@ func withEnv(env, extra []string) []string {
 func (a *Agent) startCall(req *wire.Request, interp string) (*proc, error) {
 	stdin := len(req.Stdin) > 0
 	if interp == "" && len(req.Env) == 0 {
-		return a.start(req.Language, req.Code, req.Limits, false, stdin)
+		return a.start(req.Language, req.Code, req.Limits, false, stdin, false)
 	}
 	runs, idle := a.spareMark()
 	env := withEnv(a.env, req.Env)
@@ -367,17 +367,19 @@ func (p *proc) close() {
 // takes code later), with limits set, and a pipe for its stdin if stdin is
 // set (else stdin is at EOF). A Python process is forked by the zygote when the agent has
 // one running, or when wait is set after starting one; otherwise it is a
-// new python3.
-func (a *Agent) start(lang, code string, limits wire.Limits, wait, stdin bool) (*proc, error) {
+// new python3, unless spare is set (refill's) and a reset began: the
+// zygote's fork failed because the reset killed it, and would drop the
+// python3 too.
+func (a *Agent) start(lang, code string, limits wire.Limits, wait, stdin, spare bool) (*proc, error) {
 	runs, idle := a.spareMark()
-	p, err := a.startLang(lang, code, limits, wait, stdin)
+	p, err := a.startLang(lang, code, limits, wait, stdin, spare)
 	if err == nil {
 		p.lang, p.runs, p.idleStart = lang, runs, idle
 	}
 	return p, err
 }
 
-func (a *Agent) startLang(lang, code string, limits wire.Limits, wait, stdin bool) (*proc, error) {
+func (a *Agent) startLang(lang, code string, limits wire.Limits, wait, stdin, spare bool) (*proc, error) {
 	if lang == wire.LanguageShell {
 		c := shellScriptCommand()
 		if len(code) > maxShellScript || !a.shellIsDash || stdin { // sh -s's stdin is its gate
@@ -387,8 +389,12 @@ func (a *Agent) startLang(lang, code string, limits wire.Limits, wait, stdin boo
 		return a.startExec(a.shell, c, a.env, a.User.credential(), limits, stdin)
 	}
 	if z := a.zygote(wait); z != nil {
-		if p, err := z.fork(limits, stdin); err == nil {
+		p, err := z.fork(limits, stdin)
+		if err == nil {
 			return p, nil
+		}
+		if spare && a.resets.Load() > 0 {
+			return nil, err
 		}
 	}
 	c := pythonCommand(a.User)

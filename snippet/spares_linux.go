@@ -2,6 +2,7 @@ package snippet
 
 import (
 	"context"
+	"errors"
 
 	"github.com/flmbox/flmbox/snippet/wire"
 )
@@ -79,6 +80,9 @@ func (a *Agent) takeSpare(ctx context.Context, req *wire.Request) *proc {
 	}
 }
 
+// errResetting is why a spare did not start: a reset began.
+var errResetting = errors.New("a reset began")
+
 // refilling is a spare being started.
 type refilling struct {
 	limits wire.Limits
@@ -86,14 +90,15 @@ type refilling struct {
 }
 
 // refill starts a spare for lang, with limits, in the background, unless the
-// agent has one or is starting one.
+// agent has one or is starting one, or a reset waits or runs (it starts its
+// own: see Reset).
 func (a *Agent) refill(lang string, limits wire.Limits) {
 	if !a.Spares || lang == wire.LanguagePython && a.pythonErr != nil || lang == wire.LanguageShell && !a.shellIsDash || a.memoryShort() {
 		return
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed || a.refilling[lang] != nil || a.spares[lang] != nil {
+	if a.closed || a.resets.Load() > 0 || a.refilling[lang] != nil || a.spares[lang] != nil {
 		return
 	}
 	if a.refilling == nil {
@@ -105,7 +110,11 @@ func (a *Agent) refill(lang string, limits wire.Limits) {
 	// first result; the zygote starts with the second.
 	wait := a.pythonUsed
 	go func() {
-		p, err := a.start(lang, "", limits, wait, false)
+		var p *proc
+		err := errResetting
+		if a.resets.Load() == 0 { // else the reset that began drops it
+			p, err = a.start(lang, "", limits, wait, false, true)
+		}
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		delete(a.refilling, lang)
