@@ -33,12 +33,18 @@ const resetTimeout = 5 * time.Second
 // PID 1 starts the agent's own program (os.Executable) with HelperArg: that
 // program must call RunHelper then.
 //
-// The Python spare that a new agent starts (none with LazySpares) starts as
-// the reset begins, a new python3 that the reset spares, so that its start
-// overlaps the reset instead of following it: it runs as the agent's user
-// and reads nothing of the sandbox's before its gate (see pythonSiteDef), so
-// no snippet, before the reset or after, can reach it or leave anything in
-// it. No spare starts for the calls before the reset while it waits.
+// The reset leaves the Python spare that a new agent starts (none with
+// LazySpares): a python3 that the agent started and that waits for its code,
+// which the reset spares, so that the next call need not wait for one to
+// start. That is the Python spare if it is one (not a fork of the zygote),
+// else the reserve, which the agent keeps beside the zygote's spares once a
+// reset has run (see refillReserveLocked), else one the reset starts as it
+// begins, so that its start overlaps the reset instead of following it. Such
+// a python3 is as a new one: it runs as the agent's user, which no snippet
+// can signal, trace or read, and reads nothing that snippets can write
+// before its gate (see pythonSiteDef and pythonBootstrapDef), so no snippet,
+// before the reset or after, can reach it or leave anything in it. No spare
+// starts for the calls before the reset while it waits.
 //
 // What Reset does not undo is documented with Agent.CleanDirs, and in
 // docs/ARCHITECTURE.md ("What a sandbox can hold, and how a reset clears
@@ -47,31 +53,63 @@ func (a *Agent) Reset(ctx context.Context) error {
 	a.init()
 	a.resets.Add(1) // no refill starts from here on: its spare would be dropped
 	defer a.resets.Add(-1)
-	fresh := make(chan *proc, 1)
-	go func() { fresh <- a.freshSpare() }()
+	spare := a.takePristine()
+	var fresh chan *proc
+	if spare == nil && a.Spares && !a.LazySpares {
+		fresh = make(chan *proc, 1)
+		go func() { fresh <- a.python3Spare() }()
+	}
 	a.calls.Lock()
 	defer a.calls.Unlock()
-	spare := <-fresh
+	// Spares being started (by the last call) may have started with the
+	// old /tmp: the zygote goes first, so that a fork it was asked for fails
+	// at once, then the others are waited for and dropped.
+	a.dropSpares()
+	if fresh != nil {
+		spare = <-fresh
+	}
 	if err := a.reset(ctx, spare); err != nil {
 		if spare != nil {
 			spare.discard()
 		}
 		return err
 	}
+	a.mu.Lock()
+	a.resetDone = true
+	a.mu.Unlock()
 	if spare != nil {
 		a.keepSpare(spare)
 	}
 	return nil
 }
 
-// reset is Reset's work once the calls have ended; it kills every process
-// but the agent and spare, the Python spare started for after the reset
-// (nil: none).
+// takePristine takes, for after a reset, the reserve or the Python spare if
+// either is a python3 that the agent started and that waits for its code
+// (see Reset), or returns nil.
+func (a *Agent) takePristine() *proc {
+	if !a.Spares || a.LazySpares {
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if p := a.reserve; p != nil {
+		a.reserve = nil
+		if !p.exited() && p.limits == a.SpareLimits {
+			return p
+		}
+		p.discard()
+	}
+	if p := a.pristineSpareLocked(); p != nil {
+		delete(a.spares, p.lang)
+		return p
+	}
+	return nil
+}
+
+// reset is Reset's work once the calls have ended and the zygote is gone;
+// it kills every process but the agent and spare, the Python spare started
+// for after the reset (nil: none).
 func (a *Agent) reset(ctx context.Context, spare *proc) error {
-	// Spares being started (by the last call) may have started with the
-	// old /tmp: the zygote goes first, so that a fork it was asked for fails
-	// at once, then the others are waited for and dropped.
-	a.dropSpares()
 	if err := a.waitRefills(); err != nil {
 		return err
 	}
@@ -107,10 +145,10 @@ func (a *Agent) reset(ctx context.Context, spare *proc) error {
 	return checkStrandedSockets("/proc/net", "/proc/self/fd")
 }
 
-// freshSpare starts the Python spare for after a reset, a new python3 (not
-// a fork of the zygote, which the reset kills), as Serve's first one; nil
-// when the agent starts none then.
-func (a *Agent) freshSpare() *proc {
+// python3Spare starts a Python spare that is a new python3 (not a fork of
+// the zygote) with the limits of Serve's first one, for a reset; nil when
+// the agent starts none.
+func (a *Agent) python3Spare() *proc {
 	if !a.Spares || a.LazySpares || a.pythonErr != nil || a.memoryShort() {
 		return nil
 	}
@@ -127,7 +165,7 @@ func (a *Agent) freshSpare() *proc {
 	if err != nil {
 		return nil // the first Python call starts its own
 	}
-	p.lang, p.runs, p.idleStart = wire.LanguagePython, runs, idle
+	p.lang, p.runs, p.idleStart, p.pristine = wire.LanguagePython, runs, idle, true
 	return p
 }
 

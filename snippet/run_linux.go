@@ -271,8 +271,11 @@ type proc struct {
 	cmd    command
 	limits wire.Limits
 	// runs and idleStart are the agent's spareMark when p started.
-	runs              int64
-	idleStart         bool
+	runs      int64
+	idleStart bool
+	// pristine: a python3 that the agent started as a spare (not a fork of
+	// the zygote), which a reset may keep (see Reset).
+	pristine          bool
 	outR, errR, gateW *os.File
 	// stdinW, if not nil, is the write end of the process's stdin.
 	stdinW *os.File
@@ -398,8 +401,12 @@ func (a *Agent) startLang(lang, code string, limits wire.Limits, wait, stdin, sp
 		}
 	}
 	c := pythonCommand(a.User)
-	c.args[0] = a.python                                         // Python finds its prefix from argv[0]
-	return a.startExec(a.python, c, a.pyEnv, nil, limits, stdin) // it becomes a.User itself
+	c.args[0] = a.python                                            // Python finds its prefix from argv[0]
+	p, err := a.startExec(a.python, c, a.pyEnv, nil, limits, stdin) // it becomes a.User itself
+	if err == nil {
+		p.pristine = spare && !stdin
+	}
+	return p, err
 }
 
 // pipes are the snippet's ends and the agent's ends of its pipes: stdout,

@@ -125,8 +125,56 @@ func (a *Agent) refill(lang string, limits wire.Limits) {
 			p.discard()
 		default:
 			a.spares[lang] = p
+			if lang == wire.LanguagePython {
+				a.refillReserveLocked()
+			}
 		}
 	}()
+}
+
+// reserveKey is the reserve's entry in Agent.refilling, which no language
+// names: a reset waits for it as for the spares.
+const reserveKey = "reserve"
+
+// refillReserveLocked starts the reserve, a python3 spare that only a reset
+// takes, in the background, once a reset has run, unless the agent has one,
+// or its Python spare is a python3, or a reset waits or runs; a.mu is held.
+// It starts once the Python spare of the next calls is ready, so that
+// sandboxes reset over and over (retained, pooled) find one at the reset,
+// whose next call then takes a python3 that started long before instead of
+// waiting for one to start; other sandboxes never have one.
+func (a *Agent) refillReserveLocked() {
+	if !a.resetDone || a.LazySpares || a.closed || a.resets.Load() > 0 || a.reserve != nil ||
+		a.refilling[reserveKey] != nil || a.pristineSpareLocked() != nil || a.memoryShort() {
+		return
+	}
+	r := &refilling{limits: a.SpareLimits, done: make(chan struct{})}
+	a.refilling[reserveKey] = r
+	go func() {
+		p := a.python3Spare()
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		delete(a.refilling, reserveKey)
+		close(r.done)
+		switch {
+		case p == nil:
+		case a.closed || a.resets.Load() > 0 || a.reserve != nil:
+			p.discard()
+		default:
+			a.reserve = p
+		}
+	}()
+}
+
+// pristineSpareLocked returns the Python spare if it is a python3 that the
+// agent started (not a fork of the zygote) with the limits of Serve's
+// first spare and still waits for its code; a.mu is held.
+func (a *Agent) pristineSpareLocked() *proc {
+	p := a.spares[wire.LanguagePython]
+	if p == nil || !p.pristine || p.limits != a.SpareLimits || p.exited() {
+		return nil
+	}
+	return p
 }
 
 // zygote returns the agent's zygote if it is running; with start, it starts
@@ -167,6 +215,10 @@ func (a *Agent) dropSparesLocked() {
 	for lang, p := range a.spares {
 		p.discard()
 		delete(a.spares, lang)
+	}
+	if a.reserve != nil {
+		a.reserve.discard()
+		a.reserve = nil
 	}
 	if a.zyg != nil {
 		a.zyg.close()
