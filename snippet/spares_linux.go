@@ -34,8 +34,11 @@ import (
 // written. With Agent.LazySpares, Serve starts no spare: a sandbox that no
 // call used holds the agent alone, and its first Python call starts python3
 // itself, later than taking a spare would. A reset drops the spares in either
-// mode; the next call of each language starts them again. What spares save
-// and cost: docs/PERFORMANCE.md, "Spares and the zygote".
+// mode but, without LazySpares, a python3 spare that has run nothing, which a
+// new agent would have (see Reset); the next call of each language starts
+// them again. A sandbox that was reset keeps such a python3 (the reserve)
+// beside the zygote's spares for its next reset. What spares save and cost:
+// docs/PERFORMANCE.md, "Spares and the zygote".
 
 // maxZygoteFailures is how many times a zygote may die before the agent
 // stops starting new ones and starts python3 for every call.
