@@ -128,12 +128,17 @@ type Agent struct {
 	dir         string
 	env         []string
 
-	calls          sync.RWMutex // held for reading by each Run, for writing by Reset
-	mu             sync.Mutex
-	spares         map[string]*proc // by language
-	refilling      map[string]*refilling
-	pythonUsed     bool // a Python snippet ran: spares come from the zygote
-	zyg            *zygote
+	calls      sync.RWMutex // held for reading by each Run, for writing by Reset
+	resets     atomic.Int32 // Resets waiting or running
+	mu         sync.Mutex
+	spares     map[string]*proc // by language
+	refilling  map[string]*refilling
+	pythonUsed bool // a Python snippet ran: spares come from the zygote
+	zyg        *zygote
+	// reserve is a python3 spare that only a reset takes, kept once a reset
+	// has run (resetDone) and the Python spare is no python3 (see Reset).
+	reserve        *proc
+	resetDone      bool
 	zygoteFailures int
 	closed         bool
 	ln             net.Listener      // Serve's listener

@@ -33,27 +33,92 @@ const resetTimeout = 5 * time.Second
 // PID 1 starts the agent's own program (os.Executable) with HelperArg: that
 // program must call RunHelper then.
 //
+// The reset leaves the Python spare that a new agent starts (none with
+// LazySpares): a python3 that the agent started and that waits for its code,
+// which the reset spares, so that the next call need not wait for one to
+// start. That is the Python spare if it is one (not a fork of the zygote),
+// else the reserve, which the agent keeps beside the zygote's spares once a
+// reset has run (see refillReserveLocked), else one the reset starts as it
+// begins, so that its start overlaps the reset instead of following it. Such
+// a python3 is as a new one: it runs as the agent's user, which no snippet
+// can signal, trace or read, and reads nothing that snippets can write
+// before its gate (see pythonSiteDef and pythonBootstrapDef), so no snippet,
+// before the reset or after, can reach it or leave anything in it. No spare
+// starts for the calls before the reset while it waits.
+//
 // What Reset does not undo is documented with Agent.CleanDirs, and in
 // docs/ARCHITECTURE.md ("What a sandbox can hold, and how a reset clears
 // it").
-func (a *Agent) Reset(ctx context.Context) (err error) {
+func (a *Agent) Reset(ctx context.Context) error {
 	a.init()
-	defer func() {
-		if err == nil && !a.LazySpares {
-			// As a new sandbox's agent does when it starts: the first call
-			// after a reset (a pooled sandbox's first user) finds its spare.
-			a.refill(wire.LanguagePython, a.SpareLimits)
-		}
-	}()
+	a.resets.Add(1) // no refill starts from here on: its spare would be dropped
+	defer a.resets.Add(-1)
+	spare := a.takePristine()
+	var fresh chan *proc
+	if spare == nil && a.Spares && !a.LazySpares {
+		fresh = make(chan *proc, 1)
+		go func() { fresh <- a.python3Spare() }()
+	}
 	a.calls.Lock()
 	defer a.calls.Unlock()
 	// Spares being started (by the last call) may have started with the
-	// old /tmp: let them finish, then drop them with the others.
+	// old /tmp: the zygote goes first, so that a fork it was asked for fails
+	// at once, then the others are waited for and dropped.
+	a.dropSpares()
+	if fresh != nil {
+		spare = <-fresh
+	}
+	if err := a.reset(ctx, spare); err != nil {
+		if spare != nil {
+			spare.discard()
+		}
+		return err
+	}
+	a.mu.Lock()
+	a.resetDone = true
+	a.mu.Unlock()
+	if spare != nil {
+		a.keepSpare(spare)
+	}
+	return nil
+}
+
+// takePristine takes, for after a reset, the reserve or the Python spare if
+// either is a python3 that the agent started and that waits for its code
+// (see Reset), or returns nil.
+func (a *Agent) takePristine() *proc {
+	if !a.Spares || a.LazySpares {
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if p := a.reserve; p != nil {
+		a.reserve = nil
+		if !p.exited() && p.limits == a.SpareLimits {
+			return p
+		}
+		p.discard()
+	}
+	if p := a.pristineSpareLocked(); p != nil {
+		delete(a.spares, p.lang)
+		return p
+	}
+	return nil
+}
+
+// reset is Reset's work once the calls have ended and the zygote is gone;
+// it kills every process but the agent and spare, the Python spare started
+// for after the reset (nil: none).
+func (a *Agent) reset(ctx context.Context, spare *proc) error {
 	if err := a.waitRefills(); err != nil {
 		return err
 	}
 	a.dropSpares()
-	if err := killOthers(ctx); err != nil {
+	keep := 0
+	if spare != nil {
+		keep = spare.pid
+	}
+	if err := killOthers(ctx, keep); err != nil {
 		return err
 	}
 	for _, d := range a.CleanDirs {
@@ -78,6 +143,45 @@ func (a *Agent) Reset(ctx context.Context) (err error) {
 		return err
 	}
 	return checkStrandedSockets("/proc/net", "/proc/self/fd")
+}
+
+// python3Spare starts a Python spare that is a new python3 (not a fork of
+// the zygote) with the limits of Serve's first one, for a reset; nil when
+// the agent starts none.
+func (a *Agent) python3Spare() *proc {
+	if !a.Spares || a.LazySpares || a.pythonErr != nil || a.memoryShort() {
+		return nil
+	}
+	a.mu.Lock()
+	closed := a.closed
+	a.mu.Unlock()
+	if closed {
+		return nil
+	}
+	runs, idle := a.spareMark()
+	c := pythonCommand(a.User)
+	c.args[0] = a.python
+	p, err := a.startExec(a.python, c, a.pyEnv, nil, a.SpareLimits, false)
+	if err != nil {
+		return nil // the first Python call starts its own
+	}
+	p.lang, p.runs, p.idleStart, p.pristine = wire.LanguagePython, runs, idle, true
+	return p
+}
+
+// keepSpare makes p the spare of its language, unless the agent has one
+// or is closed.
+func (a *Agent) keepSpare(p *proc) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.spares == nil {
+		a.refilling, a.spares = map[string]*refilling{}, map[string]*proc{}
+	}
+	if a.closed || a.spares[p.lang] != nil {
+		p.discard()
+		return
+	}
+	a.spares[p.lang] = p
 }
 
 // waitRefills waits for the spares being started; starting one is bounded
@@ -108,12 +212,12 @@ func (a *Agent) dropSpares() {
 }
 
 // killOthers kills, with SIGKILL, every process descended from this one (or
-// every other process, for PID 1) until none is left but zombies, which the
-// reaper and Run reap.
-func killOthers(ctx context.Context) error {
+// every other process, for PID 1) but keep (0: none) until none is left but
+// zombies, which the reaper and Run reap.
+func killOthers(ctx context.Context, keep int) error {
 	deadline := time.Now().Add(resetTimeout)
 	for {
-		pids, err := others()
+		pids, err := others(keep)
 		if err != nil {
 			return fmt.Errorf("reset: list processes: %w", err)
 		}
@@ -134,16 +238,16 @@ func killOthers(ctx context.Context) error {
 	}
 }
 
-// others returns the live (not zombie) processes descended from this one;
-// for PID 1, all other processes.
-func others() ([]int, error) {
+// others returns the live (not zombie) processes descended from this one
+// but keep; for PID 1, all other processes but keep.
+func others(keep int) ([]int, error) {
 	procs, err := readProcs()
 	if err != nil {
 		return nil, err
 	}
 	var out []int
 	for _, pid := range ours(procs, os.Getpid()) {
-		if procs[pid].alive {
+		if procs[pid].alive && pid != keep {
 			out = append(out, pid)
 		}
 	}

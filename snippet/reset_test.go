@@ -300,3 +300,61 @@ func TestStrandedSockets(t *testing.T) {
 		t.Errorf("checkStrandedSockets with the process's own sockets: %v", err)
 	}
 }
+
+// TestResetKeepsAPython3Spare: a reset leaves a python3 that the agent
+// started as the Python spare: one it starts as it begins the first time
+// (the spare was the zygote's), then the reserve that the agent keeps
+// beside the zygote's spares once a reset has run. The zygote and its spare
+// are gone, and the call after the reset runs in that python3.
+func TestResetKeepsAPython3Spare(t *testing.T) {
+	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), Spares: true}
+	a.CleanDirs = []string{a.Dir}
+	socket := serve(t, a)
+	where := "import os; print(os.getpid(), os.getppid())"
+	ran := func(req *wire.Request) (pid, ppid int) {
+		t.Helper()
+		res := call(t, socket, req)
+		f := strings.Fields(string(res.Stdout.Data))
+		if res.ExitCode != 0 || len(f) != 2 {
+			t.Fatalf("call: %s", dump(res))
+		}
+		pid, _ = strconv.Atoi(f[0])
+		ppid, _ = strconv.Atoi(f[1])
+		return pid, ppid
+	}
+	reset := func(r *wire.Request) { r.Reset = true }
+	for range 2 {
+		ran(request(wire.LanguagePython, where))
+		waitSpare(t, a, wire.LanguagePython)
+	}
+	for i := range 2 {
+		z := a.zygote(false)
+		if z == nil {
+			t.Fatalf("round %d: no zygote", i)
+		}
+		a.mu.Lock()
+		reserve := a.reserve
+		a.mu.Unlock()
+		if (reserve != nil) != (i > 0) {
+			t.Fatalf("round %d: reserve %v", i, reserve)
+		}
+		pid, ppid := ran(request(wire.LanguagePython, where, reset))
+		if ppid != os.Getpid() {
+			t.Errorf("round %d: the call after the reset ran in a child of %d, not of the agent", i, ppid)
+		}
+		if reserve != nil && pid != reserve.pid {
+			t.Errorf("round %d: the call after the reset ran in %d, not in the reserve %d", i, pid, reserve.pid)
+		}
+		waitGone(t, z.process.Pid)
+		// The next spare is the zygote's again, and the reserve is kept.
+		waitUntil(t, "the reserve", func() bool {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			return a.reserve != nil
+		})
+		if _, ppid := ran(request(wire.LanguagePython, where)); ppid == os.Getpid() {
+			t.Errorf("round %d: a call after the reset's ran in a python3 of the agent's, not the zygote's", i)
+		}
+		waitSpare(t, a, wire.LanguagePython)
+	}
+}

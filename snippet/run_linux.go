@@ -240,7 +240,7 @@ func withEnv(env, extra []string) []string {
 func (a *Agent) startCall(req *wire.Request, interp string) (*proc, error) {
 	stdin := len(req.Stdin) > 0
 	if interp == "" && len(req.Env) == 0 {
-		return a.start(req.Language, req.Code, req.Limits, false, stdin)
+		return a.start(req.Language, req.Code, req.Limits, false, stdin, false)
 	}
 	runs, idle := a.spareMark()
 	env := withEnv(a.env, req.Env)
@@ -271,8 +271,11 @@ type proc struct {
 	cmd    command
 	limits wire.Limits
 	// runs and idleStart are the agent's spareMark when p started.
-	runs              int64
-	idleStart         bool
+	runs      int64
+	idleStart bool
+	// pristine: a python3 that the agent started as a spare (not a fork of
+	// the zygote), which a reset may keep (see Reset).
+	pristine          bool
 	outR, errR, gateW *os.File
 	// stdinW, if not nil, is the write end of the process's stdin.
 	stdinW *os.File
@@ -367,17 +370,19 @@ func (p *proc) close() {
 // takes code later), with limits set, and a pipe for its stdin if stdin is
 // set (else stdin is at EOF). A Python process is forked by the zygote when the agent has
 // one running, or when wait is set after starting one; otherwise it is a
-// new python3.
-func (a *Agent) start(lang, code string, limits wire.Limits, wait, stdin bool) (*proc, error) {
+// new python3, unless spare is set (refill's) and a reset began: the
+// zygote's fork failed because the reset killed it, and would drop the
+// python3 too.
+func (a *Agent) start(lang, code string, limits wire.Limits, wait, stdin, spare bool) (*proc, error) {
 	runs, idle := a.spareMark()
-	p, err := a.startLang(lang, code, limits, wait, stdin)
+	p, err := a.startLang(lang, code, limits, wait, stdin, spare)
 	if err == nil {
 		p.lang, p.runs, p.idleStart = lang, runs, idle
 	}
 	return p, err
 }
 
-func (a *Agent) startLang(lang, code string, limits wire.Limits, wait, stdin bool) (*proc, error) {
+func (a *Agent) startLang(lang, code string, limits wire.Limits, wait, stdin, spare bool) (*proc, error) {
 	if lang == wire.LanguageShell {
 		c := shellScriptCommand()
 		if len(code) > maxShellScript || !a.shellIsDash || stdin { // sh -s's stdin is its gate
@@ -387,13 +392,21 @@ func (a *Agent) startLang(lang, code string, limits wire.Limits, wait, stdin boo
 		return a.startExec(a.shell, c, a.env, a.User.credential(), limits, stdin)
 	}
 	if z := a.zygote(wait); z != nil {
-		if p, err := z.fork(limits, stdin); err == nil {
+		p, err := z.fork(limits, stdin)
+		if err == nil {
 			return p, nil
+		}
+		if spare && a.resets.Load() > 0 {
+			return nil, err
 		}
 	}
 	c := pythonCommand(a.User)
-	c.args[0] = a.python                                         // Python finds its prefix from argv[0]
-	return a.startExec(a.python, c, a.pyEnv, nil, limits, stdin) // it becomes a.User itself
+	c.args[0] = a.python                                            // Python finds its prefix from argv[0]
+	p, err := a.startExec(a.python, c, a.pyEnv, nil, limits, stdin) // it becomes a.User itself
+	if err == nil {
+		p.pristine = spare && !stdin
+	}
+	return p, err
 }
 
 // pipes are the snippet's ends and the agent's ends of its pipes: stdout,

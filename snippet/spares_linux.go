@@ -2,6 +2,7 @@ package snippet
 
 import (
 	"context"
+	"errors"
 
 	"github.com/flmbox/flmbox/snippet/wire"
 )
@@ -33,8 +34,11 @@ import (
 // written. With Agent.LazySpares, Serve starts no spare: a sandbox that no
 // call used holds the agent alone, and its first Python call starts python3
 // itself, later than taking a spare would. A reset drops the spares in either
-// mode; the next call of each language starts them again. What spares save
-// and cost: docs/PERFORMANCE.md, "Spares and the zygote".
+// mode but, without LazySpares, a python3 spare that has run nothing, which a
+// new agent would have (see Reset); the next call of each language starts
+// them again. A sandbox that was reset keeps such a python3 (the reserve)
+// beside the zygote's spares for its next reset. What spares save and cost:
+// docs/PERFORMANCE.md, "Spares and the zygote".
 
 // maxZygoteFailures is how many times a zygote may die before the agent
 // stops starting new ones and starts python3 for every call.
@@ -79,6 +83,9 @@ func (a *Agent) takeSpare(ctx context.Context, req *wire.Request) *proc {
 	}
 }
 
+// errResetting is why a spare did not start: a reset began.
+var errResetting = errors.New("a reset began")
+
 // refilling is a spare being started.
 type refilling struct {
 	limits wire.Limits
@@ -86,14 +93,15 @@ type refilling struct {
 }
 
 // refill starts a spare for lang, with limits, in the background, unless the
-// agent has one or is starting one.
+// agent has one or is starting one, or a reset waits or runs (it starts its
+// own: see Reset).
 func (a *Agent) refill(lang string, limits wire.Limits) {
 	if !a.Spares || lang == wire.LanguagePython && a.pythonErr != nil || lang == wire.LanguageShell && !a.shellIsDash || a.memoryShort() {
 		return
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed || a.refilling[lang] != nil || a.spares[lang] != nil {
+	if a.closed || a.resets.Load() > 0 || a.refilling[lang] != nil || a.spares[lang] != nil {
 		return
 	}
 	if a.refilling == nil {
@@ -105,7 +113,11 @@ func (a *Agent) refill(lang string, limits wire.Limits) {
 	// first result; the zygote starts with the second.
 	wait := a.pythonUsed
 	go func() {
-		p, err := a.start(lang, "", limits, wait, false)
+		var p *proc
+		err := errResetting
+		if a.resets.Load() == 0 { // else the reset that began drops it
+			p, err = a.start(lang, "", limits, wait, false, true)
+		}
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		delete(a.refilling, lang)
@@ -116,8 +128,56 @@ func (a *Agent) refill(lang string, limits wire.Limits) {
 			p.discard()
 		default:
 			a.spares[lang] = p
+			if lang == wire.LanguagePython {
+				a.refillReserveLocked()
+			}
 		}
 	}()
+}
+
+// reserveKey is the reserve's entry in Agent.refilling, which no language
+// names: a reset waits for it as for the spares.
+const reserveKey = "reserve"
+
+// refillReserveLocked starts the reserve, a python3 spare that only a reset
+// takes, in the background, once a reset has run, unless the agent has one,
+// or its Python spare is a python3, or a reset waits or runs; a.mu is held.
+// It starts once the Python spare of the next calls is ready, so that
+// sandboxes reset over and over (retained, pooled) find one at the reset,
+// whose next call then takes a python3 that started long before instead of
+// waiting for one to start; other sandboxes never have one.
+func (a *Agent) refillReserveLocked() {
+	if !a.resetDone || a.LazySpares || a.closed || a.resets.Load() > 0 || a.reserve != nil ||
+		a.refilling[reserveKey] != nil || a.pristineSpareLocked() != nil || a.memoryShort() {
+		return
+	}
+	r := &refilling{limits: a.SpareLimits, done: make(chan struct{})}
+	a.refilling[reserveKey] = r
+	go func() {
+		p := a.python3Spare()
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		delete(a.refilling, reserveKey)
+		close(r.done)
+		switch {
+		case p == nil:
+		case a.closed || a.resets.Load() > 0 || a.reserve != nil:
+			p.discard()
+		default:
+			a.reserve = p
+		}
+	}()
+}
+
+// pristineSpareLocked returns the Python spare if it is a python3 that the
+// agent started (not a fork of the zygote) with the limits of Serve's
+// first spare and still waits for its code; a.mu is held.
+func (a *Agent) pristineSpareLocked() *proc {
+	p := a.spares[wire.LanguagePython]
+	if p == nil || !p.pristine || p.limits != a.SpareLimits || p.exited() {
+		return nil
+	}
+	return p
 }
 
 // zygote returns the agent's zygote if it is running; with start, it starts
@@ -158,6 +218,10 @@ func (a *Agent) dropSparesLocked() {
 	for lang, p := range a.spares {
 		p.discard()
 		delete(a.spares, lang)
+	}
+	if a.reserve != nil {
+		a.reserve.discard()
+		a.reserve = nil
 	}
 	if a.zyg != nil {
 		a.zyg.close()
