@@ -6,7 +6,7 @@
 // pulls over TLS, a registry, urfave/cli) costs about 2 ms per process: more
 // than a shell snippet takes in a warm sandbox. So flmbox makes a plain warm
 // call itself (warm.go), serves a plain run --image from a warm pool
-// (pool.go), and execs flmbox-core, installed next to it, for every other
+// (pool.go), runs a batch in a running sandbox (batch.go), and execs flmbox-core, installed next to it, for every other
 // command line, unchanged: same process, same stdio, same environment. flmbox-core implements all of flmbox, warm calls included. A
 // call is handed over too whenever anything goes wrong before its request is
 // sent (no such sandbox, a dead one, a bad flag), so that flmbox-core says
@@ -36,6 +36,13 @@ func main() {
 		}
 	} else if call, ok := parsePooledCall(os.Args[1:], os.LookupEnv); ok {
 		pooled(call)
+	} else if call, ok := parseBatchCall(os.Args[1:], os.LookupEnv); ok {
+		ctx, stop := runcmd.NotifyContext(context.Background())
+		code, handled := call.runBatch(ctx, os.Stdout, os.Stderr)
+		stop()
+		if handled {
+			os.Exit(code)
+		}
 	}
 	core, err := findCore()
 	if err == nil {

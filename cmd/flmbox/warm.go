@@ -21,6 +21,8 @@ import (
 type warmCall struct {
 	root, runsc, sandbox string
 	image, tmpSize       string // --image and --tmp-size as given
+	batch                string // --batch FILE
+	parallel             int
 	language             string
 	code, file           string // -c CODE or FILE
 	hasCode              bool
@@ -51,6 +53,7 @@ var (
 	globalWarmFlags = warmFlags(runcmd.GlobalFlags)
 	runWarmFlags    = warmFlags(runcmd.RunFlags)
 	runPooledFlags  = withPooled(warmFlags(runcmd.RunFlags))
+	runBatchFlags   = withBatch(warmFlags(runcmd.RunFlags))
 )
 
 // withPooled adds to set the flags of a plain run --image: --image, and
@@ -158,6 +161,7 @@ func parseRun(args []string, lookupEnv func(string) (string, bool), known flagSe
 	case w.root == "":
 		return nil, false // an empty root is flmbox-core's to refuse
 	case w.hasCode && len(positional) == 0:
+	case w.batch != "" && len(positional) == 0: // its codes are FILE's
 	case !w.hasCode && len(positional) == 1 && positional[0] != "-":
 		w.file = positional[0]
 	default:
@@ -180,6 +184,10 @@ func (w *warmCall) set(name, value string) bool {
 		w.image = value
 	case "tmp-size":
 		w.tmpSize = value
+	case "batch":
+		w.batch = value
+	case "parallel":
+		return w.setParallel(value)
 	case "language":
 		w.language = value
 	case "code":
