@@ -81,11 +81,11 @@ func (w *warmCall) runPooled(ctx context.Context, core string, stdout, stderr io
 	if err != nil {
 		return back, false
 	}
-	agent := runcmd.AgentID(filepath.Join(filepath.Dir(self), agentName))
-	if agent == "" {
+	agent, coreID := runcmd.FileID(filepath.Join(filepath.Dir(self), agentName)), runcmd.FileID(core)
+	if agent == "" || coreID == "" {
 		return back, false
 	}
-	shape := runcmd.ReadPoolHint(w.root, runcmd.PoolHintKey(w.image, w.tmpSize, agent))
+	shape := runcmd.ReadPoolHint(w.root, runcmd.PoolHintKey(w.image, w.tmpSize, coreID, agent))
 	if shape == "" {
 		return back, false
 	}

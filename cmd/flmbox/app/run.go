@@ -136,6 +136,10 @@ func writePoolHint(c *cli.Context, m *sandbox.Manager, spec sandbox.Spec) {
 	if err != nil {
 		return
 	}
+	self, err := os.Executable()
+	if err != nil {
+		return
+	}
 	key, pooled, err := m.PoolKey(c.Context, spec)
 	if err != nil || !pooled {
 		return
@@ -144,7 +148,7 @@ func writePoolHint(c *cli.Context, m *sandbox.Manager, spec sandbox.Spec) {
 	if c.IsSet("tmp-size") {
 		tmpSize = c.String("tmp-size")
 	}
-	runcmd.WritePoolHint(m.Root(), runcmd.PoolHintKey(spec.Image, tmpSize, runcmd.AgentID(agent)), key)
+	runcmd.WritePoolHint(m.Root(), runcmd.PoolHintKey(spec.Image, tmpSize, runcmd.FileID(self), runcmd.FileID(agent)), key)
 }
 
 // refuseCreateFlags refuses, with --sandbox, the flags that configure a new

@@ -25,9 +25,9 @@ import (
 // sandbox does; with no hint, or no idle sandbox, it hands the command line
 // to flmbox-core. A hint is written only for a digest reference (its
 // manifest cannot change) and only for a shape that has a pool; the key
-// holds this build and the agent binary (size and modification time), both
-// of which are in a shape, so a hint never names the shape of another
-// flmbox or agent. A pool drained since leaves a hint whose shape has no
+// holds this build and the flmbox-core and agent binaries (each by size and
+// modification time), so a hint never names the shape of another flmbox
+// (whose defaults may differ) or agent. A pool drained since leaves a hint whose shape has no
 // idle sandbox: flmbox-core runs the command.
 
 // PoolHintable reports whether image is a digest reference, the images
@@ -35,16 +35,16 @@ import (
 func PoolHintable(image string) bool { return strings.Contains(image, "@sha256:") }
 
 // PoolHintKey names the command line `run --image image --tmp-size
-// tmpSize` (tmpSize as given, "" if it is not) run with the agent binary
-// agent describes (AgentID) by this build.
-func PoolHintKey(image, tmpSize, agent string) string {
-	sum := sha256.Sum256([]byte(strings.Join([]string{"1", Build, agent, image, tmpSize}, "\x00")))
+// tmpSize` (tmpSize as given, "" if it is not) run by this build with the
+// flmbox-core and agent binaries that core and agent describe (FileID).
+func PoolHintKey(image, tmpSize, core, agent string) string {
+	sum := sha256.Sum256([]byte(strings.Join([]string{"1", Build, core, agent, image, tmpSize}, "\x00")))
 	return hex.EncodeToString(sum[:12])
 }
 
-// AgentID describes the agent binary at path by its size and modification
-// time, as a sandbox's shape does; "" if it cannot be read.
-func AgentID(path string) string {
+// FileID describes the binary at path by its size and modification time,
+// as a sandbox's shape describes its agent; "" if it cannot be read.
+func FileID(path string) string {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return ""

@@ -8,8 +8,8 @@ import (
 
 func TestPoolHint(t *testing.T) {
 	root := t.TempDir()
-	key := PoolHintKey("img@sha256:1", "", "1-2")
-	for _, other := range []string{PoolHintKey("img@sha256:2", "", "1-2"), PoolHintKey("img@sha256:1", "64MiB", "1-2"), PoolHintKey("img@sha256:1", "", "1-3")} {
+	key := PoolHintKey("img@sha256:1", "", "3-4", "1-2")
+	for _, other := range []string{PoolHintKey("img@sha256:2", "", "3-4", "1-2"), PoolHintKey("img@sha256:1", "64MiB", "3-4", "1-2"), PoolHintKey("img@sha256:1", "", "3-5", "1-2"), PoolHintKey("img@sha256:1", "", "3-4", "1-3")} {
 		if other == key {
 			t.Fatalf("two command lines share the key %s", key)
 		}
