@@ -35,7 +35,10 @@ func main() {
 			os.Exit(code)
 		}
 	} else if call, ok := parsePooledCall(os.Args[1:], os.LookupEnv); ok {
-		pooled(call)
+		if err := pooled(call); err != nil {
+			fmt.Fprintf(os.Stderr, "flmbox: %v\n", err)
+			os.Exit(125)
+		}
 	} else if call, ok := parseBatchCall(os.Args[1:], os.LookupEnv); ok {
 		ctx, stop := runcmd.NotifyContext(context.Background())
 		code, handled := call.runBatch(ctx, os.Stdout, os.Stderr)
@@ -53,23 +56,22 @@ func main() {
 }
 
 // pooled runs a plain run --image from a warm pool (pool.go) and execs
-// flmbox-core to give its sandbox back; it returns, having done nothing,
-// if flmbox-core must run the command line.
-func pooled(call *warmCall) {
+// flmbox-core to give its sandbox back. It returns nil, having done
+// nothing, if flmbox-core must run the command line, and an error only if
+// flmbox-core could not be run to give the sandbox back (Reconcile removes
+// it: its owner, this process, is gone then).
+func pooled(call *warmCall) error {
 	core, err := findCore()
 	if err != nil {
-		return // flmbox-core's check fails again and says so
+		return nil // the handover's check fails again and says so
 	}
 	ctx, stop := runcmd.NotifyContext(context.Background())
+	defer stop()
 	back, ok := call.runPooled(ctx, core, os.Stdout, os.Stderr)
 	if !ok {
-		stop()
-		return
+		return nil
 	}
-	err = execArgs(core, call.giveBackArgs(back))
-	stop()
-	fmt.Fprintf(os.Stderr, "flmbox: %v\n", err)
-	os.Exit(125)
+	return execArgs(core, call.giveBackArgs(back))
 }
 
 // findCore returns flmbox-core, next to flmbox, once it is known to be of
