@@ -5,9 +5,9 @@
 // is the hot path of an agent's worker, and starting the whole CLI (image
 // pulls over TLS, a registry, urfave/cli) costs about 2 ms per process: more
 // than a shell snippet takes in a warm sandbox. So flmbox makes a plain warm
-// call itself (warm.go) and execs flmbox-core, installed next to it, for
-// every other command line, unchanged: same process, same stdio, same
-// environment. flmbox-core implements all of flmbox, warm calls included. A
+// call itself (warm.go), serves a plain run --image from a warm pool
+// (pool.go), runs a batch in a running sandbox (batch.go), and execs flmbox-core, installed next to it, for every other
+// command line, unchanged: same process, same stdio, same environment. flmbox-core implements all of flmbox, warm calls included. A
 // call is handed over too whenever anything goes wrong before its request is
 // sent (no such sandbox, a dead one, a bad flag), so that flmbox-core says
 // what is wrong: nothing has run by then. Before handing over, flmbox checks
@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
 
 	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
 )
@@ -35,23 +34,56 @@ func main() {
 		if handled {
 			os.Exit(code)
 		}
+	} else if call, ok := parsePooledCall(os.Args[1:], os.LookupEnv); ok {
+		if err := pooled(call); err != nil {
+			fmt.Fprintf(os.Stderr, "flmbox: %v\n", err)
+			os.Exit(125)
+		}
+	} else if call, ok := parseBatchCall(os.Args[1:], os.LookupEnv); ok {
+		ctx, stop := runcmd.NotifyContext(context.Background())
+		code, handled := call.runBatch(ctx, os.Stdout, os.Stderr)
+		stop()
+		if handled {
+			os.Exit(code)
+		}
 	}
-	err := execCore(os.Args)
+	core, err := findCore()
+	if err == nil {
+		err = execArgs(core, os.Args)
+	}
 	fmt.Fprintf(os.Stderr, "flmbox: %v\n", err)
 	os.Exit(125)
 }
 
-// execCore replaces this process with flmbox-core and the same arguments; it
-// returns only on failure.
-func execCore(args []string) error {
+// pooled runs a plain run --image from a warm pool (pool.go) and execs
+// flmbox-core to give its sandbox back. It returns nil, having done
+// nothing, if flmbox-core must run the command line, and an error only if
+// flmbox-core could not be run to give the sandbox back (Reconcile removes
+// it: its owner, this process, is gone then).
+func pooled(call *warmCall) error {
+	core, err := findCore()
+	if err != nil {
+		return nil // the handover's check fails again and says so
+	}
+	ctx, stop := runcmd.NotifyContext(context.Background())
+	defer stop()
+	back, ok := call.runPooled(ctx, core, os.Stdout, os.Stderr)
+	if !ok {
+		return nil
+	}
+	return execArgs(core, call.giveBackArgs(back))
+}
+
+// findCore returns flmbox-core, next to flmbox, once it is known to be of
+// this build.
+func findCore() (string, error) {
 	self, err := os.Executable()
 	if err != nil {
-		return fmt.Errorf("find %s: %w", coreName, err)
+		return "", fmt.Errorf("find %s: %w", coreName, err)
 	}
 	core := filepath.Join(filepath.Dir(self), coreName)
 	if err := runcmd.SameBuild(core); err != nil {
-		return fmt.Errorf("run %s: %w; install flmbox, flmbox-core and flmbox-agent of one build in one directory (make build puts them in bin/)", coreName, err)
+		return "", fmt.Errorf("run %s: %w; install flmbox, flmbox-core and flmbox-agent of one build in one directory (make build puts them in bin/)", coreName, err)
 	}
-	err = syscall.Exec(core, args, os.Environ())
-	return fmt.Errorf("run %s: %w; install flmbox, flmbox-core and flmbox-agent in one directory (make build puts them in bin/)", core, err)
+	return core, nil
 }

@@ -16,15 +16,20 @@ import (
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
-// warmCall is a plain `flmbox run --sandbox NAME` command line.
+// warmCall is a plain `flmbox run --sandbox NAME` command line, or a plain
+// `flmbox run --image IMAGE` (pool.go).
 type warmCall struct {
-	root, sandbox, language string
-	code, file              string // -c CODE or FILE
-	hasCode                 bool
-	timeout                 time.Duration
-	maxOutput               int64
-	reset, json             bool
-	env                     []string // -e K=V, the call's
+	root, runsc, sandbox string
+	image, tmpSize       string // --image and --tmp-size as given
+	batch                string // --batch FILE
+	parallel             int
+	language             string
+	code, file           string // -c CODE or FILE
+	hasCode              bool
+	timeout              time.Duration
+	maxOutput            int64
+	reset, json          bool
+	env                  []string // -e K=V, the call's
 }
 
 // flagSet is what the warm-call parser knows of a table of flags: each
@@ -47,7 +52,21 @@ func warmFlags(table []runcmd.Flag) flagSet {
 var (
 	globalWarmFlags = warmFlags(runcmd.GlobalFlags)
 	runWarmFlags    = warmFlags(runcmd.RunFlags)
+	runPooledFlags  = withPooled(warmFlags(runcmd.RunFlags))
+	runBatchFlags   = withBatch(warmFlags(runcmd.RunFlags))
 )
+
+// withPooled adds to set the flags of a plain run --image: --image, and
+// --tmp-size, whose value is taken as given (flmbox-core reads it).
+func withPooled(set flagSet) flagSet {
+	for _, f := range runcmd.RunFlags {
+		if f.Name == "image" {
+			set[f.Name] = f
+		}
+	}
+	set["tmp-size"] = runcmd.Flag{Name: "tmp-size", Kind: runcmd.String}
+	return set
+}
 
 // parseWarmCall recognizes the command lines that flmbox runs itself: run
 // --sandbox NAME with (-c CODE | FILE) and only the flags runcmd's tables
@@ -58,6 +77,29 @@ var (
 // variable), which flmbox-core then runs. A Size is taken here only as a
 // plain number of bytes; sizes such as 1MiB are flmbox-core's to parse.
 func parseWarmCall(args []string, lookupEnv func(string) (string, bool)) (*warmCall, bool) {
+	w, ok := parseRun(args, lookupEnv, runWarmFlags)
+	if !ok || w.sandbox == "" {
+		return nil, false
+	}
+	w.runsc = "" // a call to a running sandbox needs none
+	return w, true
+}
+
+// parsePooledCall recognizes the command lines that flmbox serves from a
+// warm pool itself (pool.go): run --image IMAGE with (-c CODE | FILE),
+// perhaps --tmp-size, and otherwise only what parseWarmCall takes but
+// --sandbox and --reset.
+func parsePooledCall(args []string, lookupEnv func(string) (string, bool)) (*warmCall, bool) {
+	w, ok := parseRun(args, lookupEnv, runPooledFlags)
+	if !ok || w.image == "" || w.sandbox != "" || w.reset {
+		return nil, false // flmbox-core's to run, or to refuse
+	}
+	return w, true
+}
+
+// parseRun reads a run command line whose run flags are all of known, as
+// parseWarmCall describes.
+func parseRun(args []string, lookupEnv func(string) (string, bool), known flagSet) (*warmCall, bool) {
 	w := &warmCall{}
 	for _, table := range [][]runcmd.Flag{runcmd.GlobalFlags, runcmd.RunFlags} {
 		for _, f := range table {
@@ -109,16 +151,17 @@ func parseWarmCall(args []string, lookupEnv func(string) (string, bool)) (*warmC
 			args = args[1:]
 			continue
 		}
-		name, value, rest, ok := nextFlag(args, runWarmFlags)
+		name, value, rest, ok := nextFlag(args, known)
 		if !ok || !w.set(name, value) {
 			return nil, false
 		}
 		args = rest
 	}
 	switch {
-	case w.sandbox == "", w.root == "":
+	case w.root == "":
 		return nil, false // an empty root is flmbox-core's to refuse
 	case w.hasCode && len(positional) == 0:
+	case w.batch != "" && len(positional) == 0: // its codes are FILE's
 	case !w.hasCode && len(positional) == 1 && positional[0] != "-":
 		w.file = positional[0]
 	default:
@@ -133,9 +176,18 @@ func (w *warmCall) set(name, value string) bool {
 	switch name {
 	case "root":
 		w.root = value
-	case "runsc": // a call to a running sandbox needs no runsc
+	case "runsc": // pool.go passes it on
+		w.runsc = value
 	case "sandbox":
 		w.sandbox = value
+	case "image":
+		w.image = value
+	case "tmp-size":
+		w.tmpSize = value
+	case "batch":
+		w.batch = value
+	case "parallel":
+		return w.setParallel(value)
 	case "language":
 		w.language = value
 	case "code":
@@ -211,17 +263,8 @@ func nextFlag(args []string, known flagSet) (name, value string, rest []string, 
 // client (package record) and words (package runcmd) as flmbox-core's: the
 // agent may have run the snippet, so it is never sent again.
 func (w *warmCall) run(ctx context.Context, stdout, stderr io.Writer) (code int, handled bool) {
-	req := &wire.Request{Version: wire.ProtocolVersion, Language: w.language, Code: w.code,
-		TimeoutMS: w.timeout.Milliseconds(), MaxOutput: w.maxOutput, Reset: w.reset, Env: w.env}
-	if w.file != "" {
-		code, ok := readRegularFile(w.file)
-		if !ok {
-			return 0, false
-		}
-		// Run as a file of FILE's name, as python3 FILE runs it.
-		req.Code, req.File = code, filepath.Base(w.file)
-	}
-	if req.Validate() != nil {
+	req, ok := w.request()
+	if !ok {
 		return 0, false
 	}
 	rec, err := record.Read(w.root, w.sandbox)
@@ -236,6 +279,27 @@ func (w *warmCall) run(ctx context.Context, stdout, stderr io.Writer) (code int,
 		return 0, false // dead, or its socket replaced
 	}
 	defer conn.Close()
+	return w.finish(ctx, rec, conn, req, stdout, stderr)
+}
+
+// request is the call's request; false if flmbox-core must read its code
+// or refuse it.
+func (w *warmCall) request() (*wire.Request, bool) {
+	req := &wire.Request{Version: wire.ProtocolVersion, Language: w.language, Code: w.code,
+		TimeoutMS: w.timeout.Milliseconds(), MaxOutput: w.maxOutput, Reset: w.reset, Env: w.env}
+	if w.file != "" {
+		code, ok := readRegularFile(w.file)
+		if !ok {
+			return nil, false
+		}
+		// Run as a file of FILE's name, as python3 FILE runs it.
+		req.Code, req.File = code, filepath.Base(w.file)
+	}
+	return req, req.Validate() == nil
+}
+
+// finish makes the call on conn and prints its result.
+func (w *warmCall) finish(ctx context.Context, rec *record.Record, conn *os.File, req *wire.Request, stdout, stderr io.Writer) (code int, handled bool) {
 	res, err := rec.CallConn(ctx, conn, req)
 	if errors.Is(err, wire.ErrInterrupted) {
 		// Ctrl-C: what the snippet printed until then, and 130 (143 for

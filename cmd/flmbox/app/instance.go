@@ -42,13 +42,22 @@ func instanceCommand() *cli.Command {
 				ln.Close()
 				return err
 			}
-			// What killed instances left (their owner is gone) goes now.
-			if err := m.Reconcile(c.Context); err != nil {
-				fmt.Fprintf(c.App.ErrWriter, "flmbox instance: %v\n", err)
-			}
+			// What killed instances left (their owner is gone) goes while the
+			// first session enters: Reconcile (some 12 ms: runsc list, a scan
+			// of /proc) leaves alone what a live process holds or makes, as
+			// it does for any other flmbox running beside it.
+			reconciled := make(chan struct{})
+			go func() {
+				defer close(reconciled)
+				if err := m.Reconcile(c.Context); err != nil {
+					fmt.Fprintf(c.App.ErrWriter, "flmbox instance: %v\n", err)
+				}
+			}()
 			s := instance.New(m, instance.Options{Spec: spec, Timeout: c.Duration("timeout"), Log: c.App.ErrWriter})
 			fmt.Fprintf(c.App.ErrWriter, "flmbox instance: serving on %s\n", listen)
-			return instance.Serve(c.Context, s, ln)
+			err = instance.Serve(c.Context, s, ln)
+			<-reconciled
+			return err
 		},
 	}
 }

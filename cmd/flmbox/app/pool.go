@@ -1,6 +1,7 @@
 package app
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"syscall"
@@ -13,7 +14,7 @@ func poolCommand() *cli.Command {
 		Name: "pool",
 		Usage: "keep clean sandboxes running, per shape (image and sandbox flags), for run --image, run --batch --image, " +
 			"sandbox create and flmbox instance sessions to take at once",
-		Subcommands: []*cli.Command{poolFillCommand(), poolLsCommand(), poolDrainCommand(), poolRefillCommand()},
+		Subcommands: []*cli.Command{poolFillCommand(), poolLsCommand(), poolDrainCommand(), poolRefillCommand(), poolReturnCommand()},
 	}
 }
 
@@ -57,6 +58,47 @@ func poolRefillCommand() *cli.Command {
 				return err
 			}
 			return m.Refill(c.Context, c.Args().First())
+		},
+	}
+}
+
+// poolReturnCommand gives back the sandbox that the flmbox command took from
+// its pool for a run --image and called itself (cmd/flmbox/pool.go), and
+// exits as run --image does once its result is printed: with the call's
+// status and message; if the sandbox could not be given back, saying so (a
+// warning when the call failed, flmbox's failure when it succeeded) unless
+// --quiet (the call was interrupted or failed to run).
+func poolReturnCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "return",
+		Hidden:    true, // what flmbox runs after a pooled run --image
+		Usage:     "give back sandbox NAME, taken from its pool by flmbox run --image, and exit with --status",
+		ArgsUsage: "NAME",
+		Flags: []cli.Flag{
+			&cli.IntFlag{Name: "status", Usage: "the exit status of the call"},
+			&cli.StringFlag{Name: "message", Usage: "what to say of the call, last"},
+			&cli.BoolFlag{Name: "quiet", Usage: "say nothing of a failure to give the sandbox back"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 {
+				return cli.Exit("pool return takes one NAME", exitFlmboxFailed)
+			}
+			m, err := openManager(c)
+			if err == nil {
+				err = m.Release(context.WithoutCancel(c.Context), c.Args().First())
+			}
+			status := c.Int("status")
+			switch {
+			case err == nil, c.Bool("quiet"):
+			case status == 0:
+				return err
+			default:
+				warnf(c, "%v", err)
+			}
+			if status == 0 {
+				return nil
+			}
+			return cli.Exit(c.String("message"), status)
 		},
 	}
 }

@@ -95,6 +95,9 @@ func runInImage(c *cli.Context, m *sandbox.Manager, req sandbox.Request) error {
 			printed = printResult(c, res)
 		}
 	})
+	if delivered && c.Context.Err() == nil {
+		writePoolHint(c, m, spec)
+	}
 	switch {
 	case !delivered && (errors.Is(err, sandbox.ErrInterrupted) || err != nil && c.Context.Err() != nil):
 		return printInterrupted(c, nil) // before the code ran, or with no answer from the agent
@@ -107,6 +110,45 @@ func runInImage(c *cli.Context, m *sandbox.Manager, req sandbox.Request) error {
 		return printed
 	}
 	return err
+}
+
+// writePoolHint leaves the flmbox command a pool hint of this run --image
+// command line (see runcmd's PoolHintKey), if the command can serve it from
+// a warm pool itself: a digest reference, no sandbox flag but --tmp-size,
+// only run flags that it takes, and a pool of its shape. Written after the
+// result is out; a hint that cannot be written only leaves the command line
+// to flmbox-core.
+func writePoolHint(c *cli.Context, m *sandbox.Manager, spec sandbox.Spec) {
+	if !runcmd.PoolHintable(spec.Image) {
+		return
+	}
+	for _, f := range sandboxFlags() {
+		if n := f.Names()[0]; n != "tmp-size" && c.IsSet(n) {
+			return
+		}
+	}
+	for _, f := range runcmd.RunFlags {
+		if !f.Warm && f.Name != "image" && c.IsSet(f.Name) {
+			return
+		}
+	}
+	agent, err := m.Agent()
+	if err != nil {
+		return
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return
+	}
+	key, pooled, err := m.PoolKey(c.Context, spec)
+	if err != nil || !pooled {
+		return
+	}
+	tmpSize := ""
+	if c.IsSet("tmp-size") {
+		tmpSize = c.String("tmp-size")
+	}
+	runcmd.WritePoolHint(m.Root(), runcmd.PoolHintKey(spec.Image, tmpSize, runcmd.FileID(self), runcmd.FileID(agent)), key)
 }
 
 // refuseCreateFlags refuses, with --sandbox, the flags that configure a new
