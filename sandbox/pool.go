@@ -5,14 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sort"
-	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
-	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/sandbox/record"
 )
 
@@ -141,46 +138,21 @@ func (m *Manager) nameFree(ctx context.Context, name string) error {
 }
 
 // pooled returns the records of the idle sandboxes of shape key, the most
-// recently parked first (their memory is the likeliest to be in the host's
-// caches); all shapes' if key is empty.
-func (m *Manager) pooled(key string) []*record.Record {
-	var out []*record.Record
-	for _, rec := range m.records() {
-		if rec.Pooled != nil && (key == "" || rec.Shape == key) && rec.State == record.Running && !rec.Renamed() {
-			out = append(out, rec)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Pooled.After(*out[j].Pooled) })
-	return out
-}
+// recently parked first; all shapes' if key is empty (record.Idle).
+func (m *Manager) pooled(key string) []*record.Record { return record.Idle(m.root, key) }
 
-// records reads every sandbox's record, whatever name it holds (see
-// record.ReadDir); unreadable ones are left out.
-func (m *Manager) records() []*record.Record {
-	ents, _ := os.ReadDir(stateroot.Sandboxes(m.root))
-	var out []*record.Record
-	for _, e := range ents {
-		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
-			continue
-		}
-		if rec, err := record.ReadDir(stateroot.Sandbox(m.root, e.Name())); err == nil {
-			out = append(out, rec)
-		}
-	}
-	return out
-}
+// records reads every sandbox's record, whatever name it holds
+// (record.All).
+func (m *Manager) records() []*record.Record { return record.All(m.root) }
 
 // adopt takes the idle pooled sandbox of rec for spec, under its lock. It
 // fails with errTaken if another process took it (or removed it) first.
 func (m *Manager) adopt(ctx context.Context, rec *record.Record, spec Spec) (_ *Sandbox, err error) {
-	l, err := tryLock(rec.Dir)
-	if err != nil {
+	rec, unlock := record.LockIdle(rec)
+	if rec == nil {
 		return nil, errTaken
 	}
-	defer l.Unlock()
-	if rec, err = record.ReadDir(rec.Dir); err != nil || rec.Pooled == nil || rec.Renamed() {
-		return nil, errTaken
-	}
+	defer unlock()
 	if err := rec.Ping(ctx); err != nil {
 		m.o.warnf("removing idle sandbox %s of pool %s, whose agent does not answer: %v", rec.Name, rec.Shape, err)
 		if err := m.destroy(ctx, rec); err != nil {

@@ -8,14 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
 
 	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
-	"github.com/flmbox/flmbox/internal/flock"
-	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
@@ -106,18 +103,7 @@ func (w *warmCall) runPooled(ctx context.Context, core string, stdout, stderr io
 // if it could take none (flmbox-core then removes those whose agent does
 // not answer, or makes a sandbox).
 func (w *warmCall) adopt(ctx context.Context, shape string) (_ *record.Record, last bool) {
-	ents, _ := os.ReadDir(stateroot.Sandboxes(w.root))
-	var idle []*record.Record
-	for _, e := range ents {
-		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
-			continue
-		}
-		rec, err := record.ReadDir(stateroot.Sandbox(w.root, e.Name()))
-		if err == nil && rec.Pooled != nil && rec.Shape == shape && rec.State == record.Running && !rec.Renamed() {
-			idle = append(idle, rec)
-		}
-	}
-	sort.Slice(idle, func(i, j int) bool { return idle[i].Pooled.After(*idle[j].Pooled) })
+	idle := record.Idle(w.root, shape)
 	for i, rec := range idle {
 		if took := takeIdle(ctx, rec); took != nil {
 			return took, i == len(idle)-1
@@ -129,14 +115,11 @@ func (w *warmCall) adopt(ctx context.Context, shape string) (_ *record.Record, l
 // takeIdle takes the idle pooled sandbox of rec under its lock: nil if
 // another process took it first, or its agent does not answer.
 func takeIdle(ctx context.Context, rec *record.Record) *record.Record {
-	l, err := flock.TryLockDir(rec.Dir, flock.Exclusive)
-	if err != nil {
+	rec, unlock := record.LockIdle(rec)
+	if rec == nil {
 		return nil
 	}
-	defer l.Unlock()
-	if rec, err = record.ReadDir(rec.Dir); err != nil || rec.Pooled == nil || rec.Renamed() {
-		return nil
-	}
+	defer unlock()
 	if rec.Ping(ctx) != nil {
 		return nil
 	}
