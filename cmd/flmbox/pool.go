@@ -131,8 +131,7 @@ func takeIdle(ctx context.Context, rec *record.Record) *record.Record {
 	if record.Write(rec) != nil {
 		return nil // the record is as it was: still idle
 	}
-	rec.Touch()
-	return rec
+	return rec // its call marks its last use
 }
 
 // refill starts `flmbox-core pool refill SHAPE` in the background, as
