@@ -556,3 +556,31 @@ func TestLazySpares(t *testing.T) {
 	}
 	waitSpare(t, a, wire.LanguagePython)
 }
+
+// TestStartSpares: StartSpares returns with the Python spare started, which
+// Serve's first Python call then takes (a python3, child of the agent); with
+// LazySpares it starts nothing.
+func TestStartSpares(t *testing.T) {
+	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), Spares: true}
+	a.StartSpares()
+	a.mu.Lock()
+	p := a.spares[wire.LanguagePython]
+	a.mu.Unlock()
+	if p == nil || p.exited() {
+		t.Fatal("no Python spare once StartSpares returned")
+	}
+	socket := serve(t, a)
+	res := call(t, socket, request(wire.LanguagePython, "import os; print(os.getpid(), os.getppid())"))
+	if want := fmt.Sprintf("%d %d", p.pid, os.Getpid()); res.ExitCode != 0 || strings.TrimSpace(string(res.Stdout.Data)) != want {
+		t.Fatalf("the first Python call: %s; want it in the spare (%s)", dump(res), want)
+	}
+
+	lazy := &Agent{Python: hostPython(t), Dir: t.TempDir(), Spares: true, LazySpares: true}
+	lazy.StartSpares()
+	t.Cleanup(func() { lazy.Close() })
+	lazy.mu.Lock()
+	defer lazy.mu.Unlock()
+	if len(lazy.spares) != 0 || len(lazy.refilling) != 0 {
+		t.Fatal("StartSpares started a spare with LazySpares")
+	}
+}
