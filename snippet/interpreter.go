@@ -47,12 +47,20 @@ const gateFD = 3
 const snippetFilename = "<snippet>"
 
 // pythonBootstrap returns the program that python3 -c runs, whose
-// snippet runs as user (nil: the interpreter's own; see user_linux.go). Its
-// own frames are those of file "<string>"; they are dropped from the
-// snippet's tracebacks. Nothing it defines stays in __main__.
-func pythonBootstrap(user *User) string {
+// snippet runs as user (nil: the interpreter's own; see user_linux.go) and
+// leaves with the bootstrap's fast exit if fastExit is set. Its own frames
+// are those of file "<string>"; they are dropped from the snippet's
+// tracebacks. Nothing it defines stays in __main__.
+func pythonBootstrap(user *User, fastExit bool) string {
 	return pythonSiteDef + "_flmbox_front = _flmbox_site(())\n" + pythonBootstrapDef +
-		"_flmbox_bootstrap(False, _flmbox_front, " + user.python() + ")\n"
+		"_flmbox_bootstrap(" + pyBool(fastExit) + ", _flmbox_front, " + user.python() + ")\n"
+}
+
+func pyBool(b bool) string {
+	if b {
+		return "True"
+	}
+	return "False"
 }
 
 // pythonSiteDef defines _flmbox_site(modules), which imports site as python3
@@ -94,10 +102,14 @@ const pythonSiteDef = `def _flmbox_site(modules):
 `
 
 // pythonBootstrapDef defines the bootstrap. With fast_exit (a zygote's child,
-// see pythonZygote), once the snippet ends it does what the interpreter's exit
-// does that a program can see, and leaves with os._exit: the interpreter's
-// teardown would touch, and so copy, much of the memory the child shares with
-// the zygote (docs/PERFORMANCE.md, "Spares and the zygote"). What it keeps:
+// see pythonZygote, and a process of the agent's own python3), once the
+// snippet ends it does what the interpreter's exit does that a program can
+// see, and leaves with os._exit: the interpreter's teardown would touch, and
+// so copy, much of the memory a child shares with the zygote
+// (docs/PERFORMANCE.md, "Spares and the zygote"), and in a python3 under
+// gVisor it takes some 3 to 7 ms of the call (the first call of a new
+// sandbox waits for it, a python3 spare's). Another interpreter
+// (Request.Interpreter) exits as usual. What it keeps:
 // the exit status of SystemExit (a message printed, 1), a traceback and 1 for
 // an exception, non-daemon threads joined, atexit functions run, the snippet's
 // globals and garbage freed (their __del__ methods run: files held by them are
@@ -404,8 +416,9 @@ func shellExports(env []string) string {
 // The snippet's own stdout and stderr are unbuffered (-u), so that what it
 // printed before a timeout or the memory watch killed it is in the result;
 // unlike PYTHONUNBUFFERED, -u does not reach the Pythons it starts.
-func pythonCommand(user *User) command {
-	return command{args: []string{"python3", "-S", "-s", "-u", "-c", pythonBootstrap(user)}, codeInGate: true, envHeader: true}
+// fastExit: the bootstrap's (see pythonBootstrapDef).
+func pythonCommand(user *User, fastExit bool) command {
+	return command{args: []string{"python3", "-S", "-s", "-u", "-c", pythonBootstrap(user, fastExit)}, codeInGate: true, envHeader: true}
 }
 
 // zygoteCommand starts the Python zygote; its children's stdout and stderr

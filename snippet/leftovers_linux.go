@@ -363,7 +363,6 @@ func sealKeyrings() (made int, unsupported bool, err error) {
 			default:
 				return struct{}{}, errno
 			}
-			runtime.Gosched() // the agent's other goroutines first: GOMAXPROCS is 1
 		}
 		return struct{}{}, fmt.Errorf("the key set is not full after %d keyrings", maxKeyrings)
 	})

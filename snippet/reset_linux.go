@@ -159,7 +159,7 @@ func (a *Agent) python3Spare() *proc {
 		return nil
 	}
 	runs, idle := a.spareMark()
-	c := pythonCommand(a.User)
+	c := pythonCommand(a.User, true)
 	c.args[0] = a.python
 	p, err := a.startExec(a.python, c, a.pyEnv, nil, a.SpareLimits, false)
 	if err != nil {

@@ -248,7 +248,7 @@ func (a *Agent) startCall(req *wire.Request, interp string) (*proc, error) {
 	var err error
 	if req.Language == wire.LanguagePython {
 		path := cmp.Or(interp, a.python)
-		c := pythonCommand(nil)
+		c := pythonCommand(nil, interp == "")
 		c.args[0] = path
 		p, err = a.startExec(path, c, pythonEnv(env), a.User.credential(), req.Limits, stdin)
 	} else {
@@ -400,7 +400,7 @@ func (a *Agent) startLang(lang, code string, limits wire.Limits, wait, stdin, sp
 			return nil, err
 		}
 	}
-	c := pythonCommand(a.User)
+	c := pythonCommand(a.User, true)
 	c.args[0] = a.python                                            // Python finds its prefix from argv[0]
 	p, err := a.startExec(a.python, c, a.pyEnv, nil, limits, stdin) // it becomes a.User itself
 	if err == nil {

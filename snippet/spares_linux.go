@@ -83,6 +83,27 @@ func (a *Agent) takeSpare(ctx context.Context, req *wire.Request) *proc {
 	}
 }
 
+// StartSpares starts the first Python spare now, as Serve does first (none
+// without Spares or with LazySpares), and returns once its process exists.
+// A program that has work to do before Serve (flmbox-agent makes its
+// listener) calls it first: the interpreter's start is the longest step of a
+// new sandbox's first call, and from here it overlaps the rest of the
+// agent's start. Without it, the spare's goroutine waits for that work, and
+// for whatever Serve starts, on the agent's one P.
+func (a *Agent) StartSpares() {
+	a.init()
+	if a.LazySpares {
+		return
+	}
+	a.refill(wire.LanguagePython, a.SpareLimits)
+	a.mu.Lock()
+	r := a.refilling[wire.LanguagePython]
+	a.mu.Unlock()
+	if r != nil {
+		<-r.done
+	}
+}
+
 // errResetting is why a spare did not start: a reset began.
 var errResetting = errors.New("a reset began")
 

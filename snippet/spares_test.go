@@ -556,3 +556,74 @@ func TestLazySpares(t *testing.T) {
 	}
 	waitSpare(t, a, wire.LanguagePython)
 }
+
+// TestStartSpares: StartSpares returns with the Python spare started, which
+// Serve's first Python call then takes (a python3, child of the agent); with
+// LazySpares it starts nothing.
+func TestStartSpares(t *testing.T) {
+	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), Spares: true}
+	a.StartSpares()
+	a.mu.Lock()
+	p := a.spares[wire.LanguagePython]
+	a.mu.Unlock()
+	if p == nil || p.exited() {
+		t.Fatal("no Python spare once StartSpares returned")
+	}
+	socket := serve(t, a)
+	res := call(t, socket, request(wire.LanguagePython, "import os; print(os.getpid(), os.getppid())"))
+	if want := fmt.Sprintf("%d %d", p.pid, os.Getpid()); res.ExitCode != 0 || strings.TrimSpace(string(res.Stdout.Data)) != want {
+		t.Fatalf("the first Python call: %s; want it in the spare (%s)", dump(res), want)
+	}
+
+	lazy := &Agent{Python: hostPython(t), Dir: t.TempDir(), Spares: true, LazySpares: true}
+	lazy.StartSpares()
+	t.Cleanup(func() { lazy.Close() })
+	lazy.mu.Lock()
+	defer lazy.mu.Unlock()
+	if len(lazy.spares) != 0 || len(lazy.refilling) != 0 {
+		t.Fatal("StartSpares started a spare with LazySpares")
+	}
+}
+
+// TestPython3Exit: a python3 of the agent's own (no zygote: a new sandbox's
+// first call, or calls without spares) also leaves with the bootstrap's fast
+// exit, and does at exit what a program can see of python3's exit.
+func TestPython3Exit(t *testing.T) {
+	for _, spares := range []bool{false, true} {
+		a := testAgent(t)
+		a.Spares = spares
+		t.Cleanup(func() { a.Close() })
+		if spares {
+			a.StartSpares()
+		}
+		if err := os.WriteFile(filepath.Join(a.Dir, "holder.py"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		code := `import atexit, os, sys, threading, time, holder
+class Noisy:
+    def __del__(self):
+        print('del ran')
+noisy = Noisy()
+g = open('global.txt', 'w')
+g.write('global')
+holder.f = open('module.txt', 'w')
+holder.f.write('module')
+atexit.register(lambda: print('atexit ran'))
+def late():
+    time.sleep(0.2)
+    print('thread ran')
+threading.Thread(target=late).start()
+print('main done', os.getppid())
+sys.exit(4)
+`
+		res := run(t, a, request(wire.LanguagePython, code))
+		if want := fmt.Sprintf("main done %d\nthread ran\natexit ran\ndel ran\n", os.Getpid()); string(res.Stdout.Data) != want || res.ExitCode != 4 {
+			t.Fatalf("spares %v: want stdout %q and exit 4 (a child of the agent), got %s", spares, want, dump(res))
+		}
+		for file, want := range map[string]string{"global.txt": "global", "module.txt": "module"} {
+			if b, err := os.ReadFile(filepath.Join(a.Dir, file)); err != nil || string(b) != want {
+				t.Errorf("spares %v: %s holds %q (%v), want %q", spares, file, b, err, want)
+			}
+		}
+	}
+}

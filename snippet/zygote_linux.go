@@ -81,7 +81,7 @@ func (z *zygote) fork(limits wire.Limits, stdin bool) (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &zygoteFork{p: pp.proc(pythonCommand(nil), limits), done: make(chan error, 1)} // only its gate matters
+	f := &zygoteFork{p: pp.proc(pythonCommand(nil, true), limits), done: make(chan error, 1)} // only its gate matters
 	z.mu.Lock()
 	if z.err != nil {
 		z.mu.Unlock()

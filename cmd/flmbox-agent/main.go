@@ -97,6 +97,9 @@ func run(args []string) error {
 	// every scheduler handoff between threads is a costly futex; more Ps
 	// only add spinning threads.
 	goruntime.GOMAXPROCS(1)
+	// The Python spare first: its interpreter's start is what a new
+	// sandbox's first call waits for, and the rest overlaps it.
+	a.StartSpares()
 	a.Listen = func() (net.Listener, error) {
 		_ = os.Remove(socket) // a socket left by an earlier agent, or before a checkpoint
 		return net.Listen("unix", socket)
