@@ -155,8 +155,9 @@ type Agent struct {
 	running  atomic.Int32 // snippets running now
 
 	// As PID 1, what clears the sandbox's kernel (leftovers_linux.go).
-	keyrings keyrings // the sandbox's key set
-	mqueues  *os.File // the root of the sandbox's mqueue filesystem, once a reset opened it
+	keyrings keyrings    // the sandbox's key set
+	mqueues  *os.File    // the root of the sandbox's mqueue filesystem, once a reset opened it
+	sysv     sysvScanned // where the next reset's removal of System V objects starts
 
 	trimMu sync.Mutex
 	trim   *time.Timer // idleTrim's, once a call has ended

@@ -33,46 +33,66 @@ import (
 // third, and fails a reset that finds one of the last two (see "What a
 // sandbox can hold, and how a reset clears it" in docs/ARCHITECTURE.md).
 
-// maxIPCScan bounds the identifiers removeSysvIPC goes through: a sandbox
-// whose snippets used more is not reset (and gets replaced).
+// maxIPCScan bounds the identifiers removeSysvIPC goes through at a reset:
+// a sandbox whose snippets made more objects of a kind since the last reset
+// is not reset (and gets replaced).
 const maxIPCScan = 1 << 16
 
+// sysvKinds are the System V IPC objects a reset removes: how to make one
+// (its identifier is then the highest) and how to remove one.
+var sysvKinds = [...]struct {
+	name string
+	get  func() (uintptr, unix.Errno)
+	rm   func(id uintptr)
+}{
+	{"shared memory segment", func() (uintptr, unix.Errno) {
+		r, _, e := unix.Syscall(unix.SYS_SHMGET, ipcPrivate, 4096, 0o600)
+		return r, e
+	}, func(id uintptr) { unix.Syscall(unix.SYS_SHMCTL, id, ipcRMID, 0) }},
+	{"semaphore set", func() (uintptr, unix.Errno) {
+		r, _, e := unix.Syscall(unix.SYS_SEMGET, ipcPrivate, 1, 0o600)
+		return r, e
+	}, func(id uintptr) { unix.Syscall6(unix.SYS_SEMCTL, id, 0, ipcRMID, 0, 0, 0) }},
+	{"message queue", func() (uintptr, unix.Errno) {
+		r, _, e := unix.Syscall(unix.SYS_MSGGET, ipcPrivate, 0o600, 0)
+		return r, e
+	}, func(id uintptr) { unix.Syscall(unix.SYS_MSGCTL, id, ipcRMID, 0) }},
+}
+
+const ipcRMID, ipcPrivate = 0, 0
+
+// sysvScanned is, for each of sysvKinds, the first identifier the next
+// reset's removeSysvIPC goes through: every object below it was removed by
+// an earlier reset.
+type sysvScanned [len(sysvKinds)]uintptr
+
 // removeSysvIPC removes every System V shared memory segment, semaphore set
-// and message queue of the sandbox. gVisor gives out identifiers in
-// increasing order and does not list them (its SHM_INFO and MSG_INFO do not
-// give the highest one), so it makes a new object of each kind, whose
-// identifier is the highest, and removes every identifier up to it.
-func removeSysvIPC() error {
-	const ipcRMID, ipcPrivate = 0, 0
-	for _, k := range []struct {
-		name string
-		get  func() (uintptr, unix.Errno)
-		rm   func(id uintptr)
-	}{
-		{"shared memory segment", func() (uintptr, unix.Errno) {
-			r, _, e := unix.Syscall(unix.SYS_SHMGET, ipcPrivate, 4096, 0o600)
-			return r, e
-		}, func(id uintptr) { unix.Syscall(unix.SYS_SHMCTL, id, ipcRMID, 0) }},
-		{"semaphore set", func() (uintptr, unix.Errno) {
-			r, _, e := unix.Syscall(unix.SYS_SEMGET, ipcPrivate, 1, 0o600)
-			return r, e
-		}, func(id uintptr) { unix.Syscall6(unix.SYS_SEMCTL, id, 0, ipcRMID, 0, 0, 0) }},
-		{"message queue", func() (uintptr, unix.Errno) {
-			r, _, e := unix.Syscall(unix.SYS_MSGGET, ipcPrivate, 0o600, 0)
-			return r, e
-		}, func(id uintptr) { unix.Syscall(unix.SYS_MSGCTL, id, ipcRMID, 0) }},
-	} {
+// and message queue that snippets made since the last reset. gVisor gives
+// out identifiers in increasing order (wrapping only past 2^31) and does not
+// list them (its SHM_INFO and MSG_INFO do not give the highest one), so it
+// makes a new object of each kind, whose identifier is the highest, and
+// removes every identifier from the first one the last reset did not go
+// through (next) up to it; next then moves past it. Without next, each reset
+// would go through every identifier the sandbox ever gave out: its N-th
+// reset some 3N system calls, and none past maxIPCScan.
+func removeSysvIPC(next *sysvScanned) error {
+	for i, k := range sysvKinds {
 		highest, errno := k.get()
 		if errno != 0 {
 			return fmt.Errorf("reset: make a System V %s: %w", k.name, errno)
 		}
-		if highest > maxIPCScan {
+		switch {
+		case highest < next[i]:
 			k.rm(highest)
-			return fmt.Errorf("reset: System V %s identifiers reach %d: the sandbox used too many to clear", k.name, highest)
+			return fmt.Errorf("reset: System V %s identifiers wrapped around: the sandbox used too many to clear", k.name)
+		case highest-next[i] > maxIPCScan:
+			k.rm(highest)
+			return fmt.Errorf("reset: System V %s identifiers reach %d since the last reset: the sandbox used too many to clear", k.name, highest)
 		}
-		for id := uintptr(0); id <= highest; id++ {
+		for id := next[i]; id <= highest; id++ {
 			k.rm(id)
 		}
+		next[i] = highest + 1
 	}
 	return nil
 }

@@ -133,7 +133,7 @@ func (a *Agent) reset(ctx context.Context, spare *proc) error {
 	}
 	// As the snippets' user: only an object's owner (or CAP_SYS_ADMIN,
 	// which the agent lacks) may remove it.
-	if err := asUser(a.User, removeSysvIPC); err != nil {
+	if err := asUser(a.User, func() error { return removeSysvIPC(&a.sysv) }); err != nil {
 		return err
 	}
 	if err := a.removePosixMQueues(); err != nil {
