@@ -4,11 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	goruntime "runtime"
 
 	"github.com/containerd/errdefs"
-	"golang.org/x/sync/errgroup"
 
+	"github.com/flmbox/flmbox/internal/workers"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
@@ -87,34 +86,14 @@ func (m *Manager) Batch(ctx context.Context, target Target, reqs []Request, para
 			return nil, fmt.Errorf("batch: snippet %d: %w", i, err)
 		}
 	}
-	if parallel <= 0 {
-		parallel = goruntime.NumCPU()
-	}
-	parallel = min(parallel, len(reqs))
 	out := make([]BatchResult, len(reqs))
-	next := make(chan int)
-	go func() {
-		defer close(next)
-		for i := range reqs {
-			select {
-			case next <- i:
-			case <-ctx.Done():
-				return
-			}
+	workers.Run(ctx, len(reqs), parallel, func(next <-chan int) {
+		w := &batchWorker{m: m, target: target}
+		defer w.close(ctx)
+		for i := range next {
+			out[i] = w.run(ctx, wreqs[i], reqs[i].Callback)
 		}
-	}()
-	var g errgroup.Group
-	for range parallel {
-		g.Go(func() error {
-			w := &batchWorker{m: m, target: target}
-			defer w.close(ctx)
-			for i := range next {
-				out[i] = w.run(ctx, wreqs[i], reqs[i].Callback)
-			}
-			return nil
-		})
-	}
-	g.Wait()
+	})
 	return out, nil
 }
 

@@ -5,12 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	goruntime "runtime"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
+	"github.com/flmbox/flmbox/internal/workers"
 	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
@@ -91,31 +90,12 @@ func (w *warmCall) runBatch(ctx context.Context, stdout, stderr io.Writer) (code
 		err error
 	}
 	outcomes := make([]outcome, len(reqs))
-	parallel := w.parallel
-	if parallel <= 0 {
-		parallel = goruntime.NumCPU()
-	}
-	next := make(chan int)
-	go func() {
-		defer close(next)
-		for i := range reqs {
-			select {
-			case next <- i:
-			case <-ctx.Done():
-				return
-			}
+	workers.Run(ctx, len(reqs), w.parallel, func(next <-chan int) {
+		for i := range next {
+			res, err := w.callOne(ctx, reqs[i])
+			outcomes[i] = outcome{true, res, err}
 		}
-	}()
-	var wg sync.WaitGroup
-	for range min(parallel, len(reqs)) {
-		wg.Go(func() {
-			for i := range next {
-				res, err := w.callOne(ctx, reqs[i])
-				outcomes[i] = outcome{true, res, err}
-			}
-		})
-	}
-	wg.Wait()
+	})
 	out := make([]runcmd.BatchResult, len(reqs))
 	for i, o := range outcomes {
 		out[i] = runcmd.BatchElement(ctx, o.ran, o.res, o.err, timeouts[i])
