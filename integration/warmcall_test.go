@@ -80,6 +80,35 @@ func TestWarmCallsWithoutCore(t *testing.T) {
 		})
 	}
 
+	// A batch in the running sandbox is the flmbox command's too, printed as
+	// flmbox-core prints it (its exit status is 0 whatever its snippets').
+	batch := filepath.Join(t.TempDir(), "batch.json")
+	if err := os.WriteFile(batch, []byte(`{"language": "python", "codes": ["print('one')", "import sys; print('two', file=sys.stderr); sys.exit(3)", "print('\\xff')"]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"run", "--batch", batch, "--sandbox", name, "--parallel", "2"}
+	fast, core := run(alone, args...), run(flmboxCore, args...)
+	if fast.code != 0 || core.code != 0 {
+		t.Fatalf("batch: exit %d (flmbox alone), %d (flmbox-core)\nflmbox stderr: %s\nflmbox-core stderr: %s", fast.code, core.code, fast.stderr, core.stderr)
+	}
+	var fb, cb []map[string]any
+	if err := json.Unmarshal([]byte(fast.stdout), &fb); err != nil || len(fb) != 3 {
+		t.Fatalf("flmbox batch: %v: %q", err, fast.stdout)
+	}
+	if err := json.Unmarshal([]byte(core.stdout), &cb); err != nil || len(cb) != 3 {
+		t.Fatalf("flmbox-core batch: %v: %q", err, core.stdout)
+	}
+	for i := range fb {
+		delete(fb[i], "duration_ms")
+		delete(cb[i], "duration_ms")
+	}
+	if f, c := mustJSON(t, fb), mustJSON(t, cb); f != c {
+		t.Errorf("batch: flmbox printed %s, flmbox-core %s", f, c)
+	}
+	if fb[0]["stdout"] != "one\n" || fb[1]["exit_code"] != float64(3) {
+		t.Errorf("batch: flmbox printed %s", fast.stdout)
+	}
+
 	// Everything else is flmbox-core's: without it, a clear failure.
 	for _, args := range [][]string{{"sandbox", "ls"}, {"run", "--sandbox", "nosuch", "-c", "1"}} {
 		res := run(alone, args...)
