@@ -133,11 +133,12 @@ print('done')`, 0},
 	}
 }
 
-// sandboxState is sandbox name's state as sandbox ls --json says.
+// sandboxState is sandbox name's state as sandbox ls --probe --json says
+// (its agent pinged).
 func sandboxState(t *testing.T, root, name string) string {
 	t.Helper()
 	var sbs []struct{ Name, State string }
-	if err := json.Unmarshal([]byte(mustFlmbox(t, root, "sandbox", "ls", "--json")), &sbs); err != nil {
+	if err := json.Unmarshal([]byte(mustFlmbox(t, root, "sandbox", "ls", "--probe", "--json")), &sbs); err != nil {
 		t.Fatal(err)
 	}
 	for _, sb := range sbs {
@@ -145,7 +146,7 @@ func sandboxState(t *testing.T, root, name string) string {
 			return sb.State
 		}
 	}
-	t.Fatalf("sandbox ls does not list %s", name)
+	t.Fatalf("sandbox ls --probe does not list %s", name)
 	return ""
 }
 

@@ -112,7 +112,8 @@ func TestRuntimeRunAliveDelete(t *testing.T) {
 		defer log.Close()
 		c := runtime.Container{ID: runtime.NewID(), Network: runtime.NetworkNone}
 		t.Cleanup(func() { rt.Delete(context.Background(), c) })
-		return c, rt.Run(ctx, c, bundle, spec, log)
+		_, err = rt.Run(ctx, c, bundle, spec, log)
+		return c, err
 	}
 	// known reports whether runsc still has state of c.
 	known := func(c runtime.Container) bool {

@@ -37,44 +37,42 @@ func (r *Runtime) Checkpoint(ctx context.Context, c Container, imageDir string, 
 // free. Its stdio is log, as Run gives it. runsc restores it under a raised
 // CPU quota, and its own is set before Restore returns (see restoreQuota).
 // On failure the error quotes the end of log, and the container is deleted.
-func (r *Runtime) Restore(ctx context.Context, c Container, bundle, imageDir string, log *os.File) error {
+// It returns the pid of the container's gVisor sandbox process, as Run does.
+func (r *Runtime) Restore(ctx context.Context, c Container, bundle, imageDir string, log *os.File) (int, error) {
 	if err := ValidatePlatform(c.Platform); err != nil {
-		return err
+		return 0, err
 	}
 	dir, cpu, cgroup, err := restoreBundle(bundle, c.ID)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer os.RemoveAll(dir)
 	unlock, err := r.lockCreate()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer unlock()
-	pidFile, err := filepath.Abs(filepath.Join(dir, "pid"))
+	pidFile, err := filepath.Abs(filepath.Join(dir, pidFileName))
 	if err != nil {
-		return err
+		return 0, err
 	}
 	inv := r.command(c, "restore", "--image-path", imageDir, "--detach", "--pid-file", pidFile, "--bundle", dir, c.ID)
 	inv.stdio, inv.pdeath = log, true
 	if _, err := inv.run(ctx); err != nil {
 		r.cleanUp(ctx, c)
-		return fmt.Errorf("restore container %s with runsc: %w%s", c.ID, err, panicOrTail(log.Name()))
-	}
-	if cpu == nil {
-		return nil
+		return 0, fmt.Errorf("restore container %s with runsc: %w%s", c.ID, err, panicOrTail(log.Name()))
 	}
 	pid, err := readPidFile(pidFile)
 	if err != nil {
 		err = fmt.Errorf("read runsc's pid file: %w: %w", err, errdefs.ErrUnavailable)
-	} else {
+	} else if cpu != nil {
 		err = setCPUQuota(pid, cgroup, cpu)
 	}
 	if err != nil {
 		r.cleanUp(ctx, c)
-		return fmt.Errorf("restore container %s: %w", c.ID, err)
+		return 0, fmt.Errorf("restore container %s: %w", c.ID, err)
 	}
-	return nil
+	return pid, nil
 }
 
 // readPidFile reads the pid runsc wrote into a --pid-file.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -113,7 +114,13 @@ func TestHangingRunscIsKilledWithinItsBound(t *testing.T) {
 		{"kill", func(ctx context.Context, r *Runtime) error { return r.Signal(ctx, c, 15) }, false},
 		{"delete", func(ctx context.Context, r *Runtime) error { return r.Delete(ctx, c) }, false},
 		{"state", func(ctx context.Context, r *Runtime) error { _, err := r.Running(ctx, c); return err }, false},
-		{"list", func(ctx context.Context, r *Runtime) error { _, err := r.List(ctx); return err }, false},
+		{"list", func(ctx context.Context, r *Runtime) error {
+			// A state file named otherwise than this runsc names them
+			// makes List ask runsc.
+			os.WriteFile(filepath.Join(r.root, "older-runsc.state"), nil, 0o600)
+			_, err := r.List(ctx)
+			return err
+		}, false},
 		{"checkpoint", func(ctx context.Context, r *Runtime) error { return r.Checkpoint(ctx, c, t.TempDir(), true) }, false},
 	} {
 		t.Run(tc.hang, func(t *testing.T) {
@@ -161,7 +168,8 @@ func TestCancelKillsRunsc(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer log.Close()
-			return r.Run(ctx, c, bundle, &specs.Spec{}, log)
+			_, err = r.Run(ctx, c, bundle, &specs.Spec{}, log)
+			return err
 		}},
 	} {
 		t.Run(tc.hang, func(t *testing.T) {
@@ -207,5 +215,32 @@ func TestRunscFailureSaysWhy(t *testing.T) {
 	}
 	if err := r.Delete(context.Background(), c); err != nil {
 		t.Errorf("Delete of a container runsc does not know: %v", err)
+	}
+}
+
+func TestListReadsStateFileNames(t *testing.T) {
+	f := newFakeRunsc(t, "", `[{"id":"from-runsc"}]`)
+	r, err := NewRuntime(f.path, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"flmbox-a_sandbox:flmbox-a.state", "flmbox-a_sandbox:flmbox-a.lock", "flmbox-b_sandbox:flmbox-b.state", "runsc.sock"} {
+		if err := os.WriteFile(filepath.Join(r.root, n), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids, err := r.List(context.Background())
+	if err != nil || !slices.Equal(ids, []string{"flmbox-a", "flmbox-b"}) {
+		t.Fatalf("List = %q, %v; want the state files' IDs", ids, err)
+	}
+	if _, err := os.Stat(f.pids); err == nil {
+		t.Error("List ran runsc")
+	}
+	// A state file this runsc would not write: runsc list says.
+	if err := os.WriteFile(filepath.Join(r.root, "other.state"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := r.List(context.Background()); err != nil || !slices.Equal(ids, []string{"from-runsc"}) {
+		t.Fatalf("List = %q, %v; want runsc list's", ids, err)
 	}
 }

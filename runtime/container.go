@@ -91,31 +91,46 @@ func (r *Runtime) Runsc() string { return r.runsc }
 // open. A platform this host cannot run is refused before runsc runs
 // (ValidatePlatform). On failure the error quotes the end of log, and the
 // container is deleted (see cleanUp); a runsc run that does not finish in
-// its bound is killed (a *TimeoutError).
-func (r *Runtime) Run(ctx context.Context, c Container, bundle string, spec *specs.Spec, log *os.File) (err error) {
+// its bound is killed (a *TimeoutError). It returns the pid of the
+// container's gVisor sandbox process (runsc's --pid-file): while that
+// process lives, so does the container.
+func (r *Runtime) Run(ctx context.Context, c Container, bundle string, spec *specs.Spec, log *os.File) (pid int, err error) {
 	if err := ValidatePlatform(c.Platform); err != nil {
-		return err
+		return 0, err
 	}
 	b, err := json.MarshalIndent(spec, "", "  ")
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
-		return fmt.Errorf("write the container's bundle: %w", err)
+		return 0, fmt.Errorf("write the container's bundle: %w", err)
 	}
+	pidFile, err := filepath.Abs(filepath.Join(bundle, pidFileName))
+	if err != nil {
+		return 0, err
+	}
+	defer os.Remove(pidFile)
 	unlock, err := r.lockCreate()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer unlock()
-	inv := r.command(c, "run", "--bundle", bundle, "--detach", c.ID)
+	inv := r.command(c, "run", "--bundle", bundle, "--detach", "--pid-file", pidFile, c.ID)
 	inv.stdio, inv.pdeath = log, true
 	if _, err := inv.run(ctx); err != nil {
 		r.cleanUp(ctx, c)
-		return fmt.Errorf("run container with runsc: %w%s", err, logTail(log.Name()))
+		return 0, fmt.Errorf("run container with runsc: %w%s", err, logTail(log.Name()))
 	}
-	return nil
+	if pid, err = readPidFile(pidFile); err != nil {
+		r.cleanUp(ctx, c)
+		return 0, fmt.Errorf("run container with runsc: read its pid file: %w: %w", err, errdefs.ErrUnavailable)
+	}
+	return pid, nil
 }
+
+// pidFileName is the file in a bundle directory where runsc writes the pid
+// of the container's gVisor sandbox process (read, then removed).
+const pidFileName = "runsc.pid"
 
 // cleanUpBound is how long the clean-up of a container that runsc failed
 // to make may take, whatever its caller's context says: a caller
@@ -162,7 +177,8 @@ func (r *Runtime) lockCreate() (func(), error) {
 
 // Prune removes what runsc leaves in its root once its last container is
 // gone, so that the root can be removed: the null-netns mount and file, and
-// lock files and sockets of containers whose state is gone. It does so only
+// lock files and sockets of containers whose state is gone (and the
+// processes a killed runsc run left, if any). It does so only
 // if idle, called with creation locked out, says that no container can be
 // made or running (its caller's records say so), and only if no container
 // state is left in the root; it does nothing while a container is being
@@ -187,6 +203,12 @@ func (r *Runtime) Prune(idle func() bool) error {
 		if strings.HasSuffix(e.Name(), ".state") {
 			return nil // runsc knows a container: leave its files
 		}
+	}
+	// No container can be running: a runsc process of the root is one a
+	// killed runsc run left, whose lock file (see KillOrphans) is removed
+	// below.
+	if _, err := r.KillOrphans(func() []string { return nil }); err != nil {
+		return fmt.Errorf("prune runsc's state directory: %w", err)
 	}
 	netns := filepath.Join(r.root, "null-netns")
 	if mountinfo.IsNsfs(netns) {
@@ -319,8 +341,14 @@ func (r *Runtime) killProcesses(id string) error {
 }
 
 // List returns the IDs of the containers runsc knows under the Runtime's
-// root.
+// root: the names of its state files (ID_sandbox:SANDBOX-ID.state), read
+// without running runsc (runsc list would load every one of them: tens of
+// milliseconds for tens of containers); runsc list if a name is not of
+// that form.
 func (r *Runtime) List(ctx context.Context) ([]string, error) {
+	if ids, ok := r.stateIDs(); ok {
+		return ids, nil
+	}
 	inv := invocation{bin: r.runsc, sub: "list", args: []string{"--root", r.root, "list", "--format=json"}, bound: r.bounds["list"]}
 	out, err := inv.run(ctx)
 	if err != nil {
@@ -337,6 +365,26 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 		ids = append(ids, c.ID)
 	}
 	return ids, nil
+}
+
+// stateIDs returns the container IDs that name the state files in runsc's
+// root, and false if one of them is not named as this runsc names them.
+func (r *Runtime) stateIDs() ([]string, bool) {
+	ents, err := os.ReadDir(r.root)
+	if err != nil && !os.IsNotExist(err) {
+		return nil, false
+	}
+	ids := []string{}
+	for _, e := range ents {
+		id, ok := rootFileID(e.Name(), ".state")
+		if !ok && id != "" {
+			return nil, false
+		}
+		if ok {
+			ids = append(ids, id)
+		}
+	}
+	return ids, true
 }
 
 // logTail returns the last lines of a failed runsc run's log, if it wrote

@@ -3,6 +3,7 @@ package runtime
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"strconv"
@@ -19,7 +20,25 @@ import (
 // that runsc neither lists nor deletes them.
 // known is called after the processes are listed, so that a container being
 // made meanwhile (its ID known before its processes exist) is never killed.
+//
+// Reading every process's command line costs tens of milliseconds on a host
+// with hundreds of sandboxes, so it is done only if runsc's root names a
+// container that known() does not: runsc locks a container's file in its
+// root (ID_sandbox:ID.lock) before it starts any of its processes, and
+// removes it only with the container's state (runsc delete), so a container
+// whose processes may be left always has one there. (Prune, which removes
+// stale lock files, kills every runsc process of the root first.)
 func (r *Runtime) KillOrphans(known func() []string) (int, error) {
+	inRoot, err := r.rootIDs()
+	if err != nil {
+		return 0, err
+	}
+	for _, id := range known() {
+		delete(inRoot, id)
+	}
+	if len(inRoot) == 0 {
+		return 0, nil
+	}
 	procs, err := r.processes()
 	if err != nil || len(procs) == 0 {
 		return 0, err
@@ -31,6 +50,44 @@ func (r *Runtime) KillOrphans(known func() []string) (int, error) {
 		errs = append(errs, removeCgroups(cgroupName("", id)))
 	}
 	return len(ids), errors.Join(errs...)
+}
+
+// rootIDs returns the IDs of the containers that have a state or lock file
+// in runsc's root; a file named otherwise than this runsc names them counts
+// as a container no one knows ("?").
+func (r *Runtime) rootIDs() (map[string]bool, error) {
+	ents, err := os.ReadDir(r.root)
+	if err != nil && !os.IsNotExist(err) {
+		return nil, fmt.Errorf("read runsc's state directory: %w", err)
+	}
+	ids := map[string]bool{}
+	for _, e := range ents {
+		if e.Name() == createLock {
+			continue
+		}
+		if id, ok := rootFileID(e.Name(), ".state", ".lock"); ok {
+			ids[id] = true
+		} else if id != "" {
+			ids["?"] = true
+		}
+	}
+	return ids, nil
+}
+
+// rootFileID returns the container ID of a file in runsc's root
+// (ID_sandbox:SANDBOX-ID.SUFFIX) with one of suffixes; ok false, and the
+// name, if it has one of them but is not named so; "" if it has none.
+func rootFileID(name string, suffixes ...string) (id string, ok bool) {
+	for _, suf := range suffixes {
+		if n, has := strings.CutSuffix(name, suf); has {
+			id, _, ok := strings.Cut(n, "_sandbox:")
+			if !ok || id == "" {
+				return name, false
+			}
+			return id, true
+		}
+	}
+	return "", false
 }
 
 // killContainers SIGKILLs the processes of procs (processes' map) whose

@@ -76,10 +76,10 @@ func TestKVMIsRefusedWithoutDevKVM(t *testing.T) {
 			}
 			c := Container{ID: "flmbox-0123", Network: NetworkNone, Platform: "kvm"}
 			bundle := t.TempDir()
-			if err := r.Run(context.Background(), c, bundle, &specs.Spec{}, nil); !errors.Is(err, ErrPlatformUnsupported) {
+			if _, err := r.Run(context.Background(), c, bundle, &specs.Spec{}, nil); !errors.Is(err, ErrPlatformUnsupported) {
 				t.Errorf("Run: %v", err)
 			}
-			if err := r.Restore(context.Background(), c, bundle, t.TempDir(), nil); !errors.Is(err, ErrPlatformUnsupported) {
+			if _, err := r.Restore(context.Background(), c, bundle, t.TempDir(), nil); !errors.Is(err, ErrPlatformUnsupported) {
 				t.Errorf("Restore: %v", err)
 			}
 			if _, err := os.Stat(ran); err == nil {

@@ -169,9 +169,11 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	}
 	defer logf.Close()
 	ran = true
-	if err := rt.Run(ctx, container(rec), rec.Dir, ospec, logf); err != nil {
+	pid, err := rt.Run(ctx, container(rec), rec.Dir, ospec, logf)
+	if err != nil {
 		return nil, m.runscFailed(ctx, fmt.Sprintf("create sandbox %q: run runsc", rec.Name), consolePath(rec), m.createLog(rec), err)
 	}
+	rec.Process = sandboxProcess(pid)
 	if err := waitForAgent(ctx, rec); err != nil {
 		m.o.debugf("%v", err)
 		return nil, err

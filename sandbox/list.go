@@ -84,7 +84,9 @@ type Sandbox struct {
 	rec *record.Record // what it was read from, for Probe
 }
 
-// sandbox describes the sandbox of rec, in the state its record says.
+// sandbox describes the sandbox of rec, in the state its record says, or
+// dead if its record names a gVisor sandbox process that is gone (one
+// read of /proc: see record.Process.Gone).
 func (m *Manager) sandbox(rec *record.Record) *Sandbox {
 	sb := &Sandbox{Name: rec.Name, Image: rec.Image, Manifest: rec.Manifest, Network: Network(rec.Network),
 		Platform: rec.Platform, Limits: rec.Limits, State: rec.State, Created: rec.Created,
@@ -95,10 +97,26 @@ func (m *Manager) sandbox(rec *record.Record) *Sandbox {
 	if sb.State == StateRunning && rec.Pooled != nil {
 		sb.State = StatePooled
 	}
+	if sb.State == StateRunning || sb.State == StatePooled {
+		if rec.Process.Gone() {
+			sb.State = StateDead
+		}
+	}
 	if sb.State == StateSuspended {
 		sb.ImageBytes = checkpointBytes(rec)
 	}
 	return sb
+}
+
+// sandboxProcess is process pid, the gVisor sandbox process runsc started
+// for a sandbox, as its record keeps it: nil if /proc has no such process
+// (the sandbox is then dead, and waiting for its agent fails).
+func sandboxProcess(pid int) *record.Process {
+	p, err := record.ProcessOf(pid)
+	if err != nil {
+		return nil
+	}
+	return p
 }
 
 // ProbeTimeout bounds Probe's check of one sandbox: its agent's ping
@@ -108,8 +126,8 @@ const ProbeTimeout = record.PingTimeout + 2*time.Second
 // maxProbes is how many sandboxes Probe checks at once.
 const maxProbes = 16
 
-// Probe checks whether the running and pooled sandboxes among sbs are alive
-// and sets their State: StateDead if their gVisor processes are gone,
+// Probe checks whether the agents of the running and pooled sandboxes among
+// sbs answer and sets their State: StateDead if their gVisor processes are gone,
 // StateUnresponsive if their agent does not answer (or nothing answered
 // within ProbeTimeout: not known dead). A sandbox whose agent answers a
 // ping costs about a millisecond and no runsc; the others are asked of
@@ -170,9 +188,10 @@ func (m *Manager) check(ctx context.Context, rec *record.Record) State {
 	return StateDead // its agent refuses connections
 }
 
-// Get describes sandbox name in the state its record says
-// (errdefs.ErrNotFound if there is no such sandbox): it reads the record and
-// runs nothing; Probe checks whether a running one is alive. What a killed
+// Get describes sandbox name in the state its record says, or dead if its
+// gVisor sandbox process is gone (errdefs.ErrNotFound if there is no such
+// sandbox): it reads the record and /proc and runs nothing; Probe checks
+// whether a running one's agent answers. What a killed
 // Create or Remove left of it, or an ephemeral sandbox whose owner is gone,
 // is removed first (see Reconcile), and a suspend or resume a killed flmbox
 // left is ended.
@@ -218,10 +237,10 @@ func (m *Manager) settled(ctx context.Context, rec *record.Record) (*record.Reco
 	return rec, nil
 }
 
-// List describes every sandbox, oldest first, in the states their records
-// say: it reads records and runs nothing (about a tenth of a millisecond a
-// sandbox), removing what a killed flmbox left of a sandbox as Get does.
-// Probe checks which running ones are alive; Reconcile also deletes runsc
+// List describes every sandbox, oldest first, as Get does: it reads
+// records and /proc and runs nothing (tens of microseconds a sandbox),
+// removing what a killed flmbox left of a sandbox as Get does. Probe checks
+// which running ones' agents answer; Reconcile also deletes runsc
 // containers and image leases that no record names.
 func (m *Manager) List(ctx context.Context) ([]*Sandbox, error) {
 	ents, err := os.ReadDir(stateroot.Sandboxes(m.root))

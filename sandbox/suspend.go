@@ -130,7 +130,7 @@ func (m *Manager) finishSuspend(ctx context.Context, rec *record.Record) error {
 			return fmt.Errorf("suspend sandbox %q: %w", rec.Name, err)
 		}
 	}
-	rec.State = record.Suspended
+	rec.State, rec.Process = record.Suspended, nil
 	return record.Write(rec)
 }
 
@@ -214,8 +214,8 @@ func removeStaleImages(rec *record.Record) {
 	os.RemoveAll(filepath.Join(rec.Dir, checkpointDir))
 }
 
-// restore makes the sandbox of rec again from its image and waits for its
-// agent.
+// restore makes the sandbox of rec again from its image, records its new
+// gVisor sandbox process in rec, and waits for its agent.
 func (m *Manager) restore(ctx context.Context, rec *record.Record) error {
 	rt, err := m.runtime()
 	if err != nil {
@@ -245,9 +245,11 @@ func (m *Manager) restore(ctx context.Context, rec *record.Record) error {
 		return err
 	}
 	defer logf.Close()
-	if err := rt.Restore(ctx, container(rec), rec.Dir, img, logf); err != nil {
+	pid, err := rt.Restore(ctx, container(rec), rec.Dir, img, logf)
+	if err != nil {
 		return m.runscFailed(ctx, fmt.Sprintf("restore sandbox %q", rec.Name), consolePath(rec), consolePath(rec), err)
 	}
+	rec.Process = sandboxProcess(pid)
 	return waitForAgent(ctx, rec)
 }
 
@@ -269,7 +271,7 @@ func (m *Manager) undoResume(ctx context.Context, rec *record.Record) error {
 	if Network(rec.Network) == NetworkEgress {
 		errs = append(errs, resolverFiles(rec).Stop())
 	}
-	rec.State = record.Suspended
+	rec.State, rec.Process = record.Suspended, nil
 	if err := record.Write(rec); err != nil {
 		return err
 	}

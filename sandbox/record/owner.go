@@ -12,12 +12,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Owner is the process a sandbox belongs to (sandbox.Spec.Ephemeral): once
-// it is gone, nobody will remove the sandbox but Reconcile. A pid alone
+// Process is a host process a record names: the process a sandbox belongs
+// to (its Owner, sandbox.Spec.Ephemeral: once it is gone, nobody will
+// remove the sandbox but Reconcile), or the sandbox's own gVisor sandbox
+// process (its Process: once it is gone, so is the sandbox). A pid alone
 // could be reused by another process, so the process's start time is kept
 // with it; and a pid means nothing outside its pid namespace, so that is
 // kept too.
-type Owner struct {
+type Process struct {
 	PID int `json:"pid"`
 	// Start is the process's start time, in clock ticks since boot (field
 	// 22 of /proc/PID/stat).
@@ -26,18 +28,20 @@ type Owner struct {
 	PIDNS uint64 `json:"pidns,omitempty"`
 }
 
-// self is this process as an owner, read once: none of it changes.
-var self = sync.OnceValues(func() (Owner, error) {
-	pid := os.Getpid()
-	start, _, err := readStat(pid)
+// Owner is the process a sandbox belongs to (see Process).
+type Owner = Process
+
+// self is this process, read once: none of it changes.
+var self = sync.OnceValues(func() (Process, error) {
+	p, err := ProcessOf(os.Getpid())
 	if err != nil {
-		return Owner{}, fmt.Errorf("read this process's start time: %w", err)
+		return Process{}, err
 	}
-	return Owner{PID: pid, Start: start, PIDNS: pidNamespace()}, nil
+	return *p, nil
 })
 
-// Self returns this process as an owner.
-func Self() (*Owner, error) {
+// Self returns this process, as an owner.
+func Self() (*Process, error) {
 	o, err := self()
 	if err != nil {
 		return nil, err
@@ -45,13 +49,22 @@ func Self() (*Owner, error) {
 	return &o, nil
 }
 
-// Gone reports whether the owner process no longer exists: its pid has no
+// ProcessOf returns process pid of this pid namespace, with its start time.
+func ProcessOf(pid int) (*Process, error) {
+	start, _, err := readStat(pid)
+	if err != nil {
+		return nil, fmt.Errorf("read the start time of process %d: %w", pid, err)
+	}
+	return &Process{PID: pid, Start: start, PIDNS: pidNamespace()}, nil
+}
+
+// Gone reports whether the process no longer exists: its pid has no
 // /proc/PID/stat, or one of another process (another start time), or of a
 // zombie (killed, not yet reaped: it will never remove anything). It is
-// conservative: a nil Owner (no owner), an owner in another pid namespace
-// than this process's (or in one unknown), and any other failure to read
-// /proc are not gone.
-func (o *Owner) Gone() bool {
+// conservative: a nil Process (none recorded), a process in another pid
+// namespace than this process's (or in one unknown), and any other failure
+// to read /proc are not gone.
+func (o *Process) Gone() bool {
 	if o == nil || o.PID <= 0 {
 		return false
 	}
@@ -92,11 +105,11 @@ func readStat(pid int) (start uint64, state byte, err error) {
 }
 
 // pidNamespace returns the inode of this process's pid namespace, 0 if it
-// cannot be read.
-func pidNamespace() uint64 {
+// cannot be read; read once.
+var pidNamespace = sync.OnceValue(func() uint64 {
 	var st unix.Stat_t
 	if err := unix.Stat("/proc/self/ns/pid", &st); err != nil {
 		return 0
 	}
 	return st.Ino
-}
+})

@@ -73,6 +73,10 @@ type Record struct {
 	// (sandbox.Spec.Ephemeral): once it is gone, Reconcile removes the
 	// sandbox.
 	Owner *Owner `json:"owner,omitempty"`
+	// Process is the sandbox's gVisor sandbox process (runsc's) while it
+	// runs: once that is gone, so is the sandbox (see Dead). Nil while it
+	// is made or suspended, and in records of older flmbox.
+	Process *Process `json:"process,omitempty"`
 	// Shape is the key of what the sandbox is made of (its image's
 	// manifest, network, platform, limits, /tmp, environment, pip
 	// requirements, mounts): sandboxes of one shape are interchangeable once

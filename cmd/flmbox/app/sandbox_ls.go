@@ -63,16 +63,19 @@ func sandboxLsCommand() *cli.Command {
 	return &cli.Command{
 		Name:    "ls",
 		Aliases: []string{"list"},
-		Usage:   "list sandboxes, each running one checked (dead: its gVisor processes are gone; unresponsive: its agent did not answer in 5s)",
-		Flags:   []cli.Flag{jsonFlag},
+		Usage:   "list sandboxes (dead: its gVisor sandbox process is gone; with --probe, unresponsive: its agent did not answer in 5s)",
+		Flags: []cli.Flag{jsonFlag,
+			&cli.BoolFlag{Name: "probe", Usage: "ping every running sandbox's agent (all at once, each within 5s)"}},
 		Action: func(c *cli.Context) error {
 			m, err := openManager(c)
 			if err != nil {
 				return err
 			}
-			// What a killed flmbox left goes first; then each running
-			// sandbox is probed, all at once and each within bounds, so
-			// that one that hangs never delays or mislabels another.
+			// What a killed flmbox left goes first. A sandbox whose gVisor
+			// sandbox process is gone is dead (List reads /proc); with
+			// --probe each running one's agent is pinged, all at once and
+			// each within bounds, so that one that hangs never delays or
+			// mislabels another.
 			if err := m.Reconcile(c.Context); err != nil {
 				warnf(c, "%v", err)
 			}
@@ -80,7 +83,9 @@ func sandboxLsCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			m.Probe(c.Context, sbs...)
+			if c.Bool("probe") {
+				m.Probe(c.Context, sbs...)
+			}
 			infos := []sandboxInfo{}
 			for _, sb := range sbs {
 				infos = append(infos, sandboxInfo{Name: sb.Name, Image: sb.Image, Network: sb.Network, State: sb.State,
