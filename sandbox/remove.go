@@ -142,9 +142,11 @@ const newDirGrace = time.Minute
 // record says creating or removing), running sandboxes whose owner is gone
 // (Spec.Ephemeral), runsc containers that no record names, and image leases
 // whose sandbox does not exist. It costs a directory listing, a lock attempt
-// per sandbox, a read of /proc per ephemeral one and one runsc list;
-// sandboxes other processes are creating or removing are left alone, and so
-// is a directory whose record cannot be read (it is reported).
+// per sandbox, a read of /proc per ephemeral one and a listing of runsc's
+// state directory (and a scan of /proc only if that names a container no
+// record does: see runtime.Runtime.KillOrphans); sandboxes other processes
+// are creating or removing are left alone, and so is a directory whose
+// record cannot be read (it is reported).
 func (m *Manager) Reconcile(ctx context.Context) error {
 	if err := m.open(); err != nil {
 		return err
