@@ -30,7 +30,7 @@ import (
 // stale lock files, kills every runsc process of the root first.)
 func (r *Runtime) KillOrphans(known func() []string) (int, error) {
 	inRoot, err := r.rootIDs()
-	if err != nil {
+	if err != nil || len(inRoot) == 0 {
 		return 0, err
 	}
 	for _, id := range known() {

@@ -299,7 +299,7 @@ func (m *Manager) claim(ctx context.Context, rec *record.Record) (*flock.Lock, e
 		if try > 0 || !errors.Is(err, unix.EEXIST) {
 			break
 		}
-		if gone, _ := m.reconcileDir(ctx, dir); !gone {
+		if _, gone, _ := m.reconcileDir(ctx, dir); !gone {
 			break
 		}
 		// A killed flmbox left it: it is gone now.

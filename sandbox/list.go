@@ -227,7 +227,7 @@ func (m *Manager) settled(ctx context.Context, rec *record.Record) (*record.Reco
 	if rec.State == record.Running && !rec.Owner.Gone() || rec.State == record.Suspended {
 		return rec, nil
 	}
-	gone, err := m.reconcileDir(ctx, rec.Dir)
+	_, gone, err := m.reconcileDir(ctx, rec.Dir)
 	if err != nil || gone {
 		return nil, err
 	}

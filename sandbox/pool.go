@@ -126,7 +126,7 @@ func (m *Manager) nameFree(ctx context.Context, name string) error {
 		return err
 	}
 	if _, err := os.Lstat(dir); err == nil {
-		gone, err := m.reconcileDir(ctx, dir)
+		_, gone, err := m.reconcileDir(ctx, dir)
 		if err != nil {
 			return fmt.Errorf("create sandbox %q: remove what an interrupted flmbox left of it: %w", name, err)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,6 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/flmbox/flmbox/internal/stateroot"
+	"github.com/flmbox/flmbox/rootfs"
+	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox/record"
 )
 
@@ -141,58 +144,85 @@ const newDirGrace = time.Minute
 // Create or Remove did not finish (their directory's lock is free and their
 // record says creating or removing), running sandboxes whose owner is gone
 // (Spec.Ephemeral), runsc containers that no record names, and image leases
-// whose sandbox does not exist. It costs a directory listing, a lock attempt
-// per sandbox, a read of /proc per ephemeral one and a listing of runsc's
-// state directory (and a scan of /proc only if that names a container no
-// record does: see runtime.Runtime.KillOrphans); sandboxes other processes
-// are creating or removing are left alone, and so is a directory whose
-// record cannot be read (it is reported).
+// whose sandbox does not exist. It costs a directory listing, a read of each
+// record (and a lock attempt only for one that may need work), a read of
+// /proc per ephemeral one and a listing of runsc's state directory (and a
+// scan of /proc only if that names a container no record does: see
+// runtime.Runtime.KillOrphans); sandboxes other processes are creating or
+// removing are left alone, and so is a directory whose record cannot be
+// read (it is reported).
 func (m *Manager) Reconcile(ctx context.Context) error {
 	if err := m.open(); err != nil {
 		return err
+	}
+	// runsc's containers and the image leases are listed before the records
+	// are read: a record is written before its container and its lease
+	// exist, so one that no record read afterwards names was left by a
+	// killed flmbox, never a sandbox being made.
+	var errs []error
+	rt, rtErr := m.runtime() // without runsc, no container could be made
+	var containers []string
+	if rtErr == nil {
+		var err error
+		if containers, err = rt.List(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("reconcile containers: %w", err))
+			rtErr = err
+		}
+	}
+	leases, err := m.store.Leases()
+	if err != nil {
+		return fmt.Errorf("reconcile image leases: %w", err)
 	}
 	ents, err := os.ReadDir(stateroot.Sandboxes(m.root))
 	if err != nil {
 		return fmt.Errorf("reconcile sandboxes: %w", err)
 	}
-	var errs []error
+	known := map[string]bool{}
 	for _, e := range ents {
-		if e.IsDir() {
-			if _, err := m.reconcileDir(ctx, stateroot.Sandbox(m.root, e.Name())); err != nil {
-				errs = append(errs, err)
-			}
+		if !e.IsDir() {
+			continue
+		}
+		rec, _, err := m.reconcileDir(ctx, stateroot.Sandbox(m.root, e.Name()))
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if rec != nil {
+			known[rec.ID] = true
 		}
 	}
-	errs = append(errs, m.reconcileContainers(ctx), m.reconcileLeases(ctx), m.reconcileEgress(ctx))
+	if rtErr == nil {
+		errs = append(errs, m.reconcileContainers(ctx, rt, containers, known))
+	}
+	errs = append(errs, m.reconcileLeases(ctx, leases, known), m.reconcileEgress(ctx))
 	m.pruneRunsc()
 	return errors.Join(errs...)
 }
 
 // reconcileContainers deletes flmbox's runsc containers that no record
-// names: a Create killed while runsc was making its container, after its
-// clean-up looked for it. A record is written before its container exists,
-// and the records are read after runsc listed the containers, so a container
-// without one is never a sandbox being made.
-func (m *Manager) reconcileContainers(ctx context.Context) error {
-	rt, err := m.runtime()
-	if err != nil {
-		return nil // without runsc, no container could be made
-	}
+// names (containers, listed before the records in known were read): a
+// Create killed while runsc was making its container, after its clean-up
+// looked for it.
+func (m *Manager) reconcileContainers(ctx context.Context, rt *runtime.Runtime, containers []string, known map[string]bool) error {
 	// Processes of a runsc run killed while it made its container may have
-	// no state in runsc's root: runsc lists and deletes them not.
-	if n, err := rt.KillOrphans(m.recordedIDs); err != nil {
+	// no state in runsc's root: runsc lists and deletes them not. The
+	// records read serve KillOrphans' first look (a container made since
+	// makes it look further, and read them again).
+	cached := slices.Collect(maps.Keys(known))
+	recorded := func() []string {
+		if ids := cached; ids != nil {
+			cached = nil
+			return ids
+		}
+		return m.recordedIDs()
+	}
+	if n, err := rt.KillOrphans(recorded); err != nil {
 		m.o.warnf("reconcile containers: %v", err)
 	} else if n > 0 {
 		m.o.warnf("killed the runsc processes of %d containers that neither runsc nor any sandbox knows", n)
 	}
-	ids, err := rt.List(ctx)
-	if err != nil {
-		return fmt.Errorf("reconcile containers: %w", err)
-	}
-	named := m.recordedIDs()
 	var errs []error
-	for _, id := range ids {
-		if !strings.HasPrefix(id, "flmbox-") || slices.Contains(named, id) {
+	for _, id := range containers {
+		if !strings.HasPrefix(id, "flmbox-") || known[id] {
 			continue
 		}
 		m.o.warnf("deleting runsc container %s, which no sandbox names", id)
@@ -212,84 +242,108 @@ func (m *Manager) recordedIDs() []string {
 	return ids
 }
 
-// reconcileLeases releases image leases whose sandbox does not exist. A
-// lease is taken after its sandbox's record names its container, and
-// released before the record is removed; its holder names the container,
-// which no other sandbox has, whatever names the sandbox takes (a pool's).
-// Records are read after the leases, so a lease taken meanwhile has its
-// record.
-func (m *Manager) reconcileLeases(ctx context.Context) error {
-	leases, err := m.store.Leases()
-	if err != nil {
-		return fmt.Errorf("reconcile image leases: %w", err)
-	}
-	ids := m.recordedIDs()
+// reconcileLeases releases the image leases (listed before the records in
+// known were read) whose sandbox does not exist. A lease is taken after its
+// sandbox's record names its container, and released before the record is
+// removed; its holder names the container, which no other sandbox has,
+// whatever names the sandbox takes (a pool's).
+func (m *Manager) reconcileLeases(ctx context.Context, leases []rootfs.Lease, known map[string]bool) error {
 	var errs []error
 	for _, l := range leases {
 		_, id, ok := parseHolder(l.Holder)
 		if !ok {
 			continue // not a sandbox's lease
 		}
-		if !slices.Contains(ids, id) {
+		if !known[id] {
 			if err := m.store.Release(ctx, l.ManifestDigest, l.Holder); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("reconcile image leases: %w", err)
+	}
+	return nil
 }
 
 // reconcileDir removes the sandbox directory dir if a killed Create or
 // Remove left it, or if its sandbox is running and its owner is gone, and
-// reports whether it is gone.
-func (m *Manager) reconcileDir(ctx context.Context, dir string) (gone bool, err error) {
+// reports whether it is gone; if not, it returns the sandbox's record as it
+// read it (nil if it could not). A running sandbox of a live owner (or of
+// none) without a checkpoint image left, and a suspended one, need no work:
+// their record is read and no lock taken; the others' directory is locked,
+// and left alone if another process holds it.
+func (m *Manager) reconcileDir(ctx context.Context, dir string) (_ *record.Record, gone bool, _ error) {
 	name := filepath.Base(dir)
 	if strings.HasPrefix(name, ".new-") {
 		// A Create killed before it renamed the directory to the
 		// sandbox's name: nothing else was made yet. A new one is left to
 		// its Create, which locks it just after making it.
 		if fi, err := os.Lstat(dir); err != nil || time.Since(fi.ModTime()) < newDirGrace {
-			return err != nil, nil
+			return nil, err != nil, nil
 		}
+	} else if rec, err := record.ReadDir(dir); err == nil && !rec.Renamed() && settledOn(rec) {
+		return rec, false, nil
 	}
 	l, err := tryLock(dir)
 	if errors.Is(err, os.ErrNotExist) {
-		return true, nil
+		return nil, true, nil
 	}
 	if err != nil {
-		return false, nil // another process is at work on it
+		// Another process is at work on it: its record (a Create's is
+		// written before its container) is what it is now.
+		rec, _ := record.ReadDir(dir)
+		return rec, false, nil
 	}
 	defer l.Unlock()
 	if strings.HasPrefix(name, ".new-") {
-		return true, os.RemoveAll(dir)
+		return nil, true, os.RemoveAll(dir)
 	}
 	rec, err := record.ReadDir(dir)
 	switch {
 	case errdefs.IsNotFound(err):
 		rec = &record.Record{Name: name, Dir: dir} // a directory without its record: nothing else was made
 	case err != nil:
-		return false, fmt.Errorf("reconcile sandbox %q: %w", name, err)
+		return nil, false, fmt.Errorf("reconcile sandbox %q: %w", name, err)
 	case rec.Renamed():
 		m.o.warnf("removing sandbox %s, which an interrupted flmbox left renamed from %s (taking it from a pool or giving it back)", name, rec.Name)
 	case rec.State == record.Running && !rec.Owner.Gone():
 		removeStaleImages(rec)
 		if Network(rec.Network) == NetworkEgress {
-			return false, m.healEgress(ctx, rec)
+			return rec, false, m.healEgress(ctx, rec)
 		}
-		return false, nil
+		return rec, false, nil
 	case rec.State == record.Suspended:
-		return false, nil
+		return rec, false, nil
 	case rec.State == record.Suspending, rec.State == record.Resuming:
-		return false, m.reconcileSuspend(ctx, rec)
+		return rec, false, m.reconcileSuspend(ctx, rec)
 	case rec.State == record.Running:
 		m.o.warnf("removing sandbox %s, whose owner flmbox process %d is gone", name, rec.Owner.PID)
 	default:
 		m.o.warnf("removing sandbox %s, which an interrupted flmbox left %s", name, orUnknown(rec.State))
 	}
 	if err := m.destroy(ctx, rec); err != nil {
-		return false, err
+		return rec, false, err
 	}
-	return true, nil
+	return nil, true, nil
+}
+
+// settledOn says whether the sandbox of rec, read without its lock, needs
+// no work of Reconcile: suspended, or running (not egress: its network is
+// checked) with its owner alive and no checkpoint image left by a resume.
+func settledOn(rec *record.Record) bool {
+	if rec.State == record.Suspended {
+		return true
+	}
+	if rec.State != record.Running || rec.Owner.Gone() || Network(rec.Network) == NetworkEgress {
+		return false
+	}
+	for _, d := range []string{checkpointDir, checkpointOld} {
+		if _, err := os.Lstat(filepath.Join(rec.Dir, d)); !errors.Is(err, os.ErrNotExist) {
+			return false
+		}
+	}
+	return true
 }
 
 func orUnknown(s record.State) string {

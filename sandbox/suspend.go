@@ -130,7 +130,7 @@ func (m *Manager) finishSuspend(ctx context.Context, rec *record.Record) error {
 			return fmt.Errorf("suspend sandbox %q: %w", rec.Name, err)
 		}
 	}
-	rec.State, rec.Process = record.Suspended, nil
+	rec.State, rec.Process, rec.ImageBytes = record.Suspended, nil, imageBytes(rec)
 	return record.Write(rec)
 }
 
@@ -181,7 +181,7 @@ func (m *Manager) Resume(ctx context.Context, name string) (resumed bool, err er
 		}
 		return false, fmt.Errorf("resume sandbox %q (it stays suspended, its image kept): %w", name, err)
 	}
-	rec.State = record.Running
+	rec.State, rec.ImageBytes = record.Running, 0
 	if err := record.Write(rec); err != nil {
 		return false, err
 	}
@@ -361,9 +361,18 @@ func (m *Manager) lockRecord(ctx context.Context, name, doing string) (*record.R
 	return rec, l.Unlock, nil
 }
 
-// checkpointBytes is the size of sandbox rec's checkpoint image, 0 if it
-// has none.
+// checkpointBytes is the size of suspended sandbox rec's checkpoint image,
+// as its record says (its files' if it does not).
 func checkpointBytes(rec *record.Record) int64 {
+	if rec.ImageBytes > 0 {
+		return rec.ImageBytes
+	}
+	return imageBytes(rec)
+}
+
+// imageBytes is the size of the files of sandbox rec's checkpoint image, 0
+// if it has none.
+func imageBytes(rec *record.Record) int64 {
 	var n int64
 	filepath.WalkDir(filepath.Join(rec.Dir, checkpointDir), func(_ string, d fs.DirEntry, err error) error {
 		if err == nil && !d.IsDir() {

@@ -77,6 +77,9 @@ type Record struct {
 	// runs: once that is gone, so is the sandbox (see Dead). Nil while it
 	// is made or suspended, and in records of older flmbox.
 	Process *Process `json:"process,omitempty"`
+	// ImageBytes is the size of a suspended sandbox's checkpoint image,
+	// written when it was suspended (0 in records of older flmbox).
+	ImageBytes int64 `json:"image_bytes,omitempty"`
 	// Shape is the key of what the sandbox is made of (its image's
 	// manifest, network, platform, limits, /tmp, environment, pip
 	// requirements, mounts): sandboxes of one shape are interchangeable once
