@@ -181,28 +181,31 @@ func checkSpace(root string) Check {
 	return Check{Name: CheckSpace, OK: free >= MinFreeBytes, Detail: detail}
 }
 
-// What one idle sandbox takes of the host's limits, measured on an idle
-// sandbox of the default spec (systrap, a Python spare ready) on a 2-CPU
-// Debian VM (Linux 6.18). Host inotify is not among them: runsc's gofer,
-// sentry and stub processes hold no inotify instance (gVisor's inotify is
-// the sentry's own), nor does flmbox, so fs.inotify.* caps nothing.
-// vm.max_map_count is per process (an idle sentry maps 61 areas): it caps
-// no count either.
+// What one idle sandbox takes of the host's limits, measured on idle
+// sandboxes of the default spec (systrap) on a 2-CPU Debian VM (Linux
+// 6.18), after a Python and a shell call. Host inotify is not among them:
+// runsc's gofer, sentry and stub processes hold no inotify instance
+// (gVisor's inotify is the sentry's own), nor does flmbox, so fs.inotify.*
+// caps nothing. vm.max_map_count is per process (an idle sentry maps 60 to
+// 85 areas): it caps no count either.
 const (
 	// idleSandboxTasks are an idle sandbox's host tasks, each of which
 	// takes a pid (kernel.pid_max) and a task (kernel.threads-max): its
-	// pids cgroup held 36 (runsc-gofer's 9 threads, runsc-sandbox's 19
-	// and 8 systrap stub tasks; 31 with --lazy-spares).
-	idleSandboxTasks = 36
+	// pids cgroup held 39 to 41 after calls (runsc-gofer's 9 threads,
+	// runsc-sandbox's 18 and a systrap stub task for each process in the
+	// sandbox); 35 new, 31 new with --lazy-spares, 56 once resumed (a
+	// restored sentry runs 40 threads).
+	idleSandboxTasks = 40
 	// idleSandboxFiles are an idle sandbox's open files (fs.file-max):
-	// runsc-gofer's 40 and runsc-sandbox's 133 (58 with --lazy-spares);
-	// the stubs share the sentry's descriptor table.
-	idleSandboxFiles = 175
+	// runsc-gofer's 40 and runsc-sandbox's 231 after calls (131 new, 58
+	// new with --lazy-spares, 80 resumed); the stubs share the sentry's
+	// descriptor table.
+	idleSandboxFiles = 270
 	// sandboxProcessFiles are the descriptors of an idle sandbox's largest
 	// process, the sentry; each host file its sandbox opens adds one
 	// (up to 1024 per process in the sandbox). runsc's processes inherit
 	// flmbox's RLIMIT_NOFILE and raise their soft limit to the hard one.
-	sandboxProcessFiles = 133
+	sandboxProcessFiles = 231
 	// minNofile is the hard RLIMIT_NOFILE below which a sentry may run
 	// out of descriptors for what its sandbox opens.
 	minNofile = 4096

@@ -25,29 +25,29 @@ func TestHostLimits(t *testing.T) {
 		detail string
 	}{
 		{"this VM: pid_max caps the count", vm, map[string]want{
-			// (32768-1187)/36; memory could hold 24 GiB / 15 MiB = 1638,
-			// pid_max 910 in all.
-			LimitPidMax:     {877, true, 1 << 22},
-			LimitThreadsMax: {5320, false, 0},
-			LimitFileMax:    {14071, false, 0},
+			// (32768-1187)/40; memory could hold 24 GiB / 15 MiB = 1638,
+			// pid_max 819 in all.
+			LimitPidMax:     {789, true, 1 << 22},
+			LimitThreadsMax: {4788, false, 0},
+			LimitFileMax:    {9120, false, 0},
 			LimitNofile:     {-1, false, 0},
 			LimitMemory:     {938, false, 0}, // 22 GiB / 24 MiB
-		}, true, "room for about 877 more idle sandboxes, bound by kernel.pid_max (memory holds about 938)"},
+		}, true, "room for about 789 more idle sandboxes, bound by kernel.pid_max (memory holds about 938)"},
 		{"raised pid_max: memory bounds", hostFacts{pidMax: 1 << 22, threadsMax: 192739, tasks: 1187, fileMax: 2466290, files: 3755,
 			nofile: 1 << 20, memTotal: 24 * gib, memAvailable: 22 * gib}, map[string]want{
-			LimitPidMax:     {116475, false, 0},
-			LimitThreadsMax: {5320, false, 0},
+			LimitPidMax:     {104827, false, 0},
+			LimitThreadsMax: {4788, false, 0},
 			LimitMemory:     {938, false, 0},
 		}, false, "room for about 938 more idle sandboxes, bound by memory (24MiB each)"},
 		{"a big host: threads-max, file-max and nofile low", hostFacts{pidMax: 1 << 22, threadsMax: 50000, tasks: 2000, fileMax: 100000,
 			files: 10000, nofile: 1024, memTotal: 256 * gib, memAvailable: 250 * gib}, map[string]want{
 			// memory could hold 256 GiB / 15 MiB = 17476 sandboxes:
-			// 17476*36+2000 tasks, 17476*175+10000 files.
-			LimitThreadsMax: {1333, true, 1 << 20},
-			LimitFileMax:    {514, true, 1 << 22},
+			// 17476*40+2000 tasks, 17476*270+10000 files.
+			LimitThreadsMax: {1200, true, 1 << 20},
+			LimitFileMax:    {333, true, 1 << 23},
 			LimitNofile:     {-1, true, 1 << 20},
 			LimitMemory:     {10666, false, 0},
-		}, true, "room for about 514 more idle sandboxes, bound by fs.file-max (memory holds about 10666)"},
+		}, true, "room for about 333 more idle sandboxes, bound by fs.file-max (memory holds about 10666)"},
 		{"little memory left", hostFacts{pidMax: 1 << 22, memTotal: 4 * gib, memAvailable: 200 << 20}, map[string]want{
 			LimitMemory: {8, true, 0},
 		}, true, "room for about 8 more idle sandboxes, bound by memory (24MiB each)"},
