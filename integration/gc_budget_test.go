@@ -182,4 +182,23 @@ func TestSandboxGCBudget(t *testing.T) {
 	if out := mustFlmbox(t, root, "sandbox", "gc", "--max-memory", fmt.Sprint(budget), "--max-running", "2"); out != "" {
 		t.Fatalf("gc within its budget printed %q", out)
 	}
+
+	// A pooled sandbox counts, and is never suspended.
+	mustFlmbox(t, root, "pool", "fill", reg.digestRef(), "--lazy-spares", "--size", "1")
+	res = flmbox(t, root, "sandbox", "gc", "--max-running", "0")
+	if res.code != 125 || !strings.Contains(res.stdout, "suspend c (idle ") || !strings.Contains(res.stdout, "suspend d (idle ") ||
+		strings.Contains(res.stdout, "pool-") || !strings.Contains(res.stderr, "1 sandbox runs (at most 0 wanted)") ||
+		!strings.Contains(res.stderr, "1 pooled") {
+		t.Fatalf("gc --max-running 0 with a pooled sandbox: exit %d\nstdout: %s\nstderr: %s", res.code, res.stdout, res.stderr)
+	}
+	pooled := 0
+	for name, st := range sandboxNames(t, root) {
+		if strings.HasPrefix(name, "pool-") && st == "pooled" {
+			pooled++
+		}
+	}
+	if got := states(); got != "a=suspended b=suspended c=suspended d=suspended" || pooled != 1 {
+		t.Fatalf("after gc --max-running 0 with a pool: %s, %d pooled", got, pooled)
+	}
+	mustFlmbox(t, root, "pool", "drain")
 }
