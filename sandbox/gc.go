@@ -195,16 +195,16 @@ func (m *Manager) GC(ctx context.Context, o GCOptions) ([]GCAction, error) {
 		acts = append(acts, a)
 	}
 	if o.MaxRunning != nil || o.MaxMemory != nil {
-		bacts, err := m.gcBudget(ctx, o, sbs, gone)
+		bacts, err := m.suspendForBudget(ctx, o, sbs, gone)
 		acts = append(acts, bacts...)
 		errs = append(errs, err)
 	}
 	return acts, errors.Join(errs...)
 }
 
-// gcBudget suspends sandboxes of sbs (least recently used first) until the
-// budget of o is met; gone are those the idle rules took.
-func (m *Manager) gcBudget(ctx context.Context, o GCOptions, sbs []*Sandbox, gone map[string]bool) ([]GCAction, error) {
+// suspendForBudget suspends sandboxes of sbs (least recently used first)
+// until the budget of o is met; gone are those the idle rules took.
+func (m *Manager) suspendForBudget(ctx context.Context, o GCOptions, sbs []*Sandbox, gone map[string]bool) ([]GCAction, error) {
 	b := gcBudget{maxRunning: o.MaxRunning, maxMemory: o.MaxMemory}
 	var cands []budgetSandbox
 	unknown := 0
@@ -227,7 +227,7 @@ func (m *Manager) gcBudget(ctx context.Context, o GCOptions, sbs []*Sandbox, gon
 	var acts []GCAction
 	var errs []error
 	failed := 0
-	for {
+	for ctx.Err() == nil {
 		pick, _, _ := planBudget(cands, b)
 		if len(pick) == 0 {
 			break
@@ -252,6 +252,9 @@ func (m *Manager) gcBudget(ctx context.Context, o GCOptions, sbs []*Sandbox, gon
 			errs = append(errs, a.Err)
 			acts = append(acts, a)
 		}
+	}
+	if err := ctx.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("gc: %w", err))
 	}
 	_, skipped, met := planBudget(cands, b)
 	if met {
