@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/docker/go-units"
 	"github.com/urfave/cli/v2"
 
 	"github.com/flmbox/flmbox/sandbox"
@@ -13,6 +14,14 @@ import (
 // about it.
 type check struct {
 	sandbox.Check
+	Fix string `json:"fix,omitempty"`
+	// Limits are the check's, each with what to set when it is low.
+	Limits []limit `json:"limits,omitempty"`
+}
+
+// limit is a host limit on the count of sandboxes, and what to set.
+type limit struct {
+	sandbox.HostLimit
 	Fix string `json:"fix,omitempty"`
 }
 
@@ -30,12 +39,15 @@ func doctorCommand() *cli.Command {
 			var checks []check
 			failed := 0
 			for _, ch := range m.Doctor(c.Context) {
+				out := check{Check: ch}
 				if !ch.OK {
 					failed++
-					checks = append(checks, check{ch, fix(ch)})
-				} else {
-					checks = append(checks, check{Check: ch})
+					out.Fix = fix(ch)
 				}
+				for _, l := range ch.Limits {
+					out.Limits = append(out.Limits, limit{l, limitFix(l)})
+				}
+				checks = append(checks, out)
 			}
 			if c.Bool("json") {
 				if err := json.NewEncoder(c.App.Writer).Encode(checks); err != nil {
@@ -44,12 +56,21 @@ func doctorCommand() *cli.Command {
 			} else {
 				for _, ch := range checks {
 					status := "ok"
-					if !ch.OK {
+					switch {
+					case !ch.OK:
 						status = "FAIL"
+					case ch.Warn:
+						status = "warn"
 					}
 					fmt.Fprintf(c.App.Writer, "%-4s  %-9s %s\n", status, ch.Name, ch.Detail)
 					if ch.Fix != "" {
 						fmt.Fprintf(c.App.Writer, "      %-9s fix: %s\n", "", ch.Fix)
+					}
+					for _, l := range ch.Limits {
+						if l.Low {
+							fmt.Fprintf(c.App.Writer, "      %-9s %s\n", "", limitText(l.HostLimit))
+							fmt.Fprintf(c.App.Writer, "      %-9s fix: %s\n", "", l.Fix)
+						}
 					}
 				}
 			}
@@ -86,4 +107,37 @@ func fix(ch sandbox.Check) string {
 		return "only --network egress needs this: install bin/flmbox-resolver beside bin/flmbox-core, and see what the check names (docs/USAGE.md, \"Egress\")"
 	}
 	return ""
+}
+
+// limitText says what a host limit is and how many idle sandboxes it
+// allows.
+func limitText(l sandbox.HostLimit) string {
+	switch l.Name {
+	case sandbox.LimitNofile:
+		return fmt.Sprintf("%s (hard) is %d: runsc's processes inherit it, and an idle sandbox's sentry holds %d descriptors, one more for each file its sandbox opens",
+			l.Name, l.Value, l.PerSandbox)
+	case sandbox.LimitMemory:
+		return fmt.Sprintf("%s is %s: room for about %d more idle sandboxes (%s each)", l.Name, units.BytesSize(float64(l.Value-l.Used)), l.Sandboxes,
+			units.BytesSize(float64(l.PerSandbox)))
+	}
+	unit := "tasks"
+	if l.Name == sandbox.LimitFileMax {
+		unit = "open files"
+	}
+	return fmt.Sprintf("%s is %d: room for about %d more idle sandboxes (%d %s each; %d in use), %d in all", l.Name, l.Value, l.Sandboxes,
+		l.PerSandbox, unit, l.Used, l.Value/l.PerSandbox)
+}
+
+// limitFix says what to do about a low host limit, "" if it is not low.
+func limitFix(l sandbox.HostLimit) string {
+	if !l.Low {
+		return ""
+	}
+	switch l.Name {
+	case sandbox.LimitNofile:
+		return fmt.Sprintf("raise the hard limit of flmbox's processes: ulimit -Hn %d in its shell, or LimitNOFILE=%d in its systemd unit", l.Want, l.Want)
+	case sandbox.LimitMemory:
+		return "suspend idle sandboxes (flmbox sandbox gc --max-memory SIZE, or --suspend-idle DURATION), or make them with --lazy-spares"
+	}
+	return fmt.Sprintf("sysctl -w %s=%d (and put it in /etc/sysctl.d/ to keep it)", l.Name, l.Want)
 }
