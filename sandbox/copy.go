@@ -105,7 +105,7 @@ func copyWith(ctx context.Context, rec *record.Record, c *wire.Copy, r io.Reader
 	if c.Op == wire.CopyIn {
 		growSendBuffer(conn, copyInSendBuffer)
 	}
-	rec.Touch()
+	defer rec.Use()()
 	res, err := wire.CopyConn(ctx, conn, c, r, w)
 	if errors.Is(err, wire.ErrNoCopy) {
 		return nil, fmt.Errorf("sandbox %q: %w", rec.Name, err)

@@ -36,8 +36,9 @@ type GCOptions struct {
 	// file, which holds its processes' memory and its /tmp. Suspending it
 	// frees that.
 	MaxMemory *int64
-	// DryRun only says what would be done. It cannot know which sandboxes
-	// will be in a call: it says what it would suspend if none were.
+	// DryRun only says what would be done (sandboxes in a call now are
+	// left alone, as GC would leave them; one whose call begins meanwhile
+	// GC would skip too).
 	DryRun bool
 }
 
@@ -131,8 +132,10 @@ func (e *BudgetError) Is(target error) bool { return target == errdefs.ErrUnavai
 // first), first by idle time (RemoveIdle, SuspendIdle), then by budget
 // (MaxRunning, MaxMemory). Sandboxes idle in a pool (their pool's idle
 // timeout applies) and those an ephemeral owner holds are left alone, and
-// so are those in a call: a suspend is refused by a sandbox's agent while
-// a call runs, at once, and GC goes on to the next one. One that fails does
+// so are those in a call (a call or copy holds a lock that says so, in any
+// process: record.Record.Use; one that begins after GC looked makes the
+// sandbox's agent refuse the suspend, at once), and GC goes on to the next
+// one. One that fails does
 // not stop the others; the error joins their failures, and a BudgetError
 // if the budget is not met. A negative option is errdefs.ErrInvalidArgument,
 // and nothing is done.
@@ -165,8 +168,8 @@ func (m *Manager) GC(ctx context.Context, o GCOptions) ([]GCAction, error) {
 	var errs []error
 	gone := map[string]bool{} // suspended or removed by the idle rules
 	for _, sb := range sbs {
-		if sb.OwnerPID != 0 || sb.State == StatePooled {
-			continue
+		if sb.OwnerPID != 0 || sb.State == StatePooled || sb.inCall() {
+			continue // a call's idle time counts from its start
 		}
 		idle := time.Since(sb.LastUsed)
 		var a GCAction
@@ -213,7 +216,7 @@ func (m *Manager) suspendForBudget(ctx context.Context, o GCOptions, sbs []*Sand
 			continue
 		}
 		c := budgetSandbox{Name: sb.Name, LastUsed: sb.LastUsed,
-			Eligible: sb.State == StateRunning && sb.OwnerPID == 0}
+			Eligible: sb.State == StateRunning && sb.OwnerPID == 0, InCall: sb.inCall()}
 		mem, err := containerMemory(sb.ID)
 		if err != nil {
 			unknown++
@@ -287,8 +290,12 @@ func holdsMemory(st State) bool {
 	return false
 }
 
+// inCall reports whether a call or copy runs in the sandbox now (see
+// record.Record.Use).
+func (sb *Sandbox) inCall() bool { return sb.rec != nil && sb.rec.InCall() }
+
 // inCall says whether err, from Suspend, is its agent's refusal because a
-// call runs. The agent says so only in words (its Result's Error), which
+// call runs (one that began after GC looked). The agent says so only in words (its Result's Error), which
 // Suspend passes on as a failed precondition.
 func inCall(err error) bool {
 	return errors.Is(err, errdefs.ErrFailedPrecondition) && strings.Contains(err.Error(), "calls are running")

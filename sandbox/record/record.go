@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 
 	"github.com/flmbox/flmbox/internal/atomicfile"
 	"github.com/flmbox/flmbox/internal/names"
@@ -208,6 +209,36 @@ func (r *Record) Touch() {
 	}
 }
 
+// Use marks the sandbox used, as Touch does, and in a call until done is
+// called: it holds a shared lock on the file whose time says when it was
+// last used (InCall). A call or copy holds it while it runs, whatever
+// process makes it.
+func (r *Record) Use() (done func()) {
+	p := filepath.Join(r.Dir, lastUsedFile)
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return func() {}
+	}
+	now := time.Now()
+	os.Chtimes(p, now, now)
+	if unix.Flock(fd, unix.LOCK_SH) != nil {
+		unix.Close(fd)
+		return func() {}
+	}
+	return func() { unix.Close(fd) }
+}
+
+// InCall reports whether a call or copy of the sandbox runs now, in any
+// process (see Use).
+func (r *Record) InCall() bool {
+	fd, err := unix.Open(filepath.Join(r.Dir, lastUsedFile), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	return unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB) == unix.EWOULDBLOCK
+}
+
 // LastUsed is when the sandbox was last called, or created.
 func (r *Record) LastUsed() time.Time {
 	if fi, err := os.Stat(filepath.Join(r.Dir, lastUsedFile)); err == nil {
@@ -320,7 +351,7 @@ func (r *Record) Dial(ctx context.Context) (*os.File, error) {
 func (r *Record) CallConn(ctx context.Context, conn *os.File, req *wire.Request) (*wire.Result, error) {
 	req.Limits = r.SnippetLimits()
 	if !req.Suspend { // a suspend is not a use: sandbox gc --remove-idle counts from the last call
-		r.Touch()
+		defer r.Use()()
 	}
 	callCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)

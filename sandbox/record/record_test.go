@@ -107,3 +107,27 @@ func TestHungUpIsDead(t *testing.T) {
 		t.Fatalf("Call = %v, want ErrDead and wire.ErrHungUp", err)
 	}
 }
+
+func TestUseMarksACall(t *testing.T) {
+	r := &Record{Dir: t.TempDir(), Created: time.Now().Add(-time.Hour)}
+	if r.InCall() {
+		t.Fatal("InCall before any call")
+	}
+	before := time.Now().Add(-time.Second)
+	done := r.Use()
+	if !r.InCall() {
+		t.Fatal("InCall is false during a call")
+	}
+	if !r.LastUsed().After(before) {
+		t.Errorf("LastUsed %s, want after %s", r.LastUsed(), before)
+	}
+	other := r.Use() // a second call at once
+	done()
+	if !r.InCall() {
+		t.Fatal("InCall is false while the second call runs")
+	}
+	other()
+	if r.InCall() {
+		t.Fatal("InCall after both calls ended")
+	}
+}
