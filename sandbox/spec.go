@@ -32,7 +32,8 @@ type Spec struct {
 	Platform string
 	// LazySpares makes the agent start no spare process (a Python ready
 	// for the next call, the zygote) before the first call of each
-	// language, nor after a reset (flmbox-agent --spares=lazy): an idle
+	// language, nor after a reset, nor once no call came for 30 seconds
+	// (flmbox-agent --spares=lazy; snippet.DefaultSpareIdle): an idle
 	// sandbox then costs about a bare runsc container's memory, and the
 	// first call of each language pays for its interpreter's start (see
 	// docs/ARCHITECTURE.md, "What an idle sandbox costs"). Part of a

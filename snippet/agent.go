@@ -74,10 +74,16 @@ type Agent struct {
 	Spares bool
 	// LazySpares, with Spares, makes Serve start no process ahead of the
 	// first call: each language's spares start once a call of it has run,
-	// and are kept from then on, as with Spares alone. An idle sandbox that
-	// no call used then holds the agent alone, at the price of a first Python
-	// call that starts python3 (see spares_linux.go).
+	// and are kept while calls come, as with Spares alone. An idle sandbox
+	// that no call used then holds the agent alone, at the price of a first
+	// Python call that starts python3 (see spares_linux.go).
 	LazySpares bool
+	// SpareIdle is how long the spares that calls started outlive the last
+	// call: once no call came for it, the agent drops its zygote and its
+	// spares, and keeps what Serve starts (a python3 spare; nothing with
+	// LazySpares), so that an idle sandbox costs what a new one does (see
+	// shrinkSpares). 0 means DefaultSpareIdle; a negative value, never.
+	SpareIdle time.Duration
 	// SpareLimits are the limits of the Python spare that Serve starts at
 	// once (none with LazySpares); later spares take the limits of the last
 	// call of their language. A request with other limits starts a process
@@ -161,6 +167,10 @@ type Agent struct {
 
 	trimMu sync.Mutex
 	trim   *time.Timer // idleTrim's, once a call has ended
+	shrink *time.Timer // idleShrink's, once a call has ended
+	// shrinks counts the shrinkSpares that dropped what calls started, for
+	// tests.
+	shrinks atomic.Int32
 	// freeOSMemory is what idleTrim calls (nil: debug.FreeOSMemory); tests
 	// count its calls.
 	freeOSMemory func()
@@ -357,6 +367,7 @@ func (a *Agent) afterCall(req *wire.Request, ran bool) {
 		a.refill(req.Language, req.Limits)
 	}
 	a.idleTrim()
+	a.idleShrink()
 }
 
 // trimAfter is how long the agent waits, once a call has ended and none

@@ -1,8 +1,10 @@
 package snippet
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"time"
 
 	"github.com/flmbox/flmbox/snippet/wire"
 )
@@ -39,6 +41,12 @@ import (
 // them again. A sandbox that was reset keeps such a python3 (the reserve)
 // beside the zygote's spares for its next reset. What spares save and cost:
 // docs/PERFORMANCE.md, "Spares and the zygote".
+//
+// Once no call came for Agent.SpareIdle, the agent drops the zygote and the
+// spares that calls started, and keeps what Serve starts: a python3 spare
+// (nothing with LazySpares). An idle sandbox then costs what a new one does:
+// after a Python call, the zygote and its forked spare held some 8 MiB more of
+// the host's memory than a python3 spare (see shrinkSpares).
 
 // maxZygoteFailures is how many times a zygote may die before the agent
 // stops starting new ones and starts python3 for every call.
@@ -247,5 +255,82 @@ func (a *Agent) dropSparesLocked() {
 	if a.zyg != nil {
 		a.zyg.close()
 		a.zyg = nil
+	}
+}
+
+// DefaultSpareIdle is Agent.SpareIdle's default: how long the spares that
+// calls started outlive the last call.
+const DefaultSpareIdle = 30 * time.Second
+
+// idleShrink makes shrinkSpares run once no call came for SpareIdle; each
+// call's end sets the timer again.
+func (a *Agent) idleShrink() {
+	after := cmp.Or(a.SpareIdle, DefaultSpareIdle)
+	if !a.Spares || after < 0 {
+		return
+	}
+	a.trimMu.Lock()
+	defer a.trimMu.Unlock()
+	if a.shrink == nil {
+		a.shrink = time.AfterFunc(after, a.shrinkSpares)
+		return
+	}
+	a.shrink.Reset(after)
+}
+
+// shrinkSpares drops the zygote and the spares that calls started, and
+// keeps what Serve starts: the Python spare if it is a python3 the agent
+// started (pristine), else the reserve, else a python3 spare it starts now;
+// with LazySpares, nothing. Under gVisor, a Python call leaves a zygote and
+// its forked spare, whose copy-on-write gVisor broke by copying up to 2 MiB
+// around each page written: an idle sandbox held 28.9 MiB of the host's
+// memory after one Python call, 20.8 MiB new (its cgroup, medians of 5). It
+// does nothing while a call, a reset, a suspend or a spare's start is under
+// way, and tries again SpareIdle later.
+func (a *Agent) shrinkSpares() {
+	if !a.calls.TryLock() {
+		a.idleShrink() // a call, a reset, a sweep or a suspend holds it
+		return
+	}
+	a.mu.Lock()
+	if a.closed || a.resets.Load() > 0 || a.running.Load() > 0 || len(a.refilling) > 0 {
+		closed := a.closed
+		a.mu.Unlock()
+		a.calls.Unlock()
+		if !closed {
+			a.idleShrink() // a spare still starts: try again later
+		}
+		return
+	}
+	var keep *proc
+	if !a.LazySpares {
+		keep = a.pristineSpareLocked()
+		if keep == nil && a.reserve != nil && !a.reserve.exited() && a.reserve.limits == a.SpareLimits {
+			keep, a.reserve = a.reserve, nil
+		}
+	}
+	for lang, p := range a.spares {
+		if p != keep {
+			p.discard()
+			delete(a.spares, lang)
+		}
+	}
+	if keep != nil && a.spares != nil {
+		a.spares[wire.LanguagePython] = keep
+	}
+	if a.reserve != nil { // not a python3 with the first spare's limits
+		a.reserve.discard()
+		a.reserve = nil
+	}
+	if a.zyg != nil {
+		a.zyg.close()
+		a.zyg = nil
+	}
+	a.pythonUsed = false // the next Python spare is a python3, as Serve's first
+	a.shrinks.Add(1)
+	a.mu.Unlock()
+	a.calls.Unlock()
+	if keep == nil && !a.LazySpares {
+		a.refill(wire.LanguagePython, a.SpareLimits)
 	}
 }

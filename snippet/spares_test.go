@@ -627,3 +627,75 @@ sys.exit(4)
 		}
 	}
 }
+
+// TestSpareIdle checks that shrinkSpares drops the zygote and the spares
+// that calls started and keeps what Serve starts, a python3 spare or nothing
+// with LazySpares, and that the next calls start them again; and that it
+// runs once no call came for SpareIdle.
+func TestSpareIdle(t *testing.T) {
+	for _, lazy := range []bool{false, true} {
+		t.Run(fmt.Sprintf("lazy=%v", lazy), func(t *testing.T) {
+			a := &Agent{Python: hostPython(t), Dir: t.TempDir(), Spares: true, LazySpares: lazy, SpareIdle: -1}
+			socket := serve(t, a)
+			for i := range 3 {
+				if res := call(t, socket, request(wire.LanguagePython, "print(1)")); res.ExitCode != 0 {
+					t.Fatalf("Python call %d: %s", i, dump(res))
+				}
+				waitSpare(t, a, wire.LanguagePython)
+			}
+			if res := call(t, socket, request(wire.LanguageShell, "true")); res.ExitCode != 0 {
+				t.Fatalf("shell call: %s", dump(res))
+			}
+			if a.shellIsDash {
+				waitSpare(t, a, wire.LanguageShell)
+			}
+			z := a.zygote(false)
+			if z == nil {
+				t.Fatal("no zygote after three Python calls")
+			}
+			if a.shrinkSpares(); a.shrinks.Load() != 1 {
+				t.Fatal("shrinkSpares did nothing while no call ran")
+			}
+			waitNewAgentSpares(t, a)
+			waitUntil(t, "the dropped zygote's exit", func() bool { return !alive(z.process.Pid) })
+			// The next Python call runs in a python3 of the agent's (the
+			// spare, or its own with LazySpares); a zygote forks the next.
+			for i := range 2 {
+				res := call(t, socket, request(wire.LanguagePython, "import os; print(os.getppid())"))
+				if res.ExitCode != 0 {
+					t.Fatalf("Python call %d after the spares were dropped: %s", i, dump(res))
+				}
+				if fromAgent := strings.TrimSpace(string(res.Stdout.Data)) == strconv.Itoa(os.Getpid()); fromAgent != (i == 0) {
+					t.Errorf("Python call %d after the spares were dropped ran in a child of %s; want a python3 of the agent's first, then the zygote's", i, res.Stdout.Data)
+				}
+				waitSpare(t, a, wire.LanguagePython)
+			}
+		})
+	}
+	// The timer: shrinkSpares runs once no call came for SpareIdle.
+	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), Spares: true, SpareIdle: 200 * time.Millisecond}
+	socket := serve(t, a)
+	if res := call(t, socket, request(wire.LanguagePython, "print(1)")); res.ExitCode != 0 {
+		t.Fatalf("Python call: %s", dump(res))
+	}
+	waitUntil(t, "a shrink", func() bool { return a.shrinks.Load() > 0 })
+	waitNewAgentSpares(t, a)
+}
+
+// waitNewAgentSpares waits until a holds what Serve starts: a python3 spare
+// of its own, or nothing with LazySpares.
+func waitNewAgentSpares(t *testing.T, a *Agent) {
+	t.Helper()
+	waitUntil(t, "the spares of a new agent", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if a.zyg != nil || len(a.refilling) != 0 || a.spares[wire.LanguageShell] != nil || a.reserve != nil {
+			return false
+		}
+		p := a.spares[wire.LanguagePython]
+		if a.LazySpares {
+			return p == nil
+		}
+		return p != nil && p.pristine && !p.exited()
+	})
+}
