@@ -103,7 +103,7 @@ func sandboxFlags() []cli.Flag {
 		&cli.StringFlag{Name: "tmp-size", Value: units.BytesSize(sandbox.DefaultTmpBytes), Usage: "size of the sandbox's writable /tmp"},
 		&cli.StringFlag{Name: "gvisor-platform", Usage: "gVisor platform: systrap, ptrace or kvm (default: runsc's)"},
 		&cli.GenericFlag{Name: "pip", Value: &stringList{}, Usage: "preinstall `REQUIREMENT` from the wheel cache when the sandbox is created (repeatable)"},
-		&cli.BoolFlag{Name: "lazy-spares", Usage: "start no interpreter ahead of each language's first call: an idle sandbox costs less memory, that first call more time"},
+		&cli.BoolFlag{Name: "lazy-spares", Usage: "start no interpreter ahead of each language's first call, nor keep one past 30s without calls: an idle sandbox costs less memory, that first call more time"},
 	)
 }
 
