@@ -221,6 +221,9 @@ const (
 	// minSandboxesMemory is how many more idle sandboxes MemAvailable must
 	// hold for memory not to be low.
 	minSandboxesMemory = 16
+	// maxMemcgs is how many memory cgroups the kernel holds at once
+	// (MEM_CGROUP_ID_MAX), dying ones included.
+	maxMemcgs = 65535
 	// maxPidMax is kernel.pid_max's largest value on 64-bit Linux (and
 	// systemd's default): a larger pid space costs nothing until used.
 	maxPidMax = 1 << 22
@@ -233,6 +236,7 @@ const (
 	LimitFileMax    = "fs.file-max"
 	LimitNofile     = "RLIMIT_NOFILE"
 	LimitMemory     = "MemAvailable"
+	LimitMemcgs     = "memory cgroups"
 )
 
 // HostLimit is a limit of the host on how many sandboxes run at once, as
@@ -240,7 +244,9 @@ const (
 type HostLimit struct {
 	// Name is the limit: LimitPidMax, LimitThreadsMax, LimitFileMax,
 	// LimitNofile (this process's hard limit, which runsc's processes
-	// inherit) or LimitMemory.
+	// inherit), LimitMemory or LimitMemcgs (the kernel's 65535 memory
+	// cgroup IDs: each sandbox has one, and a removed sandbox's keeps its
+	// ID while page cache it charged stays; /proc/cgroups counts them).
 	Name string `json:"name"`
 	// Value is the limit and Used what the host uses of it now, in its
 	// unit: tasks (pid_max, threads-max), open files, descriptors of one
@@ -269,6 +275,7 @@ type hostFacts struct {
 	fileMax, files            int64 // files: open on the host
 	nofile                    int64 // this process's hard RLIMIT_NOFILE
 	memTotal, memAvailable    int64 // bytes
+	memcgs                    int64 // memory cgroups, dying ones too (0: unknown)
 }
 
 // readHostFacts reads the host's limits and use from /proc.
@@ -283,6 +290,13 @@ func readHostFacts() hostFacts {
 		if fields := strings.Fields(string(b)); len(fields) >= 4 {
 			if _, total, ok := strings.Cut(fields[3], "/"); ok {
 				f.tasks, _ = strconv.ParseInt(total, 10, 64)
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/cgroups"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if fields := strings.Fields(line); len(fields) >= 4 && fields[0] == "memory" {
+				f.memcgs, _ = strconv.ParseInt(fields[2], 10, 64)
 			}
 		}
 	}
@@ -370,6 +384,9 @@ func hostLimits(f hostFacts) []HostLimit {
 	count(LimitPidMax, f.pidMax, f.tasks, idleSandboxTasks, maxPidMax)
 	count(LimitThreadsMax, f.threadsMax, f.tasks, idleSandboxTasks, roundPow2(memCap*idleSandboxTasks+f.tasks))
 	count(LimitFileMax, f.fileMax, f.files, idleSandboxFiles, roundPow2(memCap*idleSandboxFiles+f.files))
+	if f.memcgs > 0 {
+		count(LimitMemcgs, maxMemcgs, f.memcgs, 1, 0)
+	}
 	if f.nofile > 0 {
 		l := HostLimit{Name: LimitNofile, Value: f.nofile, Used: sandboxProcessFiles, PerSandbox: sandboxProcessFiles, Sandboxes: -1}
 		if f.nofile < minNofile {

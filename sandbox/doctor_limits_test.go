@@ -11,7 +11,7 @@ func TestHostLimits(t *testing.T) {
 	const gib = 1 << 30
 	// This VM: 24 GiB, pid_max 32768, 1187 tasks.
 	vm := hostFacts{pidMax: 32768, threadsMax: 192739, tasks: 1187, fileMax: 2466290, files: 3755, nofile: 20000,
-		memTotal: 24 * gib, memAvailable: 22 * gib}
+		memTotal: 24 * gib, memAvailable: 22 * gib, memcgs: 675}
 	type want struct {
 		sandboxes int64
 		low       bool
@@ -32,6 +32,7 @@ func TestHostLimits(t *testing.T) {
 			LimitFileMax:    {9120, false, 0},
 			LimitNofile:     {-1, false, 0},
 			LimitMemory:     {938, false, 0}, // 22 GiB / 24 MiB
+			LimitMemcgs:     {64860, false, 0},
 		}, true, "room for about 789 more idle sandboxes, bound by kernel.pid_max (memory holds about 938)"},
 		{"raised pid_max: memory bounds", hostFacts{pidMax: 1 << 22, threadsMax: 192739, tasks: 1187, fileMax: 2466290, files: 3755,
 			nofile: 1 << 20, memTotal: 24 * gib, memAvailable: 22 * gib}, map[string]want{

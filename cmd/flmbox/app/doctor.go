@@ -119,6 +119,9 @@ func limitText(l sandbox.HostLimit) string {
 	case sandbox.LimitMemory:
 		return fmt.Sprintf("%s is %s: room for about %d more idle sandboxes (%s each)", l.Name, units.BytesSize(float64(l.Value-l.Used)), l.Sandboxes,
 			units.BytesSize(float64(l.PerSandbox)))
+	case sandbox.LimitMemcgs:
+		return fmt.Sprintf("%s: %d of the kernel's %d in use (a removed sandbox's lingers while page cache it charged stays): room for about %d more sandboxes",
+			l.Name, l.Used, l.Value, l.Sandboxes)
 	}
 	unit := "tasks"
 	if l.Name == sandbox.LimitFileMax {
@@ -138,6 +141,8 @@ func limitFix(l sandbox.HostLimit) string {
 		return fmt.Sprintf("raise the hard limit of flmbox's processes: ulimit -Hn %d in its shell, or LimitNOFILE=%d in its systemd unit", l.Want, l.Want)
 	case sandbox.LimitMemory:
 		return "suspend idle sandboxes (flmbox sandbox gc --max-memory SIZE, or --suspend-idle DURATION), or make them with --lazy-spares"
+	case sandbox.LimitMemcgs:
+		return "the kernel's limit cannot be raised: dropping the page cache frees removed sandboxes' memory cgroups (sync; echo 1 > /proc/sys/vm/drop_caches)"
 	}
 	return fmt.Sprintf("sysctl -w %s=%d (and put it in /etc/sysctl.d/ to keep it)", l.Name, l.Want)
 }
