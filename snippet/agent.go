@@ -78,11 +78,11 @@ type Agent struct {
 	// that no call used then holds the agent alone, at the price of a first
 	// Python call that starts python3 (see spares_linux.go).
 	LazySpares bool
-	// SpareIdle is how long the spares that calls started outlive the last
-	// call: once no call came for it, the agent drops its zygote and its
-	// spares, and keeps what Serve starts (a python3 spare; nothing with
-	// LazySpares), so that an idle sandbox costs what a new one does (see
-	// shrinkSpares). 0 means DefaultSpareIdle; a negative value, never.
+	// SpareIdle is how long the Python spares that calls started outlive
+	// the last call: once no call came for it, the agent drops its zygote
+	// and its spares, and keeps what Serve starts (a python3 spare) and the
+	// shell's spare (nothing with LazySpares), so that an idle sandbox
+	// costs about what a new one does (see shrinkSpares). 0 means DefaultSpareIdle; a negative value, never.
 	SpareIdle time.Duration
 	// SpareLimits are the limits of the Python spare that Serve starts at
 	// once (none with LazySpares); later spares take the limits of the last

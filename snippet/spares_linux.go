@@ -43,8 +43,8 @@ import (
 // docs/PERFORMANCE.md, "Spares and the zygote".
 //
 // Once no call came for Agent.SpareIdle, the agent drops the zygote and the
-// spares that calls started, and keeps what Serve starts: a python3 spare
-// (nothing with LazySpares). An idle sandbox then costs what a new one does:
+// Python spares that calls started, and keeps what Serve starts, a python3
+// spare, and the shell's spare (nothing with LazySpares). An idle sandbox then costs what a new one does:
 // after a Python call, the zygote and its forked spare held some 8 MiB more of
 // the host's memory than a python3 spare (see shrinkSpares).
 
@@ -278,10 +278,11 @@ func (a *Agent) idleShrink() {
 	a.shrink.Reset(after)
 }
 
-// shrinkSpares drops the zygote and the spares that calls started, and
-// keeps what Serve starts: the Python spare if it is a python3 the agent
+// shrinkSpares drops the zygote and the Python spares that calls started,
+// and keeps what Serve starts: the Python spare if it is a python3 the agent
 // started (pristine), else the reserve, else a python3 spare it starts now;
-// with LazySpares, nothing. Under gVisor, a Python call leaves a zygote and
+// and the shell's spare, a waiting sh that costs some 0.1 MiB and saves the
+// next shell call its fork and exec. With LazySpares, nothing. Under gVisor, a Python call leaves a zygote and
 // its forked spare, whose copy-on-write gVisor broke by copying up to 2 MiB
 // around each page written: an idle sandbox held 28.9 MiB of the host's
 // memory after one Python call, 20.8 MiB new (its cgroup, medians of 5). It
@@ -310,7 +311,7 @@ func (a *Agent) shrinkSpares() {
 		}
 	}
 	for lang, p := range a.spares {
-		if p != keep {
+		if p != keep && (a.LazySpares || lang != wire.LanguageShell) {
 			p.discard()
 			delete(a.spares, lang)
 		}

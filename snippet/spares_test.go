@@ -628,10 +628,10 @@ sys.exit(4)
 	}
 }
 
-// TestSpareIdle checks that shrinkSpares drops the zygote and the spares
-// that calls started and keeps what Serve starts, a python3 spare or nothing
-// with LazySpares, and that the next calls start them again; and that it
-// runs once no call came for SpareIdle.
+// TestSpareIdle checks that shrinkSpares drops the zygote and the Python
+// spares that calls started and keeps what Serve starts, a python3 spare,
+// and the shell's spare (nothing with LazySpares), and that the next calls
+// start them again; and that it runs once no call came for SpareIdle.
 func TestSpareIdle(t *testing.T) {
 	for _, lazy := range []bool{false, true} {
 		t.Run(fmt.Sprintf("lazy=%v", lazy), func(t *testing.T) {
@@ -657,6 +657,12 @@ func TestSpareIdle(t *testing.T) {
 				t.Fatal("shrinkSpares did nothing while no call ran")
 			}
 			waitNewAgentSpares(t, a)
+			a.mu.Lock()
+			shell := a.spares[wire.LanguageShell] != nil
+			a.mu.Unlock()
+			if shell != (a.shellIsDash && !lazy) {
+				t.Errorf("a shell spare after shrinkSpares: %v, want %v (dash %v)", shell, a.shellIsDash && !lazy, a.shellIsDash)
+			}
 			waitUntil(t, "the dropped zygote's exit", func() bool { return !alive(z.process.Pid) })
 			// The next Python call runs in a python3 of the agent's (the
 			// spare, or its own with LazySpares); a zygote forks the next.
@@ -683,13 +689,13 @@ func TestSpareIdle(t *testing.T) {
 }
 
 // waitNewAgentSpares waits until a holds what Serve starts: a python3 spare
-// of its own, or nothing with LazySpares.
+// of its own (and perhaps the shell's spare), or nothing with LazySpares.
 func waitNewAgentSpares(t *testing.T, a *Agent) {
 	t.Helper()
 	waitUntil(t, "the spares of a new agent", func() bool {
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		if a.zyg != nil || len(a.refilling) != 0 || a.spares[wire.LanguageShell] != nil || a.reserve != nil {
+		if a.zyg != nil || len(a.refilling) != 0 || a.LazySpares && a.spares[wire.LanguageShell] != nil || a.reserve != nil {
 			return false
 		}
 		p := a.spares[wire.LanguagePython]
