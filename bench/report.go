@@ -41,6 +41,10 @@ type Report struct {
 	// own network stack (added for issue 29).
 	Egress Egress `json:"egress"`
 	Runsc  Runsc  `json:"runsc"`
+	// Density is idle sandboxes made one after another, measured as
+	// their count grows (added for issue 31; absent without
+	// Options.Density).
+	Density *Density `json:"density,omitempty"`
 	// Image is what was measured; Settings how often.
 	Image    Image    `json:"image"`
 	Settings Settings `json:"settings"`
@@ -351,6 +355,9 @@ type Settings struct {
 	PauseMS       float64 `json:"pause_ms"` // before each warm call; 0: back to back
 	PrewarmRounds int     `json:"prewarm_rounds"`
 	CPUs          int     `json:"cpus"`
+	// DensityOnly: the density section was measured alone; the other
+	// sections' figures are zero (added for issue 31).
+	DensityOnly bool `json:"density_only,omitempty"`
 }
 
 // WriteJSON writes the report as one line of JSON (`flmbox bench --json`).
