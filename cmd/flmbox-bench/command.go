@@ -64,7 +64,7 @@ kernel.threads-max, fs.file-max or free disk would stop.`,
 			case errors.Is(err, bench.ErrNotRoot):
 				return app.Advise(err, "run it as root")
 			case errors.Is(err, bench.ErrHostLimit):
-				return app.Advise(err, "lower --density (or --density-suspended), or raise the limit (flmbox doctor names the host's limits)")
+				return app.Advise(err, "lower --density (or --density-suspended), or raise that limit")
 			case errors.Is(err, bench.ErrNoImage):
 				return app.Advise(err, "name the image to measure with --image IMAGE (flmbox images ls lists them)")
 			case errors.Is(err, fs.ErrNotExist) && missing(o.Flmbox):
