@@ -107,13 +107,13 @@ func fakeProc(t *testing.T, memKiB, pidMax, threadsMax, tasks int64) string {
 }
 
 func TestLimits(t *testing.T) {
-	// 23 GiB free: memory allows (23-1) GiB / 25 MiB = 901; pid_max 32768
-	// with 1823 tasks allows (32768-1823-2000)/32 = 904.
-	l, err := readLimits(fakeProc(t, 23<<20, 32768, 192739, 1823), t.TempDir())
+	// 23 GiB free: memory allows (23-1) GiB / 25 MiB = 901; pid_max 65536
+	// with 1823 tasks allows (65536-1823-2000)/35 = 1763.
+	l, err := readLimits(fakeProc(t, 23<<20, 65536, 192739, 1823), t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.MaxSandboxes != 901 || !strings.Contains(l.CappedBy, "free memory") || l.PidMax != 32768 || l.Tasks != 1823 || l.FilesOpen != 4000 {
+	if l.MaxSandboxes != 901 || !strings.Contains(l.CappedBy, "free memory") || l.PidMax != 65536 || l.Tasks != 1823 || l.FilesOpen != 4000 {
 		t.Errorf("limits %+v", l)
 	}
 	if l.DiskFreeBytes <= 0 || l.MaxSuspended != int(l.DiskFreeBytes/densityDiskPerSuspend) {
@@ -130,15 +130,16 @@ func TestLimits(t *testing.T) {
 	if err := l.check(1, l.MaxSuspended+1); !errors.Is(err, ErrHostLimit) || !strings.Contains(err.Error(), "free disk") {
 		t.Errorf("too many suspended: %v", err)
 	}
-	// A small pid_max caps the count before memory does.
-	l, err = readLimits(fakeProc(t, 23<<20, 8192, 192739, 1823), t.TempDir())
+	// This VM's pid_max, 32768, caps the count before memory does:
+	// (32768-1823-2000)/35 = 827.
+	l, err = readLimits(fakeProc(t, 23<<20, 32768, 192739, 1823), t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.MaxSandboxes != (8192-1823-2000)/32 || !strings.Contains(l.CappedBy, "kernel.pid_max 8192") {
+	if l.MaxSandboxes != 827 || !strings.Contains(l.CappedBy, "kernel.pid_max 32768") {
 		t.Errorf("pid_max: %+v", l)
 	}
-	if err := l.check(500, 1); err == nil || !strings.Contains(err.Error(), "kernel.pid_max 8192 (1823 tasks running") {
+	if err := l.check(900, 1); err == nil || !strings.Contains(err.Error(), "kernel.pid_max 32768 (1823 tasks running, about 35 a sandbox) allows at most 827") {
 		t.Errorf("pid_max: %v", err)
 	}
 	// Less free memory than the reserve: none.
