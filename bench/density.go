@@ -282,12 +282,15 @@ func (r *runner) densityPoint(ctx context.Context, st *densityState, suspended b
 	if err != nil {
 		return p, err
 	}
-	var all []int
+	var all, firsts []int
 	var pss []float64
 	var tot procUsage
 	for _, sb := range st.sbs {
 		pids := byID[sb.ID]
 		all = append(all, pids...)
+		if len(pids) > 0 {
+			firsts = append(firsts, pids[0])
+		}
 		u := usageOf("/proc", pids)
 		if !suspended {
 			pss = append(pss, float64(u.pss))
@@ -306,6 +309,7 @@ func (r *runner) densityPoint(ctx context.Context, st *densityState, suspended b
 	p.MemPerSandboxKiB = p.MemAvailableDropKiB / int64(len(st.sbs))
 	p.PSSPerSandboxKiB = tot.pss / int64(len(st.sbs))
 	p.PSSKiB = summarize(pss)
+	p.CgroupPerSandboxKiB = cgroupKiB("/proc", firsts) / int64(len(st.sbs))
 	p.ProcessesPerSandbox, p.TasksPerSandbox, p.FDsPerSandbox = float64(tot.processes)/count, float64(tot.tasks)/count, float64(tot.fds)/count
 
 	if p.HostCPUPercent, p.SandboxCPUPercent, err = idleCPU(ctx, all); err != nil {

@@ -84,6 +84,27 @@ func TestProcParsers(t *testing.T) {
 	}
 }
 
+func TestCgroupMemoryFile(t *testing.T) {
+	v1 := "9:name=systemd:/flmbox-aaa\n4:memory:/flmbox-aaa\n1:cpu,cpuacct:/flmbox-aaa\n0::/\n"
+	if got := cgroupMemoryFile(v1); got != "/sys/fs/cgroup/memory/flmbox-aaa/memory.usage_in_bytes" {
+		t.Errorf("v1: %q", got)
+	}
+	if got := cgroupMemoryFile("4:cpu,memory:/a/b\n"); got != "/sys/fs/cgroup/memory/a/b/memory.usage_in_bytes" {
+		t.Errorf("v1, memory with another controller: %q", got)
+	}
+	if got := cgroupMemoryFile("9:name=systemd:/x\n"); got != "" {
+		t.Errorf("no memory controller: %q", got)
+	}
+	_, err := os.Stat("/sys/fs/cgroup/cgroup.controllers")
+	if got, want := cgroupMemoryFile("0::/system.slice/flmbox-aaa\n"), "/sys/fs/cgroup/system.slice/flmbox-aaa/memory.current"; (err == nil) != (got == want) {
+		t.Errorf("v2: %q (cgroup v2 here: %t)", got, err == nil)
+	}
+	// This process's own cgroup is not a sandbox's.
+	if got := cgroupKiB("/proc", []int{os.Getpid()}); got != 0 {
+		t.Errorf("the test's own cgroup: %d KiB", got)
+	}
+}
+
 // fakeProc writes a /proc with the files readLimits reads.
 func fakeProc(t *testing.T, memKiB, pidMax, threadsMax, tasks int64) string {
 	t.Helper()
@@ -373,7 +394,7 @@ func TestDensityTable(t *testing.T) {
 		"density: idle sandboxes made one after another (Manager.Create), measured at 1 and every tenth of 10; 10 suspended",
 		"host limits: at most 901 running sandboxes (set by free memory (MemAvailable 23.0 GiB)), 8832 suspended (free disk 69.0 GiB)",
 		"default spares: called at the end: 9 of 10 answered; remove 80.0 (79.0–81.0)", "first failure: bench-density-default-3: dead",
-		"lazy spares: called at the end", "SANDBOXES  MEM/SB", "PSS/SB", "CREATE ms", "WARM CALL ms", "RUN --SANDBOX ms", "SANDBOX LS ms", "TASKS/SB", "FDS/SB",
+		"lazy spares: called at the end", "SANDBOXES  MEM/SB", "PSS/SB", "CGROUP/SB", "CREATE ms", "WARM CALL ms", "RUN --SANDBOX ms", "SANDBOX LS ms", "TASKS/SB", "FDS/SB",
 		"24.0 MiB", "29.0 MiB", "20.0 MiB", "201 (200–202)", "210 (209–211)", "1.04×", "0.69×", "1.0 (0.0–2.0)", "10.00×", "1.5 %", "0.2 %", "35.0", "171.0",
 		"10 vs 1",
 		"suspended (default spares, each suspended right after its create): resumed, called and removed at the end: 10 of 10 answered",
@@ -448,7 +469,7 @@ func TestDensityJSON(t *testing.T) {
 		t.Errorf("density.series[0]: %v", got)
 	}
 	running := series[0].(map[string]any)["points"].([]any)[0]
-	if got := keys(running); !slices.Equal(got, []string{"call_ms", "cli_call_ms", "cli_list_ms", "create_ms", "fds_per_sandbox", "first_call_ms",
+	if got := keys(running); !slices.Equal(got, []string{"call_ms", "cgroup_per_sandbox_kib", "cli_call_ms", "cli_list_ms", "create_ms", "fds_per_sandbox", "first_call_ms",
 		"host_cpu_percent", "list_ms", "mem_available_drop_kib", "mem_per_sandbox_kib", "processes_per_sandbox", "pss_kib",
 		"pss_per_sandbox_kib", "sandbox_cpu_percent", "sandboxes", "tasks_per_sandbox"}) {
 		t.Errorf("density.series[0].points[0]: %v", got)

@@ -292,7 +292,7 @@ func (d *Density) writeTable(w io.Writer) error {
 	_, err := fmt.Fprintln(w, "\nms: median (min–max) of the creates since the count before, of "+
 		fmt.Sprintf("%d calls and %d run --sandbox on %d random sandboxes (each after its first call, FIRST), %d Manager.List and %d sandbox ls --json; ",
 			densityCalls, densityCLICalls, densityCallees, densityLists, densityCLILists)+
-		fmt.Sprintf("CPU: %% of all CPUs over %s idle (HOST: all of it); MEM: MemAvailable's drop; PSS: the sandboxes' processes.\n", densityCPUWindow)+
+		fmt.Sprintf("CPU: %% of all CPUs over %s idle (HOST: all of it); MEM: MemAvailable's drop; PSS: the sandboxes' processes; CGROUP: charged to their cgroups.\n", densityCPUWindow)+
 		"targets at 500 (issue 31): all answering; create and warm call ≤ 1.2× one sandbox; host CPU ≤ 5 %; memory ≤ 20 MiB a sandbox, ≤ 12 MiB lazy; 2,000 suspended")
 	return err
 }
@@ -363,6 +363,7 @@ func densityLines(s DensitySeries) [][]string {
 		cols = append(cols,
 			kibCol("MEM/SB", func(p DensityPoint) int64 { return p.MemPerSandboxKiB }),
 			kibCol("PSS/SB", func(p DensityPoint) int64 { return p.PSSPerSandboxKiB }),
+			kibCol("CGROUP/SB", func(p DensityPoint) int64 { return p.CgroupPerSandboxKiB }),
 			statCol("CREATE ms", func(p *DensityPoint) *Stats { return &p.CreateMS }),
 			statCol("FIRST CALL ms", func(p *DensityPoint) *Stats { return p.FirstCallMS }),
 			statCol("WARM CALL ms", func(p *DensityPoint) *Stats { return p.CallMS }),
@@ -387,7 +388,7 @@ func densityLines(s DensitySeries) [][]string {
 	ratios := []string{fmt.Sprintf("%d vs 1", last.Sandboxes)}
 	for _, c := range cols {
 		r := ""
-		if c.value != nil {
+		if c.value != nil && c.value(last) >= 0 {
 			r = ratio(c.value(last), c.value(first))
 		}
 		ratios = append(ratios, r)
