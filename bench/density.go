@@ -60,7 +60,7 @@ func densityPoints(n int) []int {
 	return pts
 }
 
-// density runs the density section: the limits are checked again (others
+// measureDensity runs the density section: the limits are checked again (others
 // may have used memory since Run began), then the three series.
 func (r *runner) measureDensity(ctx context.Context) (*Density, error) {
 	n, m := r.opts.Density, r.opts.densitySuspended()
