@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -69,6 +71,18 @@ type Options struct {
 	// Idle is how long a new sandbox, and the bare runsc container, idle
 	// before their memory is measured (0 to 1 minute; no flag).
 	Idle time.Duration
+	// Density is the number of idle sandboxes of the density section
+	// (issue 31; CLI: --density; 0, the default: no density section; 1 to
+	// 10000): made one after another, measured at every tenth of them,
+	// with default spares, then with lazy spares (see Density).
+	// DensitySuspended is the number of sandboxes of its suspended series,
+	// each suspended right after its create (CLI: --density-suspended;
+	// 0: Density). DensityOnly measures the density section alone (CLI:
+	// --density-only), on the image as given, without the other sections
+	// (their figures are left zero). Run refuses counts that the host's
+	// limits would stop (ErrHostLimit) before it makes anything.
+	Density, DensitySuspended int
+	DensityOnly               bool
 	// Progress gets a line per stage ("bench:   12s  allocation: pair 2
 	// of 12"). Default: none (the CLI passes its stderr, but none with
 	// --json).
@@ -117,6 +131,15 @@ func (o Options) validate() error {
 	if o.Idle < 0 || o.Idle > time.Minute {
 		return fmt.Errorf("bench: idle %s: want 0 to 1m: %w", o.Idle, errdefs.ErrInvalidArgument)
 	}
+	if o.Density < 0 || o.Density > maxDensity {
+		return fmt.Errorf("bench: density %d: want 0 (none) to %d: %w", o.Density, maxDensity, errdefs.ErrInvalidArgument)
+	}
+	if o.DensitySuspended < 0 || o.DensitySuspended > maxDensity {
+		return fmt.Errorf("bench: density suspended %d: want 0 to %d: %w", o.DensitySuspended, maxDensity, errdefs.ErrInvalidArgument)
+	}
+	if o.Density == 0 && (o.DensitySuspended > 0 || o.DensityOnly) {
+		return fmt.Errorf("bench: no density count for the density section: %w", errdefs.ErrInvalidArgument)
+	}
 	for _, f := range []struct {
 		name     string
 		n        int
@@ -143,6 +166,28 @@ var ErrNotRoot = fmt.Errorf("the bench runs sandboxes and chroot, which need roo
 // errdefs.ErrFailedPrecondition.
 var ErrNoImage = fmt.Errorf("no image to measure: %w", errdefs.ErrFailedPrecondition)
 
+// checkDensity refuses a density section that the host's limits would
+// stop before its count.
+func (o Options) checkDensity() error {
+	if o.Density == 0 {
+		return nil
+	}
+	// The state root may not exist yet: its nearest existing parent
+	// holds its disk.
+	dir := o.Root
+	for {
+		if _, err := os.Stat(dir); err == nil || filepath.Dir(dir) == dir {
+			break
+		}
+		dir = filepath.Dir(dir)
+	}
+	l, err := readLimits("/proc", dir)
+	if err != nil {
+		return err
+	}
+	return l.check(o.Density, o.densitySuspended())
+}
+
 // Run measures this worker and returns the report. It works in a private
 // state root under o.Root and removes it before it returns, also when ctx
 // is cancelled: then the error says "bench interrupted" and wraps ctx's
@@ -153,6 +198,9 @@ var ErrNoImage = fmt.Errorf("no image to measure: %w", errdefs.ErrFailedPrecondi
 // own), Run fails at once with errdefs.ErrFailedPrecondition.
 func Run(ctx context.Context, o Options) (_ *Report, err error) {
 	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	if err := o.checkDensity(); err != nil {
 		return nil, err
 	}
 	r, err := newRunner(ctx, o)

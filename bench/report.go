@@ -41,6 +41,10 @@ type Report struct {
 	// own network stack (added for issue 29).
 	Egress Egress `json:"egress"`
 	Runsc  Runsc  `json:"runsc"`
+	// Density is idle sandboxes made one after another, measured as
+	// their count grows (added for issue 31; absent without
+	// Options.Density).
+	Density *Density `json:"density,omitempty"`
 	// Image is what was measured; Settings how often.
 	Image    Image    `json:"image"`
 	Settings Settings `json:"settings"`
@@ -331,6 +335,113 @@ type Runsc struct {
 	Platform string `json:"platform"`
 }
 
+// Density is the density section: its series, default spares, lazy spares
+// and suspended, in that order, and the host limits read before.
+type Density struct {
+	// Sandboxes is Options.Density (N), Suspended DensitySuspended (M).
+	Sandboxes int             `json:"sandboxes"`
+	Suspended int             `json:"suspended"`
+	Limits    DensityLimits   `json:"limits"`
+	Series    []DensitySeries `json:"series"`
+}
+
+// DensityLimits are the host's limits on the count, read before the bench
+// made anything, and the counts they allow (at the per-sandbox costs the
+// check assumes: 25 MiB, 35 tasks, 200 open files, 8 MiB of disk a
+// suspended sandbox).
+type DensityLimits struct {
+	MemAvailableKiB int64 `json:"mem_available_kib"`
+	PidMax          int64 `json:"pid_max"`
+	ThreadsMax      int64 `json:"threads_max"`
+	Tasks           int64 `json:"tasks"` // host tasks (threads) at the time
+	FileMax         int64 `json:"file_max"`
+	FilesOpen       int64 `json:"files_open"`
+	NoFile          int64 `json:"nofile"` // this process's soft RLIMIT_NOFILE
+	DiskFreeBytes   int64 `json:"disk_free_bytes"`
+	// MaxSandboxes is the most running sandboxes the limits allow, and
+	// CappedBy the limit that sets it; MaxSuspended the most suspended
+	// ones the free disk allows.
+	MaxSandboxes int    `json:"max_sandboxes"`
+	CappedBy     string `json:"capped_by"`
+	MaxSuspended int    `json:"max_suspended"`
+}
+
+// DensitySeries is one series: its points, in the order of their counts,
+// the all-answering check at its end, and its removals.
+type DensitySeries struct {
+	// Name is "default", "lazy" (Spec.LazySpares) or "suspended".
+	Name   string         `json:"name"`
+	Points []DensityPoint `json:"points"`
+	// Checked sandboxes were called at the end of the series (a suspended
+	// one resumed first); NotAnswering of them failed, the first failure
+	// in FirstFailure.
+	Checked      int    `json:"checked"`
+	NotAnswering int    `json:"not_answering"`
+	FirstFailure string `json:"first_failure,omitempty"`
+	// RemoveMS is Manager.Remove of each sandbox at the end (of the
+	// suspended series: each resumed, called and removed).
+	RemoveMS Stats `json:"remove_ms"`
+}
+
+// DensityPoint is what a series measured with Sandboxes of its sandboxes
+// alive (suspended, in the suspended series). Stats of KiB are per
+// sandbox, of the bench's sandboxes; host-wide figures include whatever
+// else runs.
+type DensityPoint struct {
+	Sandboxes int `json:"sandboxes"`
+	// MemAvailableDropKiB is how far /proc/meminfo's MemAvailable fell
+	// since before the series' first sandbox; MemPerSandboxKiB that drop
+	// divided by Sandboxes.
+	MemAvailableDropKiB int64 `json:"mem_available_drop_kib"`
+	MemPerSandboxKiB    int64 `json:"mem_per_sandbox_kib"`
+	// PSSPerSandboxKiB is the PSS of all their host processes (runsc-gofer,
+	// runsc-sandbox and its children, each address space once) divided by
+	// Sandboxes; PSSKiB of each sandbox's.
+	PSSPerSandboxKiB int64 `json:"pss_per_sandbox_kib"`
+	PSSKiB           Stats `json:"pss_kib"`
+	// CgroupPerSandboxKiB is the memory charged to their cgroups (runsc
+	// makes one a sandbox: memory.usage_in_bytes, or memory.current on
+	// cgroup v2, which count the page cache they brought in too) divided
+	// by Sandboxes; 0 if they have no cgroup of their own.
+	CgroupPerSandboxKiB int64 `json:"cgroup_per_sandbox_kib"`
+	// Host processes, tasks (threads: each takes a pid) and open file
+	// descriptors (each table once) of their processes, per sandbox.
+	ProcessesPerSandbox float64 `json:"processes_per_sandbox"`
+	TasksPerSandbox     float64 `json:"tasks_per_sandbox"`
+	FDsPerSandbox       float64 `json:"fds_per_sandbox"`
+	// CreateMS is Manager.Create of the sandboxes made since the previous
+	// point; SuspendMS (suspended series) Manager.Suspend of each.
+	CreateMS  Stats  `json:"create_ms"`
+	SuspendMS *Stats `json:"suspend_ms,omitempty"`
+	// ListMS is Manager.List in process; CLIListMS a whole `flmbox sandbox
+	// ls --json`, as a user runs it.
+	ListMS    Stats `json:"list_ms"`
+	CLIListMS Stats `json:"cli_list_ms"`
+	// FirstCallMS is the first call (Manager.Call, shell echo) of a few
+	// random sandboxes since the point before; CallMS their next calls,
+	// warm; CLICallMS whole `flmbox run --sandbox` processes on them.
+	// Running series only.
+	FirstCallMS *Stats `json:"first_call_ms,omitempty"`
+	CallMS      *Stats `json:"call_ms,omitempty"`
+	CLICallMS   *Stats `json:"cli_call_ms,omitempty"`
+	// ResumeMS is Manager.Resume + Manager.Call of a random suspended
+	// sandbox, CLIResumeMS a whole `flmbox run --sandbox` of one (which
+	// resumes it) until its result; each suspended again after.
+	// Suspended series only.
+	ResumeMS    *Stats `json:"resume_ms,omitempty"`
+	CLIResumeMS *Stats `json:"cli_resume_ms,omitempty"`
+	// DiskPerSandboxBytes is the disk the sandboxes' directories take (du)
+	// divided by Sandboxes, ImageBytes the median checkpoint image
+	// (Sandbox.ImageBytes). Suspended series only.
+	DiskPerSandboxBytes int64 `json:"disk_per_sandbox_bytes,omitempty"`
+	ImageBytes          int64 `json:"image_bytes,omitempty"`
+	// HostCPUPercent is the host's busy time over a few idle seconds, in %
+	// of all its CPUs (/proc/stat); SandboxCPUPercent the part of the
+	// bench's sandboxes' processes.
+	HostCPUPercent    float64 `json:"host_cpu_percent"`
+	SandboxCPUPercent float64 `json:"sandbox_cpu_percent"`
+}
+
 // Image is the image measured: as given (or picked), and what it resolved
 // to on this worker.
 type Image struct {
@@ -351,6 +462,9 @@ type Settings struct {
 	PauseMS       float64 `json:"pause_ms"` // before each warm call; 0: back to back
 	PrewarmRounds int     `json:"prewarm_rounds"`
 	CPUs          int     `json:"cpus"`
+	// DensityOnly: the density section was measured alone; the other
+	// sections' figures are zero (added for issue 31).
+	DensityOnly bool `json:"density_only,omitempty"`
 }
 
 // WriteJSON writes the report as one line of JSON (`flmbox bench --json`).

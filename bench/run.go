@@ -11,8 +11,8 @@ import (
 // the next: prewarm first (it fills the private cache the sandboxes run on),
 // then allocation, warm calls, flmbox instance and callbacks beside one
 // persistent sandbox, copies, suspend, egress (in network namespaces of
-// its own), batch throughput, and memory last, with no other sandbox of the
-// bench running.
+// its own), batch throughput, and memory, with no other sandbox of the
+// bench running; the density section (Options.Density) last, or alone.
 func (r *runner) run(ctx context.Context) (*Report, error) {
 	o := r.opts
 	rep := &Report{Settings: Settings{Pairs: o.Pairs, Warmup: o.Warmup, Rounds: o.Rounds, Calls: o.Calls, PauseMS: ms(o.Pause),
@@ -22,6 +22,18 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	var err error
+	if o.DensityOnly {
+		// No loopback registry: the sandboxes run the image as given,
+		// cached by prepareImage.
+		r.ref = r.image
+		rep.Settings.DensityOnly = true
+		rep.Image = Image{Ref: r.image, IndexDigest: r.img.IndexDigest, ManifestDigest: r.img.ManifestDigest,
+			Platform: r.img.Platform, SizeBytes: r.img.SizeBytes}
+		if rep.Density, err = r.measureDensity(ctx); err != nil {
+			return nil, err
+		}
+		return rep, nil
+	}
 	if rep.Prewarm, err = r.measurePrewarm(ctx); err != nil {
 		return nil, err
 	}
@@ -70,6 +82,11 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	}
 	if rep.Pool, err = r.measurePoolMemory(ctx); err != nil {
 		return nil, err
+	}
+	if o.Density > 0 {
+		if rep.Density, err = r.measureDensity(ctx); err != nil {
+			return nil, err
+		}
 	}
 	return rep, nil
 }

@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/docker/go-units"
@@ -26,6 +27,12 @@ var refWarm = map[[2]string]string{
 // figure beside its baseline, their ratio, the target and the reference
 // system's figure, then how it was measured, the image and runsc.
 func (rep *Report) WriteTable(w io.Writer) error {
+	if rep.Settings.DensityOnly && rep.Density != nil {
+		if err := rep.Density.writeTable(w); err != nil {
+			return err
+		}
+		return rep.writeFooter(w)
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "FIGURE\tFLMBOX\tBASELINE\tRATIO\tTARGET\tREFERENCE")
 	for _, r := range tableRows(rep) {
@@ -48,6 +55,17 @@ func (rep *Report) WriteTable(w io.Writer) error {
 		fmt.Fprintf(w, "egress: in network namespaces of the bench's own, from a server of its own, timed by the Python code, host python3 in the same namespace; a side: downloads %d, connects %d runs of %d after %d not measured\n",
 			e.DownloadMS.N, e.Runs, e.Connects/e.Runs, connectWarmup)
 	}
+	if rep.Density != nil {
+		fmt.Fprintln(w)
+		if err := rep.Density.writeTable(w); err != nil {
+			return err
+		}
+	}
+	return rep.writeFooter(w)
+}
+
+// writeFooter writes the image and runsc lines.
+func (rep *Report) writeFooter(w io.Writer) error {
 	fmt.Fprintf(w, "image:  %s (%s, %s)\n", rep.Image.Ref, rep.Image.Platform, units.BytesSize(float64(rep.Image.SizeBytes)))
 	_, err := fmt.Fprintf(w, "runsc:  %s (%s, platform %s); %d CPUs\n", rep.Runsc.Path, rep.Runsc.Version, rep.Runsc.Platform, rep.Settings.CPUs)
 	return err
@@ -238,4 +256,159 @@ func ratio(x, base float64) string {
 		return ""
 	}
 	return fmt.Sprintf("%.2f×", x/base)
+}
+
+// writeDensity writes the density section: a table per series, a line per
+// count, and the ratio of the last count's figures to the first's (one
+// sandbox).
+func (d *Density) writeTable(w io.Writer) error {
+	l := d.Limits
+	fmt.Fprintf(w, "density: idle sandboxes made one after another (Manager.Create), measured at 1 and every tenth of %d; %d suspended\n", d.Sandboxes, d.Suspended)
+	fmt.Fprintf(w, "host limits: at most %d running sandboxes (set by %s), %d suspended (free disk %s)\n",
+		l.MaxSandboxes, l.CappedBy, l.MaxSuspended, fmtGiB(l.DiskFreeBytes))
+	for _, s := range d.Series {
+		if len(s.Points) == 0 {
+			continue
+		}
+		fmt.Fprintln(w)
+		if s.Name == "suspended" {
+			fmt.Fprintf(w, "suspended (default spares, each suspended right after its create): resumed, called and removed at the end: %d of %d answered; remove %s\n",
+				s.Checked-s.NotAnswering, s.Checked, fmtStats(s.RemoveMS))
+		} else {
+			fmt.Fprintf(w, "%s spares: called at the end: %d of %d answered; remove %s\n",
+				s.Name, s.Checked-s.NotAnswering, s.Checked, fmtStats(s.RemoveMS))
+		}
+		if s.FirstFailure != "" {
+			fmt.Fprintf(w, "  first failure: %s\n", s.FirstFailure)
+		}
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		for _, line := range densityLines(s) {
+			fmt.Fprintln(tw, strings.Join(line, "\t"))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	_, err := fmt.Fprintln(w, "\nms: median (min–max) of the creates since the count before, of "+
+		fmt.Sprintf("%d calls and %d run --sandbox on %d random sandboxes (each after its first call, FIRST), %d Manager.List and %d sandbox ls --json; ",
+			densityCalls, densityCLICalls, densityCallees, densityLists, densityCLILists)+
+		fmt.Sprintf("CPU: %% of all CPUs over %s idle (HOST: all of it); MEM: MemAvailable's drop; PSS: the sandboxes' processes; CGROUP: charged to their cgroups.\n", densityCPUWindow)+
+		"targets at 500 (issue 31): all answering; create and warm call ≤ 1.2× one sandbox; host CPU ≤ 5 %; memory ≤ 20 MiB a sandbox, ≤ 12 MiB lazy; 2,000 suspended")
+	return err
+}
+
+// densityCol is a column of a series' table: its header, its cell of a
+// point, and the figure whose last-to-first ratio ends the column (nil:
+// none).
+type densityCol struct {
+	head  string
+	cell  func(p DensityPoint) string
+	value func(p DensityPoint) float64
+}
+
+// statCol is a column of Stats (ms), nil in some points.
+func statCol(head string, get func(p *DensityPoint) *Stats) densityCol {
+	return densityCol{head, func(p DensityPoint) string {
+		if s := get(&p); s != nil {
+			return fmtStats(*s)
+		}
+		return ""
+	}, func(p DensityPoint) float64 {
+		if s := get(&p); s != nil {
+			return s.Median
+		}
+		return 0
+	}}
+}
+
+// kibCol is a column of KiB, shown in MiB.
+func kibCol(head string, get func(p DensityPoint) int64) densityCol {
+	return densityCol{head, func(p DensityPoint) string { return fmtKiB(get(p)) }, func(p DensityPoint) float64 { return float64(get(p)) }}
+}
+
+// numCol is a column of counts per sandbox.
+func numCol(head string, get func(p DensityPoint) float64) densityCol {
+	return densityCol{head, func(p DensityPoint) string { return fmt.Sprintf("%.1f", get(p)) }, get}
+}
+
+// pctCol is a column of %, with no ratio.
+func pctCol(head string, get func(p DensityPoint) float64) densityCol {
+	return densityCol{head, func(p DensityPoint) string { return fmt.Sprintf("%.1f %%", get(p)) }, nil}
+}
+
+// densityLines are the lines of a series' table: its header, a line per
+// point, then the ratios of the last point's figures to the first's.
+func densityLines(s DensitySeries) [][]string {
+	first, last := s.Points[0], s.Points[len(s.Points)-1]
+	list := []densityCol{
+		statCol("LIST ms", func(p *DensityPoint) *Stats { return &p.ListMS }),
+		statCol("SANDBOX LS ms", func(p *DensityPoint) *Stats { return &p.CLIListMS }),
+		pctCol("HOST CPU", func(p DensityPoint) float64 { return p.HostCPUPercent }),
+		pctCol("SANDBOXES' CPU", func(p DensityPoint) float64 { return p.SandboxCPUPercent }),
+	}
+	var cols []densityCol
+	if s.Name == "suspended" {
+		cols = append(cols,
+			kibCol("DISK/SB", func(p DensityPoint) int64 { return p.DiskPerSandboxBytes >> 10 }),
+			kibCol("IMAGE", func(p DensityPoint) int64 { return p.ImageBytes >> 10 }),
+			statCol("CREATE ms", func(p *DensityPoint) *Stats { return &p.CreateMS }),
+			statCol("SUSPEND ms", func(p *DensityPoint) *Stats { return p.SuspendMS }),
+			statCol("RESUME+CALL ms", func(p *DensityPoint) *Stats { return p.ResumeMS }),
+			statCol("RUN --SANDBOX ms", func(p *DensityPoint) *Stats { return p.CLIResumeMS }))
+		cols = append(cols, list...)
+		cols = append(cols,
+			kibCol("MEM/SB", func(p DensityPoint) int64 { return p.MemPerSandboxKiB }),
+			numCol("PROCESSES/SB", func(p DensityPoint) float64 { return p.ProcessesPerSandbox }))
+	} else {
+		cols = append(cols,
+			kibCol("MEM/SB", func(p DensityPoint) int64 { return p.MemPerSandboxKiB }),
+			kibCol("PSS/SB", func(p DensityPoint) int64 { return p.PSSPerSandboxKiB }),
+			kibCol("CGROUP/SB", func(p DensityPoint) int64 { return p.CgroupPerSandboxKiB }),
+			statCol("CREATE ms", func(p *DensityPoint) *Stats { return &p.CreateMS }),
+			statCol("FIRST CALL ms", func(p *DensityPoint) *Stats { return p.FirstCallMS }),
+			statCol("WARM CALL ms", func(p *DensityPoint) *Stats { return p.CallMS }),
+			statCol("RUN --SANDBOX ms", func(p *DensityPoint) *Stats { return p.CLICallMS }))
+		cols = append(cols, list...)
+		cols = append(cols,
+			numCol("TASKS/SB", func(p DensityPoint) float64 { return p.TasksPerSandbox }),
+			numCol("FDS/SB", func(p DensityPoint) float64 { return p.FDsPerSandbox }))
+	}
+	head := []string{"SANDBOXES"}
+	for _, c := range cols {
+		head = append(head, c.head)
+	}
+	lines := [][]string{head}
+	for _, p := range s.Points {
+		line := []string{fmt.Sprint(p.Sandboxes)}
+		for _, c := range cols {
+			line = append(line, c.cell(p))
+		}
+		lines = append(lines, line)
+	}
+	ratios := []string{fmt.Sprintf("%d vs 1", last.Sandboxes)}
+	for _, c := range cols {
+		r := ""
+		if c.value != nil && c.value(last) >= 0 {
+			r = ratio(c.value(last), c.value(first))
+		}
+		ratios = append(ratios, r)
+	}
+	return append(lines, ratios)
+}
+
+// fmtStats is "median (min–max)" in ms, without the unit.
+func fmtStats(s Stats) string {
+	if s.N == 0 {
+		return "n/a"
+	}
+	num := func(x float64) string {
+		if x >= 100 {
+			return fmt.Sprintf("%.0f", x)
+		}
+		return fmt.Sprintf("%.1f", x)
+	}
+	if s.N == 1 {
+		return num(s.Median)
+	}
+	return fmt.Sprintf("%s (%s–%s)", num(s.Median), num(s.Min), num(s.Max))
 }

@@ -29,7 +29,15 @@ image cache of --root must hold exactly one image whose source it knows (a tag o
 
 The egress figures (--network egress) run in two network namespaces the bench makes and removes,
 flmbox-ID-world (its own "internet", a server on 198.51.100.10) and flmbox-ID-worker (joined to it
-by a veth): nothing is sent off the machine, and the host's own namespace is left as it is.`,
+by a veth): nothing is sent off the machine, and the host's own namespace is left as it is.
+
+--density N adds a section (last, or alone with --density-only): N idle sandboxes made one after
+another with flmbox's defaults, measured at the first and at every tenth of N (host memory per
+sandbox, creates, calls to random ones, listing, idle CPU, host tasks and file descriptors), then
+the same with lazy spares, then --density-suspended sandboxes each suspended after its create (disk,
+suspend, resume of a random one by its call). Each series ends with a call to every sandbox, then
+removes them. The bench refuses a count that the host's free memory, kernel.pid_max,
+kernel.threads-max, fs.file-max or free disk would stop.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "image", Usage: "image to measure, as prewarm takes it (default: the cache's only image)"},
 			&cli.IntFlag{Name: "pairs", Value: full.Pairs, Usage: "allocation pairs (fresh sandbox, raw runsc)"},
@@ -37,6 +45,11 @@ by a veth): nothing is sent off the machine, and the host's own namespace is lef
 			&cli.IntFlag{Name: "rounds", Value: full.Rounds, Usage: "rounds of measured warm calls"},
 			&cli.IntFlag{Name: "calls", Value: full.Calls, Usage: "measured warm calls per round"},
 			app.DurationOrZeroFlag("pause", 0, "pause before each warm call, for every method alike (default: back to back)"),
+			&cli.IntFlag{Name: "density", DefaultText: "none, nor with --quick",
+				Usage: "add the density section: `N` idle sandboxes made one after another, with default spares, then lazy spares"},
+			&cli.IntFlag{Name: "density-suspended", DefaultText: "N",
+				Usage: "`M` sandboxes in the density section's suspended series, each suspended after its create"},
+			&cli.BoolFlag{Name: "density-only", Usage: "measure only the density section"},
 			&cli.BoolFlag{Name: "quick", Usage: "fewer pairs, rounds and calls (under a minute); explicit flags still win"},
 			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
 		},
@@ -52,6 +65,8 @@ by a veth): nothing is sent off the machine, and the host's own namespace is lef
 			switch {
 			case errors.Is(err, bench.ErrNotRoot):
 				return app.Advise(err, "run it as root")
+			case errors.Is(err, bench.ErrHostLimit):
+				return app.Advise(err, "lower --density (or --density-suspended), or raise that limit")
 			case errors.Is(err, bench.ErrNoImage):
 				return app.Advise(err, "name the image to measure with --image IMAGE (flmbox images ls lists them)")
 			case errors.Is(err, fs.ErrNotExist) && missing(o.Flmbox):
@@ -80,6 +95,7 @@ func benchOptionsFrom(c *cli.Context) (bench.Options, error) {
 		}
 	}
 	o.Image, o.Pause, o.Root, o.Runsc = c.String("image"), c.Duration("pause"), c.String("root"), c.String("runsc")
+	o.Density, o.DensitySuspended, o.DensityOnly = c.Int("density"), c.Int("density-suspended"), c.Bool("density-only")
 	self, err := os.Executable()
 	if err != nil {
 		return o, fmt.Errorf("find the flmbox binary to measure: %w", err)

@@ -46,6 +46,9 @@ func TestBenchOptions(t *testing.T) {
 			want: with(full, func(o *bench.Options) { o.Pairs, o.Rounds, o.Calls = 1, 1, 1 })},
 		{args: []string{"--quick", "--pause", "20ms"}, want: with(quick, func(o *bench.Options) { o.Pause = 20 * time.Millisecond })},
 		{args: []string{"--calls", "many"}, err: "invalid value"},
+		{args: []string{"--quick", "--density", "500"}, want: with(quick, func(o *bench.Options) { o.Density = 500 })},
+		{args: []string{"--density", "50", "--density-suspended", "2000", "--density-only"},
+			want: with(full, func(o *bench.Options) { o.Density, o.DensitySuspended, o.DensityOnly = 50, 2000, true })},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			got, err := parseBench(t, tc.args...)
@@ -60,7 +63,8 @@ func TestBenchOptions(t *testing.T) {
 			}
 			if got.Pairs != tc.want.Pairs || got.Warmup != tc.want.Warmup || got.Rounds != tc.want.Rounds || got.Calls != tc.want.Calls ||
 				got.Pause != tc.want.Pause || got.Image != tc.want.Image || got.PrewarmRounds != tc.want.PrewarmRounds ||
-				got.BatchSnippets != tc.want.BatchSnippets || got.Idle != tc.want.Idle || got.Flmbox == "" {
+				got.BatchSnippets != tc.want.BatchSnippets || got.Idle != tc.want.Idle || got.Flmbox == "" ||
+				got.Density != tc.want.Density || got.DensitySuspended != tc.want.DensitySuspended || got.DensityOnly != tc.want.DensityOnly {
 				t.Fatalf("got %+v, want %+v", got, tc.want)
 			}
 		})
@@ -78,7 +82,7 @@ func TestBenchRefusesArguments(t *testing.T) {
 // TestBenchRefusesBadCounts: bench.Run checks the counts before anything
 // else; the CLI prints its error.
 func TestBenchRefusesBadCounts(t *testing.T) {
-	for _, args := range [][]string{{"--pairs", "0"}, {"--rounds", "-1"}, {"--calls", "100000"}, {"--pause", "2s"}} {
+	for _, args := range [][]string{{"--pairs", "0"}, {"--rounds", "-1"}, {"--calls", "100000"}, {"--pause", "2s"}, {"--density", "-1"}} {
 		var stdout, stderr bytes.Buffer
 		code := app.RunCommand(t.Context(), append([]string{"flmbox-bench", "--root", t.TempDir(), "bench", "--image", "oci-layout:/x"}, args...), &stdout, &stderr, benchCommand())
 		if code != exitFlmboxFailed || !strings.Contains(stderr.String(), strings.TrimPrefix(args[0], "--")+" "+args[1]) {
@@ -117,7 +121,8 @@ func TestBenchHelp(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d, stderr %q", code, stderr.String())
 	}
-	for _, want := range []string{"flmbox bench - " + app.BenchUsage, "in-process registry", "--quick", "--pause", "--image"} {
+	for _, want := range []string{"flmbox bench - " + app.BenchUsage, "in-process registry", "--quick", "--pause", "--image",
+		"--density N", "--density-suspended", "--density-only"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("help without %q:\n%s", want, stdout.String())
 		}

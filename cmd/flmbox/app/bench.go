@@ -13,7 +13,7 @@ import (
 
 // BenchUsage is flmbox bench's line in flmbox --help. flmbox-bench's bench
 // command says it too.
-const BenchUsage = "measure this worker: sandbox allocation, warm calls, flmbox instance, callbacks, batch throughput, prewarm, memory, each beside its baseline"
+const BenchUsage = "measure this worker: sandbox allocation, warm calls, flmbox instance, callbacks, batch throughput, prewarm, memory, each beside its baseline; density with --density N"
 
 // benchName is the binary that implements flmbox bench, next to flmbox-core.
 const benchName = "flmbox-bench"
