@@ -181,7 +181,7 @@ func (o Options) checkDensity() error {
 		}
 		dir = filepath.Dir(dir)
 	}
-	l, err := readLimits("/proc", dir)
+	l, err := readLimits(dir)
 	if err != nil {
 		return err
 	}

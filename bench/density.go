@@ -13,6 +13,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/flmbox/flmbox/internal/procmem"
 	"github.com/flmbox/flmbox/internal/workers"
 	"github.com/flmbox/flmbox/sandbox"
 )
@@ -64,7 +65,7 @@ func densityPoints(n int) []int {
 // may have used memory since Run began), then the three series.
 func (r *runner) measureDensity(ctx context.Context) (*Density, error) {
 	n, m := r.opts.Density, r.opts.densitySuspended()
-	lim, err := readLimits("/proc", r.root)
+	lim, err := readLimits(r.root)
 	if err != nil {
 		return nil, err
 	}
@@ -278,27 +279,27 @@ func (r *runner) densityPoint(ctx context.Context, st *densityState, suspended b
 	for _, sb := range st.sbs {
 		ids[sb.ID] = true
 	}
-	byID, err := sandboxProcs("/proc", ids)
+	byID, err := procmem.Containers(ids)
 	if err != nil {
 		return p, err
 	}
 	var all, firsts []int
 	var pss []float64
-	var tot procUsage
+	var tot procmem.Usage
 	for _, sb := range st.sbs {
 		pids := byID[sb.ID]
 		all = append(all, pids...)
 		if len(pids) > 0 {
 			firsts = append(firsts, pids[0])
 		}
-		u := usageOf("/proc", pids)
+		u := procmem.Use(pids)
 		if !suspended {
-			pss = append(pss, float64(u.pss))
+			pss = append(pss, float64(u.PSS))
 		}
-		tot.pss += u.pss
-		tot.processes += u.processes
-		tot.tasks += u.tasks
-		tot.fds += u.fds
+		tot.PSS += u.PSS
+		tot.Processes += u.Processes
+		tot.Tasks += u.Tasks
+		tot.FDs += u.FDs
 	}
 	avail, err := memAvailable()
 	if err != nil {
@@ -307,10 +308,10 @@ func (r *runner) densityPoint(ctx context.Context, st *densityState, suspended b
 	count := float64(len(st.sbs))
 	p.MemAvailableDropKiB = st.memKiB - avail
 	p.MemPerSandboxKiB = p.MemAvailableDropKiB / int64(len(st.sbs))
-	p.PSSPerSandboxKiB = tot.pss / int64(len(st.sbs))
+	p.PSSPerSandboxKiB = tot.PSS / int64(len(st.sbs))
 	p.PSSKiB = summarize(pss)
 	p.CgroupPerSandboxKiB = cgroupKiB("/proc", firsts) / int64(len(st.sbs))
-	p.ProcessesPerSandbox, p.TasksPerSandbox, p.FDsPerSandbox = float64(tot.processes)/count, float64(tot.tasks)/count, float64(tot.fds)/count
+	p.ProcessesPerSandbox, p.TasksPerSandbox, p.FDsPerSandbox = float64(tot.Processes)/count, float64(tot.Tasks)/count, float64(tot.FDs)/count
 
 	if p.HostCPUPercent, p.SandboxCPUPercent, err = idleCPU(ctx, all); err != nil {
 		return p, err

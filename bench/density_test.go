@@ -44,15 +44,6 @@ func TestProcParsers(t *testing.T) {
 	if _, err := meminfoKiB(meminfo, "SwapTotal"); err == nil {
 		t.Error("a missing key: no error")
 	}
-	if got, err := loadavgTasks([]byte("0.66 2.64 3.67 1/1823 18917\n")); err != nil || got != 1823 {
-		t.Errorf("loadavg: %d, %v", got, err)
-	}
-	if _, err := loadavgTasks([]byte("0.66 2.64\n")); err == nil {
-		t.Error("a short loadavg: no error")
-	}
-	if open, max, err := fileNr([]byte("3730\t0\t2466290\n")); err != nil || open != 3730 || max != 2466290 {
-		t.Errorf("file-nr: %d %d %v", open, max, err)
-	}
 	// user nice system idle iowait irq softirq steal guest guest_nice
 	busy, total, err := cpuTimes([]byte("cpu  100 5 50 1000 20 3 2 0 7 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n"))
 	if err != nil || busy != 160 || total != 1180 {
@@ -60,18 +51,6 @@ func TestProcParsers(t *testing.T) {
 	}
 	if _, _, err := cpuTimes([]byte("intr 1 2 3\n")); err == nil {
 		t.Error("no cpu line: no error")
-	}
-	// A command name with spaces and a parenthesis.
-	stat := "16937 (runsc (sandbox) x) S 1 16937 16937 0 -1 4194560 1 0 0 0 250 75 0 0 20 0 19 0 1 1 1"
-	if ppid, ticks, err := procStat([]byte(stat)); err != nil || ppid != 1 || ticks != 325 {
-		t.Errorf("stat: ppid %d ticks %d %v", ppid, ticks, err)
-	}
-	if _, _, err := procStat([]byte("12 (x) S 1 2")); err == nil {
-		t.Error("a short stat: no error")
-	}
-	rollup := "00400000-7ffdba35d000 ---p 00000000 00:00 0   [rollup]\nRss:               44572 kB\nPss:               14006 kB\nPss_Dirty:         13368 kB\n"
-	if rss, pss := rollupKiB([]byte(rollup)); rss != 44572 || pss != 14006 {
-		t.Errorf("rollup: rss %d pss %d", rss, pss)
 	}
 	if names, err := lsNames([]byte(`[{"name":"a","state":"running"},{"name":"b"}]`)); err != nil || !slices.Equal(names, []string{"a", "b"}) {
 		t.Errorf("ls: %v %v", names, err)
@@ -105,140 +84,42 @@ func TestCgroupMemoryFile(t *testing.T) {
 	}
 }
 
-// fakeProc writes a /proc with the files readLimits reads.
-func fakeProc(t *testing.T, memKiB, pidMax, threadsMax, tasks int64) string {
-	t.Helper()
-	dir := t.TempDir()
-	for path, data := range map[string]string{
-		"meminfo":                "MemTotal: 24683792 kB\nMemAvailable: " + strconv.FormatInt(memKiB, 10) + " kB\n",
-		"sys/kernel/pid_max":     strconv.FormatInt(pidMax, 10) + "\n",
-		"sys/kernel/threads-max": strconv.FormatInt(threadsMax, 10) + "\n",
-		"loadavg":                "0.1 0.2 0.3 2/" + strconv.FormatInt(tasks, 10) + " 999\n",
-		"sys/fs/file-nr":         "4000\t0\t2466290\n",
-	} {
-		p := filepath.Join(dir, path)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
-
 func TestLimits(t *testing.T) {
-	// 23 GiB free: memory allows (23-1) GiB / 25 MiB = 901; pid_max 65536
-	// with 1823 tasks allows (65536-1823-2000)/35 = 1763.
-	l, err := readLimits(fakeProc(t, 23<<20, 65536, 192739, 1823), t.TempDir())
-	if err != nil {
-		t.Fatal(err)
+	const gib = 1 << 30
+	limits := func(pidRoom int64) []sandbox.HostLimit {
+		return []sandbox.HostLimit{
+			{Name: sandbox.LimitPidMax, Value: 32768, Used: 1823, PerSandbox: 40, Sandboxes: pidRoom},
+			{Name: sandbox.LimitNofile, Value: 20000, Used: 231, PerSandbox: 231, Sandboxes: -1},
+			// 23 GiB free: (23-1) GiB / 24 MiB = 938 kept to everyone else's 1 GiB.
+			{Name: sandbox.LimitMemory, Value: 24 * gib, Used: 1 * gib, PerSandbox: 24 << 20, Sandboxes: 981},
+		}
 	}
-	if l.MaxSandboxes != 901 || !strings.Contains(l.CappedBy, "free memory") || l.PidMax != 65536 || l.Tasks != 1823 || l.FilesOpen != 4000 {
-		t.Errorf("limits %+v", l)
+	n, why := capacity(limits(2000))
+	if n != 938 || !strings.Contains(why, "free memory (23.0 GiB available, about 24 MiB a sandbox, 1 GiB kept free)") {
+		t.Errorf("memory bound: %d, %q", n, why)
 	}
-	if l.DiskFreeBytes <= 0 || l.MaxSuspended != int(l.DiskFreeBytes/densityDiskPerSuspend) {
-		t.Errorf("disk: %+v", l)
+	n, why = capacity(limits(773))
+	if n != 773 || why != "kernel.pid_max 32768 (1823 in use, about 40 a sandbox)" {
+		t.Errorf("pid_max bound: %d, %q", n, why)
 	}
-	if err := l.check(500, min(2000, l.MaxSuspended)); err != nil {
+	if n, _ := capacity(nil); n != -1 {
+		t.Errorf("no limits known: %d", n)
+	}
+	l := DensityLimits{MaxSandboxes: 773, CappedBy: why, DiskFreeBytes: 64 << 30, MaxSuspended: 8192}
+	if err := l.check(500, 2000); err != nil {
 		t.Errorf("500: %v", err)
 	}
-	err = l.check(1000, 1)
-	if !errors.Is(err, ErrHostLimit) || !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "at most 901") ||
-		!strings.Contains(err.Error(), "MemAvailable 23.0 GiB") || strings.Count(err.Error(), "\n") != 0 {
+	err := l.check(1000, 1)
+	if !errors.Is(err, ErrHostLimit) || !errdefs.IsResourceExhausted(err) || strings.Count(err.Error(), "\n") != 0 ||
+		!strings.Contains(err.Error(), "density 1000: kernel.pid_max 32768 (1823 in use, about 40 a sandbox) allows at most 773") {
 		t.Errorf("1000: %v", err)
 	}
 	if err := l.check(1, l.MaxSuspended+1); !errors.Is(err, ErrHostLimit) || !strings.Contains(err.Error(), "free disk") {
 		t.Errorf("too many suspended: %v", err)
 	}
-	// This VM's pid_max, 32768, caps the count before memory does:
-	// (32768-1823-2000)/35 = 827.
-	l, err = readLimits(fakeProc(t, 23<<20, 32768, 192739, 1823), t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if l.MaxSandboxes != 827 || !strings.Contains(l.CappedBy, "kernel.pid_max 32768") {
-		t.Errorf("pid_max: %+v", l)
-	}
-	if err := l.check(900, 1); err == nil || !strings.Contains(err.Error(), "kernel.pid_max 32768 (1823 tasks running, about 35 a sandbox) allows at most 827") {
-		t.Errorf("pid_max: %v", err)
-	}
-	// Less free memory than the reserve: none.
-	if l, err = readLimits(fakeProc(t, 512<<10, 32768, 192739, 100), t.TempDir()); err != nil || l.MaxSandboxes != 0 {
-		t.Errorf("no memory: %+v %v", l, err)
-	}
-	if _, err := readLimits(t.TempDir(), t.TempDir()); err == nil {
-		t.Error("no /proc: no error")
-	}
-}
-
-// TestSandboxProcs finds a container's processes in a fake /proc: those
-// whose command line ends with its ID, and their descendants.
-func TestSandboxProcs(t *testing.T) {
-	proc := t.TempDir()
-	add := func(pid, ppid int, cmdline ...string) {
-		dir := filepath.Join(proc, strconv.Itoa(pid))
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		stat := strconv.Itoa(pid) + " (exe) S " + strconv.Itoa(ppid) + " 1 1 0 -1 0 0 0 0 0 3 4 0 0 20 0 1 0 1 1 1"
-		os.WriteFile(filepath.Join(dir, "stat"), []byte(stat), 0o644)
-		var b []byte
-		for _, a := range cmdline {
-			b = append(append(b, a...), 0)
-		}
-		os.WriteFile(filepath.Join(dir, "cmdline"), b, 0o644)
-	}
-	add(10, 1, "runsc-gofer", "--root=/r", "gofer", "--bundle", "/b", "flmbox-aaa")
-	add(11, 1, "runsc-sandbox", "--root=/r", "boot", "flmbox-aaa")
-	add(12, 11) // a stub: no command line
-	add(13, 12)
-	add(20, 1, "runsc-sandbox", "boot", "flmbox-bbb") // not asked for
-	add(21, 20)
-	add(30, 1, "sleep", "flmbox-aaa-not")
-	add(31, 11, "runsc-sandbox", "--root=/r", "boot", "flmbox-aaa") // forked, not exec'd
-	os.MkdirAll(filepath.Join(proc, "self"), 0o755)
-	got, err := sandboxProcs(proc, map[string]bool{"flmbox-aaa": true, "flmbox-ccc": true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pids := slices.Sorted(slices.Values(got["flmbox-aaa"]))
-	if !slices.Equal(pids, []int{10, 11, 12, 13, 31}) || len(got) != 1 {
-		t.Fatalf("processes %v, want flmbox-aaa: 10 11 12 13 31", got)
-	}
-	if ticks := cpuTicks(proc, pids); ticks != 35 {
-		t.Errorf("ticks %d, want 35", ticks)
-	}
-}
-
-// TestUsageOf measures this test process and one of its threads (a task
-// sharing its address space and descriptor table, as systrap's stubs share
-// the sentry's): each is counted once; a child process has its own.
-func TestUsageOf(t *testing.T) {
-	self := os.Getpid()
-	tasks, err := os.ReadDir("/proc/self/task")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var tid int
-	for _, e := range tasks {
-		if n, _ := strconv.Atoi(e.Name()); n != self {
-			tid = n
-		}
-	}
-	if tid == 0 {
-		t.Skip("the test process has no thread but its main one")
-	}
-	alone := usageOf("/proc", []int{self})
-	if alone.processes != 1 || alone.tasks < 2 || alone.fds < 3 || alone.pss <= 0 || alone.rss < alone.pss {
-		t.Fatalf("usage %+v", alone)
-	}
-	both := usageOf("/proc", []int{self, tid})
-	if both.processes != 2 || both.pss > alone.pss*3/2 || both.fds > alone.fds*3/2 {
-		t.Fatalf("a process and its thread: %+v; the process alone: %+v (want its memory and descriptors once)", both, alone)
-	}
-	if gone := usageOf("/proc", []int{1 << 30}); gone.processes != 0 {
-		t.Fatalf("a process that does not exist: %+v", gone)
+	// This host's own limits are read.
+	if l, err := readLimits(t.TempDir()); err != nil || len(l.Limits) == 0 || l.DiskFreeBytes <= 0 || l.MaxSuspended != int(l.DiskFreeBytes/densityDiskPerSuspend) {
+		t.Errorf("readLimits: %+v, %v", l, err)
 	}
 }
 
@@ -360,8 +241,8 @@ func sampleDensity() *Density {
 	s := func(m float64) Stats { return Stats{Median: m, Min: m - 1, Max: m + 1, N: 3} }
 	sp := func(m float64) *Stats { x := s(m); return &x }
 	d := &Density{Sandboxes: 10, Suspended: 10,
-		Limits: DensityLimits{MemAvailableKiB: 23 << 20, PidMax: 32768, ThreadsMax: 192739, Tasks: 1823, FileMax: 2466290, FilesOpen: 4000,
-			NoFile: 20000, DiskFreeBytes: 69 << 30, MaxSandboxes: 901, CappedBy: "free memory (MemAvailable 23.0 GiB)", MaxSuspended: 8832}}
+		Limits: DensityLimits{Limits: []sandbox.HostLimit{{Name: sandbox.LimitMemory, Value: 24 << 30, Used: 1 << 30, PerSandbox: 24 << 20, Sandboxes: 981}},
+			DiskFreeBytes: 69 << 30, MaxSandboxes: 938, CappedBy: "free memory (23.0 GiB available, about 24 MiB a sandbox, 1 GiB kept free)", MaxSuspended: 8832}}
 	for _, name := range []string{"default", "lazy"} {
 		ser := DensitySeries{Name: name, Checked: 10, NotAnswering: 1, FirstFailure: "bench-density-default-3: dead", RemoveMS: s(80)}
 		for _, n := range []int{1, 10} {
@@ -392,7 +273,7 @@ func TestDensityTable(t *testing.T) {
 	for _, want := range []string{
 		"FIGURE", // the other sections too
 		"density: idle sandboxes made one after another (Manager.Create), measured at 1 and every tenth of 10; 10 suspended",
-		"host limits: at most 901 running sandboxes (set by free memory (MemAvailable 23.0 GiB)), 8832 suspended (free disk 69.0 GiB)",
+		"host limits: at most 938 running sandboxes (set by free memory (23.0 GiB available, about 24 MiB a sandbox, 1 GiB kept free)), 8832 suspended (free disk 69.0 GiB)",
 		"default spares: called at the end: 9 of 10 answered; remove 80.0 (79.0–81.0)", "first failure: bench-density-default-3: dead",
 		"lazy spares: called at the end", "SANDBOXES  MEM/SB", "PSS/SB", "CGROUP/SB", "CREATE ms", "WARM CALL ms", "RUN --SANDBOX ms", "SANDBOX LS ms", "TASKS/SB", "FDS/SB",
 		"24.0 MiB", "29.0 MiB", "20.0 MiB", "201 (200–202)", "210 (209–211)", "1.04×", "0.69×", "1.0 (0.0–2.0)", "10.00×", "1.5 %", "0.2 %", "35.0", "171.0",
@@ -457,8 +338,7 @@ func TestDensityJSON(t *testing.T) {
 	if got := keys(d); !slices.Equal(got, []string{"limits", "sandboxes", "series", "suspended"}) {
 		t.Errorf("density: %v", got)
 	}
-	if got := keys(d["limits"]); !slices.Equal(got, []string{"capped_by", "disk_free_bytes", "file_max", "files_open", "max_sandboxes",
-		"max_suspended", "mem_available_kib", "nofile", "pid_max", "tasks", "threads_max"}) {
+	if got := keys(d["limits"]); !slices.Equal(got, []string{"capped_by", "disk_free_bytes", "limits", "max_sandboxes", "max_suspended"}) {
 		t.Errorf("density.limits: %v", got)
 	}
 	series := d["series"].([]any)

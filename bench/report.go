@@ -6,6 +6,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/flmbox/flmbox/sandbox"
 )
 
 // Report is what Run measured; its JSON form (WriteJSON) is `flmbox bench
@@ -346,24 +348,17 @@ type Density struct {
 }
 
 // DensityLimits are the host's limits on the count, read before the bench
-// made anything, and the counts they allow (at the per-sandbox costs the
-// check assumes: 25 MiB, 35 tasks, 200 open files, 8 MiB of disk a
-// suspended sandbox).
+// made anything (sandbox.HostLimits), and the counts they allow.
 type DensityLimits struct {
-	MemAvailableKiB int64 `json:"mem_available_kib"`
-	PidMax          int64 `json:"pid_max"`
-	ThreadsMax      int64 `json:"threads_max"`
-	Tasks           int64 `json:"tasks"` // host tasks (threads) at the time
-	FileMax         int64 `json:"file_max"`
-	FilesOpen       int64 `json:"files_open"`
-	NoFile          int64 `json:"nofile"` // this process's soft RLIMIT_NOFILE
-	DiskFreeBytes   int64 `json:"disk_free_bytes"`
-	// MaxSandboxes is the most running sandboxes the limits allow, and
-	// CappedBy the limit that sets it; MaxSuspended the most suspended
-	// ones the free disk allows.
-	MaxSandboxes int    `json:"max_sandboxes"`
-	CappedBy     string `json:"capped_by"`
-	MaxSuspended int    `json:"max_suspended"`
+	Limits []sandbox.HostLimit `json:"limits"`
+	// MaxSandboxes is the most running sandboxes the limits allow, less
+	// what the bench leaves to everyone else (1 GiB of memory), and
+	// CappedBy the limit that sets it, in words; MaxSuspended the most
+	// suspended ones the free disk allows (8 MiB each).
+	MaxSandboxes  int    `json:"max_sandboxes"`
+	CappedBy      string `json:"capped_by"`
+	DiskFreeBytes int64  `json:"disk_free_bytes"`
+	MaxSuspended  int    `json:"max_suspended"`
 }
 
 // DensitySeries is one series: its points, in the order of their counts,

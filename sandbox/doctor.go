@@ -333,6 +333,12 @@ func readInt(path string, field int) int64 {
 	return n
 }
 
+// HostLimits reads this host's limits on how many sandboxes run at once
+// (/proc, this process's RLIMIT_NOFILE), and judges each as HostLimit
+// says; those it cannot read are left out. Doctor's "limits" check says
+// the same in words.
+func HostLimits() []HostLimit { return hostLimits(readHostFacts()) }
+
 // checkHostLimits says how many more idle sandboxes the host holds and which
 // limit decides it, warning when a limit other than memory caps the count
 // below what the host's memory could hold.

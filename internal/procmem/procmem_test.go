@@ -3,6 +3,8 @@ package procmem
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"syscall"
 	"testing"
@@ -31,10 +33,11 @@ func TestContainer(t *testing.T) {
 	}
 }
 
-// TestOfCountsAnAddressSpaceOnce measures a process and one of its threads
-// (a task sharing its address space, as systrap's stub threads do): their
-// memory counts once; a child process has an address space of its own.
-func TestOfCountsAnAddressSpaceOnce(t *testing.T) {
+// TestUseCountsAnAddressSpaceOnce measures a process and one of its
+// threads (a task sharing its address space and descriptor table, as
+// systrap's stub threads share the sentry's): their memory and descriptors
+// count once; a child process has an address space of its own.
+func TestUseCountsAnAddressSpaceOnce(t *testing.T) {
 	self := os.Getpid()
 	tasks, err := os.ReadDir("/proc/self/task")
 	if err != nil {
@@ -49,7 +52,7 @@ func TestOfCountsAnAddressSpaceOnce(t *testing.T) {
 	if tid == 0 {
 		t.Fatal("the test process has no thread but its main one")
 	}
-	if !sameVM(self, tid) {
+	if !same(self, tid, kcmpVM) {
 		t.Fatalf("kcmp says thread %d does not share process %d's address space", tid, self)
 	}
 	child := exec.Command("sleep", "30")
@@ -57,7 +60,7 @@ func TestOfCountsAnAddressSpaceOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { child.Process.Kill(); child.Wait() }()
-	if sameVM(self, child.Process.Pid) {
+	if same(self, child.Process.Pid, kcmpVM) {
 		t.Fatal("kcmp says a child process shares the test's address space")
 	}
 	alone, err := Of([]int{self})
@@ -70,6 +73,16 @@ func TestOfCountsAnAddressSpaceOnce(t *testing.T) {
 	}
 	if both.Processes != 2 || both.RSS > alone.RSS*3/2 {
 		t.Fatalf("a process and its thread: %+v; the process alone: %+v (want its memory once)", both, alone)
+	}
+	u, uboth := useIn("/proc", []int{self}), useIn("/proc", []int{self, tid})
+	if u.Processes != 1 || u.Tasks < 2 || u.FDs < 3 || u.PSS <= 0 || u.RSS < u.PSS {
+		t.Fatalf("usage %+v", u)
+	}
+	if uboth.Processes != 2 || uboth.FDs > u.FDs*3/2 {
+		t.Fatalf("a process and its thread: %+v; the process alone: %+v (want its descriptors once)", uboth, u)
+	}
+	if gone := useIn("/proc", []int{1 << 30}); gone.Processes != 0 {
+		t.Fatalf("a process that does not exist: %+v", gone)
 	}
 }
 
@@ -112,3 +125,58 @@ func startTree(t *testing.T, script, id string) (*exec.Cmd, []int) {
 	}
 	return cmd, pids
 }
+
+func TestParsers(t *testing.T) {
+	// A command name with spaces and a parenthesis.
+	stat := "16937 (runsc (sandbox) x) S 1 16937 16937 0 -1 4194560 1 0 0 0 250 75 0 0 20 0 19 0 1 1 1"
+	if ppid, ticks, err := ParseStat([]byte(stat)); err != nil || ppid != 1 || ticks != 325 {
+		t.Errorf("stat: ppid %d ticks %d %v", ppid, ticks, err)
+	}
+	if _, _, err := ParseStat([]byte("12 (x) S 1 2")); err == nil {
+		t.Error("a short stat: no error")
+	}
+	rollup := "00400000-7ffdba35d000 ---p 00000000 00:00 0   [rollup]\nRss:               44572 kB\nPss:               14006 kB\nPss_Dirty:         13368 kB\n"
+	if rss, pss := ParseRollup([]byte(rollup)); rss != 44572 || pss != 14006 {
+		t.Errorf("rollup: rss %d pss %d", rss, pss)
+	}
+}
+
+// TestContainers finds a container's processes in a fake /proc: those
+// whose command line ends with its ID, and their descendants.
+func TestContainers(t *testing.T) {
+	proc := t.TempDir()
+	add := func(pid, ppid int, cmdline ...string) {
+		dir := filepath.Join(proc, strconv.Itoa(pid))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		stat := strconv.Itoa(pid) + " (exe) S " + strconv.Itoa(ppid) + " 1 1 0 -1 0 0 0 0 0 3 4 0 0 20 0 1 0 1 1 1"
+		os.WriteFile(filepath.Join(dir, "stat"), []byte(stat), 0o644)
+		var b []byte
+		for _, a := range cmdline {
+			b = append(append(b, a...), 0)
+		}
+		os.WriteFile(filepath.Join(dir, "cmdline"), b, 0o644)
+	}
+	add(10, 1, "runsc-gofer", "--root=/r", "gofer", "--bundle", "/b", "flmbox-aaa")
+	add(11, 1, "runsc-sandbox", "--root=/r", "boot", "flmbox-aaa")
+	add(12, 11) // a stub: no command line
+	add(13, 12)
+	add(20, 1, "runsc-sandbox", "boot", "flmbox-bbb") // not asked for
+	add(21, 20)
+	add(30, 1, "sleep", "flmbox-aaa-not")
+	add(31, 11, "runsc-sandbox", "--root=/r", "boot", "flmbox-aaa") // forked, not exec'd
+	os.MkdirAll(filepath.Join(proc, "self"), 0o755)
+	got, err := containersIn(proc, map[string]bool{"flmbox-aaa": true, "flmbox-ccc": true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids := slices.Sorted(slices.Values(got["flmbox-aaa"]))
+	if !slices.Equal(pids, []int{10, 11, 12, 13, 31}) || len(got) != 1 {
+		t.Fatalf("processes %v, want flmbox-aaa: 10 11 12 13 31", got)
+	}
+	if ticks := ticksIn(proc, pids); ticks != 35 {
+		t.Errorf("ticks %d, want 35", ticks)
+	}
+}
+
