@@ -258,3 +258,59 @@ func assertBenchCleaned(t *testing.T, root string) {
 		}
 	}
 }
+
+// TestBenchDensity runs `flmbox bench --density 3 --density-suspended 3
+// --density-only --json`: three series (default spares, lazy spares,
+// suspended), each with its points at 1 and every tenth of 3, every
+// sandbox answering at the end, real figures, and nothing left behind.
+func TestBenchDensity(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	res := flmbox(t, root, "bench", "--density", "3", "--density-suspended", "3", "--density-only", "--json", "--image", benchImageRef())
+	if res.code != 0 {
+		t.Fatalf("exit %d\nstderr: %s", res.code, res.stderr)
+	}
+	dec := json.NewDecoder(strings.NewReader(res.stdout))
+	dec.UseNumber()
+	var rep map[string]any
+	if err := dec.Decode(&rep); err != nil {
+		t.Fatalf("decode %q: %v", res.stdout, err)
+	}
+	j := jsonWalker{t: t}
+	if n := j.num(rep, "density.sandboxes"); n != 3 {
+		t.Errorf("density.sandboxes = %v", n)
+	}
+	if n := j.num(rep, "density.limits.max_sandboxes"); n < 3 {
+		t.Errorf("density.limits.max_sandboxes = %v", n)
+	}
+	series, _ := j.get(rep, "density.series").([]any)
+	var names []string
+	for _, s := range series {
+		names = append(names, j.str(s, "name"))
+		if c, na := j.num(s, "checked"), j.num(s, "not_answering"); c != 3 || na != 0 {
+			t.Errorf("series %s: %v checked, %v not answering", j.str(s, "name"), c, na)
+		}
+		points, _ := j.get(s, "points").([]any)
+		if len(points) < 2 {
+			t.Fatalf("series %s: %d points", j.str(s, "name"), len(points))
+		}
+		last := points[len(points)-1]
+		if n := j.num(last, "sandboxes"); n != 3 {
+			t.Errorf("series %s: last point at %v sandboxes", j.str(s, "name"), n)
+		}
+		j.positive(last, "create_ms.median")
+		j.positive(last, "cli_list_ms.median")
+		if j.str(s, "name") == "suspended" {
+			j.positive(last, "image_bytes")
+			j.positive(last, "resume_ms.median")
+		} else {
+			j.positive(last, "pss_per_sandbox_kib")
+			j.positive(last, "tasks_per_sandbox")
+			j.positive(last, "call_ms.median")
+		}
+	}
+	if strings.Join(names, ",") != "default,lazy,suspended" {
+		t.Errorf("series %v, want default, lazy, suspended", names)
+	}
+	assertBenchCleaned(t, root)
+}
