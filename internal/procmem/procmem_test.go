@@ -179,4 +179,3 @@ func TestContainers(t *testing.T) {
 		t.Errorf("ticks %d, want 35", ticks)
 	}
 }
-
