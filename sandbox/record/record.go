@@ -75,7 +75,7 @@ type Record struct {
 	// sandbox.
 	Owner *Owner `json:"owner,omitempty"`
 	// Process is the sandbox's gVisor sandbox process (runsc's) while it
-	// runs: once that is gone, so is the sandbox (see Dead). Nil while it
+	// runs: once that is gone, so is the sandbox (Process.Gone). Nil while it
 	// is made or suspended, and in records of older flmbox.
 	Process *Process `json:"process,omitempty"`
 	// ImageBytes is the size of a suspended sandbox's checkpoint image,

@@ -37,7 +37,7 @@ func sandboxGCCommand() *cli.Command {
 			&cli.StringFlag{Name: "max-memory", Usage: "suspend the least recently used running sandboxes until the running ones " +
 				"hold at most this much host memory (`SIZE`, such as 8GiB): each one's memory cgroup usage less its inactive " +
 				"file cache, as docker stats counts it"},
-			&cli.BoolFlag{Name: "dry-run", Aliases: []string{"n"}, Usage: "only say what would be done (as if no sandbox were in a call)"},
+			&cli.BoolFlag{Name: "dry-run", Aliases: []string{"n"}, Usage: "only say what would be done (sandboxes in a call now are left alone, as gc leaves them)"},
 			jsonFlag,
 		},
 		Action: func(c *cli.Context) error {
