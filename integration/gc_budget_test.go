@@ -202,3 +202,34 @@ func TestSandboxGCBudget(t *testing.T) {
 	}
 	mustFlmbox(t, root, "pool", "drain")
 }
+
+// TestSandboxGCLeavesACallAlone: sandbox gc --remove-idle and --suspend-idle
+// count idle time from a call's start, but never take a sandbox whose call
+// still runs (its lock says so, in any process), --dry-run included; an
+// idle one beside it goes.
+func TestSandboxGCLeavesACallAlone(t *testing.T) {
+	t.Parallel()
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	faultSandbox(t, root, reg, "busy", "--lazy-spares")
+	faultSandbox(t, root, reg, "idle", "--lazy-spares")
+	wait := gcLongCall(t, root, "busy")
+	time.Sleep(1500 * time.Millisecond) // both idle for longer than 1s by their last call's start
+	for _, args := range [][]string{{"--dry-run", "--remove-idle", "1s"}, {"--suspend-idle", "1s"}, {"--remove-idle", "1s"}} {
+		lines := gcJSON(t, root, args...)
+		for _, l := range lines {
+			if l.Name == "busy" {
+				t.Fatalf("sandbox gc %v took the sandbox in a call: %+v", args, lines)
+			}
+		}
+		if len(lines) != 1 || lines[0].Name != "idle" {
+			t.Fatalf("sandbox gc %v: %+v, want the idle sandbox alone", args, lines)
+		}
+	}
+	if out, err := wait(); err != nil || !strings.Contains(out, "done") {
+		t.Fatalf("the long call: %v %q", err, out)
+	}
+	if names := sandboxNames(t, root); names["busy"] != "running" || names["idle"] != "" {
+		t.Fatalf("after gc: %v, want busy running and idle removed", names)
+	}
+}
