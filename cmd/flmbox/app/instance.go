@@ -43,9 +43,9 @@ func instanceCommand() *cli.Command {
 				return err
 			}
 			// What killed instances left (their owner is gone) goes while the
-			// first session enters: Reconcile (some 12 ms: runsc list, a scan
-			// of /proc) leaves alone what a live process holds or makes, as
-			// it does for any other flmbox running beside it.
+			// first session enters: Reconcile (a read of each record and of
+			// runsc's state directory) leaves alone what a live process holds
+			// or makes, as it does for any other flmbox running beside it.
 			reconciled := make(chan struct{})
 			go func() {
 				defer close(reconciled)
