@@ -283,14 +283,15 @@ func (r *runner) densityPoint(ctx context.Context, st *densityState, suspended b
 	if err != nil {
 		return p, err
 	}
-	var all, firsts []int
+	var all []int
 	var pss []float64
+	var charged int64 // by the sandboxes' memory cgroups
 	var tot procmem.Usage
 	for _, sb := range st.sbs {
 		pids := byID[sb.ID]
 		all = append(all, pids...)
-		if len(pids) > 0 {
-			firsts = append(firsts, pids[0])
+		if m, err := sb.HostMemory(); err == nil {
+			charged += m.Charged
 		}
 		u := procmem.Use(pids)
 		if !suspended {
@@ -310,7 +311,7 @@ func (r *runner) densityPoint(ctx context.Context, st *densityState, suspended b
 	p.MemPerSandboxKiB = p.MemAvailableDropKiB / int64(len(st.sbs))
 	p.PSSPerSandboxKiB = tot.PSS / int64(len(st.sbs))
 	p.PSSKiB = summarize(pss)
-	p.CgroupPerSandboxKiB = cgroupKiB("/proc", firsts) / int64(len(st.sbs))
+	p.CgroupPerSandboxKiB = (charged >> 10) / int64(len(st.sbs))
 	p.ProcessesPerSandbox, p.TasksPerSandbox, p.FDsPerSandbox = float64(tot.Processes)/count, float64(tot.Tasks)/count, float64(tot.FDs)/count
 
 	if p.HostCPUPercent, p.SandboxCPUPercent, err = idleCPU(ctx, all); err != nil {

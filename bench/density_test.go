@@ -63,27 +63,6 @@ func TestProcParsers(t *testing.T) {
 	}
 }
 
-func TestCgroupMemoryFile(t *testing.T) {
-	v1 := "9:name=systemd:/flmbox-aaa\n4:memory:/flmbox-aaa\n1:cpu,cpuacct:/flmbox-aaa\n0::/\n"
-	if got := cgroupMemoryFile(v1); got != "/sys/fs/cgroup/memory/flmbox-aaa/memory.usage_in_bytes" {
-		t.Errorf("v1: %q", got)
-	}
-	if got := cgroupMemoryFile("4:cpu,memory:/a/b\n"); got != "/sys/fs/cgroup/memory/a/b/memory.usage_in_bytes" {
-		t.Errorf("v1, memory with another controller: %q", got)
-	}
-	if got := cgroupMemoryFile("9:name=systemd:/x\n"); got != "" {
-		t.Errorf("no memory controller: %q", got)
-	}
-	_, err := os.Stat("/sys/fs/cgroup/cgroup.controllers")
-	if got, want := cgroupMemoryFile("0::/system.slice/flmbox-aaa\n"), "/sys/fs/cgroup/system.slice/flmbox-aaa/memory.current"; (err == nil) != (got == want) {
-		t.Errorf("v2: %q (cgroup v2 here: %t)", got, err == nil)
-	}
-	// This process's own cgroup is not a sandbox's.
-	if got := cgroupKiB("/proc", []int{os.Getpid()}); got != 0 {
-		t.Errorf("the test's own cgroup: %d KiB", got)
-	}
-}
-
 func TestLimits(t *testing.T) {
 	const gib = 1 << 30
 	limits := func(pidRoom int64) []sandbox.HostLimit {

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -197,61 +196,5 @@ func du(dir string) int64 {
 		}
 		return nil
 	})
-	return n
-}
-
-// cgroupMemoryFile returns the file that holds the memory charged to the
-// cgroup of a process, from its /proc/PID/cgroup text: cgroup v1's
-// memory.usage_in_bytes of its memory controller's group, or, with no
-// memory controller on v1, cgroup v2's memory.current ("" if neither).
-func cgroupMemoryFile(cgroup string) string {
-	var v2 string
-	for _, line := range strings.Split(cgroup, "\n") {
-		f := strings.SplitN(line, ":", 3)
-		if len(f) != 3 {
-			continue
-		}
-		if slices.Contains(strings.Split(f[1], ","), "memory") {
-			return filepath.Join("/sys/fs/cgroup/memory", f[2], "memory.usage_in_bytes")
-		}
-		if f[0] == "0" && f[1] == "" {
-			v2 = filepath.Join("/sys/fs/cgroup", f[2], "memory.current")
-		}
-	}
-	if v2 != "" {
-		if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
-			return v2
-		}
-	}
-	return ""
-}
-
-// cgroupKiB sums the memory charged to the cgroups of the processes pids
-// (a pid of each sandbox), each cgroup once, in KiB; a cgroup that is the
-// host's root, or any of those of this process, counts for none (the
-// sandboxes then have no cgroup of their own).
-func cgroupKiB(proc string, pids []int) int64 {
-	own := map[string]bool{"": true}
-	if b, err := os.ReadFile(filepath.Join(proc, "self", "cgroup")); err == nil {
-		own[cgroupMemoryFile(string(b))] = true
-	}
-	seen := map[string]bool{}
-	var n int64
-	for _, pid := range pids {
-		b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "cgroup"))
-		if err != nil {
-			continue
-		}
-		file := cgroupMemoryFile(string(b))
-		if own[file] || seen[file] || filepath.Dir(file) == "/sys/fs/cgroup/memory" || filepath.Dir(file) == "/sys/fs/cgroup" {
-			continue
-		}
-		seen[file] = true
-		if b, err := os.ReadFile(file); err == nil {
-			if x, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil {
-				n += x >> 10
-			}
-		}
-	}
 	return n
 }

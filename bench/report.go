@@ -394,10 +394,10 @@ type DensityPoint struct {
 	// Sandboxes; PSSKiB of each sandbox's.
 	PSSPerSandboxKiB int64 `json:"pss_per_sandbox_kib"`
 	PSSKiB           Stats `json:"pss_kib"`
-	// CgroupPerSandboxKiB is the memory charged to their cgroups (runsc
-	// makes one a sandbox: memory.usage_in_bytes, or memory.current on
-	// cgroup v2, which count the page cache they brought in too) divided
-	// by Sandboxes; 0 if they have no cgroup of their own.
+	// CgroupPerSandboxKiB is the memory charged to their cgroups
+	// (Sandbox.HostMemory's Charged: runsc makes one a sandbox, which
+	// counts the page cache they brought in too) divided by Sandboxes; 0 if
+	// they have no cgroup of their own.
 	CgroupPerSandboxKiB int64 `json:"cgroup_per_sandbox_kib"`
 	// Host processes, tasks (threads: each takes a pid) and open file
 	// descriptors (each table once) of their processes, per sandbox.

@@ -57,3 +57,40 @@ func TestRemoveCgroups(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestContainerMemory(t *testing.T) {
+	root := t.TempDir()
+	write := func(path, content string) {
+		t.Helper()
+		p := filepath.Join(root, path)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// cgroup v1, as this VM's runsc makes them; v2 alone.
+	write("memory/v1/memory.usage_in_bytes", "22020096\n")
+	write("memory/v1/memory.stat", "cache 5705728\nrss 13803520\ninactive_file 99\ntotal_inactive_file 8192\n")
+	write("v2/memory.current", "16048128\n")
+	write("v2/memory.stat", "anon 12853248\nfile 1409024\ninactive_file 1048576\n")
+	write("memory/nostat/memory.usage_in_bytes", "4096\n")
+	for _, tc := range []struct {
+		id   string
+		want Memory
+		kind error
+	}{
+		{"v1", Memory{22020096, 8192}, nil},
+		{"v2", Memory{16048128, 1048576}, nil},
+		{"nostat", Memory{4096, 0}, nil},
+		{"none", Memory{}, errdefs.ErrNotFound},
+		{"../v1", Memory{}, errdefs.ErrInvalidArgument},
+		{"", Memory{}, errdefs.ErrInvalidArgument},
+	} {
+		got, err := containerMemoryUnder(root, tc.id)
+		if got != tc.want || (tc.kind == nil) != (err == nil) || tc.kind != nil && !errors.Is(err, tc.kind) {
+			t.Errorf("containerMemoryUnder(%q) = %+v, %v; want %+v, %v", tc.id, got, err, tc.want, tc.kind)
+		}
+	}
+}

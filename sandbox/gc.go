@@ -1,15 +1,10 @@
 package sandbox
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -217,11 +212,11 @@ func (m *Manager) suspendForBudget(ctx context.Context, o GCOptions, sbs []*Sand
 		}
 		c := budgetSandbox{Name: sb.Name, LastUsed: sb.LastUsed,
 			Eligible: sb.State == StateRunning && sb.OwnerPID == 0, InCall: sb.inCall()}
-		mem, err := containerMemory(sb.ID)
+		mem, err := sb.HostMemory()
 		if err != nil {
 			unknown++
 		}
-		c.Memory = mem
+		c.Memory = mem.InUse()
 		cands = append(cands, c)
 	}
 	if unknown > 0 && o.MaxMemory != nil {
@@ -376,51 +371,4 @@ func planBudget(cands []budgetSandbox, b gcBudget) (suspend, skipped []int, met 
 		mem -= cands[i].Memory
 	}
 	return suspend, skipped, b.over(running, mem) == ""
-}
-
-// cgroupFS is where runsc makes a container's cgroups: cgroupFS/memory/ID
-// under cgroup v1, cgroupFS/ID under cgroup v2 alone (see package runtime).
-var cgroupFS = "/sys/fs/cgroup"
-
-// containerMemory returns the host memory of runsc container id's
-// processes, in bytes: its memory cgroup's usage less its inactive file
-// cache (GCOptions.MaxMemory). Two small reads: cheap for hundreds of
-// sandboxes, where summing the PSS of their processes walks every
-// mapping of each.
-func containerMemory(id string) (int64, error) {
-	if id == "" || id == "." || id == ".." || strings.ContainsRune(id, '/') {
-		return 0, fmt.Errorf("memory of container %q: not a container ID: %w", id, errdefs.ErrInvalidArgument)
-	}
-	for _, f := range []struct{ dir, usage, inactive string }{
-		{filepath.Join(cgroupFS, "memory", id), "memory.usage_in_bytes", "total_inactive_file"},
-		{filepath.Join(cgroupFS, id), "memory.current", "inactive_file"},
-	} {
-		b, err := os.ReadFile(filepath.Join(f.dir, f.usage))
-		if err != nil {
-			continue
-		}
-		usage, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("memory of container %s: %s: %w", id, f.usage, err)
-		}
-		stat, _ := os.ReadFile(filepath.Join(f.dir, "memory.stat"))
-		if inactive := statValue(stat, f.inactive); inactive < usage {
-			usage -= inactive
-		}
-		return usage, nil
-	}
-	return 0, fmt.Errorf("memory of container %s: no memory cgroup under %s: %w", id, cgroupFS, errdefs.ErrNotFound)
-}
-
-// statValue is key's value in a memory.stat file, 0 if it has none.
-func statValue(stat []byte, key string) int64 {
-	sc := bufio.NewScanner(bytes.NewReader(stat))
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), " ")
-		if ok && k == key {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			return n
-		}
-	}
-	return 0
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -85,45 +84,6 @@ func TestPlanBudget(t *testing.T) {
 				t.Errorf("planBudget changed its input")
 			}
 		})
-	}
-}
-
-func TestContainerMemory(t *testing.T) {
-	old := cgroupFS
-	t.Cleanup(func() { cgroupFS = old })
-	cgroupFS = t.TempDir()
-	write := func(path, content string) {
-		t.Helper()
-		p := filepath.Join(cgroupFS, path)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// cgroup v1, as this VM's runsc makes them; v2 alone.
-	write("memory/v1/memory.usage_in_bytes", "22020096\n")
-	write("memory/v1/memory.stat", "cache 5705728\nrss 13803520\ninactive_file 99\ntotal_inactive_file 8192\n")
-	write("v2/memory.current", "16048128\n")
-	write("v2/memory.stat", "anon 12853248\nfile 1409024\ninactive_file 1048576\n")
-	write("memory/nostat/memory.usage_in_bytes", "4096\n")
-	for _, tc := range []struct {
-		id   string
-		want int64
-		kind error
-	}{
-		{"v1", 22020096 - 8192, nil},
-		{"v2", 16048128 - 1048576, nil},
-		{"nostat", 4096, nil},
-		{"none", 0, errdefs.ErrNotFound},
-		{"../v1", 0, errdefs.ErrInvalidArgument},
-		{"", 0, errdefs.ErrInvalidArgument},
-	} {
-		got, err := containerMemory(tc.id)
-		if got != tc.want || (tc.kind == nil) != (err == nil) || tc.kind != nil && !errors.Is(err, tc.kind) {
-			t.Errorf("containerMemory(%q) = %d, %v; want %d, %v", tc.id, got, err, tc.want, tc.kind)
-		}
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/flmbox/flmbox/internal/stateroot"
+	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox/record"
 )
 
@@ -267,4 +268,25 @@ func (m *Manager) List(ctx context.Context) ([]*Sandbox, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
 	return out, nil
+}
+
+// HostMemory is the host memory a running sandbox's memory cgroup holds, in
+// bytes: Charged is all charged to it (its gofer's and sentry's memory,
+// gVisor's memory file with its processes' memory and its /tmp, page cache
+// they read, kernel memory), InactiveFile the part that is inactive file
+// cache, which the kernel reclaims first.
+type HostMemory struct{ Charged, InactiveFile int64 }
+
+// InUse is Charged less InactiveFile, as docker stats counts a
+// container's memory: what suspending the sandbox frees.
+func (h HostMemory) InUse() int64 { return h.Charged - h.InactiveFile }
+
+// HostMemory reads what the running sandbox's memory cgroup holds: two
+// small reads (errdefs.ErrNotFound if it has none where runsc makes them).
+func (sb *Sandbox) HostMemory() (HostMemory, error) {
+	m, err := runtime.ContainerMemory(sb.ID)
+	if err != nil {
+		return HostMemory{}, fmt.Errorf("sandbox %q: %w", sb.Name, err)
+	}
+	return HostMemory{Charged: m.Charged, InactiveFile: m.InactiveFile}, nil
 }
