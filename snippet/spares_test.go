@@ -234,37 +234,9 @@ func TestZygoteExit(t *testing.T) {
 	a := testAgent(t)
 	a.Spares = true
 	warmUp(t, a)
-	if err := os.WriteFile(filepath.Join(a.Dir, "holder.py"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	code := `import atexit, sys, threading, time, holder
-class Noisy:
-    def __del__(self):
-        print('del ran')
-noisy = Noisy()
-g = open('global.txt', 'w')
-g.write('global')
-holder.f = open('module.txt', 'w')
-holder.f.write('module')
-atexit.register(lambda: print('atexit ran'))
-def late():
-    time.sleep(0.2)
-    print('thread ran')
-threading.Thread(target=late).start()
-print('main done')
-sys.exit(4)
-`
-	res := run(t, a, request(wire.LanguagePython, code))
-	if want := "main done\nthread ran\natexit ran\ndel ran\n"; string(res.Stdout.Data) != want || res.ExitCode != 4 {
-		t.Fatalf("want stdout %q and exit 4, got %s", want, dump(res))
-	}
-	for file, want := range map[string]string{"global.txt": "global", "module.txt": "module"} {
-		if b, err := os.ReadFile(filepath.Join(a.Dir, file)); err != nil || string(b) != want {
-			t.Errorf("%s holds %q (%v), want %q", file, b, err, want)
-		}
-	}
+	checkExit(t, a, 0)
 	// It was a zygote's child.
-	res = run(t, a, request(wire.LanguagePython, "import os; print(os.getppid())"))
+	res := run(t, a, request(wire.LanguagePython, "import os; print(os.getppid())"))
 	if strings.TrimSpace(string(res.Stdout.Data)) == strconv.Itoa(os.Getpid()) {
 		t.Fatalf("not forked by the zygote: %s", dump(res))
 	}
@@ -585,21 +557,21 @@ func TestStartSpares(t *testing.T) {
 	}
 }
 
-// TestPython3Exit: a python3 of the agent's own (no zygote: a new sandbox's
-// first call, or calls without spares) also leaves with the bootstrap's fast
-// exit, and does at exit what a program can see of python3's exit.
-func TestPython3Exit(t *testing.T) {
-	for _, spares := range []bool{false, true} {
-		a := testAgent(t)
-		a.Spares = spares
-		t.Cleanup(func() { a.Close() })
-		if spares {
-			a.StartSpares()
-		}
-		if err := os.WriteFile(filepath.Join(a.Dir, "holder.py"), nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		code := `import atexit, os, sys, threading, time, holder
+// checkExit runs Python code that leaves with sys.exit(4) while a thread
+// sleeps, an atexit handler and a __del__ wait, and files are open and
+// unflushed in a global and a module: the call must print "main done"
+// (with its parent's pid, which must be ppid, unless ppid is 0), then the
+// thread's, atexit's and __del__'s lines, and exit 4, the files flushed.
+func checkExit(t *testing.T, a *Agent, ppid int) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(a.Dir, "holder.py"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mainLine, mainPrint := "main done\n", "print('main done')"
+	if ppid != 0 {
+		mainLine, mainPrint = fmt.Sprintf("main done %d\n", ppid), "print('main done', os.getppid())"
+	}
+	code := `import atexit, os, sys, threading, time, holder
 class Noisy:
     def __del__(self):
         print('del ran')
@@ -613,18 +585,32 @@ def late():
     time.sleep(0.2)
     print('thread ran')
 threading.Thread(target=late).start()
-print('main done', os.getppid())
+` + mainPrint + `
 sys.exit(4)
 `
-		res := run(t, a, request(wire.LanguagePython, code))
-		if want := fmt.Sprintf("main done %d\nthread ran\natexit ran\ndel ran\n", os.Getpid()); string(res.Stdout.Data) != want || res.ExitCode != 4 {
-			t.Fatalf("spares %v: want stdout %q and exit 4 (a child of the agent), got %s", spares, want, dump(res))
+	res := run(t, a, request(wire.LanguagePython, code))
+	if want := mainLine + "thread ran\natexit ran\ndel ran\n"; string(res.Stdout.Data) != want || res.ExitCode != 4 {
+		t.Fatalf("want stdout %q and exit 4, got %s", want, dump(res))
+	}
+	for file, want := range map[string]string{"global.txt": "global", "module.txt": "module"} {
+		if b, err := os.ReadFile(filepath.Join(a.Dir, file)); err != nil || string(b) != want {
+			t.Errorf("%s holds %q (%v), want %q", file, b, err, want)
 		}
-		for file, want := range map[string]string{"global.txt": "global", "module.txt": "module"} {
-			if b, err := os.ReadFile(filepath.Join(a.Dir, file)); err != nil || string(b) != want {
-				t.Errorf("spares %v: %s holds %q (%v), want %q", spares, file, b, err, want)
-			}
+	}
+}
+
+// TestPython3Exit: a python3 of the agent's own (no zygote: a new sandbox's
+// first call, or calls without spares) also leaves with the bootstrap's fast
+// exit, and does at exit what a program can see of python3's exit.
+func TestPython3Exit(t *testing.T) {
+	for _, spares := range []bool{false, true} {
+		a := testAgent(t)
+		a.Spares = spares
+		t.Cleanup(func() { a.Close() })
+		if spares {
+			a.StartSpares()
 		}
+		checkExit(t, a, os.Getpid()) // a child of the agent
 	}
 }
 
