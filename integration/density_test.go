@@ -9,8 +9,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/flmbox/flmbox/internal/stateroot"
+	"github.com/flmbox/flmbox/runtime"
 )
 
 // densitySandboxes is how many sandboxes TestManySandboxes holds at once:
@@ -93,5 +95,50 @@ func TestManySandboxes(t *testing.T) {
 	for _, id := range ids {
 		waitNoProcesses(t, id)
 		noCgroups(t, id)
+	}
+}
+
+// TestIdleSandboxDropsItsZygote: once no call came for 30 s, a sandbox's
+// agent drops the zygote and the forked Python spares that calls started
+// (gVisor copies up to 2 MiB around each page a forked child writes): the
+// sandbox's memory cgroup falls by megabytes, polled without a call (a call
+// would restart the wait), and the next Python call runs in a python3 of
+// the agent's (its parent is the agent, pid 1), not in a zygote's child.
+func TestIdleSandboxDropsItsZygote(t *testing.T) {
+	t.Parallel()
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	faultSandbox(t, root, reg, "idle")
+	id := faultSandboxID(t, root, "idle")
+	ppid := func() string {
+		return strings.TrimSpace(mustFlmbox(t, root, "run", "--sandbox", "idle", "-c", "import os; print(os.getppid())"))
+	}
+	if p := ppid(); p != "1" {
+		t.Fatalf("a new sandbox's first Python call ran in a child of %s, want the agent's python3 (1)", p)
+	}
+	if p := ppid(); p == "1" {
+		t.Fatal("the second Python call did not run in a zygote's child")
+	}
+	inUse := func() int64 {
+		m, err := runtime.ContainerMemory(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Charged - m.InactiveFile
+	}
+	// The next spare is forked after the call: the most the sandbox holds
+	// in its first seconds is the figure to fall from.
+	var peak int64
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		peak = max(peak, inUse())
+	}
+	var now int64
+	pollUntil(t, 3*time.Minute, "the idle sandbox's memory to fall by 3 MiB", func() bool {
+		now = inUse()
+		return now <= peak-3<<20
+	})
+	t.Logf("idle sandbox's memory: %d MiB after its calls, %d MiB once idle", peak>>20, now>>20)
+	if p := ppid(); p != "1" {
+		t.Fatalf("the first Python call after the drop ran in a child of %s, want the agent's python3 (1)", p)
 	}
 }

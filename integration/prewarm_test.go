@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -479,11 +480,21 @@ func TestDoctor(t *testing.T) {
 	var checks []struct {
 		Name   string
 		OK     bool
+		Warn   bool
 		Detail string
+		Limits []struct {
+			Name  string
+			Value int64
+			Low   bool
+		}
 	}
 	if err := json.Unmarshal([]byte(out), &checks); err != nil {
 		t.Fatalf("doctor --json: %s %v", out, err)
 	}
+	// The host's limits on how many sandboxes run: pid_max as /proc says,
+	// and a fix printed for each that caps the count.
+	var pidMax int64 = -1
+	var low []string
 	for _, c := range checks {
 		if !c.OK {
 			t.Errorf("doctor: %s: %s", c.Name, c.Detail)
@@ -491,7 +502,28 @@ func TestDoctor(t *testing.T) {
 		if c.Name == "runsc" && !strings.Contains(c.Detail, runscPath) {
 			t.Errorf("doctor runsc: %s", c.Detail)
 		}
+		for _, l := range c.Limits {
+			if l.Name == "kernel.pid_max" {
+				pidMax = l.Value
+			}
+			if l.Low {
+				low = append(low, l.Name)
+			}
+		}
+		if c.Name == "limits" && c.Warn != (len(low) > 0) {
+			t.Errorf("doctor limits: warn %v with low limits %v", c.Warn, low)
+		}
 	}
+	if b, err := os.ReadFile("/proc/sys/kernel/pid_max"); err != nil || strings.TrimSpace(string(b)) != strconv.FormatInt(pidMax, 10) {
+		t.Errorf("doctor's kernel.pid_max is %d; /proc says %q (%v)", pidMax, b, err)
+	}
+	text := mustFlmbox(t, t.TempDir(), "doctor")
+	for _, name := range low {
+		if name != "RLIMIT_NOFILE" && name != "MemAvailable" && name != "memory cgroups" && !strings.Contains(text, "fix: sysctl -w "+name+"=") {
+			t.Errorf("doctor says %s is low but gives no sysctl fix:\n%s", name, text)
+		}
+	}
+	t.Logf("low limits here: %v", low)
 	res := flmbox(t, t.TempDir(), "--runsc", "/nonexistent/runsc", "doctor")
 	if res.code != 1 || !strings.Contains(res.stdout, "fix: ") {
 		t.Fatalf("doctor with a missing runsc: exit %d\n%s", res.code, res.stdout)
