@@ -207,7 +207,7 @@ func (r *Runtime) Prune(idle func() bool) error {
 	// No container can be running: a runsc process of the root is one a
 	// killed runsc run left, whose lock file (see KillOrphans) is removed
 	// below.
-	if _, err := r.KillOrphans(func() []string { return nil }); err != nil {
+	if _, err := r.KillOrphans(nil, func() []string { return nil }); err != nil {
 		return fmt.Errorf("prune runsc's state directory: %w", err)
 	}
 	netns := filepath.Join(r.root, "null-netns")

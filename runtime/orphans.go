@@ -23,20 +23,23 @@ import (
 //
 // Reading every process's command line costs tens of milliseconds on a host
 // with hundreds of sandboxes, so it is done only if runsc's root names a
-// container that known() does not: runsc locks a container's file in its
-// root (ID_sandbox:ID.lock) before it starts any of its processes, and
-// removes it only with the container's state (runsc delete), so a container
-// whose processes may be left always has one there. (Prune, which removes
-// stale lock files, kills every runsc process of the root first.)
-func (r *Runtime) KillOrphans(known func() []string) (int, error) {
+// container that recorded (the caller's IDs, which may be older) does not:
+// runsc locks a container's file in its root (ID_sandbox:ID.lock) before it
+// starts any of its processes, and removes it only with the container's
+// state (runsc delete), so a container whose processes may be left always
+// has one there; a container made since recorded was read only costs a
+// scan. (Prune, which removes stale lock files, kills every runsc process
+// of the root first.)
+func (r *Runtime) KillOrphans(recorded map[string]bool, known func() []string) (int, error) {
 	inRoot, err := r.rootIDs()
-	if err != nil || len(inRoot) == 0 {
+	if err != nil {
 		return 0, err
 	}
-	for _, id := range known() {
-		delete(inRoot, id)
+	unknown := false
+	for id := range inRoot {
+		unknown = unknown || !recorded[id]
 	}
-	if len(inRoot) == 0 {
+	if !unknown {
 		return 0, nil
 	}
 	procs, err := r.processes()

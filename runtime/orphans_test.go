@@ -62,7 +62,11 @@ func TestKillOrphans(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		n, err := r.KillOrphans(func() []string { return tc.known })
+		recorded := map[string]bool{}
+		for _, id := range tc.known {
+			recorded[id] = true
+		}
+		n, err := r.KillOrphans(recorded, func() []string { return tc.known })
 		if err != nil || n != 0 && !tc.kills || n != 1 && tc.kills {
 			t.Fatalf("lock file %q, known %q: killed %d, %v", tc.lock, tc.known, n, err)
 		}

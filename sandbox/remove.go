@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
@@ -204,18 +202,8 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 // looked for it.
 func (m *Manager) reconcileContainers(ctx context.Context, rt *runtime.Runtime, containers []string, known map[string]bool) error {
 	// Processes of a runsc run killed while it made its container may have
-	// no state in runsc's root: runsc lists and deletes them not. The
-	// records read serve KillOrphans' first look (a container made since
-	// makes it look further, and read them again).
-	cached := slices.Collect(maps.Keys(known))
-	recorded := func() []string {
-		if ids := cached; ids != nil {
-			cached = nil
-			return ids
-		}
-		return m.recordedIDs()
-	}
-	if n, err := rt.KillOrphans(recorded); err != nil {
+	// no state in runsc's root: runsc lists and deletes them not.
+	if n, err := rt.KillOrphans(known, m.recordedIDs); err != nil {
 		m.o.warnf("reconcile containers: %v", err)
 	} else if n > 0 {
 		m.o.warnf("killed the runsc processes of %d containers that neither runsc nor any sandbox knows", n)
