@@ -35,14 +35,15 @@ func (r *Runtime) Checkpoint(ctx context.Context, c Container, imageDir string, 
 // every file the sandbox's kernel still holds from them must exist, and
 // the binaries it runs from them must be the same). The container's ID must be
 // free. Its stdio is log, as Run gives it. runsc restores it under a raised
-// CPU quota, and its own is set before Restore returns (see restoreQuota).
+// CPU quota and, if its checkpoint allows, the memory limit the sandbox is
+// shown; its own limits are set before Restore returns (see bootBundle).
 // On failure the error quotes the end of log, and the container is deleted.
 // It returns the pid of the container's gVisor sandbox process, as Run does.
 func (r *Runtime) Restore(ctx context.Context, c Container, bundle, imageDir string, log *os.File) (int, error) {
 	if err := ValidatePlatform(c.Platform); err != nil {
 		return 0, err
 	}
-	dir, cpu, cgroup, err := restoreBundle(bundle, c.ID)
+	dir, after, err := bootBundle(bundle, c.ID, imageDir, hostCPUs())
 	if err != nil {
 		return 0, err
 	}
@@ -65,8 +66,8 @@ func (r *Runtime) Restore(ctx context.Context, c Container, bundle, imageDir str
 	pid, err := readPidFile(pidFile)
 	if err != nil {
 		err = fmt.Errorf("read runsc's pid file: %w: %w", err, errdefs.ErrUnavailable)
-	} else if cpu != nil {
-		err = setCPUQuota(pid, cgroup, cpu)
+	} else {
+		err = after.apply(pid)
 	}
 	if err != nil {
 		r.cleanUp(ctx, c)

@@ -86,7 +86,9 @@ func (r *Runtime) Runsc() string { return r.runsc }
 
 // Run writes spec into the bundle directory as config.json and creates and
 // starts the container with one runsc run --detach (one runsc process
-// fewer than runsc create and runsc start). runsc hands its stdio to the
+// fewer than runsc create and runsc start), from a copy of the spec with the
+// limits the sandbox is shown, its own limits set in its cgroups before Run
+// returns (see bootBundle). runsc hands its stdio to the
 // container's first process: it gets log, so that no caller's pipe is held
 // open. A platform this host cannot run is refused before runsc runs
 // (ValidatePlatform). On failure the error quotes the end of log, and the
@@ -105,17 +107,21 @@ func (r *Runtime) Run(ctx context.Context, c Container, bundle string, spec *spe
 	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
 		return 0, fmt.Errorf("write the container's bundle: %w", err)
 	}
-	pidFile, err := filepath.Abs(filepath.Join(bundle, pidFileName))
+	dir, after, err := bootBundle(bundle, c.ID, "", hostCPUs())
 	if err != nil {
 		return 0, err
 	}
-	defer os.Remove(pidFile)
+	defer os.RemoveAll(dir)
+	pidFile, err := filepath.Abs(filepath.Join(dir, pidFileName))
+	if err != nil {
+		return 0, err
+	}
 	unlock, err := r.lockCreate()
 	if err != nil {
 		return 0, err
 	}
 	defer unlock()
-	inv := r.command(c, "run", "--bundle", bundle, "--detach", "--pid-file", pidFile, c.ID)
+	inv := r.command(c, "run", "--bundle", dir, "--detach", "--pid-file", pidFile, c.ID)
 	inv.stdio, inv.pdeath = log, true
 	if _, err := inv.run(ctx); err != nil {
 		r.cleanUp(ctx, c)
@@ -124,6 +130,10 @@ func (r *Runtime) Run(ctx context.Context, c Container, bundle string, spec *spe
 	if pid, err = readPidFile(pidFile); err != nil {
 		r.cleanUp(ctx, c)
 		return 0, fmt.Errorf("run container with runsc: read its pid file: %w: %w", err, errdefs.ErrUnavailable)
+	}
+	if err := after.apply(pid); err != nil {
+		r.cleanUp(ctx, c)
+		return 0, fmt.Errorf("run container with runsc: %w", err)
 	}
 	return pid, nil
 }

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -247,7 +248,9 @@ func MemoryHeadroom(memoryBytes int64) int64 { return min(max(memoryBytes/4, 256
 // the tmpfs's size, and costs up to some 9 KiB (docs/PERFORMANCE.md).
 const InodeBytes = 10 << 10
 
-// WithLimits sets the sandbox's cgroup limits.
+// WithLimits sets the sandbox's cgroup limits, and what Run shows the
+// sandbox of them (see bootBundle): MemoryBytes as its MemTotal
+// (AnnotationMemory), ceil(CPUs) CPUs.
 func WithLimits(l Limits) SpecOpt {
 	return func(s *specs.Spec) error {
 		if l.MemoryBytes < 0 || l.CPUs < 0 || l.Pids < 0 {
@@ -257,6 +260,10 @@ func WithLimits(l Limits) SpecOpt {
 		if l.MemoryBytes > 0 {
 			m := l.MemoryBytes + MemoryHeadroom(l.MemoryBytes)
 			r.Memory = &specs.LinuxMemory{Limit: &m}
+			if s.Annotations == nil {
+				s.Annotations = map[string]string{}
+			}
+			s.Annotations[AnnotationMemory] = strconv.FormatInt(l.MemoryBytes, 10)
 		}
 		if l.CPUs > 0 {
 			period := uint64(100_000)

@@ -3,7 +3,10 @@ package snippet
 import (
 	"bytes"
 	"cmp"
+	"errors"
+	"io"
 	"os"
+	goruntime "runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -38,16 +41,43 @@ import (
 // /tmp that fills the sandbox. Calls shorter than memFirstRead, while no other
 // call runs, never read the file.
 
-// How often the watch reads the sandbox's memory: every memPoll, and every
-// memPollShort once less than twice the reserve is left: snippets allocating
-// at once can take megabytes between two reads (docs/PERFORMANCE.md, "Memory
-// watch"). The first read is later: it only notes what the sandbox uses, and
-// most calls end before it, paying nothing for the watch.
+// How often the watch reads the sandbox's memory. The first read comes
+// memFirstRead after a call starts: it only notes what the sandbox uses, and
+// most calls end before it, paying nothing for the watch. After it, the next
+// read comes when the snippets could have used what is left above twice the
+// reserve at memGrowthRate (memInterval): every memPollMax while the sandbox is
+// far from its budget, every memPoll closer, every memPollShort once less than
+// twice the reserve is left, where snippets allocating at once can take
+// megabytes between two reads (docs/PERFORMANCE.md, "Memory watch"). A read
+// is not free under gVisor: it makes the sentry scan its memory file, under
+// the lock that the snippets' page faults take, and wakes the agent's thread
+// on the sandbox's CPUs; at a read every 5 ms, a pure-Python loop ran 1.3 to
+// 1.5 times as long as under runsc exec (docs/PERFORMANCE.md, "What the
+// memory watch costs a call").
 const (
 	memFirstRead = 20 * time.Millisecond
+	memPollMax   = 100 * time.Millisecond
 	memPoll      = 5 * time.Millisecond
 	memPollShort = time.Millisecond
 )
+
+// memGrowthRate is how fast, in bytes a second, the watch assumes a sandbox's
+// memory can grow for each of its CPUs: twice the fastest seen here (a
+// bytearray, b'x' * n or a write to /tmp of 200 MiB: 0.5 to 1 GiB/s under
+// systrap, whose page faults go through the sentry).
+const memGrowthRate = 2 << 30
+
+// memInterval is the time until the next read, with left bytes of the budget
+// left: how long the snippets would take, growing at memGrowthRate on every
+// one of cpus CPUs, to leave less than twice the reserve, within memPoll and
+// memPollMax; memPollShort once less than twice the reserve is left.
+func memInterval(left, reserve int64, cpus int) time.Duration {
+	if left < 2*reserve {
+		return memPollShort
+	}
+	d := time.Duration(float64(left-2*reserve) / float64(memGrowthRate*int64(max(cpus, 1))) * float64(time.Second))
+	return min(max(d, memPoll), memPollMax)
+}
 
 // memReserve is the memory left of a budget below which the watch kills
 // growing snippets: a sixteenth, 16 to 128 MiB, for what grows until the
@@ -79,14 +109,21 @@ type memWatch struct {
 	rssBase map[int]int64 // pid → resident bytes at its first measure
 	rssAt   time.Time
 	growth  int64
+	// info is Agent.MemInfo kept open, if it is a file of procfs (see
+	// Agent.readMemInfo), opened once.
+	openInfo sync.Once
+	info     *os.File
 }
 
-// memRSSPoll is how often, while snippets run, the watch measures how much
+// memRSSPoll is how often, while snippets run and the sandbox is not far from
+// its budget (reads closer than memPollMax), the watch measures how much
 // their processes grew since /proc/meminfo last changed: gVisor refreshes it
-// only every so often (it rate-limits its scan of the sandbox's memory), so
-// next to processes growing at full speed it lags by steps large enough to
-// outrun the cgroup's headroom; a pass over /proc is cheap by comparison
-// (docs/PERFORMANCE.md, "The smallest sandbox, by experiment").
+// only every so often (it rate-limits its scan of the sandbox's memory to an
+// eighth of a CPU), so next to processes growing at full speed it lags by
+// steps large enough to outrun the cgroup's headroom (docs/PERFORMANCE.md,
+// "The smallest sandbox, by experiment"). Far from the budget the reads are
+// far apart, each sees a fresh scan, and a pass over /proc (0.1 to 0.3 ms a
+// process under gVisor) would cost more than the read.
 const memRSSPoll = 20 * time.Millisecond
 
 // growthSince returns how much the processes of the watched snippets' groups
@@ -183,17 +220,18 @@ func (a *Agent) checkMemory() {
 	w.mu.Lock()
 	seen := w.registrations // the snippets this read is for
 	w.mu.Unlock()
-	if total, avail, ok := readMemInfo(a.MemInfo); ok {
+	if total, avail, ok := a.readMemInfo(); ok {
 		budget := total
 		if a.MemoryBudget > 0 && a.MemoryBudget < total {
 			budget = a.MemoryBudget
 		}
-		used := total - avail
-		used += a.growthSince(used) + a.filesBytes()
-		left, reserve := budget-used, memReserve(budget)
-		if left < 2*reserve {
-			next = memPollShort
+		used, reserve := total-avail+a.filesBytes(), memReserve(budget)
+		cpus := goruntime.NumCPU()
+		if memInterval(budget-used, reserve, cpus) < memPollMax {
+			used += a.growthSince(total - avail)
 		}
+		left := budget - used
+		next = memInterval(left, reserve, cpus)
 		var spares []*proc
 		if left < reserve {
 			spares = a.dropSparesForMemory()
@@ -271,7 +309,7 @@ func (a *Agent) memoryShort() bool {
 	if !short {
 		return false
 	}
-	total, avail, ok := readMemInfo(a.MemInfo)
+	total, avail, ok := a.readMemInfo()
 	if ok {
 		budget := total
 		if a.MemoryBudget > 0 && a.MemoryBudget < total {
@@ -374,6 +412,40 @@ func readProcRSS() []procRSS {
 	return out
 }
 
+// readMemInfo reads MemTotal and MemAvailable from Agent.MemInfo. A file of
+// procfs is opened once and read at offset 0 from then on, which makes the
+// kernel (gVisor's) generate it anew: under gVisor opening a file of /proc
+// costs some 0.2 ms, a read of the open file 20 µs. Any other file (a test's)
+// is opened for each read.
+func (a *Agent) readMemInfo() (total, avail int64, ok bool) {
+	w := &a.mem
+	w.openInfo.Do(func() {
+		f, err := os.Open(a.MemInfo)
+		if err != nil {
+			return
+		}
+		var st unix.Statfs_t
+		if unix.Fstatfs(int(f.Fd()), &st) != nil || st.Type != unix.PROC_SUPER_MAGIC {
+			f.Close()
+			return
+		}
+		w.info = f
+	})
+	if w.info == nil {
+		b, err := os.ReadFile(a.MemInfo)
+		if err != nil {
+			return 0, 0, false
+		}
+		return parseMemInfo(b)
+	}
+	buf := make([]byte, 8<<10)
+	n, err := w.info.ReadAt(buf, 0)
+	if n == 0 || err != nil && !errors.Is(err, io.EOF) {
+		return 0, 0, false
+	}
+	return parseMemInfo(buf[:n])
+}
+
 // readMemInfo reads MemTotal and MemAvailable, in bytes, from a
 // /proc/meminfo file.
 func readMemInfo(path string) (total, avail int64, ok bool) {
@@ -381,6 +453,12 @@ func readMemInfo(path string) (total, avail int64, ok bool) {
 	if err != nil {
 		return 0, 0, false
 	}
+	return parseMemInfo(b)
+}
+
+// parseMemInfo reads MemTotal and MemAvailable, in bytes, from the text of a
+// /proc/meminfo file.
+func parseMemInfo(b []byte) (total, avail int64, ok bool) {
 	total, avail = -1, -1
 	for line := range bytes.Lines(b) {
 		key, rest, found := bytes.Cut(line, []byte(":"))
