@@ -42,7 +42,10 @@ type Report struct {
 	// Egress is --network egress against --network none and the host's
 	// own network stack (added for issue 29).
 	Egress Egress `json:"egress"`
-	Runsc  Runsc  `json:"runsc"`
+	// Long is code that runs for seconds, as a call, by runsc exec in
+	// the same sandbox and in bare runsc (added for issue 39).
+	Long  Long  `json:"long"`
+	Runsc Runsc `json:"runsc"`
 	// Density is idle sandboxes made one after another, measured as
 	// their count grows (added for issue 31; absent without
 	// Options.Density).

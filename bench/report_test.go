@@ -168,6 +168,8 @@ func TestJSONKeys(t *testing.T) {
 			"host_connect_ms", "host_download_mib_per_s", "host_download_ms", "host_network_connect_ms",
 			"host_network_download_mib_per_s", "host_network_download_ms", "none_first_result_ms", "runs"},
 		"egress.connect_ms": {"max", "median", "min", "n", "p95"},
+		"long":              {"python"},
+		"long.python":       {"bare_cpus", "bare_runsc_ms", "cpus", "flmbox_ms", "runsc_exec_ms", "work"},
 	}
 	keys := func(v any) []string {
 		m, _ := v.(map[string]any)
@@ -178,7 +180,7 @@ func TestJSONKeys(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
-	if got := keys(obj); !slices.Equal(got, []string{"allocation", "batch", "callback", "copy", "egress", "image", "instance", "memory", "pool", "prewarm", "records", "runsc", "settings", "suspend", "warm"}) {
+	if got := keys(obj); !slices.Equal(got, []string{"allocation", "batch", "callback", "copy", "egress", "image", "instance", "long", "memory", "pool", "prewarm", "records", "runsc", "settings", "suspend", "warm"}) {
 		t.Errorf("top-level keys %v", got)
 	}
 	for path, w := range want {
@@ -196,6 +198,8 @@ func TestJSONKeys(t *testing.T) {
 			v = obj["callback"].(map[string]any)["inside_ms"]
 		case "egress.connect_ms":
 			v = obj["egress"].(map[string]any)["connect_ms"]
+		case "long.python":
+			v = obj["long"].(map[string]any)["python"]
 		default:
 			v = obj[path]
 		}

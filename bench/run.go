@@ -53,6 +53,9 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	if rep.Warm, err = r.measureWarm(ctx, warm); err != nil {
 		return nil, err
 	}
+	if rep.Long, err = r.measureLong(ctx, warm); err != nil {
+		return nil, err
+	}
 	if rep.Instance, err = r.measureInstance(ctx, warm); err != nil {
 		return nil, err
 	}

@@ -105,6 +105,7 @@ func tableRows(rep *Report) []row {
 			row{"  against no sandbox", fmtMS(w.MedianMS), "chroot " + fmtMS(w.NativeMedianMS), ratio(w.MedianMS, w.NativeMedianMS), "", ""},
 		)
 	}
+	rows = append(rows, longRows(rep.Long)...)
 	rows = append(rows, instanceRows(rep.Instance)...)
 	rows = append(rows, callbackRows(rep.Callback)...)
 	if rc := rep.Records; rc.GetMS.N > 0 {
@@ -168,6 +169,26 @@ func tableRows(rep *Report) []row {
 				ratio(float64(pm.IdleKiB), float64(pm.BareKiB)), "≤ 1.25×", ""},
 			row{"  with lazy spares (pool fill --lazy-spares)", fmtKiB(pm.LazyIdleKiB), bare,
 				ratio(float64(pm.LazyIdleKiB), float64(pm.BareKiB)), "≤ 1.25×", ""})
+	}
+	return rows
+}
+
+// longRows are the table's lines of long calls, none if they were not
+// measured.
+func longRows(l Long) []row {
+	var rows []row
+	for _, w := range []*LongWork{&l.Python, l.Numpy} {
+		if w == nil || w.FlmboxMS.N == 0 {
+			continue
+		}
+		rows = append(rows,
+			row{fmt.Sprintf("long call: %s (its own time)", w.Work), fmtMS(w.FlmboxMS.Median), "runsc exec " + fmtMS(w.RunscExecMS.Median),
+				ratio(w.FlmboxMS.Median, w.RunscExecMS.Median), "≤ 1.05×", ""},
+			row{fmt.Sprintf("  against bare runsc (%d CPUs shown; flmbox %d)", w.BareCPUs, w.CPUs), fmtMS(w.FlmboxMS.Median),
+				"bare runsc exec " + fmtMS(w.BareRunscMS.Median), ratio(w.FlmboxMS.Median, w.BareRunscMS.Median), "≤ 1.05×", ""})
+	}
+	if l.NumpyMissing != "" {
+		rows = append(rows, row{"long call: numpy SVD", "n/a", l.NumpyMissing, "", "", ""})
 	}
 	return rows
 }

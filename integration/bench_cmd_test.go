@@ -132,6 +132,20 @@ func checkBenchReport(t *testing.T, rep map[string]any) {
 		t.Errorf("egress.download_bytes = %v, want 100 MiB", got)
 	}
 
+	// A long call (issue 39): --quick's 3 rounds of a loop timed by
+	// itself, as a call, by runsc exec and in bare runsc; the default
+	// sandbox (--cpus 1) is shown one CPU, where bare runsc shows at least
+	// two. The test image has no numpy.
+	for _, k := range []string{"flmbox_ms", "runsc_exec_ms", "bare_runsc_ms"} {
+		j.stats(rep, "long.python."+k, 3)
+	}
+	if cpus, bare := j.num(rep, "long.python.cpus"), j.num(rep, "long.python.bare_cpus"); cpus != 1 || bare < 2 {
+		t.Errorf("long.python: %v CPUs shown by flmbox, %v by bare runsc; want 1 and at least 2", cpus, bare)
+	}
+	if got := j.str(rep, "long.numpy_missing"); !strings.Contains(got, "numpy") {
+		t.Errorf("long.numpy_missing = %q, want why there is no numpy figure", got)
+	}
+
 	if got := j.str(rep, "runsc.path"); got != runscPath {
 		t.Errorf("runsc.path %q, want %q", got, runscPath)
 	}
