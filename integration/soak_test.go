@@ -110,6 +110,26 @@ func sandboxPidsMax(t *testing.T, root, name string) int {
 // in the unified one.
 func sandboxCgroupEvents(t *testing.T, root, name, controller, v1, v2, key string) int {
 	t.Helper()
+	file := sandboxCgroupFile(t, root, name, controller, v1, v2)
+	events, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatalf("the sandbox's %s cgroup: %v", controller, err)
+	}
+	for _, l := range strings.Split(string(events), "\n") {
+		if v, ok := strings.CutPrefix(l, key+" "); ok {
+			n, _ := strconv.Atoi(v)
+			return n
+		}
+	}
+	t.Fatalf("no %s in %s", key, events)
+	return 0
+}
+
+// sandboxCgroupFile returns the path of sandbox name's cgroup file of
+// controller on the host: file v1 in the controller's v1 hierarchy, file v2
+// in the unified one.
+func sandboxCgroupFile(t *testing.T, root, name, controller, v1, v2 string) string {
+	t.Helper()
 	id := faultSandboxID(t, root, name)
 	out, err := exec.Command(runscPath, "--root", stateroot.Runsc(root), "state", id).Output()
 	if err != nil {
@@ -135,16 +155,8 @@ func sandboxCgroupEvents(t *testing.T, root, name, controller, v1, v2, key strin
 			file = filepath.Join("/sys/fs/cgroup", f[2], v2)
 		}
 	}
-	events, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatalf("the sandbox's %s cgroup (%s): %v", controller, cg, err)
+	if file == "" {
+		t.Fatalf("the sandbox has no %s cgroup: %s", controller, cg)
 	}
-	for _, l := range strings.Split(string(events), "\n") {
-		if v, ok := strings.CutPrefix(l, key+" "); ok {
-			n, _ := strconv.Atoi(v)
-			return n
-		}
-	}
-	t.Fatalf("no %s in %s", key, events)
-	return 0
+	return file
 }
