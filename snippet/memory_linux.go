@@ -25,8 +25,9 @@ import (
 // memory the sandbox uses (Agent.MemInfo, /proc/meminfo: MemTotal -
 // MemAvailable, plus Agent.InodeBytes for each inode used in Agent.CleanDirs,
 // see filesBytes): first memFirstRead after a call starts, which notes what
-// the sandbox used then, and every memPoll after. When less than memReserve of
-// Agent.MemoryBudget is left, it kills a snippet that has run since the
+// the sandbox used then, and then the sooner the less is left (memInterval).
+// When less than memReserve of Agent.MemoryBudget is left, it kills a
+// snippet that has run since the
 // sandbox used less (by more than memTolerance): the one whose process group
 // holds the most memory if there are several, one at a time, none while a
 // killed one is still going (once it is gone, the others are blamed only for
@@ -62,10 +63,12 @@ const (
 )
 
 // memGrowthRate is how fast, in bytes a second, the watch assumes a sandbox's
-// memory can grow for each of its CPUs: twice the fastest seen here (a
-// bytearray, b'x' * n or a write to /tmp of 200 MiB: 0.5 to 1 GiB/s under
-// systrap, whose page faults go through the sentry).
-const memGrowthRate = 2 << 30
+// memory can grow for each CPU it is shown: twice the fastest seen here. One
+// process grows by 0.5 to 1 GiB/s under systrap (a bytearray, b'x' * n or a
+// write to /tmp of 200 MiB), and four processes of a one-CPU sandbox took 2
+// MiB per millisecond in bursts, running on both of the host's CPUs until the
+// quota of each period was spent.
+const memGrowthRate = 4 << 30
 
 // memInterval is the time until the next read, with left bytes of the budget
 // left: how long the snippets would take, growing at memGrowthRate on every

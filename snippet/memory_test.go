@@ -388,3 +388,57 @@ func TestMemoryWatchCountsGrowthMemInfoDoesNotShowYet(t *testing.T) {
 	}
 	waitWatchIdle(t, a)
 }
+
+// TestMemInterval: the watch reads every memPollMax far from the budget,
+// sooner as what is left nears twice the reserve (at memGrowthRate for each
+// CPU), never sooner than memPoll above it, every memPollShort below it.
+func TestMemInterval(t *testing.T) {
+	const mib = 1 << 20
+	reserve := memReserve(512 * mib) // 32 MiB
+	for _, c := range []struct {
+		left int64
+		cpus int
+		want time.Duration
+	}{
+		{472 * mib, 1, 99609375},                   // a new sandbox: 40 MiB used, 408 MiB above the line
+		{2*reserve + 200*mib, 1, 48828125},         // 200 MiB above the line at 4 GiB/s
+		{2*reserve + 200*mib, 2, 24414062},         // twice as fast on two CPUs
+		{2*reserve + 4*mib, 1, memPoll},            // close: memPoll at least
+		{2 * reserve, 1, memPoll},                  // on the line
+		{2*reserve - 1, 1, memPollShort},           // short
+		{-100 * mib, 1, memPollShort},              // over the budget
+		{2*reserve + 200*mib, 0, 48828125},         // no CPU count: one
+		{1 << 40, 64, memPollMax},                  // huge
+		{2*reserve + memGrowthRate, 1, memPollMax}, // a second away
+	} {
+		if got := memInterval(c.left, reserve, c.cpus); got != c.want {
+			t.Errorf("memInterval(%d MiB left, %d CPUs) = %v, want %v", c.left/mib, c.cpus, got, c.want)
+		}
+	}
+}
+
+// TestReadMemInfoKeepsProcOpen: /proc/meminfo is opened once and read
+// again at offset 0 (procfs makes it anew); another file is opened for each
+// read, so that a test's file replaced by a rename is read anew.
+func TestReadMemInfoKeepsProcOpen(t *testing.T) {
+	a := &Agent{MemInfo: "/proc/meminfo"}
+	for range 2 {
+		if total, avail, ok := a.readMemInfo(); !ok || total <= 0 || avail <= 0 {
+			t.Fatalf("readMemInfo of /proc/meminfo = %d, %d, %v", total, avail, ok)
+		}
+	}
+	if a.mem.info == nil {
+		t.Errorf("/proc/meminfo is not kept open")
+	}
+	a.mem.info.Close()
+
+	mem := newFakeMemInfo(t, 400<<20)
+	b := &Agent{MemInfo: string(mem)}
+	if _, avail, ok := b.readMemInfo(); !ok || avail != 400<<20 {
+		t.Fatalf("readMemInfo = %d, %v; want 400 MiB available", avail, ok)
+	}
+	mem.set(t, 100<<20)
+	if _, avail, ok := b.readMemInfo(); !ok || avail != 100<<20 || b.mem.info != nil {
+		t.Fatalf("readMemInfo after the file changed = %d, %v (kept open: %v); want 100 MiB available", avail, ok, b.mem.info != nil)
+	}
+}
