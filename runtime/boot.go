@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -34,7 +35,8 @@ import (
 //
 // So Run and Restore start runsc on a copy of the bundle's spec (bootBundle)
 // whose memory limit is the sandbox's own (AnnotationMemory), whose cpuset is
-// ceil(quota) of the host's CPUs when that is fewer than it has (Run only),
+// ceil(quota) of the host's CPUs when that is fewer than it has (Run only;
+// which ones is drawn at random),
 // and, for a restore, whose quota is raised to the CPUs runsc shows. Once
 // runsc is done, before they return, they write the bundle's own limits
 // into the container's cgroups (afterBoot.apply): the memory limit, the
@@ -147,7 +149,7 @@ func bootBundle(bundle, id, restoreImage string, hostCPUs unix.CPUSet) (dir stri
 				}
 			} else if n := shownCPUs(cpu); n > 0 && n < hostCPUs.Count() && cpu.Cpus == "" {
 				after.cpuset = true
-				booted.Cpus = firstCPUs(hostCPUs, n)
+				booted.Cpus = someCPUs(hostCPUs, n)
 			}
 			res.CPU = &booted
 		}
@@ -161,13 +163,28 @@ func bootBundle(bundle, id, restoreImage string, hostCPUs unix.CPUSet) (dir stri
 	return dir, after, nil
 }
 
-// firstCPUs returns the first n CPUs of set as a cpuset list ("0,1").
-func firstCPUs(set unix.CPUSet, n int) string {
-	var cpus []string
-	for i := 0; len(cpus) < n && i < len(set)*64; i++ {
+// someCPUs returns n CPUs of set as a cpuset list ("0,3"), n in a row from
+// a random one of them, so that sandboxes booting at once are spread over
+// the host's CPUs.
+func someCPUs(set unix.CPUSet, n int) string {
+	var all []int
+	for i := range len(set) * 64 {
 		if set.IsSet(i) {
-			cpus = append(cpus, strconv.Itoa(i))
+			all = append(all, i)
 		}
+	}
+	if n >= len(all) {
+		n = len(all)
+	}
+	first := rand.IntN(max(len(all), 1))
+	picked := make([]int, 0, n)
+	for i := range n {
+		picked = append(picked, all[(first+i)%len(all)])
+	}
+	slices.Sort(picked)
+	cpus := make([]string, n)
+	for i, c := range picked {
+		cpus[i] = strconv.Itoa(c)
 	}
 	return strings.Join(cpus, ",")
 }

@@ -73,8 +73,8 @@ func TestBootBundle(t *testing.T) {
 	one.Set(0)
 	write()
 
-	// Run on a host of two CPUs: shown 512 MiB and one CPU (the first of
-	// the host's), the cgroup's own limits set afterwards.
+	// Run on a host of two CPUs: shown 512 MiB and one CPU (one of the
+	// host's), the cgroup's own limits set afterwards.
 	dir, after, err := bootBundle(bundle, "flmbox-a", "", two)
 	if err != nil {
 		t.Fatal(err)
@@ -83,8 +83,8 @@ func TestBootBundle(t *testing.T) {
 		t.Fatalf("bootBundle = %q, %+v; want its boot directory, the memory limit of 768 MiB and the host's cpuset", dir, after)
 	}
 	got := read(dir)
-	if r := got.Linux.Resources; *r.Memory.Limit != 512<<20 || r.CPU.Cpus != "0" || *r.CPU.Quota != 100000 || *r.Pids.Limit != 64 || got.Root.Path != "/rootfs" {
-		t.Errorf("boot spec: memory %d, cpus %q, quota %d, pids %d, root %q; want 512 MiB, CPU 0, the rest as the bundle's",
+	if r := got.Linux.Resources; *r.Memory.Limit != 512<<20 || r.CPU.Cpus != "0" && r.CPU.Cpus != "3" || *r.CPU.Quota != 100000 || *r.Pids.Limit != 64 || got.Root.Path != "/rootfs" {
+		t.Errorf("boot spec: memory %d, cpus %q, quota %d, pids %d, root %q; want 512 MiB, CPU 0 or 3, the rest as the bundle's",
 			*r.Memory.Limit, r.CPU.Cpus, *r.CPU.Quota, *r.Pids.Limit, got.Root.Path)
 	}
 	if b, _ := os.ReadFile(filepath.Join(bundle, "config.json")); string(b) != string(mustJSON(t, spec)) {
@@ -135,6 +135,29 @@ func TestBootBundle(t *testing.T) {
 	write()
 	if _, after, err := bootBundle(bundle, "flmbox-a", "", two); err != nil || after.memory != 0 || after.cpuset || after.cpu != nil {
 		t.Errorf("bootBundle of a spec without a quota or a memory shown = %+v, %v; want nothing set", after, err)
+	}
+}
+
+func TestSomeCPUs(t *testing.T) {
+	var set unix.CPUSet
+	for _, c := range []int{0, 2, 5, 7} {
+		set.Set(c)
+	}
+	seen := map[string]bool{}
+	for range 200 {
+		seen[someCPUs(set, 2)] = true
+	}
+	want := map[string]bool{"0,2": true, "2,5": true, "5,7": true, "0,7": true}
+	if len(seen) != len(want) {
+		t.Errorf("someCPUs(0,2,5,7, 2) gave %v, want each of %v", seen, want)
+	}
+	for s := range seen {
+		if !want[s] {
+			t.Errorf("someCPUs(0,2,5,7, 2) = %q, want two of the set in a row", s)
+		}
+	}
+	if got := someCPUs(set, 9); got != "0,2,5,7" {
+		t.Errorf("someCPUs(0,2,5,7, 9) = %q, want all four", got)
 	}
 }
 
