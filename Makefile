@@ -126,11 +126,14 @@ test:
 	done; \
 	echo "make test: all stages took $$(( $$(date +%s) - total ))s"
 
-# CPython's own tests (libpython3.11-testsuite, in a variant of the test image
-# that the test builds once per machine) under bare runsc and under flmbox,
-# compared per test: every module (10 to 12 minutes). make test runs the
-# short list; docs/CONFORMANCE.md says what differs and why.
-# CONFORMANCE=test_os,test_io for some modules.
+# CPython's own tests (libpython3.11-testsuite), then numpy's, pandas' and
+# scipy's own tests (pytest) and a data-science agent's workloads
+# (multiprocessing, scikit-learn with loky, matplotlib, OpenBLAS), each in a
+# variant of the test image that the test builds once per machine, under
+# bare runsc and under flmbox, compared per test: every module (about 18
+# minutes). make test runs the short list (CPython's, numpy's test_memmap and
+# three workloads); docs/CONFORMANCE.md says what differs and why.
+# CONFORMANCE=test_os,numpy.core.tests.test_umath,workloads for some modules.
 CONFORMANCE ?= full
 conformance: deps runsc
 	FLMBOX_CONFORMANCE=$(CONFORMANCE) $(GO) test -count=1 -tags integration -timeout 2h -run '^TestConformance' -v ./integration/

@@ -74,10 +74,17 @@ func WithWheelCache(c *pipcache.Cache) Option { return func(o *options) { o.whee
 
 // Open returns the Manager of the sandboxes under root. It creates nothing
 // and starts nothing: the caches and runsc are opened when first needed, so
-// that a call to a running sandbox costs no more than the call.
+// that a call to a running sandbox costs no more than the call. A relative
+// root is taken against the working directory at Open, once: runsc is
+// handed paths under it (a bundle's rootfs, its own state), which it needs
+// absolute, and a later chdir does not move the sandboxes.
 func Open(root string, opts ...Option) (*Manager, error) {
 	if root == "" {
 		return nil, fmt.Errorf("open sandboxes: no state root: %w", errdefs.ErrInvalidArgument)
+	}
+	root, err := filepath.Abs(root)
+	if err != nil { // the working directory is gone
+		return nil, fmt.Errorf("open sandboxes: state root: %w: %w", err, errdefs.ErrFailedPrecondition)
 	}
 	m := &Manager{root: root}
 	for _, opt := range opts {

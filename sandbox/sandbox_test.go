@@ -373,3 +373,19 @@ func TestAgent(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenMakesTheRootAbsolute: a relative root is taken against the
+// working directory at Open (runsc is handed paths under it).
+func TestOpenMakesTheRootAbsolute(t *testing.T) {
+	cwd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Open("relative/dir")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(cwd, "relative/dir"); m.Root() != want {
+		t.Fatalf("Root() = %q, want %q", m.Root(), want)
+	}
+}

@@ -175,7 +175,16 @@ func parseRun(args []string, lookupEnv func(string) (string, bool), known flagSe
 func (w *warmCall) set(name, value string) bool {
 	switch name {
 	case "root":
+		// Absolute, as the library makes it (sandbox.Open): the records
+		// read and the command line handed on name the same root.
 		w.root = value
+		if value != "" {
+			root, err := filepath.Abs(value)
+			if err != nil {
+				return false
+			}
+			w.root = root
+		}
 	case "runsc": // pool.go passes it on
 		w.runsc = value
 	case "sandbox":

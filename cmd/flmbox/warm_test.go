@@ -23,6 +23,10 @@ func TestParseWarmCall(t *testing.T) {
 		return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
 	}
 	none := env(nil)
+	cwd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
 	def := func(edit func(w *warmCall)) *warmCall {
 		w := &warmCall{root: runcmd.DefaultRoot, sandbox: "sb", language: wire.LanguagePython, timeout: 30 * time.Second,
 			maxOutput: wire.DefaultMaxOutput, code: "print(1)", hasCode: true}
@@ -45,6 +49,7 @@ func TestParseWarmCall(t *testing.T) {
 		{"an empty root from the environment", "run --sandbox sb -c print(1)", env(map[string]string{"FLMBOX_ROOT": ""}), nil},
 		{"an empty root", "--root= run --sandbox sb -c print(1)", none, nil},
 		{"FLMBOX_DEBUG empty", "run --sandbox sb -c print(1)", env(map[string]string{"FLMBOX_DEBUG": ""}), def(func(*warmCall) {})},
+		{"a relative root, made absolute", "--root rel/dir run --sandbox sb -c print(1)", none, def(func(w *warmCall) { w.root = filepath.Join(cwd, "rel/dir") })},
 		{"--root wins over the environment", "--root=/f run --sandbox sb -c print(1)", env(map[string]string{"FLMBOX_ROOT": "/e"}), def(func(w *warmCall) { w.root = "/f" })},
 		{"a file", "run --sandbox sb code.py", none, def(func(w *warmCall) { w.code, w.hasCode, w.file = "", false, "code.py" })},
 		{"flags after the file", "run code.py --sandbox sb --json", none, def(func(w *warmCall) { w.code, w.hasCode, w.file, w.json = "", false, "code.py", true })},

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 
 	"github.com/urfave/cli/v2"
 
@@ -107,13 +108,15 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 	return app
 }
 
-// ensureRoot creates the state root.
+// ensureRoot creates the state root and returns it absolute, as
+// sandbox.Open makes it (what the command starts in the background is handed
+// the same root).
 func ensureRoot(c *cli.Context) (string, error) {
 	root := c.String("root")
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return "", advise(fmt.Errorf("create state root %s: %w", root, err), "choose another with --root or FLMBOX_ROOT")
 	}
-	return root, nil
+	return filepath.Abs(root)
 }
 
 // openManager opens the sandboxes under the state root.

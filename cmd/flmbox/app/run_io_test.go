@@ -231,8 +231,8 @@ func TestBatchEnv(t *testing.T) {
 
 // TestRunPrintsTails: a truncated stream is printed as its first half and
 // its last, with a note on stderr saying how much was left out between
-// them; --json carries the tail apart, the prefix exact; so does a batch,
-// whose kill note ends stderr's tail.
+// them; --json carries the tail apart, the prefix exact, and so does a
+// batch; in both the kill note ends stderr's tail.
 func TestRunPrintsTails(t *testing.T) {
 	root := t.TempDir()
 	fakeSandbox(t, root, "sb", func(*wire.Request) *sandbox.Result {
@@ -254,7 +254,7 @@ func TestRunPrintsTails(t *testing.T) {
 		t.Fatal(err)
 	}
 	if j.Stdout != "head" || j.StdoutTail != "tail" || j.StdoutBytes != 108 || !j.StdoutTruncated || j.StdoutBase64 != "" ||
-		j.StderrBase64 != "ZXJy/w==" || j.StderrTailBase64 != "/mVuZA==" || j.StderrTail != "\uFFFDend" {
+		j.StderrBase64 != "ZXJy/w==" || j.StderrTailBase64 != "/mVuZA==" || j.StderrTail != "\uFFFDend"+"flmbox: the snippet timed out after 30s and was killed\n" {
 		t.Errorf("json: %s", stdout)
 	}
 	_, stdout, _ = runCLI(t.Context(), strings.NewReader(`{"codes": ["1"]}`), "--root", root, "run", "--sandbox", "sb", "--batch", "-")

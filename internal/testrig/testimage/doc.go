@@ -17,7 +17,10 @@
 // A variant for the conformance suite (Options.Testsuite, built on demand)
 // adds Debian's libpython3.11-testsuite, CPython's own regression tests for
 // the image's python3.11, of the same version (the build checks it), and is
-// packed the same way; it has a cache entry of its own.
+// packed the same way; it has a cache entry of its own. So has the
+// data-science variant (Options.DataScience): Debian's numpy, pandas, scipy,
+// scikit-learn, matplotlib, OpenBLAS, pytest and hypothesis, with the
+// libraries' own tests.
 //
 // The cache is keyed by a hash of the recipe (suite, variant, architecture,
 // packages, mirror and a version of the layer split) and laid out as

@@ -35,6 +35,12 @@ type Options struct {
 	// of the same version. It has a cache entry of its own (about 25 MiB
 	// more); the default image is not changed by it.
 	Testsuite bool
+	// DataScience selects the data-science variant: the image with
+	// Debian's numpy, pandas, scipy, scikit-learn, matplotlib, OpenBLAS,
+	// pytest and hypothesis, the libraries' own tests included (under
+	// DistPackagesDir). It has a cache entry of its own (about 400 MiB
+	// more), and so has its combination with Testsuite.
+	DataScience bool
 }
 
 // Image describes a built layout.

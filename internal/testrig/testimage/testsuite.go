@@ -35,12 +35,17 @@ func testsuiteRecipe() recipe {
 	return r
 }
 
-// recipeFor is the recipe opts select.
+// recipeFor is the recipe opts select: the default one, with the packages
+// of each variant asked for.
 func recipeFor(opts Options) recipe {
+	r := defaultRecipe()
 	if opts.Testsuite {
-		return testsuiteRecipe()
+		r = testsuiteRecipe()
 	}
-	return defaultRecipe()
+	if opts.DataScience {
+		r.Packages = append(r.Packages, dataSciencePackages...)
+	}
+	return r
 }
 
 // checkTree checks a debootstrapped tree of r before it is packed: with the

@@ -25,7 +25,10 @@ const (
 // last half in stdout_tail and stdout_bytes-len(stdout)-len(stdout_tail)
 // bytes left out between the two. Output that is not valid UTF-8 is carried
 // twice: with invalid bytes replaced by U+FFFD, and exactly in
-// stdout_base64 (stdout_tail_base64 for a tail).
+// stdout_base64 (stdout_tail_base64 for a tail). stderr (its tail, if
+// truncated) ends with why flmbox killed the snippet, if it did (as
+// timed_out or oom_killed say), in the words plain mode prints, or with why
+// flmbox could not run it.
 type JSON struct {
 	ExitCode         int     `json:"exit_code"`
 	Stdout           string  `json:"stdout"`
@@ -123,6 +126,9 @@ func PrintResumed(stdout, stderr io.Writer, res *wire.Result, asJSON bool, timeo
 		enc.SetEscapeHTML(false)
 		out := ToJSON(res)
 		out.Resumed = resumed
+		if res.Error == "" && !res.Interrupted {
+			out.AppendStderr(KillNote(res, timeout)) // as plain mode says it, below
+		}
 		if err := enc.Encode(out); err != nil {
 			return 0, "", err
 		}

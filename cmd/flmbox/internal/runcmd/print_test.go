@@ -42,6 +42,11 @@ func TestPrintStatus(t *testing.T) {
 			if jerr := json.Unmarshal(stdout.Bytes(), &j); jerr != nil || err != nil || code != tc.code || msg != tc.msg || stderr.Len() != 0 {
 				t.Fatalf("json: code %d msg %q err %v/%v stdout %q stderr %q", code, msg, err, jerr, stdout.String(), stderr.String())
 			}
+			// The object's stderr says what plain mode says after the
+			// snippet's own, or why flmbox could not run it.
+			if want := tc.stderr + tc.res.Error; j.Stderr != want {
+				t.Fatalf("json: stderr %q, want %q", j.Stderr, want)
+			}
 			if j.OOMKilled != tc.res.OOMKilled || j.TimedOut != tc.res.TimedOut || j.Interrupted != tc.res.Interrupted || j.ExitCode != tc.res.ExitCode || !strings.Contains(stdout.String(), `"oom_killed":`) {
 				t.Fatalf("json: %s", stdout.String())
 			}

@@ -3,8 +3,10 @@
 //
 // Usage:
 //
-//	testimage [-cache DIR] [-json]
+//	testimage [-cache DIR] [-testsuite] [-datascience] [-json]
 //
+// -testsuite and -datascience select the variants of the conformance suite
+// (testimage.Options).
 // The first run on a machine needs root and the Debian mirror and takes
 // about a minute (debootstrap); later runs print the cached layout at once.
 // Progress goes to stderr. Without -json the output is two lines,
@@ -52,14 +54,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	cache := fs.String("cache", "", "cache directory (default $"+testimage.CacheDirEnv+", else "+testimage.DefaultCacheDir+")")
 	asJSON := fs.Bool("json", false, "print a JSON object with the layout path and the digests")
+	testsuite := fs.Bool("testsuite", false, "the variant with CPython's regression tests")
+	dataScience := fs.Bool("datascience", false, "the variant with numpy, pandas, scipy, scikit-learn, matplotlib and pytest")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		fs.Usage()
-		return fmt.Errorf("unexpected arguments %q; usage: testimage [-cache DIR] [-json]", fs.Args())
+		return fmt.Errorf("unexpected arguments %q; usage: testimage [-cache DIR] [-testsuite] [-datascience] [-json]", fs.Args())
 	}
-	img, err := testimage.Build(ctx, testimage.Options{CacheDir: *cache, Log: stderr})
+	img, err := testimage.Build(ctx, testimage.Options{CacheDir: *cache, Log: stderr, Testsuite: *testsuite, DataScience: *dataScience})
 	if err != nil {
 		return err
 	}
