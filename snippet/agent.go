@@ -159,6 +159,10 @@ type Agent struct {
 	// started (see spareUsable).
 	codeRuns atomic.Int64
 	running  atomic.Int32 // snippets running now
+	// lingering are the processes of calls that exited by themselves and
+	// whose group's grace may not be over (see proc.linger).
+	lingerMu  sync.Mutex
+	lingering map[*proc]struct{}
 
 	// As PID 1, what clears the sandbox's kernel (leftovers_linux.go).
 	keyrings keyrings    // the sandbox's key set

@@ -45,6 +45,8 @@ func (a *Agent) sweepStrays() {
 		return // a call runs (its end sweeps), or a reset kills everything
 	}
 	defer a.calls.Unlock()
+	// What the calls left in their groups first has its grace.
+	a.waitLingering(false)
 	a.leftovers.Store(false)
 	// The zygote's children are its spares only if it said so: a snippet
 	// can make a process of its own a child of the zygote (clone with
