@@ -1,8 +1,10 @@
 package snippet
 
 import (
+	"bytes"
 	"io"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -59,16 +61,19 @@ func (p *proc) linger(reap func()) {
 }
 
 // grace waits until p's group no longer holds its output pipes, at most
-// lingerMax, and no longer once kill cuts it or memory runs low.
+// lingerMax, and no longer once kill cuts it, memory runs low, or the group
+// is empty (processes out of it may hold the pipes).
 func (p *proc) grace() {
 	timer := time.NewTimer(lingerMax)
 	defer timer.Stop()
-	var poll <-chan time.Time
+	var memPolls <-chan time.Time
 	if o := p.readers(); o != nil && o.memoryLow != nil {
 		t := time.NewTicker(memPoll)
 		defer t.Stop()
-		poll = t.C
+		memPolls = t.C
 	}
+	scans := time.NewTicker(lingerScan)
+	defer scans.Stop()
 	for {
 		select {
 		case <-p.quiet:
@@ -77,12 +82,50 @@ func (p *proc) grace() {
 			return
 		case <-timer.C:
 			return
-		case <-poll:
+		case <-memPolls:
 			if p.readers().memoryLow() {
+				return
+			}
+		case <-scans.C:
+			if groupEmpty(p.pid) {
 				return
 			}
 		}
 	}
+}
+
+// lingerScan is how often linger's grace looks for the processes of the
+// group over /proc, while they hold the output pipes: a process that left
+// the group may hold them after the group is gone.
+const lingerScan = 25 * time.Millisecond
+
+// groupEmpty says whether process group pgid has no process but zombies
+// and its leader, from /proc.
+func groupEmpty(pgid int) bool {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return false
+	}
+	id := []byte(strconv.Itoa(pgid))
+	for _, e := range ents {
+		name := e.Name()
+		if name[0] < '0' || name[0] > '9' || name == string(id) {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + name + "/stat")
+		if err != nil {
+			continue // gone
+		}
+		// After the command's closing parenthesis: state, ppid, pgrp.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		if f := bytes.Fields(b[i+1:]); len(f) > 2 && bytes.Equal(f[2], id) && !bytes.Equal(f[0], []byte("Z")) {
+			return false
+		}
+	}
+	return true
 }
 
 // readers returns p's output, nil before a call ran it.

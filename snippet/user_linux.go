@@ -30,12 +30,14 @@ import (
 //     right after reading the gate, before any of the snippet's code runs
 //     (setgroups, setgid, setuid: every uid is User's, so no capability
 //     is left). While they wait, no snippet can signal or trace them. Until
-//     then nothing a snippet can write is on sys.path: the agent starts them
-//     with PYTHONPATH renamed FLMBOX_PYTHONPATH (which would otherwise put
-//     /tmp/site-packages before the standard library at the interpreter's
-//     own start, e.g. for the encodings module), and the bootstrap puts it
-//     back for the snippet, in os.environ and on sys.path where python3
-//     puts it.
+//     then nothing a snippet can write takes part in their start: the agent
+//     starts them with PYTHONPATH renamed FLMBOX_PYTHONPATH (which would
+//     otherwise put /tmp/site-packages before the standard library at the
+//     interpreter's own start, e.g. for the encodings module) and
+//     PYTHONUSERBASE under /proc (so that site finds no user site under
+//     HOME=/tmp: see pythonEnv), and the bootstrap puts both back for the
+//     snippet, then does what site does for the user site (see
+//     pythonSiteDef).
 //   - Shell processes are exec'd as User (the shell cannot change its
 //     user). A shell spare can therefore be reached by the snippets that
 //     run while it waits: one that met some snippet's code (one started or
