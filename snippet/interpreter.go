@@ -182,14 +182,15 @@ const pythonBootstrapDef = `def _flmbox_bootstrap(fast_exit, front, user):
     pp = os.environ.pop('FLMBOX_PYTHONPATH', None)
     if pp is not None:
         os.environ['PYTHONPATH'] = pp
-    # A spare started before an earlier call made a directory of sys.path
-    # (pip's /tmp/site-packages) remembers it as missing: forget that.
-    for path, finder in list(sys.path_importer_cache.items()):
-        if finder is None:
-            del sys.path_importer_cache[path]
     cwd = front[:1] == ['']
     sys.path[:0] = front[cwd:]
 ` + pythonUserSiteDef + `    sys.path[:0] = front[:cwd]
+    # A spare started before an earlier call made a directory of sys.path
+    # (/tmp/site-packages) remembers it as missing, as does the look for
+    # usercustomize: forget that, so that the code can make it and import.
+    for path, finder in list(sys.path_importer_cache.items()):
+        if finder is None:
+            del sys.path_importer_cache[path]
     name = '<snippet>'
     if file is not None:
         # As python3 FILE: __file__ and sys.argv[0] name it.

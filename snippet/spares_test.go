@@ -712,3 +712,20 @@ func waitNewAgentSpares(t *testing.T, a *Agent) {
 		return p != nil && p.pristine && !p.exited()
 	})
 }
+
+// TestSnippetMakesItsPath: a directory of sys.path that is missing when the
+// snippet's code comes (PYTHONPATH's /tmp/site-packages in a new sandbox)
+// imports once the code makes it, in a python3 and in a zygote's child.
+func TestSnippetMakesItsPath(t *testing.T) {
+	dir := t.TempDir()
+	a := &Agent{Python: hostPython(t), Dir: dir, Spares: true,
+		Env: []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir, "PYTHONPATH=" + filepath.Join(dir, "sp")}}
+	t.Cleanup(func() { a.Close() })
+	for i := 0; i < 3; i++ {
+		code := fmt.Sprintf("import os\nos.makedirs('sp/mod%d')\nopen('sp/mod%d/__init__.py', 'w').write('X = %d')\nimport mod%d\nprint(mod%d.X)", i, i, i, i, i)
+		if res := run(t, a, request(wire.LanguagePython, code)); res.ExitCode != 0 || string(res.Stdout.Data) != fmt.Sprintf("%d\n", i) {
+			t.Fatalf("call %d: %s", i, dump(res))
+		}
+		os.RemoveAll(filepath.Join(dir, "sp"))
+	}
+}
