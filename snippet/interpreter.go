@@ -116,8 +116,8 @@ const pythonSiteDef = `def _flmbox_site(modules):
 // with its .pth files processed; then it imports usercustomize, as site
 // does, with PYTHONPATH's entries on sys.path but not yet the working
 // directory, if it is in a directory that site did not look in at the
-// start (looking everywhere again cost every call half a millisecond
-// under gVisor).
+// start (looking all over sys.path again cost every call 0.8 ms under
+// gVisor: docs/PERFORMANCE.md).
 const pythonUserSiteDef = `    ub = os.environ.pop('FLMBOX_PYTHONUSERBASE', None)
     if ub is None:
         os.environ.pop('PYTHONUSERBASE', None)
