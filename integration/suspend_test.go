@@ -362,7 +362,7 @@ func TestSuspendDemo1Reboot(t *testing.T) {
 }
 
 // TestSuspendCyclesKeepFiles: a 50 MiB file and a module pip installed in
-// /tmp/site-packages survive three suspend/resume cycles (E2B lost files
+// the user site under /tmp survive three suspend/resume cycles (E2B lost files
 // after the second), the last one with the wheel removed from the cache
 // meanwhile; every file of /tmp keeps its checksum. While
 // suspended, the sandbox has an image of at least its /tmp and no host
@@ -383,7 +383,7 @@ func TestSuspendCyclesKeepFiles(t *testing.T) {
 	}
 	suspendFill(t, root, name, 50)
 	manifest := mustFlmbox(t, root, "run", "--sandbox", name, "-l", "shell", "-c", suspendManifest)
-	for _, f := range []string{"/tmp/big", "/tmp/dir/small", "/tmp/site-packages/flmbox_susp/__init__.py"} {
+	for _, f := range []string{"/tmp/big", "/tmp/dir/small", "/tmp/.local/lib/python3.11/site-packages/flmbox_susp/__init__.py"} {
 		if !strings.Contains(manifest, "  "+f+"\n") {
 			t.Fatalf("the manifest of /tmp lacks %s:\n%s", f, manifest)
 		}

@@ -40,7 +40,7 @@ func (m *Manager) preinstall(ctx context.Context, rec *record.Record, reqs []str
 // runPip runs python3 -m pip with args in the sandbox, through its agent,
 // and fails with the end of pip's output if pip fails. It is a Python
 // snippet, not a shell one: it takes the Python spare that the agent
-// started before pip created /tmp/site-packages, so that the next Python
+// started before pip made its directories, so that the next Python
 // call, in a process started after pip, imports what pip installed.
 func runPip(ctx context.Context, rec *record.Record, timeout time.Duration, args ...string) error {
 	list, err := json.Marshal(args) // a JSON array of strings is a Python list literal

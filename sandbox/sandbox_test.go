@@ -53,7 +53,7 @@ func TestEnvironment(t *testing.T) {
 		k, v, _ := strings.Cut(kv, "=")
 		last[k] = v
 	}
-	if last["LANG"] != "en_US.UTF-8" || last["HOME"] != "/root" || last["PIP_TARGET"] != "/tmp/site-packages" || last["PATH"] != "/usr/bin:/bin" {
+	if last["LANG"] != "en_US.UTF-8" || last["HOME"] != "/root" || last["PIP_BREAK_SYSTEM_PACKAGES"] != "1" || last["PIP_TARGET"] != "" || last["PATH"] != "/usr/bin:/bin" {
 		t.Fatalf("later settings must win over earlier ones: %q", env)
 	}
 }

@@ -48,7 +48,8 @@ type Spec struct {
 	// image's and flmbox's; /tmp/site-packages stays first on PYTHONPATH.
 	Env []string
 	// Pip are pip requirements installed from the wheel cache when the
-	// sandbox is created (into /tmp/site-packages).
+	// sandbox is created, as pip install does in a call (into the user
+	// site, ~/.local/lib/pythonX.Y/site-packages; see flmboxEnv).
 	Pip []string
 	// Mounts are host directories (or files) bound into the sandbox,
 	// read-only unless marked ReadWrite. A source that is the host's root,
@@ -228,23 +229,27 @@ func checkRequirements(reqs []string) error {
 
 // flmboxEnv is what flmbox adds to the image's environment.
 //
-// With PIP_TARGET, pip refuses --user ("Can not combine '--user' and
-// '--target'"), and it would whatever sets the target (a pip configuration
-// file too). A user install instead of a target one would go to the user
-// site, ~/.local/lib/pythonX.Y/site-packages, a path that holds the image's
-// Python version (unknown here) and that the agent's Python leaves off
-// sys.path (python3 -s, so that no .pth file under /tmp runs at its start:
-// see pythonSiteDef in package snippet). So plain pip install is the
-// sandbox user's install into /tmp/site-packages, and --user is refused by
-// pip, as docs/USAGE.md says.
+// pip installs as on any machine where a user cannot write the system's
+// site-packages (here the root is read-only): for the user ("Defaulting to
+// user installation because normal site-packages is not writeable"), into
+// the user site, ~/.local/lib/pythonX.Y/site-packages with HOME=/tmp, which
+// every Python of that version puts on sys.path once it exists, the agent's
+// own too (see pythonUserSiteDef in package snippet). A user install sees
+// what the image has: a requirement that the image's packages meet is not
+// installed again. (PIP_TARGET=/tmp/site-packages, which flmbox set before,
+// made pip ignore them, and refuse --user.) PIP_BREAK_SYSTEM_PACKAGES lets
+// pip past the image's PEP 668 mark (EXTERNALLY-MANAGED), which is there to
+// keep pip out of the system's packages, which it cannot touch here; inside
+// a virtual environment pip honours neither and installs into it.
 var flmboxEnv = []string{
-	"PIP_TARGET=" + sitePackages, // not a system install: PEP 668 does not apply
+	"PIP_BREAK_SYSTEM_PACKAGES=1",
 	"PIP_CACHE_DIR=/tmp/.cache/pip",
 	"HOME=/tmp",
 	"LANG=C.UTF-8",
 }
 
-// sitePackages is where pip installs, first on every sandbox's PYTHONPATH.
+// sitePackages is first on every sandbox's PYTHONPATH: what is put there
+// (pip install --target /tmp/site-packages) imports in every call.
 const sitePackages = "/tmp/site-packages"
 
 // Environment is a sandbox's environment: the image's, then flmbox's, then

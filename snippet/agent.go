@@ -43,7 +43,10 @@ const (
 // environment Env. Its stdout and stderr are captured separately with the
 // request's caps, its rlimits are set before its code runs, and when it ends
 // (or times out, or the call is cancelled) whatever is left of its process
-// group is killed, so that a `sleep 1000 &` cannot outlive the call. Processes
+// group is killed, so that a `sleep 1000 &` cannot outlive the call: at once
+// on a timeout or a cancel, else after a grace (SIGTERM, then SIGKILL once
+// none of the group holds its output pipes, a second later at most) that
+// the answer does not wait for (see linger_linux.go). Processes
 // that leave the group (setsid, daemons) are killed once no call is running
 // with KillStrays, as in a sandbox; otherwise they are not tracked.
 //
@@ -159,6 +162,10 @@ type Agent struct {
 	// started (see spareUsable).
 	codeRuns atomic.Int64
 	running  atomic.Int32 // snippets running now
+	// lingering are the processes of calls that exited by themselves and
+	// whose group's grace may not be over (see proc.linger).
+	lingerMu  sync.Mutex
+	lingering map[*proc]struct{}
 
 	// As PID 1, what clears the sandbox's kernel (leftovers_linux.go).
 	keyrings keyrings    // the sandbox's key set

@@ -63,35 +63,42 @@ func pyBool(b bool) string {
 	return "False"
 }
 
-// pythonSiteDef defines _flmbox_site(modules), which imports site as python3
-// does at startup, and then modules, but with sys.path cut
-// to the standard library: without the empty entry (the working directory,
-// /tmp) and PYTHONPATH. Every Python process the agent starts runs it first,
-// under python3 -S -s, and no file the snippets can write takes part:
-// a sitecustomize.py in /tmp/site-packages (on PYTHONPATH), the user site
-// under HOME=/tmp and its .pth files would otherwise run at the start of the
-// next spare, before its limits are set, and in a zygote, which has none: a
-// snippet could plant a fork bomb there and kill the zygote to have it run.
-// The agent starts Python with PYTHONPATH renamed FLMBOX_PYTHONPATH, so
-// that it takes no part in the interpreter's own start either (the
-// encodings module is imported from sys.path before any -c code runs).
-// _flmbox_site returns the snippets' directories: the bootstrap puts them
-// back in front of sys.path, where python3 puts them (the empty entry, unless
+// pythonSiteDef defines _flmbox_site(modules), which imports modules with
+// sys.path cut to what the interpreter's start made it: the standard library
+// and the image's site directories, without the empty entry (the working
+// directory, /tmp) that python3 -c puts first, and returns the snippets'
+// directories, which the bootstrap puts back in front of sys.path once the
+// process is the snippet's user.
+//
+// Every Python process the agent starts runs as python3 does, with the
+// site module imported at its start (sys.flags.no_site and no_user_site are
+// 0, so the Pythons a snippet starts, multiprocessing's spawn and forkserver
+// workers and resource trackers among them, run with the image's defaults
+// too), but the agent starts it with an environment in which no file that
+// snippets can write takes part in that start (see pythonEnv): PYTHONPATH
+// is renamed FLMBOX_PYTHONPATH (the encodings module is imported from
+// sys.path before any -c code runs, and site would look for sitecustomize
+// and usercustomize there), and PYTHONUSERBASE names noUserBase, a directory
+// that nobody can make, so that site finds no user site (its .pth files,
+// usercustomize) under HOME=/tmp. Such files would otherwise run at the start
+// of the next spare, as the agent's user and before its limits are set, and
+// in a zygote, which has none: a snippet could plant a fork bomb there and
+// kill the zygote to have it run. The bootstrap puts both variables back
+// once the process is the snippet's user, then does what site does for the
+// user site (pythonUserSiteDef), and puts the snippets' directories in front
+// of sys.path where python3 puts them (the empty entry, unless
 // PYTHONSAFEPATH, then PYTHONPATH's entries made absolute, an empty one
-// being the working directory), once the process is the snippet's user.
-// Differences from python3 -c that a snippet can see:
-// sys.flags.no_site and no_user_site are 1, no user site directory is on
-// sys.path (pip installs into /tmp/site-packages, PIP_TARGET), and a
-// sitecustomize or usercustomize found only through PYTHONPATH is not run,
-// even one of the image's own (PYTHONPATH=/app, say).
+// being the working directory).
+//
+// The difference from python3 -c that a snippet can see: a sitecustomize
+// found only through PYTHONPATH is not run, even one of the image's own
+// (PYTHONPATH=/app, say); the image's site directories' one is.
 const pythonSiteDef = `def _flmbox_site(modules):
     import sys, os
-    # Under -S, sys.path is '' (python3 -c's working directory) unless
-    # PYTHONSAFEPATH, then the standard library (PYTHONPATH is renamed).
+    # sys.path is '' (python3 -c's working directory) unless PYTHONSAFEPATH,
+    # then the standard library and the image's site directories.
     front = sys.path[:1] if sys.path[:1] == [''] else []
     del sys.path[:len(front)]
-    import site
-    site.main()
     for m in modules:
         __import__(m)
     pp = os.environ.get('FLMBOX_PYTHONPATH')
@@ -99,6 +106,41 @@ const pythonSiteDef = `def _flmbox_site(modules):
         front += [os.path.abspath(p) for p in pp.split(os.pathsep)]
     del sys.modules['__main__']._flmbox_site
     return front
+`
+
+// pythonUserSiteDef is the part of the bootstrap that, once the process is
+// the snippet's user and its environment is back, does what site does at a
+// python3's start for the user site: it finds it again (site.USER_BASE and
+// USER_SITE, from PYTHONUSERBASE or HOME), and if it is a directory puts it
+// on sys.path where python3 has it, before the image's site directories,
+// with its .pth files processed; then it imports usercustomize, as site
+// does, with PYTHONPATH's entries on sys.path but not yet the working
+// directory, if it is in a directory that site did not look in at the
+// start (looking all over sys.path again cost every call 0.8 ms under
+// gVisor: docs/PERFORMANCE.md).
+const pythonUserSiteDef = `    ub = os.environ.pop('FLMBOX_PYTHONUSERBASE', None)
+    if ub is None:
+        os.environ.pop('PYTHONUSERBASE', None)
+    else:
+        os.environ['PYTHONUSERBASE'] = ub
+    site = sys.modules.get('site')
+    if site is not None and site.ENABLE_USER_SITE:
+        site.USER_BASE = site.USER_SITE = None
+        user_site = site.getusersitepackages()
+        new = front[cwd:]
+        if os.path.isdir(user_site):
+            system = set(site.getsitepackages())
+            i = next((i for i, p in enumerate(sys.path) if p in system), len(sys.path))
+            rest = sys.path[i:]
+            del sys.path[i:]
+            site.addsitedir(user_site)
+            new += sys.path[i:]
+            sys.path += [p for p in rest if p not in sys.path]
+        # site looked for usercustomize at the start, in the image's
+        # directories: look where it did not.
+        finder = next((f for f in sys.meta_path if getattr(f, '__name__', None) == 'PathFinder'), None)
+        if new and 'usercustomize' not in sys.modules and finder and finder.find_spec('usercustomize', new):
+            site.execusercustomize()
 `
 
 // pythonBootstrapDef defines the bootstrap. With fast_exit (a zygote's child,
@@ -147,9 +189,12 @@ const pythonBootstrapDef = `def _flmbox_bootstrap(fast_exit, front, user):
     pp = os.environ.pop('FLMBOX_PYTHONPATH', None)
     if pp is not None:
         os.environ['PYTHONPATH'] = pp
-    sys.path[:0] = front
+    cwd = front[:1] == ['']
+    sys.path[:0] = front[cwd:]
+` + pythonUserSiteDef + `    sys.path[:0] = front[:cwd]
     # A spare started before an earlier call made a directory of sys.path
-    # (pip's /tmp/site-packages) remembers it as missing: forget that.
+    # (/tmp/site-packages) remembers it as missing, as does the look for
+    # usercustomize: forget that, so that the code can make it and import.
     for path, finder in list(sys.path_importer_cache.items()):
         if finder is None:
             del sys.path_importer_cache[path]
@@ -266,10 +311,13 @@ const maxShellScript = 4096
 // once, which forks a snippet's process on each request of the agent, much
 // faster than starting python3 (see zygote_linux.go). It reads requests on
 // the socket at fd 3: "F ID MEMORY PROCS FILEBYTES" with three descriptors
-// (stdout, stderr, gate) or four (and stdin), answers "P ID PID" or "E ID ERROR", and reports
-// "X PID STATUS" once a child has exited, the rest of its process group has
-// been killed and it has been reaped. It exits when the agent closes the
-// socket. A child returns from _flmbox_zygote with its stdio and gate in
+// (stdout, stderr, gate) or four (and stdin), answers "P ID PID" or "E ID
+// ERROR", and reports "X PID STATUS" once a child it forked has exited; it
+// keeps the child a zombie, so that its process group's ID stays its own,
+// until the agent has killed the rest of the group and says "R PID" (see
+// proc.linger), and reaps it then. A child it did not fork (a snippet can
+// give it one with clone(CLONE_PARENT)) it reports once it has killed the
+// child's group and reaped it. It exits when the agent closes the socket. A child returns from _flmbox_zygote with its stdio and gate in
 // place, in its own process group, with its limits set, and goes on with the
 // bootstrap, as python3 -c pythonBootstrap would. Its modules are imported
 // by _flmbox_site, from the standard library only: what the zygote imports
@@ -290,6 +338,12 @@ const pythonZygoteDef = `def _flmbox_zygote():
     poll.register(3, select.POLLIN)
     poll.register(wake_r, select.POLLIN)
     limits = (resource.RLIMIT_NPROC, resource.RLIMIT_FSIZE)
+    kids, zombies = set(), set()
+
+    def status(info):
+        if info.si_code == os.CLD_EXITED:
+            return (info.si_status & 0xff) << 8
+        return info.si_status & 0x7f | (0x80 if info.si_code == os.CLD_DUMPED else 0)
 
     def send(msg):
         try:
@@ -305,19 +359,29 @@ const pythonZygoteDef = `def _flmbox_zygote():
                         pass
                 except BlockingIOError:
                     pass
+                # A child it forked for a request is reported at once and
+                # kept a zombie, so that its process group's ID stays its
+                # own, until the agent has killed the group (R PID).
+                for pid in list(kids):
+                    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                    if info is not None:
+                        kids.discard(pid)
+                        zombies.add(pid)
+                        send(b'X %d %d' % (pid, status(info)))
+                # Others: children a snippet gave it (clone with CLONE_PARENT).
                 while True:
                     try:
                         info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
                     except ChildProcessError:
                         break
-                    if info is None:
+                    if info is None or info.si_pid in kids or info.si_pid in zombies:
                         break
                     try:
                         os.killpg(info.si_pid, 9)
                     except OSError:
                         pass
-                    pid, status = os.waitpid(info.si_pid, 0)
-                    send(b'X %d %d' % (pid, status))
+                    pid, st = os.waitpid(info.si_pid, 0)
+                    send(b'X %d %d' % (pid, st))
                 continue
             try:
                 msg, anc, _, _ = ctl.recvmsg(256, _socket.CMSG_SPACE(16))
@@ -330,6 +394,18 @@ const pythonZygoteDef = `def _flmbox_zygote():
                 if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
                     fds += [int.from_bytes(data[i:i + 4], sys.byteorder) for i in range(0, len(data) - 3, 4)]
             word = msg.split()
+            if word[:1] == [b'R'] and not fds:
+                try:
+                    pid = int(word[1])
+                    zombies.remove(pid)
+                except (IndexError, ValueError, KeyError):
+                    continue
+                try:
+                    os.killpg(pid, 9)
+                except OSError:
+                    pass
+                os.waitpid(pid, 0)
+                continue
             try:
                 if len(fds) not in (3, 4) or len(word) != 4:
                     raise ValueError('bad request %r with %d descriptors' % (msg, len(fds)))
@@ -366,6 +442,7 @@ const pythonZygoteDef = `def _flmbox_zygote():
                 os.setpgid(pid, pid)
             except OSError:
                 pass
+            kids.add(pid)
             send(b'P %s %d' % (word[1], pid))
 _flmbox_zygote()
 `
@@ -415,16 +492,18 @@ func shellExports(env []string) string {
 // pythonCommand runs code with the bootstrap; the code goes through the gate.
 // The snippet's own stdout and stderr are unbuffered (-u), so that what it
 // printed before a timeout or the memory watch killed it is in the result;
-// unlike PYTHONUNBUFFERED, -u does not reach the Pythons it starts.
+// unlike PYTHONUNBUFFERED, -u does not reach the Pythons it starts
+// (subprocess._args_from_interpreter_flags leaves it out), which run with the
+// image's defaults: no other option is given (see pythonSiteDef).
 // fastExit: the bootstrap's (see pythonBootstrapDef).
 func pythonCommand(user *User, fastExit bool) command {
-	return command{args: []string{"python3", "-S", "-s", "-u", "-c", pythonBootstrap(user, fastExit)}, codeInGate: true, envHeader: true}
+	return command{args: []string{"python3", "-u", "-c", pythonBootstrap(user, fastExit)}, codeInGate: true, envHeader: true}
 }
 
 // zygoteCommand starts the Python zygote; its children's stdout and stderr
 // are unbuffered, as pythonCommand's.
 func zygoteCommand(user *User) command {
-	return command{args: []string{"python3", "-S", "-s", "-u", "-c", pythonZygote(user)}}
+	return command{args: []string{"python3", "-u", "-c", pythonZygote(user)}}
 }
 
 // shellCommand runs code with sh -c; the gate carries a newline.

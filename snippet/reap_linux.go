@@ -130,3 +130,28 @@ func siginfoPID(info *unix.Siginfo) int {
 	b := (*[unsafe.Sizeof(*info)]byte)(unsafe.Pointer(info))
 	return int(int32(binary.NativeEndian.Uint32(b[off : off+4])))
 }
+
+// siginfoStatus returns the wait status of a child's SIGCHLD siginfo, as
+// wait4 would give it: si_status follows si_pid and si_uid.
+func siginfoStatus(info *unix.Siginfo) unix.WaitStatus {
+	off := 12
+	if unsafe.Sizeof(uintptr(0)) == 8 {
+		off = 16
+	}
+	b := (*[unsafe.Sizeof(*info)]byte)(unsafe.Pointer(info))
+	status := int32(binary.NativeEndian.Uint32(b[off+8 : off+12]))
+	switch info.Code {
+	case cldExited:
+		return unix.WaitStatus((status & 0xff) << 8)
+	case cldDumped:
+		return unix.WaitStatus(status&0x7f | 0x80)
+	default: // CLD_KILLED
+		return unix.WaitStatus(status & 0x7f)
+	}
+}
+
+// si_code of SIGCHLD (x/sys/unix does not define them).
+const (
+	cldExited = 1
+	cldDumped = 3
+)

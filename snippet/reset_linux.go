@@ -94,7 +94,7 @@ func (a *Agent) takePristine() *proc {
 	defer a.mu.Unlock()
 	if p := a.reserve; p != nil {
 		a.reserve = nil
-		if !p.exited() && p.limits == a.SpareLimits {
+		if p.running() && p.limits == a.SpareLimits {
 			return p
 		}
 		p.discard()
@@ -114,6 +114,7 @@ func (a *Agent) reset(ctx context.Context, spare *proc) error {
 		return err
 	}
 	a.dropSpares()
+	a.waitLingering(true) // what the reset kills needs no grace
 	keep := 0
 	if spare != nil {
 		keep = spare.pid

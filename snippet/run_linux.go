@@ -19,19 +19,16 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// drainGrace bounds how long Run keeps reading output once the snippet's
-// process exited and its process group was killed. The pipes normally reach
-// EOF at once; only a process that left the group (setsid) can hold them
-// open, and Run does not wait for it.
-const drainGrace = 500 * time.Millisecond
-
 // Run runs one snippet and returns its result; it is what Serve does for
 // each connection. It never panics on a bad request and always returns a
 // Result: a request that Validate refuses, a missing interpreter or a failure
 // to start give ExitCode -1 and Error.
 //
-// The snippet runs until it exits, its timeout expires or ctx is done; then
-// the rest of its process group is killed with SIGKILL. On timeout, TimedOut
+// The snippet runs until it exits, its timeout expires or ctx is done. Its
+// Result is what its process printed until then and how it ended; the rest
+// of its process group is killed with SIGKILL, at once if the snippet was
+// killed, else after a grace that the answer does not wait for (see
+// proc.linger). On timeout, TimedOut
 // is set and ExitCode is the killed process's (137). When ctx is done first,
 // the snippet is killed and the Result has ExitCode -1, Error saying so, and
 // the output captured until then.
@@ -279,12 +276,25 @@ type proc struct {
 	outR, errR, gateW *os.File
 	// stdinW, if not nil, is the write end of the process's stdin.
 	stdinW *os.File
-	// done is closed once the process has exited, the rest of its process
-	// group has been killed and it has been reaped; then status, or err,
+	// ended is closed once the process has exited (it is not reaped yet:
+	// the rest of its group may run on, see linger); then status, or err,
 	// says how it ended.
-	done   chan struct{}
-	status unix.WaitStatus
-	err    error
+	ended   chan struct{}
+	endOnce sync.Once
+	status  unix.WaitStatus
+	err     error
+	// done is closed once the process has exited, the rest of its process
+	// group has been killed and it has been reaped.
+	done     chan struct{}
+	doneOnce sync.Once
+	// cut, closed by kill, ends linger's grace at once; quiet is closed
+	// once the process's output pipes reached their end: no process of its
+	// group holds them any more (see output).
+	cut      chan struct{}
+	cutOnce  sync.Once
+	quiet    chan struct{}
+	output   *output // the pipes' readers once a call runs p
+	outputMu sync.Mutex
 	// abandon, if set, ends a process that was killed but whose end is
 	// not reported (its zygote is stuck): it closes done.
 	abandon func()
@@ -295,6 +305,20 @@ type proc struct {
 	reapMu sync.Mutex
 	reaped bool
 }
+
+// end records how p ended, once, and closes ended.
+func (p *proc) end(status unix.WaitStatus, err error) {
+	p.endOnce.Do(func() {
+		p.status, p.err = status, err
+		close(p.ended)
+	})
+}
+
+// finish closes done, once.
+func (p *proc) finish() { p.doneOnce.Do(func() { close(p.done) }) }
+
+// cutGrace ends linger's grace, if any, at once.
+func (p *proc) cutGrace() { p.cutOnce.Do(func() { close(p.cut) }) }
 
 // setReaped records that p was reaped; do, if not nil, runs first under the
 // same lock (the reaping itself, for a child of the agent).
@@ -321,8 +345,10 @@ func (p *proc) sigkill() {
 	}
 }
 
-// kill kills p as sigkill does and waits until p is done.
+// kill kills p as sigkill does, with no grace for the rest of its group,
+// and waits until p is done.
 func (p *proc) kill() {
+	p.cutGrace()
 	p.sigkill()
 	if p.abandon == nil {
 		<-p.done
@@ -341,12 +367,24 @@ func (p *proc) fits(code string) bool {
 	return !p.cmd.stdinGate || len(code) <= maxShellScript
 }
 
+// exited says whether p is done: it has exited and the rest of its group
+// is killed.
 func (p *proc) exited() bool {
 	select {
 	case <-p.done:
 		return true
 	default:
 		return false
+	}
+}
+
+// running says whether p has not exited.
+func (p *proc) running() bool {
+	select {
+	case <-p.ended:
+		return false
+	default:
+		return true
 	}
 }
 
@@ -480,7 +518,8 @@ func (p *pipes) close() {
 
 // proc returns the agent's ends of p as a process's.
 func (p *pipes) proc(c command, limits wire.Limits) *proc {
-	return &proc{cmd: c, limits: limits, outR: p.outR, errR: p.errR, gateW: p.gateW, stdinW: p.inW, done: make(chan struct{})}
+	return &proc{cmd: c, limits: limits, outR: p.outR, errR: p.errR, gateW: p.gateW, stdinW: p.inW,
+		ended: make(chan struct{}), done: make(chan struct{}), cut: make(chan struct{}), quiet: make(chan struct{})}
 }
 
 // startExec starts c as a child of the agent, in its own process group,
@@ -519,22 +558,17 @@ func (a *Agent) startExec(path string, c command, env []string, cred *syscall.Cr
 	p.pid = pid
 	go func() {
 		// The exited process is a zombie until cmd.Wait reaps it, so its pid
-		// still names its process group: kill what is left of the group now,
-		// before the pid can be reused.
-		waitExited(pid)
-		killGroup(pid)
-		var err error
-		p.setReaped(func() { err = cmd.Wait() })
-		forgetChild(pid)
-		var exitErr *exec.ExitError
-		if err != nil && !errors.As(err, &exitErr) {
-			p.err = fmt.Errorf("wait for the snippet: %w", err)
-		} else if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok {
-			p.status = unix.WaitStatus(ws)
-		} else {
-			p.err = errors.New("wait for the snippet: no exit status")
+		// still names its process group while linger runs: kill what is
+		// left of the group before reaping it, before the pid can be reused.
+		status, err := waitEnded(pid)
+		if err != nil {
+			err = fmt.Errorf("wait for the snippet: %w", err)
 		}
-		close(p.done)
+		p.end(status, err)
+		p.linger(func() {
+			p.setReaped(func() { cmd.Wait() })
+			forgetChild(pid)
+		})
 	}()
 	// The interpreter blocks reading the gate: no snippet code runs before
 	// the limits are set.
@@ -549,12 +583,10 @@ func (a *Agent) startExec(path string, c command, env []string, cred *syscall.Cr
 // runProc gives req's code, and the call's settings late, to p through its
 // gate and collects the result.
 func (a *Agent) runProc(ctx context.Context, req *wire.Request, late []string, p *proc) *wire.Result {
-	defer p.close()
+	defer p.closeInput()
 	stdout, stderr := newCapture(req.OutputLimit()), newCapture(req.OutputLimit())
 	res := &wire.Result{Version: wire.ProtocolVersion, ExitCode: -1}
-	var readers sync.WaitGroup
-	readers.Go(func() { capturePipe(stdout, p.outR) })
-	readers.Go(func() { capturePipe(stderr, p.errR) })
+	out := readOutput(p, stdout, stderr, a.memoryLow)
 
 	start := time.Now()
 	a.codeStarted()
@@ -574,28 +606,35 @@ func (a *Agent) runProc(ctx context.Context, req *wire.Request, late []string, p
 	stopWatch := a.watchMemory(p)
 	var timedOut, cancelled bool
 	select {
-	case <-p.done:
+	case <-p.ended:
 	case <-timer.C:
 		timedOut = true
 	case <-ctx.Done():
 		cancelled = true
 	}
-	stopWatch() // before killing: what killed p is known from here on
 	switch {
 	case timedOut:
+		stopWatch()                        // before killing: what killed p is known from here on
 		res.TimedOut = !p.oomKilled.Load() // or killed for memory, then timed out before it ended
 		p.kill()
 	case cancelled && errors.Is(context.Cause(ctx), errInterrupted):
 		// As on timeout: its status (SIGKILL) and what it printed until then.
+		stopWatch()
 		res.Interrupted = true
 		p.kill()
 	case cancelled:
+		stopWatch()
 		cancelErr = fmt.Errorf("snippet cancelled and killed: %w", context.Cause(ctx))
 		p.kill()
+	default:
+		// It exited by itself: the rest of its group lingers (see
+		// proc.linger), while memory lasts.
+		stopWatch()
+		a.addLingering(p)
 	}
 	res.DurationMS = float64(time.Since(start).Microseconds()) / 1000
 
-	drain(&readers, p.outR, p.errR)
+	out.catchUp()
 	p.gateW.SetWriteDeadline(time.Unix(1, 0))
 	if p.stdinW != nil {
 		p.stdinW.SetWriteDeadline(time.Unix(1, 0))
@@ -616,21 +655,13 @@ func (a *Agent) runProc(ctx context.Context, req *wire.Request, late []string, p
 	return res
 }
 
-// drain waits for the readers of the output pipes to reach EOF, or stops
-// them after drainGrace.
-func drain(readers *sync.WaitGroup, pipes ...*os.File) {
-	drained := make(chan struct{})
-	go func() {
-		readers.Wait()
-		close(drained)
-	}()
-	select {
-	case <-drained:
-	case <-time.After(drainGrace):
-		for _, f := range pipes {
-			f.SetReadDeadline(time.Unix(1, 0))
+// closeInput closes the agent's ends of p's gate and stdin; its output
+// pipes are its output's to close.
+func (p *proc) closeInput() {
+	for _, f := range []*os.File{p.gateW, p.stdinW} {
+		if f != nil {
+			f.Close()
 		}
-		<-drained
 	}
 }
 
@@ -643,26 +674,19 @@ func exitStatus(ws unix.WaitStatus) (int, string) {
 	return ws.ExitStatus(), ""
 }
 
-// capturePipe reads r into c until EOF or until r's read deadline passes.
-func capturePipe(c *capture, r *os.File) {
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := r.Read(buf)
-		c.Write(buf[:n])
-		if err != nil {
-			return
-		}
-	}
-}
-
-// waitExited returns when process pid has exited, without reaping it.
-func waitExited(pid int) {
+// waitEnded returns when process pid has exited, without reaping it, with
+// its wait status.
+func waitEnded(pid int) (unix.WaitStatus, error) {
 	for {
 		var info unix.Siginfo
 		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
-		if err != unix.EINTR {
-			return
+		switch err {
+		case unix.EINTR:
+			continue
+		case nil:
+			return siginfoStatus(&info), nil
 		}
+		return 0, err
 	}
 }
 

@@ -461,6 +461,9 @@ func TestRunKillsLeftovers(t *testing.T) {
 		{"python subprocess", wire.LanguagePython, "import subprocess\nprint(subprocess.Popen(['sleep', '1000']).pid)", 0},
 		{"python fork", wire.LanguagePython, "import os, sys, time\nr, w = os.pipe()\nif os.fork() == 0:\n    print(os.getpid(), flush=True)\n    os.write(w, b'x')\n    time.sleep(1000)\n    sys.exit()\nos.read(r, 1)", 0},
 		{"on timeout", wire.LanguageShell, "sleep 1000 & echo $!; sleep 1000", printGrace},
+		// Killed once the grace after the snippet's end is over.
+		{"ignoring SIGTERM", wire.LanguageShell, "rm -f ready; sh -c \"trap '' TERM; touch ready; exec sleep 1000\" & until [ -e ready ]; do sleep 0.01; done; echo $!", 0},
+		{"ignoring SIGTERM, pipes closed", wire.LanguageShell, "rm -f ready; sh -c \"trap '' TERM; touch ready; exec sleep 1000\" >/dev/null 2>&1 & until [ -e ready ]; do sleep 0.01; done; echo $!", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := run(t, a, request(tc.lang, tc.code, func(r *wire.Request) {

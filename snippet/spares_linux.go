@@ -67,7 +67,7 @@ func (a *Agent) takeSpare(ctx context.Context, req *wire.Request) *proc {
 		p, r := a.spares[req.Language], a.refilling[req.Language]
 		switch {
 		case p == nil:
-		case p.limits != req.Limits || p.exited() || !a.spareUsable(p):
+		case p.limits != req.Limits || !p.running() || !a.spareUsable(p):
 			delete(a.spares, req.Language)
 			p.discard()
 			p = nil
@@ -203,7 +203,7 @@ func (a *Agent) refillReserveLocked() {
 // first spare and still waits for its code; a.mu is held.
 func (a *Agent) pristineSpareLocked() *proc {
 	p := a.spares[wire.LanguagePython]
-	if p == nil || !p.pristine || p.limits != a.SpareLimits || p.exited() {
+	if p == nil || !p.pristine || p.limits != a.SpareLimits || !p.running() {
 		return nil
 	}
 	return p
@@ -306,7 +306,7 @@ func (a *Agent) shrinkSpares() {
 	var keep *proc
 	if !a.LazySpares {
 		keep = a.pristineSpareLocked()
-		if keep == nil && a.reserve != nil && !a.reserve.exited() && a.reserve.limits == a.SpareLimits {
+		if keep == nil && a.reserve != nil && a.reserve.running() && a.reserve.limits == a.SpareLimits {
 			keep, a.reserve = a.reserve, nil
 		}
 	}

@@ -355,10 +355,13 @@ func TestZygoteStopped(t *testing.T) {
 }
 
 // TestStartupCodeOfSnippetsNeverRuns: files that snippets can write and that
-// python3 would run at startup (a sitecustomize on PYTHONPATH, a .pth file in
-// the user site under HOME) run neither in a new python3 spare, before its
-// limits are set, nor in a zygote, which has none, even one started again
-// after a snippet killed the last; and sys.path is still python3's.
+// python3 runs at startup (a sitecustomize and a usercustomize on
+// PYTHONPATH, a .pth file in the user site under HOME) run neither in a new
+// python3 spare before it has read its gate (before its limits are set),
+// nor in a zygote, which has none, even one started again after a snippet
+// killed the last; the snippet's own process then does what python3 does
+// with the user site (its .pth file, usercustomize), and sys.path is
+// python3's.
 func TestStartupCodeOfSnippetsNeverRuns(t *testing.T) {
 	dir := t.TempDir()
 	sitePackages := filepath.Join(dir, "site-packages")
@@ -374,59 +377,67 @@ func TestStartupCodeOfSnippetsNeverRuns(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	payload := "import os; open(os.path.join(%q, '%s-%%d' %% os.getpid()), 'w')\n"
+	// KIND-early-PID when descriptor 3 is a pipe or a socket: the gate of a
+	// process that has not read it yet, or the zygote's socket; late
+	// otherwise (a .pth file is open at 3 while its lines run).
+	payload := "import os, stat\n" +
+		"try:\n    m = os.fstat(3).st_mode\nexcept OSError:\n    m = 0\n" +
+		"open(os.path.join(%q, '%s-%%s-%%d' %% ('early' if stat.S_ISFIFO(m) or stat.S_ISSOCK(m) else 'late', os.getpid())), 'w')\n"
 	for file, kind := range map[string]string{
 		filepath.Join(sitePackages, "sitecustomize.py"): "sitecustomize",
 		filepath.Join(sitePackages, "usercustomize.py"): "usercustomize",
 		filepath.Join(userSite, "x.pth"):                "pth",
 	} {
-		if err := os.WriteFile(file, []byte(fmt.Sprintf(payload, marker, kind)), 0o644); err != nil {
+		code := fmt.Sprintf(payload, marker, kind)
+		if kind == "pth" {
+			code = "import os, stat; exec(" + strconv.Quote(code) + ")\n" // a .pth runs lines that start with import
+		}
+		if err := os.WriteFile(file, []byte(code), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
 	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir, "PYTHONPATH=" + sitePackages, "LANG=C.UTF-8"}
-
-	// python3 runs all three: the check at the end can fail.
-	cmd := exec.Command(py, "-c", "pass")
-	cmd.Env, cmd.Dir = env, dir
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("python3: %v: %s", err, out)
-	}
-	ran, err := os.ReadDir(marker)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var kinds []string
-	for _, e := range ran {
-		kind, _, _ := strings.Cut(e.Name(), "-")
-		kinds = append(kinds, kind)
-	}
-	slices.Sort(kinds)
-	if !slices.Equal(kinds, []string{"pth", "sitecustomize", "usercustomize"}) {
-		t.Fatalf("python3 ran %q, want the three files' code", kinds)
+	ran := func() (kinds []string) {
+		t.Helper()
+		ents, err := os.ReadDir(marker)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range ents {
+			kind, rest, _ := strings.Cut(e.Name(), "-")
+			when, _, _ := strings.Cut(rest, "-")
+			kinds = append(kinds, kind+"-"+when)
+			if err := os.Remove(filepath.Join(marker, e.Name())); err != nil {
+				t.Fatal(err)
+			}
+		}
+		slices.Sort(kinds)
+		return kinds
 	}
 
-	// What python3 -s makes of sys.path with this environment.
-	cmd = exec.Command(py, "-s", "-c", "import sys; print(sys.path)")
+	// python3 runs all three, and sys.path is this.
+	cmd := exec.Command(py, "-c", "import sys; print(sys.path)")
 	cmd.Env, cmd.Dir = env, dir
 	want, err := cmd.Output()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("python3: %v", err)
 	}
-	// python3 -s ran the sitecustomize: start with no marker.
-	if err := os.RemoveAll(marker); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Mkdir(marker, 0o755); err != nil {
-		t.Fatal(err)
+	if kinds := ran(); !slices.Equal(kinds, []string{"pth-late", "sitecustomize-late", "usercustomize-late"}) {
+		t.Fatalf("python3 ran %q, want the three files' code", kinds)
 	}
 
 	a := &Agent{Python: py, Dir: dir, Env: env, Spares: true}
 	t.Cleanup(func() { a.Close() })
+	// The snippet's own process runs what python3 runs for the user site
+	// (not the sitecustomize: only the one of the site directories runs).
+	late := []string{"pth-late", "usercustomize-late"}
 	printPath := request(wire.LanguagePython, "import sys; print(sys.path)")
 	for i := 0; i < 3; i++ { // a python3, then the zygote's children
 		if res := run(t, a, printPath); res.ExitCode != 0 || string(res.Stdout.Data) != string(want) {
 			t.Fatalf("call %d: sys.path %s, want %s", i, dump(res), want)
+		}
+		if kinds := ran(); !slices.Equal(kinds, late) {
+			t.Fatalf("call %d ran %q, want %q", i, kinds, late)
 		}
 	}
 	// A snippet kills its zygote; the next call starts another.
@@ -434,13 +445,23 @@ func TestStartupCodeOfSnippetsNeverRuns(t *testing.T) {
 	if res := run(t, a, request(wire.LanguagePython, kill)); string(res.Stdout.Data) != "killing\n" {
 		t.Fatalf("the snippet did not come from a zygote: %s", dump(res))
 	}
+	ran()
 	for i := 0; i < 2; i++ {
 		if res := run(t, a, printPath); res.ExitCode != 0 || string(res.Stdout.Data) != string(want) {
 			t.Fatalf("after the zygote died, call %d: %s, want %s", i, dump(res), want)
 		}
+		if kinds := ran(); !slices.Equal(kinds, late) {
+			t.Fatalf("after the zygote died, call %d ran %q, want %q", i, kinds, late)
+		}
 	}
-	if ran, err := os.ReadDir(marker); err != nil || len(ran) != 0 {
-		t.Fatalf("startup code of the snippets' directories ran: %v (%v)", ran, err)
+	// What a snippet starts is an ordinary python3.
+	res := run(t, a, request(wire.LanguagePython, "import subprocess, sys\n"+
+		"subprocess.run([sys.executable, '-c', 'import sys; print(sys.flags.no_site, sys.flags.no_user_site)'], check=True)"))
+	if string(res.Stdout.Data) != "0 0\n" {
+		t.Fatalf("a python3 that the snippet starts: %s", dump(res))
+	}
+	if kinds := ran(); !slices.Equal(kinds, []string{"pth-late", "pth-late", "sitecustomize-late", "usercustomize-late", "usercustomize-late"}) {
+		t.Fatalf("a snippet's python3 ran %q", kinds)
 	}
 }
 
@@ -690,4 +711,21 @@ func waitNewAgentSpares(t *testing.T, a *Agent) {
 		}
 		return p != nil && p.pristine && !p.exited()
 	})
+}
+
+// TestSnippetMakesItsPath: a directory of sys.path that is missing when the
+// snippet's code comes (PYTHONPATH's /tmp/site-packages in a new sandbox)
+// imports once the code makes it, in a python3 and in a zygote's child.
+func TestSnippetMakesItsPath(t *testing.T) {
+	dir := t.TempDir()
+	a := &Agent{Python: hostPython(t), Dir: dir, Spares: true,
+		Env: []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir, "PYTHONPATH=" + filepath.Join(dir, "sp")}}
+	t.Cleanup(func() { a.Close() })
+	for i := 0; i < 3; i++ {
+		code := fmt.Sprintf("import os\nos.makedirs('sp/mod%d')\nopen('sp/mod%d/__init__.py', 'w').write('X = %d')\nimport mod%d\nprint(mod%d.X)", i, i, i, i, i)
+		if res := run(t, a, request(wire.LanguagePython, code)); res.ExitCode != 0 || string(res.Stdout.Data) != fmt.Sprintf("%d\n", i) {
+			t.Fatalf("call %d: %s", i, dump(res))
+		}
+		os.RemoveAll(filepath.Join(dir, "sp"))
+	}
 }

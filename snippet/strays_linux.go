@@ -9,8 +9,9 @@ import (
 
 // Strays.
 //
-// When a snippet ends, the rest of its process group is killed, so that a
-// `sleep 1000 &` does not outlive its call. A process that left the group
+// When a snippet ends, the rest of its process group is killed (after a
+// grace, see proc.linger), so that a `sleep 1000 &` does not outlive its
+// call. A process that left the group
 // (setsid, a daemon's double fork) is out of reach of that; it would run on
 // between calls, unwatched (the memory watch follows process groups, and
 // only while calls run), taking CPU and memory from the calls after it. So
@@ -33,7 +34,8 @@ const strayDeadline = time.Second
 
 // sweepStrays kills the strays if a call that ran code ended since the last
 // sweep and no call is running now; when one is, the sweep is left to the
-// end of the last one. It returns once the strays are gone, reaped too when
+// end of the last one. It first waits for the graces of the calls' process
+// groups to end (Agent.waitLingering), a second at most. It returns once the strays are gone, reaped too when
 // the agent is their parent (it reaps the orphans, as PID 1): a zombie
 // still counts in its user's RLIMIT_NPROC, and a call that follows must be
 // able to start as many processes as the limit says.
@@ -45,6 +47,8 @@ func (a *Agent) sweepStrays() {
 		return // a call runs (its end sweeps), or a reset kills everything
 	}
 	defer a.calls.Unlock()
+	// What the calls left in their groups first has its grace.
+	a.waitLingering(false)
 	a.leftovers.Store(false)
 	// The zygote's children are its spares only if it said so: a snippet
 	// can make a process of its own a child of the zygote (clone with

@@ -30,12 +30,14 @@ import (
 //     right after reading the gate, before any of the snippet's code runs
 //     (setgroups, setgid, setuid: every uid is User's, so no capability
 //     is left). While they wait, no snippet can signal or trace them. Until
-//     then nothing a snippet can write is on sys.path: the agent starts them
-//     with PYTHONPATH renamed FLMBOX_PYTHONPATH (which would otherwise put
-//     /tmp/site-packages before the standard library at the interpreter's
-//     own start, e.g. for the encodings module), and the bootstrap puts it
-//     back for the snippet, in os.environ and on sys.path where python3
-//     puts it.
+//     then nothing a snippet can write takes part in their start: the agent
+//     starts them with PYTHONPATH renamed FLMBOX_PYTHONPATH (which would
+//     otherwise put /tmp/site-packages before the standard library at the
+//     interpreter's own start, e.g. for the encodings module) and
+//     PYTHONUSERBASE under /proc (so that site finds no user site under
+//     HOME=/tmp: see pythonEnv), and the bootstrap puts both back for the
+//     snippet, then does what site does for the user site (see
+//     pythonSiteDef).
 //   - Shell processes are exec'd as User (the shell cannot change its
 //     user). A shell spare can therefore be reached by the snippets that
 //     run while it waits: one that met some snippet's code (one started or
@@ -92,20 +94,34 @@ func (u *User) python() string {
 // Python processes that the agent starts, until their bootstrap.
 const pythonPathVar = "FLMBOX_PYTHONPATH"
 
-// pythonEnv returns env with PYTHONPATH renamed pythonPathVar (and any
-// pythonPathVar of env's own dropped).
+// userBaseVar keeps PYTHONUSERBASE's value in the environment of the Python
+// processes that the agent starts, until their bootstrap; without it,
+// PYTHONUSERBASE was not set.
+const userBaseVar = "FLMBOX_PYTHONUSERBASE"
+
+// noUserBase is PYTHONUSERBASE while the agent's Python processes start: a
+// path under /proc, where nobody can make a directory, so that the user
+// site (noUserBase/lib/pythonX.Y/site-packages) is never found then.
+const noUserBase = "/proc/flmbox-no-user-base"
+
+// pythonEnv returns env for a Python process of the agent: PYTHONPATH
+// renamed pythonPathVar, and PYTHONUSERBASE set to noUserBase with its
+// value, if env set it, kept as userBaseVar (any pythonPathVar or
+// userBaseVar of env's own dropped). Its bootstrap puts them back.
 func pythonEnv(env []string) []string {
-	out := make([]string, 0, len(env))
+	out := make([]string, 0, len(env)+1)
 	for _, kv := range env {
 		switch {
-		case strings.HasPrefix(kv, pythonPathVar+"="):
+		case strings.HasPrefix(kv, pythonPathVar+"="), strings.HasPrefix(kv, userBaseVar+"="):
 		case strings.HasPrefix(kv, "PYTHONPATH="):
 			out = append(out, pythonPathVar+kv[len("PYTHONPATH"):])
+		case strings.HasPrefix(kv, "PYTHONUSERBASE="):
+			out = append(out, userBaseVar+kv[len("PYTHONUSERBASE"):])
 		default:
 			out = append(out, kv)
 		}
 	}
-	return out
+	return append(out, "PYTHONUSERBASE="+noUserBase)
 }
 
 // reachable says whether a spare of lang is a process of the snippets'

@@ -18,7 +18,8 @@ import (
 // zygote is a running Python zygote (see pythonZygote): the agent sends it
 // a request per Python process, with the process's pipes, on a
 // SOCK_SEQPACKET socket pair; the zygote forks, answers with the child's
-// pid, and reports the child's wait status once it has reaped it.
+// pid, reports the child's wait status once it has exited, and reaps it
+// when the agent says so (see pythonZygote).
 type zygote struct {
 	conn    *net.UnixConn
 	process *os.Process
@@ -26,7 +27,7 @@ type zygote struct {
 	mu    sync.Mutex
 	next  int
 	forks map[int]*zygoteFork // requests waiting for their answer, by ID
-	procs map[int]*proc       // children running, by pid
+	procs map[int]*proc       // children not yet reaped, by pid
 	err   error               // why the zygote is gone; nil while it runs
 }
 
@@ -190,10 +191,8 @@ func (z *zygote) handle(msg []string) error {
 			// killed it. Nothing waits for it.
 			return nil
 		}
-		delete(z.procs, n)
-		p.setReaped(nil)
-		p.status = unix.WaitStatus(status)
-		close(p.done)
+		p.end(unix.WaitStatus(status), nil)
+		go p.linger(func() { z.reap(p) })
 	default:
 		return fmt.Errorf("the Python zygote said %q", msg)
 	}
@@ -217,8 +216,24 @@ func (z *zygote) fail(err error) {
 		delete(z.procs, pid)
 		p.sigkill()
 		p.setReaped(nil) // the agent reaps it as an orphan, at any time now
-		p.err = fmt.Errorf("run the snippet: %w", err)
-		close(p.done)
+		p.end(0, fmt.Errorf("run the snippet: %w", err))
+		p.cutGrace()
+		p.finish()
+	}
+}
+
+// reap has the zygote reap p, its child that has exited, once linger has
+// killed the rest of p's group.
+func (z *zygote) reap(p *proc) {
+	p.setReaped(nil) // from here on its pid is not the agent's to signal
+	z.mu.Lock()
+	delete(z.procs, p.pid)
+	gone := z.err != nil
+	z.mu.Unlock()
+	if !gone {
+		// Fails only if the zygote is gone: its children are then orphans
+		// that the agent reaps.
+		z.conn.Write(fmt.Appendf(nil, "R %d", p.pid))
 	}
 }
 
