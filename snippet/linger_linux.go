@@ -135,23 +135,6 @@ func (p *proc) readers() *output {
 	return p.output
 }
 
-// memoryLow says whether the sandbox has less than twice the memory watch's
-// reserve left (false without a watch).
-func (a *Agent) memoryLow() bool {
-	if a.MemInfo == "" {
-		return false
-	}
-	total, avail, ok := readMemInfo(a.MemInfo)
-	if !ok {
-		return false
-	}
-	budget := total
-	if a.MemoryBudget > 0 && a.MemoryBudget < total {
-		budget = a.MemoryBudget
-	}
-	return budget-(total-avail+a.filesBytes()) < 2*memReserve(budget)
-}
-
 // output reads a snippet's stdout and stderr into their captures while it
 // runs. Once its process has exited, catchUp takes what the pipes hold then,
 // without waiting for their end: processes of its group (during linger's

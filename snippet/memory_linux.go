@@ -312,18 +312,29 @@ func (a *Agent) memoryShort() bool {
 	if !short {
 		return false
 	}
-	total, avail, ok := a.readMemInfo()
-	if ok {
-		budget := total
-		if a.MemoryBudget > 0 && a.MemoryBudget < total {
-			budget = a.MemoryBudget
-		}
-		short = budget-(total-avail+a.filesBytes()) < 2*memReserve(budget)
-	}
+	short = a.memoryLow()
 	w.mu.Lock()
-	w.short = short && ok
+	w.short = short
 	w.mu.Unlock()
-	return short && ok
+	return short
+}
+
+// memoryLow says whether the sandbox has less than twice the reserve left,
+// by a read of Agent.MemInfo (false without a watch, or if it cannot be
+// read).
+func (a *Agent) memoryLow() bool {
+	if a.MemInfo == "" {
+		return false
+	}
+	total, avail, ok := a.readMemInfo()
+	if !ok {
+		return false
+	}
+	budget := total
+	if a.MemoryBudget > 0 && a.MemoryBudget < total {
+		budget = a.MemoryBudget
+	}
+	return budget-(total-avail+a.filesBytes()) < 2*memReserve(budget)
 }
 
 // usedInodes is the number of inodes used on the file system of dir, or 0;
@@ -447,16 +458,6 @@ func (a *Agent) readMemInfo() (total, avail int64, ok bool) {
 		return 0, 0, false
 	}
 	return parseMemInfo(buf[:n])
-}
-
-// readMemInfo reads MemTotal and MemAvailable, in bytes, from a
-// /proc/meminfo file.
-func readMemInfo(path string) (total, avail int64, ok bool) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, 0, false
-	}
-	return parseMemInfo(b)
 }
 
 // parseMemInfo reads MemTotal and MemAvailable, in bytes, from the text of a

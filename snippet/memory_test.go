@@ -345,13 +345,13 @@ func TestReadMemInfo(t *testing.T) {
 			if err := os.WriteFile(path, []byte(tc.data), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			total, avail, ok := readMemInfo(path)
+			total, avail, ok := (&Agent{MemInfo: path}).readMemInfo()
 			if ok != tc.ok || ok && (total != tc.total || avail != tc.avail) {
 				t.Fatalf("got %d %d %v, want %d %d %v", total, avail, ok, tc.total, tc.avail, tc.ok)
 			}
 		})
 	}
-	if _, _, ok := readMemInfo("/proc/meminfo"); !ok {
+	if _, _, ok := (&Agent{MemInfo: "/proc/meminfo"}).readMemInfo(); !ok {
 		t.Fatal("this machine's /proc/meminfo does not parse")
 	}
 }
