@@ -121,12 +121,15 @@ func TestSandboxesLeaveTheCachedTreeUntouched(t *testing.T) {
 	// The prewarm made the mount points of sandboxes' bind mounts, and
 	// recorded them and what it made for them.
 	rec := readEntry(t, tree)
-	// The image has /etc/hostname and /etc/resolv.conf, not /etc/hosts.
+	// The image has /etc/hostname and /etc/resolv.conf, not /etc/hosts;
+	// empty /proc and /sys (a one-CPU sandbox's CPU files are bound there).
 	if got := fmt.Sprint(rec.MountPoints); got != "[/dev/.flmbox/bin/flmbox-agent (file) /dev/.flmbox/fetch (dir) /dev/.flmbox/run (dir) /dev/.flmbox/wheels (dir) "+
-		"/etc/hostname (file, optional) /etc/hosts (file, optional) /etc/resolv.conf (file, optional)]" {
+		"/etc/hostname (file, optional) /etc/hosts (file, optional) /etc/resolv.conf (file, optional) "+
+		"/proc/cpuinfo (file, optional) /sys/devices/system/cpu/online (file, optional)]" {
 		t.Errorf("recorded mount points %s", got)
 	}
-	if got := strings.Join(rec.Added, " "); got != "/dev/.flmbox /dev/.flmbox/bin /dev/.flmbox/bin/flmbox-agent /dev/.flmbox/fetch /dev/.flmbox/run /dev/.flmbox/wheels /etc/hosts" {
+	if got := strings.Join(rec.Added, " "); got != "/dev/.flmbox /dev/.flmbox/bin /dev/.flmbox/bin/flmbox-agent /dev/.flmbox/fetch /dev/.flmbox/run /dev/.flmbox/wheels /etc/hosts "+
+		"/proc/cpuinfo /sys/devices /sys/devices/system /sys/devices/system/cpu /sys/devices/system/cpu/online" {
 		t.Errorf("recorded additions %s", got)
 	}
 

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,41 +12,36 @@ import (
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"golang.org/x/sys/unix"
 
 	"github.com/flmbox/flmbox/internal/mountinfo"
 )
 
-// What a sandbox is shown, and what its cgroups allow.
+// What a sandbox is shown of its memory, and what its cgroups allow.
 //
-// gVisor shows a sandbox as many CPUs, and as much memory (MemTotal), as
-// runsc reads in the container's cgroups when it starts the sandbox: the
-// cpuset's CPUs, lowered to ceil(quota) but never below 2 (runsc/sandbox:
-// "Dropping below 2 CPUs can trigger application to disable locks"), and
-// the memory limit; a restored sandbox keeps the CPU count it was saved with.
-// flmbox's cgroups allow more than a sandbox is given: the memory limit is
-// MemoryBytes plus MemoryHeadroom (gVisor's own memory, and time for the
-// agent's memory watch), a sandbox runs on every CPU of the host within its
-// quota, and a restore runs under a raised quota (decoding a kernel's state
-// is gVisor's own burst of work, not the sandbox's processes'). Shown those,
-// a --cpus 1 sandbox saw 2 CPUs (OpenBLAS ran two threads on one CPU's time:
-// an SVD took twice as long) and a --memory 512MiB one saw MemTotal 768 MiB.
+// gVisor shows a sandbox as much memory (MemTotal) as runsc reads in the
+// container's memory cgroup when it starts the sandbox: its limit. flmbox's
+// cgroup allows more than a sandbox is given, MemoryBytes plus
+// MemoryHeadroom (gVisor's own memory, and time for the agent's memory
+// watch), so a --memory 512MiB sandbox saw MemTotal 768 MiB and was killed
+// with "287 MiB available". And a restore runs under a raised CPU quota
+// (decoding a kernel's state is gVisor's own burst of work, not the
+// sandbox's processes').
 //
 // So Run and Restore start runsc on a copy of the bundle's spec (bootBundle)
-// whose memory limit is the sandbox's own (AnnotationMemory), whose cpuset is
-// ceil(quota) of the host's CPUs when that is fewer than it has (Run only;
-// which ones is drawn at random),
-// and, for a restore, whose quota is raised to the CPUs runsc shows. Once
-// runsc is done, before they return, they write the bundle's own limits
-// into the container's cgroups (afterBoot.apply): the memory limit, the
-// host's whole cpuset, the quota. No call reaches the sandbox before they
-// hold. The sandbox's processes still run on any CPU of the host, within
-// the quota: a program that took one CPU for a promise that nothing runs
-// beside it (no locks) would be wrong, as it would be under docker's
-// --cpuset-cpus on a shared host; Python, its libraries and a shell make no
-// such bet. A restore is shown its own memory only when its checkpoint is
+// whose memory limit is the sandbox's own (AnnotationMemory) and, for a
+// restore, whose quota is raised to the CPUs runsc shows. Once runsc is
+// done, before they return, they write the bundle's own limits into the
+// container's cgroups (afterBoot.apply). No call reaches the sandbox before
+// they hold. A restore is shown its own memory only when its checkpoint is
 // far enough below it to be loaded under that limit (restoreMemoryMargin);
 // else it is shown its cgroup's limit.
+//
+// The CPUs are not shown this way: runsc would show ceil(quota) CPUs with a
+// cpuset of that many (never fewer than 2 from the quota alone), but gVisor's
+// kernel then runs on as many Go threads (GOMAXPROCS), and a warm Python
+// call of a one-CPU sandbox took 1.5 times as long. Package sandbox shows a
+// one-CPU sandbox's processes one CPU itself (its agent's affinity, and
+// files bound over /proc/cpuinfo and /sys/devices/system/cpu/online).
 
 // AnnotationMemory is the spec annotation that holds the memory a sandbox's
 // processes are shown as MemTotal, in bytes (WithLimits: Limits.MemoryBytes;
@@ -80,22 +74,12 @@ func restoreQuota(cpu *specs.LinuxCPU) (int64, bool) {
 	return q, q > *cpu.Quota
 }
 
-// shownCPUs is the number of CPUs a sandbox with limit cpu is shown:
-// ceil(quota), 0 without a quota.
-func shownCPUs(cpu *specs.LinuxCPU) int {
-	if cpu == nil || cpu.Quota == nil || *cpu.Quota <= 0 || cpu.Period == nil || *cpu.Period == 0 {
-		return 0
-	}
-	return int(math.Ceil(float64(*cpu.Quota) / float64(*cpu.Period)))
-}
-
 // afterBoot is what Run and Restore write into a container's cgroups once
 // runsc has started it: the bundle's own limits, where the boot copy's
 // differ.
 type afterBoot struct {
 	cgroup string          // the name of the container's cgroups (cgroupName)
 	memory int64           // the memory limit; 0: as booted
-	cpuset bool            // the host's whole cpuset (its parent's)
 	cpu    *specs.LinuxCPU // the quota; nil: as booted
 }
 
@@ -103,10 +87,9 @@ type afterBoot struct {
 // or restores (from the checkpoint in restoreImage) the container of bundle
 // from, a copy of its spec with the limits the sandbox is shown, and what
 // to set once it runs. The copy's relative paths are made absolute: runsc
-// resolves them against the bundle it gets. hostCPUs is the CPUs the host
-// has for containers. Either way the directory is fresh; the caller
-// removes it.
-func bootBundle(bundle, id, restoreImage string, hostCPUs unix.CPUSet) (dir string, after afterBoot, err error) {
+// resolves them against the bundle it gets. Either way the directory is
+// fresh; the caller removes it.
+func bootBundle(bundle, id, restoreImage string) (dir string, after afterBoot, err error) {
 	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
 	if err != nil {
 		return "", afterBoot{}, fmt.Errorf("read the container's bundle: %w: %w", err, errdefs.ErrDataLoss)
@@ -140,17 +123,10 @@ func bootBundle(bundle, id, restoreImage string, hostCPUs unix.CPUSet) (dir stri
 				res.Memory = &booted
 			}
 		}
-		if cpu := res.CPU; cpu != nil {
-			booted := *cpu
-			if restoreImage != "" {
-				if q, raise := restoreQuota(cpu); raise {
-					after.cpu = cpu
-					booted.Quota = &q
-				}
-			} else if n := shownCPUs(cpu); n > 0 && n < hostCPUs.Count() && cpu.Cpus == "" {
-				after.cpuset = true
-				booted.Cpus = someCPUs(hostCPUs, n)
-			}
+		if q, raise := restoreQuota(res.CPU); raise && restoreImage != "" {
+			after.cpu = res.CPU
+			booted := *res.CPU
+			booted.Quota = &q
 			res.CPU = &booted
 		}
 	}
@@ -161,42 +137,6 @@ func bootBundle(bundle, id, restoreImage string, hostCPUs unix.CPUSet) (dir stri
 		return "", afterBoot{}, fmt.Errorf("write the container's boot bundle: %w: %w", err, errdefs.ErrUnavailable)
 	}
 	return dir, after, nil
-}
-
-// someCPUs returns n CPUs of set as a cpuset list ("0,3"), n in a row from
-// a random one of them, so that sandboxes booting at once are spread over
-// the host's CPUs.
-func someCPUs(set unix.CPUSet, n int) string {
-	var all []int
-	for i := range len(set) * 64 {
-		if set.IsSet(i) {
-			all = append(all, i)
-		}
-	}
-	if n >= len(all) {
-		n = len(all)
-	}
-	first := rand.IntN(max(len(all), 1))
-	picked := make([]int, 0, n)
-	for i := range n {
-		picked = append(picked, all[(first+i)%len(all)])
-	}
-	slices.Sort(picked)
-	cpus := make([]string, n)
-	for i, c := range picked {
-		cpus[i] = strconv.Itoa(c)
-	}
-	return strings.Join(cpus, ",")
-}
-
-// hostCPUs returns the CPUs this process may run on: those of the cgroup
-// runsc makes containers under, or fewer.
-func hostCPUs() unix.CPUSet {
-	var set unix.CPUSet
-	if unix.SchedGetaffinity(0, &set) != nil {
-		set.Zero()
-	}
-	return set
 }
 
 // checkpointBytes is the size of the files of a checkpoint: the memory a
@@ -217,7 +157,7 @@ func checkpointBytes(dir string) int64 {
 // is in none runsc made (runsc did not manage its cgroups): no limit ever
 // applied to it, and nothing is written.
 func (a afterBoot) apply(pid int) error {
-	if a.memory == 0 && !a.cpuset && a.cpu == nil {
+	if a.memory == 0 && a.cpu == nil {
 		return nil
 	}
 	procCgroup, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
@@ -249,19 +189,6 @@ func (a afterBoot) apply(pid int) error {
 	if a.memory > 0 {
 		err := set("memory", "memory.limit_in_bytes", "memory.max", func(string, bool) (string, error) {
 			return strconv.FormatInt(a.memory, 10), nil
-		})
-		if err != nil {
-			return err
-		}
-	}
-	if a.cpuset {
-		// Under v1 the parent's list; under v2 an empty one is the parent's.
-		err := set("cpuset", "cpuset.cpus", "cpuset.cpus", func(dir string, v1 bool) (string, error) {
-			if !v1 {
-				return "", nil
-			}
-			b, err := os.ReadFile(filepath.Join(filepath.Dir(dir), "cpuset.cpus"))
-			return strings.TrimSpace(string(b)), err
 		})
 		if err != nil {
 			return err

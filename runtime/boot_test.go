@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"golang.org/x/sys/unix"
 
 	"github.com/flmbox/flmbox/internal/mountinfo"
 )
@@ -41,8 +40,8 @@ func TestRestoreQuota(t *testing.T) {
 }
 
 // TestBootBundle checks the boot bundle's spec: the same as the bundle's but
-// for the limits the sandbox is shown (its memory, ceil(quota) CPUs) and a
-// restore's quota, and what Run and Restore set afterwards.
+// for the memory the sandbox is shown and a restore's quota, and what Run and
+// Restore set afterwards.
 func TestBootBundle(t *testing.T) {
 	bundle := t.TempDir()
 	pids := int64(64)
@@ -67,53 +66,44 @@ func TestBootBundle(t *testing.T) {
 		}
 		return got
 	}
-	var two, one unix.CPUSet
-	two.Set(0)
-	two.Set(3)
-	one.Set(0)
 	write()
 
-	// Run on a host of two CPUs: shown 512 MiB and one CPU (one of the
-	// host's), the cgroup's own limits set afterwards.
-	dir, after, err := bootBundle(bundle, "flmbox-a", "", two)
+	// Run: shown 512 MiB, the cgroup's own limit set afterwards; the quota
+	// as it is.
+	dir, after, err := bootBundle(bundle, "flmbox-a", "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if dir != filepath.Join(bundle, bootDir) || after != (afterBoot{cgroup: "flmbox-a", memory: 768 << 20, cpuset: true}) {
-		t.Fatalf("bootBundle = %q, %+v; want its boot directory, the memory limit of 768 MiB and the host's cpuset", dir, after)
+	if dir != filepath.Join(bundle, bootDir) || after != (afterBoot{cgroup: "flmbox-a", memory: 768 << 20}) {
+		t.Fatalf("bootBundle = %q, %+v; want its boot directory and the memory limit of 768 MiB", dir, after)
 	}
 	got := read(dir)
-	if r := got.Linux.Resources; *r.Memory.Limit != 512<<20 || r.CPU.Cpus != "0" && r.CPU.Cpus != "3" || *r.CPU.Quota != 100000 || *r.Pids.Limit != 64 || got.Root.Path != "/rootfs" {
-		t.Errorf("boot spec: memory %d, cpus %q, quota %d, pids %d, root %q; want 512 MiB, CPU 0 or 3, the rest as the bundle's",
+	if r := got.Linux.Resources; *r.Memory.Limit != 512<<20 || r.CPU.Cpus != "" || *r.CPU.Quota != 100000 || *r.Pids.Limit != 64 || got.Root.Path != "/rootfs" {
+		t.Errorf("boot spec: memory %d, cpus %q, quota %d, pids %d, root %q; want 512 MiB, the rest as the bundle's",
 			*r.Memory.Limit, r.CPU.Cpus, *r.CPU.Quota, *r.Pids.Limit, got.Root.Path)
 	}
 	if b, _ := os.ReadFile(filepath.Join(bundle, "config.json")); string(b) != string(mustJSON(t, spec)) {
 		t.Errorf("the bundle's own config.json changed")
 	}
 
-	// On a host of one CPU, the cpuset is left alone.
-	if _, after, _ := bootBundle(bundle, "flmbox-a", "", one); after.cpuset {
-		t.Errorf("on one CPU, bootBundle sets the cpuset afterwards")
-	}
-
-	// A restore: the quota raised to the two CPUs runsc shows, no cpuset;
-	// the memory shown only if the checkpoint fits under it.
+	// A restore: the quota raised to the two CPUs runsc shows; the memory
+	// shown only if the checkpoint fits under it.
 	image := t.TempDir()
 	os.WriteFile(filepath.Join(image, "pages.img"), make([]byte, 1<<20), 0o600)
-	dir, after, err = bootBundle(bundle, "flmbox-a", image, two)
+	dir, after, err = bootBundle(bundle, "flmbox-a", image)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if after.memory != 768<<20 || after.cpuset || after.cpu == nil || *after.cpu.Quota != 100000 {
+	if after.memory != 768<<20 || after.cpu == nil || *after.cpu.Quota != 100000 {
 		t.Errorf("restore: afterBoot %+v; want the memory limit and the quota of 100000 set afterwards", after)
 	}
-	if r := read(dir).Linux.Resources; *r.CPU.Quota != 200000 || *r.CPU.Period != 100000 || r.CPU.Cpus != "" || *r.Memory.Limit != 512<<20 {
-		t.Errorf("restore's boot spec: quota %d/%d, cpus %q, memory %d; want 200000/100000, none, 512 MiB", *r.CPU.Quota, *r.CPU.Period, r.CPU.Cpus, *r.Memory.Limit)
+	if r := read(dir).Linux.Resources; *r.CPU.Quota != 200000 || *r.CPU.Period != 100000 || *r.Memory.Limit != 512<<20 {
+		t.Errorf("restore's boot spec: quota %d/%d, memory %d; want 200000/100000, 512 MiB", *r.CPU.Quota, *r.CPU.Period, *r.Memory.Limit)
 	}
 	big, _ := os.Create(filepath.Join(image, "pages.img"))
 	big.Truncate(512<<20 - restoreMemoryMargin + 1)
 	big.Close()
-	if dir, after, _ = bootBundle(bundle, "flmbox-a", image, two); after.memory != 0 || *read(dir).Linux.Resources.Memory.Limit != 768<<20 {
+	if dir, after, _ = bootBundle(bundle, "flmbox-a", image); after.memory != 0 || *read(dir).Linux.Resources.Memory.Limit != 768<<20 {
 		t.Errorf("restore of a checkpoint too big for 512 MiB: afterBoot %+v; want it booted under the cgroup's own limit", after)
 	}
 
@@ -121,43 +111,20 @@ func TestBootBundle(t *testing.T) {
 	spec.Root.Path = "rootfs"
 	spec.Mounts = []specs.Mount{{Destination: "/data", Type: "bind", Source: "data"}}
 	write()
-	if dir, _, err = bootBundle(bundle, "flmbox-a", "", two); err != nil {
+	if dir, _, err = bootBundle(bundle, "flmbox-a", ""); err != nil {
 		t.Fatal(err)
 	}
 	if got := read(dir); got.Root.Path != filepath.Join(bundle, "rootfs") || got.Mounts[0].Source != filepath.Join(bundle, "data") {
 		t.Errorf("boot bundle's root %q and bind source %q: want them in %s", got.Root.Path, got.Mounts[0].Source, bundle)
 	}
 
-	// No limits (bare runsc's spec has no annotation): the copy is the spec
-	// as it is, and nothing is set afterwards.
+	// No memory shown (bare runsc's spec has no annotation) and no quota:
+	// the copy is the spec as it is, and nothing is set afterwards.
 	spec.Linux.Resources.CPU = nil
 	delete(spec.Annotations, AnnotationMemory)
 	write()
-	if _, after, err := bootBundle(bundle, "flmbox-a", "", two); err != nil || after.memory != 0 || after.cpuset || after.cpu != nil {
+	if _, after, err := bootBundle(bundle, "flmbox-a", ""); err != nil || after.memory != 0 || after.cpu != nil {
 		t.Errorf("bootBundle of a spec without a quota or a memory shown = %+v, %v; want nothing set", after, err)
-	}
-}
-
-func TestSomeCPUs(t *testing.T) {
-	var set unix.CPUSet
-	for _, c := range []int{0, 2, 5, 7} {
-		set.Set(c)
-	}
-	seen := map[string]bool{}
-	for range 200 {
-		seen[someCPUs(set, 2)] = true
-	}
-	want := map[string]bool{"0,2": true, "2,5": true, "5,7": true, "0,7": true}
-	if len(seen) != len(want) {
-		t.Errorf("someCPUs(0,2,5,7, 2) gave %v, want each of %v", seen, want)
-	}
-	for s := range seen {
-		if !want[s] {
-			t.Errorf("someCPUs(0,2,5,7, 2) = %q, want two of the set in a row", s)
-		}
-	}
-	if got := someCPUs(set, 9); got != "0,2,5,7" {
-		t.Errorf("someCPUs(0,2,5,7, 9) = %q, want all four", got)
 	}
 }
 

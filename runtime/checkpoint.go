@@ -43,7 +43,7 @@ func (r *Runtime) Restore(ctx context.Context, c Container, bundle, imageDir str
 	if err := ValidatePlatform(c.Platform); err != nil {
 		return 0, err
 	}
-	dir, after, err := bootBundle(bundle, c.ID, imageDir, hostCPUs())
+	dir, after, err := bootBundle(bundle, c.ID, imageDir)
 	if err != nil {
 		return 0, err
 	}

@@ -87,7 +87,7 @@ func (r *Runtime) Runsc() string { return r.runsc }
 // Run writes spec into the bundle directory as config.json and creates and
 // starts the container with one runsc run --detach (one runsc process
 // fewer than runsc create and runsc start), from a copy of the spec with the
-// limits the sandbox is shown, its own limits set in its cgroups before Run
+// memory the sandbox is shown, its own limit set in its cgroup before Run
 // returns (see bootBundle). runsc hands its stdio to the
 // container's first process: it gets log, so that no caller's pipe is held
 // open. A platform this host cannot run is refused before runsc runs
@@ -107,7 +107,7 @@ func (r *Runtime) Run(ctx context.Context, c Container, bundle string, spec *spe
 	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
 		return 0, fmt.Errorf("write the container's bundle: %w", err)
 	}
-	dir, after, err := bootBundle(bundle, c.ID, "", hostCPUs())
+	dir, after, err := bootBundle(bundle, c.ID, "")
 	if err != nil {
 		return 0, err
 	}

@@ -248,9 +248,9 @@ func MemoryHeadroom(memoryBytes int64) int64 { return min(max(memoryBytes/4, 256
 // the tmpfs's size, and costs up to some 9 KiB (docs/PERFORMANCE.md).
 const InodeBytes = 10 << 10
 
-// WithLimits sets the sandbox's cgroup limits, and what Run shows the
-// sandbox of them (see bootBundle): MemoryBytes as its MemTotal
-// (AnnotationMemory), ceil(CPUs) CPUs.
+// WithLimits sets the sandbox's cgroup limits, and the memory Run shows
+// the sandbox as its MemTotal: MemoryBytes (AnnotationMemory, see
+// bootBundle).
 func WithLimits(l Limits) SpecOpt {
 	return func(s *specs.Spec) error {
 		if l.MemoryBytes < 0 || l.CPUs < 0 || l.Pids < 0 {

@@ -263,6 +263,9 @@ func agentArgs(spec Spec, spareLimits []byte) []string {
 	if spec.LazySpares {
 		args = append(args, "--spares=lazy")
 	}
+	if n := shownCPUs(spec.Limits); n > 0 {
+		args = append(args, "--cpus", strconv.Itoa(n))
+	}
 	return args
 }
 

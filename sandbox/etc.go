@@ -2,10 +2,13 @@ package sandbox
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/flmbox/flmbox/rootfs"
@@ -29,11 +32,56 @@ const (
 	etcResolv   = "/etc/resolv.conf"
 )
 
-// etcMountPoints are the optional mount points of the files of /etc.
+// A one-CPU sandbox's CPUs (see shownCPUs): what /proc/cpuinfo and
+// /sys/devices/system/cpu/online say in it (glibc's sysconf, and so
+// Python's os.cpu_count(), reads the second), bound over gVisor's own.
+const (
+	procCPUInfo  = "/proc/cpuinfo"
+	sysCPUOnline = "/sys/devices/system/cpu/online"
+)
+
+// etcMountPoints are the optional mount points of the files of /etc and of
+// a one-CPU sandbox's CPUs.
 var etcMountPoints = []rootfs.MountPoint{
 	{Path: etcHosts, Type: rootfs.MountPointFile, Optional: true},
 	{Path: etcHostname, Type: rootfs.MountPointFile, Optional: true},
 	{Path: etcResolv, Type: rootfs.MountPointFile, Optional: true},
+	{Path: procCPUInfo, Type: rootfs.MountPointFile, Optional: true},
+	{Path: sysCPUOnline, Type: rootfs.MountPointFile, Optional: true},
+}
+
+// shownCPUs is how many CPUs flmbox shows a sandbox with limits l where
+// runsc would show another count, else 0. runsc shows ceil(quota) CPUs, but
+// never fewer than 2 (fewer would need a cpuset of one CPU at the sandbox's
+// start, and gVisor's kernel then runs on one Go thread: a warm Python call
+// took 1.5 times as long), so a sandbox whose quota is one CPU or less, on a
+// host of more, is shown one by flmbox itself: its agent's affinity (agent
+// --cpus), which its processes inherit, and /proc/cpuinfo and
+// /sys/devices/system/cpu/online bound over gVisor's (writeEtc).
+func shownCPUs(l Limits) int {
+	if l.CPUs > 0 && l.CPUs <= 1 && goruntime.NumCPU() > 1 {
+		return 1
+	}
+	return 0
+}
+
+// cpuFiles returns /proc/cpuinfo and /sys/devices/system/cpu/online for a
+// sandbox shown n CPUs: the host's first n processors (gVisor's own copies
+// the host's model and features), numbered from 0.
+func cpuFiles(n int) map[string][]byte {
+	info, _ := os.ReadFile(procCPUInfo)
+	var out []byte
+	for i, block := range strings.SplitAfter(string(info), "\n\n") {
+		if i == n || strings.TrimSpace(block) == "" {
+			break
+		}
+		out = append(out, block...)
+	}
+	online := "0"
+	if n > 1 {
+		online = "0-" + strconv.Itoa(n-1)
+	}
+	return map[string][]byte{procCPUInfo: out, sysCPUOnline: []byte(online + "\n")}
 }
 
 // hostResolvConf is the host's resolver configuration, copied into
@@ -87,6 +135,9 @@ func writeEtc(rec *record.Record, skipped []rootfs.MountPoint, mounts []Mount) (
 	case NetworkEgress:
 		files[etcResolv] = []byte("nameserver " + rec.Egress.Gateway + "\n")
 	}
+	if n := shownCPUs(Limits(rec.Limits)); n > 0 {
+		maps.Copy(files, cpuFiles(n))
+	}
 	var opts []runtime.SpecOpt
 	for _, mp := range etcMountPoints {
 		data, ok := files[mp.Path]
@@ -97,7 +148,7 @@ func writeEtc(rec *record.Record, skipped []rootfs.MountPoint, mounts []Mount) (
 		if !ok || covered || slices.Contains(skipped, mp) {
 			continue
 		}
-		src := filepath.Join(dir, filepath.Base(mp.Path))
+		src := filepath.Join(dir, filepath.Base(mp.Path)) // hosts, hostname, resolv.conf, cpuinfo, online
 		if err := os.WriteFile(src, data, 0o644); err != nil {
 			return nil, fmt.Errorf("write sandbox %q's %s: %w", rec.Name, mp.Path, err)
 		}

@@ -92,6 +92,9 @@ type Agent struct {
 	// call of their language. A request with other limits starts a process
 	// of its own.
 	SpareLimits wire.Limits
+	// CPUs is how many CPUs the agent's processes are shown by their
+	// affinity (ShowCPUs); 0 (the default): all the agent has.
+	CPUs int
 	// MemInfo is a /proc/meminfo file that tells how much memory the
 	// sandbox uses; while snippets run, the agent reads it and kills those
 	// that would exhaust MemoryBudget (see memory_linux.go). In gVisor that

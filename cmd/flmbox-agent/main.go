@@ -39,7 +39,7 @@ func main() {
 	}
 }
 
-const usage = "usage: flmbox-agent --socket PATH [--limits JSON] [--memory-budget BYTES] [--inode-bytes BYTES] [--user UID:GID] [--callback-dir DIR] [--spares=true|false|lazy] [--meminfo FILE] [--clean-dir DIR]..."
+const usage = "usage: flmbox-agent --socket PATH [--limits JSON] [--memory-budget BYTES] [--inode-bytes BYTES] [--user UID:GID] [--callback-dir DIR] [--spares=true|false|lazy] [--meminfo FILE] [--cpus N] [--clean-dir DIR]..."
 
 // dirs is a flag that may be given several times.
 type dirs []string
@@ -97,6 +97,10 @@ func run(args []string) error {
 	// every scheduler handoff between threads is a costly futex; more Ps
 	// only add spinning threads.
 	goruntime.GOMAXPROCS(1)
+	// Before any process starts: they inherit what they are shown.
+	if err := a.ShowCPUs(); err != nil {
+		return err
+	}
 	// The Python spare first: its interpreter's start is what a new
 	// sandbox's first call waits for, and the rest overlaps it.
 	a.StartSpares()
@@ -125,6 +129,7 @@ func parseArgs(args []string) (*snippet.Agent, string, error) {
 	budget := fs.Int64("memory-budget", 0, "the bytes that snippets and /tmp may use together (default: MemTotal)")
 	user := fs.String("user", "", "UID:GID that snippets run as (default: the agent's own user); the agent then needs CAP_SETUID, CAP_SETGID, CAP_KILL and CAP_SYS_RESOURCE")
 	callbackDir := fs.String("callback-dir", "/dev/.flmbox/callbacks", "where calls' callback sockets are made (the agent's alone); empty: no callbacks")
+	cpus := fs.Int("cpus", 0, "how many CPUs snippets are shown by their affinity (sched_getaffinity, nproc); 0: all")
 	inodeBytes := fs.Int64("inode-bytes", 0, "what the memory watch counts for each inode used in the --clean-dir directories (default: nothing)")
 	var clean dirs
 	fs.Var(&clean, "clean-dir", "a directory that a reset empties (repeatable; default /tmp and /dev/shm)")
@@ -145,7 +150,7 @@ func parseArgs(args []string) (*snippet.Agent, string, error) {
 		clean = dirs{"/tmp", "/dev/shm"}
 	}
 	a := &snippet.Agent{Spares: spares != sparesFalse, LazySpares: spares == sparesLazy, CleanDirs: clean, MemInfo: *meminfo,
-		MemoryBudget: *budget, InodeBytes: *inodeBytes, KillStrays: true, CallbackDir: *callbackDir}
+		MemoryBudget: *budget, InodeBytes: *inodeBytes, KillStrays: true, CallbackDir: *callbackDir, CPUs: *cpus}
 	if *user != "" {
 		u, err := snippet.ParseUser(*user)
 		if err != nil {
