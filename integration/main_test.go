@@ -176,9 +176,16 @@ func flmbox(t testing.TB, root string, args ...string) result {
 // runFlmbox runs bin, a flmbox binary, with --root root and the tests' runsc.
 func runFlmbox(t testing.TB, bin, root string, args ...string) result {
 	t.Helper()
+	return runFlmboxIn(t, bin, "", root, args...)
+}
+
+// runFlmboxIn is runFlmbox in the working directory dir ("": the test's).
+func runFlmboxIn(t testing.TB, bin, dir, root string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, append([]string{"--root", root, "--runsc", runscPath}, args...)...)
+	cmd.Dir = dir
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -188,7 +195,7 @@ func runFlmbox(t testing.TB, bin, root string, args ...string) result {
 	case errors.As(err, &ee):
 		res.code = ee.ExitCode()
 	case err != nil:
-		t.Fatalf("run %s %v: %v", bin, args, err)
+		t.Fatalf("run %s %v in %q: %v", bin, args, dir, err)
 	}
 	return res
 }

@@ -3,16 +3,11 @@
 package integration
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
-	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/flmbox/flmbox/internal/stateroot"
 )
@@ -21,22 +16,7 @@ import (
 // directory dir.
 func flmboxInDir(t *testing.T, dir, root string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, flmboxBin, append([]string{"--root", root, "--runsc", runscPath}, args...)...)
-	cmd.Dir = dir
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	res := result{stdout: stdout.String(), stderr: stderr.String()}
-	var ee *exec.ExitError
-	switch {
-	case errors.As(err, &ee):
-		res.code = ee.ExitCode()
-	case err != nil:
-		t.Fatalf("run flmbox %v in %s: %v", args, dir, err)
-	}
-	return res
+	return runFlmboxIn(t, flmboxBin, dir, root, args...)
 }
 
 // TestRelativeRoot: --root relative/dir is the directory of that name under
