@@ -67,8 +67,9 @@ print(time.perf_counter() - t, os.cpu_count())
 `, n, n)}
 }
 
-// longRounds is how many times each method runs each long work.
-func (o Options) longRounds() int { return min(o.Pairs, 3) }
+// longRounds is how many times each method runs each long work: 5 in the
+// full protocol, 3 with --quick.
+func (o Options) longRounds() int { return min(o.Pairs, 5) }
 
 // longSizes are the loop's iterations and the matrix's side: quick ones
 // under a second, full ones of some 3 seconds.
