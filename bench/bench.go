@@ -83,6 +83,11 @@ type Options struct {
 	// limits would stop (ErrHostLimit) before it makes anything.
 	Density, DensitySuspended int
 	DensityOnly               bool
+	// LongOnly measures the long calls alone (CLI: --long-only), on the
+	// image as given, in a sandbox of flmbox's defaults: an image with
+	// numpy gets the SVD figure too. The other sections' figures are left
+	// zero.
+	LongOnly bool
 	// Progress gets a line per stage ("bench:   12s  allocation: pair 2
 	// of 12"). Default: none (the CLI passes its stderr, but none with
 	// --json).
@@ -136,6 +141,9 @@ func (o Options) validate() error {
 	}
 	if o.DensitySuspended < 0 || o.DensitySuspended > maxDensity {
 		return fmt.Errorf("bench: density suspended %d: want 0 to %d: %w", o.DensitySuspended, maxDensity, errdefs.ErrInvalidArgument)
+	}
+	if o.LongOnly && o.DensityOnly {
+		return fmt.Errorf("bench: --long-only and --density-only each measure one section alone: %w", errdefs.ErrInvalidArgument)
 	}
 	if o.Density == 0 && (o.DensitySuspended > 0 || o.DensityOnly) {
 		return fmt.Errorf("bench: no density count for the density section: %w", errdefs.ErrInvalidArgument)

@@ -463,6 +463,9 @@ type Settings struct {
 	// DensityOnly: the density section was measured alone; the other
 	// sections' figures are zero (added for issue 31).
 	DensityOnly bool `json:"density_only,omitempty"`
+	// LongOnly: the long calls were measured alone; the other sections'
+	// figures are zero (added for issue 39).
+	LongOnly bool `json:"long_only,omitempty"`
 }
 
 // WriteJSON writes the report as one line of JSON (`flmbox bench --json`).

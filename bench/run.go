@@ -34,6 +34,22 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 		}
 		return rep, nil
 	}
+	if o.LongOnly {
+		// No loopback registry: the sandbox runs the image as given.
+		r.ref = r.image
+		rep.Settings.LongOnly = true
+		rep.Image = Image{Ref: r.image, IndexDigest: r.img.IndexDigest, ManifestDigest: r.img.ManifestDigest,
+			Platform: r.img.Platform, SizeBytes: r.img.SizeBytes}
+		sb, err := r.m.Create(ctx, r.spec("bench-long"))
+		if err != nil {
+			return nil, err
+		}
+		defer sb.Remove(context.WithoutCancel(ctx))
+		if rep.Long, err = r.measureLong(ctx, sb); err != nil {
+			return nil, err
+		}
+		return rep, nil
+	}
 	if rep.Prewarm, err = r.measurePrewarm(ctx); err != nil {
 		return nil, err
 	}

@@ -27,6 +27,18 @@ var refWarm = map[[2]string]string{
 // figure beside its baseline, their ratio, the target and the reference
 // system's figure, then how it was measured, the image and runsc.
 func (rep *Report) WriteTable(w io.Writer) error {
+	if rep.Settings.LongOnly {
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "FIGURE\tFLMBOX\tBASELINE\tRATIO\tTARGET")
+		for _, r := range longRows(rep.Long) {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.figure, r.flmbox, r.baseline, r.ratio, r.target)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "\nmedians of %d runs of each, in rotating order\n", rep.Long.Python.FlmboxMS.N)
+		return rep.writeFooter(w)
+	}
 	if rep.Settings.DensityOnly && rep.Density != nil {
 		if err := rep.Density.writeTable(w); err != nil {
 			return err

@@ -37,7 +37,11 @@ sandbox, creates, calls to random ones, listing, idle CPU, host tasks and file d
 the same with lazy spares, then --density-suspended sandboxes each suspended after its create (disk,
 suspend, resume of a random one by its call). Each series ends with a call to every sandbox, then
 removes them. The bench refuses a count that the host's free memory, kernel.pid_max,
-kernel.threads-max, fs.file-max or free disk would stop.`,
+kernel.threads-max, fs.file-max or free disk would stop.
+
+--long-only measures only the long calls, on the image as given: code that runs for seconds (a
+pure-Python loop; with numpy in the image, an SVD), timed by itself as a flmbox call, by runsc exec
+in the same sandbox and in bare runsc of flmbox's spec.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "image", Usage: "image to measure, as prewarm takes it (default: the cache's only image)"},
 			&cli.IntFlag{Name: "pairs", Value: full.Pairs, Usage: "allocation pairs (fresh sandbox, raw runsc)"},
@@ -50,6 +54,7 @@ kernel.threads-max, fs.file-max or free disk would stop.`,
 			&cli.IntFlag{Name: "density-suspended", DefaultText: "N",
 				Usage: "`M` sandboxes in the density section's suspended series, each suspended after its create"},
 			&cli.BoolFlag{Name: "density-only", Usage: "measure only the density section"},
+			&cli.BoolFlag{Name: "long-only", Usage: "measure only the long calls (a pure-Python loop; with numpy in the image, an SVD), on the image as given"},
 			&cli.BoolFlag{Name: "quick", Usage: "fewer pairs, rounds and calls (under a minute); explicit flags still win"},
 			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
 		},
@@ -96,6 +101,7 @@ func benchOptionsFrom(c *cli.Context) (bench.Options, error) {
 	}
 	o.Image, o.Pause, o.Root, o.Runsc = c.String("image"), c.Duration("pause"), c.String("root"), c.String("runsc")
 	o.Density, o.DensitySuspended, o.DensityOnly = c.Int("density"), c.Int("density-suspended"), c.Bool("density-only")
+	o.LongOnly = c.Bool("long-only")
 	self, err := os.Executable()
 	if err != nil {
 		return o, fmt.Errorf("find the flmbox binary to measure: %w", err)
