@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/flmbox/flmbox/internal/memcg"
 	"golang.org/x/sys/unix"
 )
 
@@ -91,26 +93,17 @@ type Memory struct {
 func ContainerMemory(id string) (Memory, error) { return containerMemoryUnder(cgroupRoot, id) }
 
 func containerMemoryUnder(root, id string) (Memory, error) {
-	if id == "" || filepath.Base(id) != id || id == "." || id == ".." {
-		return Memory{}, fmt.Errorf("memory of container %q: not a container ID: %w", id, errdefs.ErrInvalidArgument)
+	c, err := memcg.OpenUnder(root, id)
+	if err != nil {
+		return Memory{}, err
 	}
-	name := cgroupName("", id)
-	for _, f := range []struct{ dir, usage, inactive string }{
-		{filepath.Join(root, "memory", name), "memory.usage_in_bytes", "total_inactive_file"},
-		{filepath.Join(root, name), "memory.current", "inactive_file"},
-	} {
-		b, err := os.ReadFile(filepath.Join(f.dir, f.usage))
-		if err != nil {
-			continue
-		}
-		charged, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		if err != nil {
-			return Memory{}, fmt.Errorf("memory of container %s: %s: %w", id, f.usage, err)
-		}
-		stat, _ := os.ReadFile(filepath.Join(f.dir, "memory.stat"))
-		return Memory{Charged: charged, InactiveFile: min(statValue(stat, f.inactive), charged)}, nil
+	defer c.Close()
+	charged, err := c.Read()
+	if err != nil {
+		return Memory{}, err
 	}
-	return Memory{}, fmt.Errorf("memory of container %s: no memory cgroup under %s: %w", id, root, errdefs.ErrNotFound)
+	stat, _ := os.ReadFile(filepath.Join(c.Dir(), "memory.stat"))
+	return Memory{Charged: charged, InactiveFile: min(statValue(stat, c.InactiveKey()), charged)}, nil
 }
 
 // statValue is key's value in a memory.stat file, 0 if it has none.

@@ -436,7 +436,7 @@ func (a *Agent) answer(ctx context.Context, conn net.Conn, notify func(wire.Even
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	if uc, ok := conn.(*net.UnixConn); ok {
-		stop := watchHangup(uc, req.Interruptible, func(interrupt bool) {
+		stop := watchHangup(uc, req.Interruptible, a.nudgeMemory, func(interrupt bool) {
 			if interrupt {
 				cancel(errInterrupted)
 			} else {

@@ -1,26 +1,31 @@
 package snippet
 
 import (
+	"bytes"
 	"net"
 	"time"
 
+	"github.com/flmbox/flmbox/snippet/wire"
 	"golang.org/x/sys/unix"
 )
 
 // watchHangup calls gone(false) when the client closes its end of conn, and,
 // if interruptible (wire.Request.Interruptible), gone(true) when the client
 // shuts down its sending side: the client interrupts the call and waits for
-// the answer. It stops watching when stop is called.
+// the answer. While interruptible, each wire.MemoryNudge the client sends
+// calls nudge (wire.Request.MemoryNudges). It stops watching when stop is
+// called.
 //
 // A client of before interrupts half-closes the connection after its
 // request, so the socket reads EOF from then on and reading cannot tell a
 // client that waits from a client that left. poll can: a socket whose peer
 // closed both directions reports POLLHUP. An interruptible client keeps
 // sending open, so EOF is its interrupt; whatever else it sends after the
-// request (the encoder's newline) is read and dropped. The check runs in the
+// request (the encoder's newline, its nudges) is read, and dropped once
+// nudge has been called for the nudges. The check runs in the
 // runtime's network poller (edge triggered), so watching costs no thread: it
 // runs again only when the socket's state changes.
-func watchHangup(conn *net.UnixConn, interruptible bool, gone func(interrupt bool)) (stop func()) {
+func watchHangup(conn *net.UnixConn, interruptible bool, nudge func(), gone func(interrupt bool)) (stop func()) {
 	rc, err := conn.SyscallConn()
 	if err != nil {
 		return func() {}
@@ -39,7 +44,11 @@ func watchHangup(conn *net.UnixConn, interruptible bool, gone func(interrupt boo
 				return true
 			}
 			if interruptible && fds[0].Revents&unix.POLLIN != 0 {
-				interrupted = readToEOF(int(fd))
+				var nudged bool
+				interrupted, nudged = readToEOF(int(fd))
+				if nudged && !interrupted {
+					nudge()
+				}
 			}
 			return interrupted
 		})
@@ -59,17 +68,19 @@ func watchHangup(conn *net.UnixConn, interruptible bool, gone func(interrupt boo
 }
 
 // readToEOF reads and drops what the non-blocking socket fd holds, and
-// says whether it reached EOF.
-func readToEOF(fd int) bool {
+// says whether it reached EOF and whether it read a wire.MemoryNudge.
+func readToEOF(fd int) (eof, nudged bool) {
 	var buf [512]byte
 	for {
 		n, _, err := unix.Recvfrom(fd, buf[:], unix.MSG_DONTWAIT)
 		switch {
 		case err == unix.EINTR:
 		case err != nil:
-			return false // EAGAIN: nothing more for now
+			return false, nudged // EAGAIN: nothing more for now
 		case n == 0:
-			return true
+			return true, nudged
+		default:
+			nudged = nudged || bytes.IndexByte(buf[:n], wire.MemoryNudge) >= 0
 		}
 	}
 }

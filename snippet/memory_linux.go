@@ -55,12 +55,23 @@ import (
 // on the sandbox's CPUs; at a read every 5 ms, a pure-Python loop ran 1.3 to
 // 1.5 times as long as under runsc exec (docs/PERFORMANCE.md, "What the
 // memory watch costs a call").
+//
+// While every snippet running was called by a client that nudges the agent
+// as the host sees the sandbox's memory grow (wire.Request.MemoryNudges), the
+// watch reads when nudged, and by the clock only every memPollNudged while
+// memory is not short: a read every 50 ms cost a pure-Python loop a quarter
+// of its speed, one every 100 ms 8%, one a second 3% (docs/PERFORMANCE.md,
+// "Long calls").
 const (
-	memFirstRead = 20 * time.Millisecond
-	memPollMax   = 100 * time.Millisecond
-	memPoll      = 5 * time.Millisecond
-	memPollShort = time.Millisecond
+	memFirstRead         = 20 * time.Millisecond
+	memPollMax           = 100 * time.Millisecond
+	memPoll              = 5 * time.Millisecond
+	memPollShort         = time.Millisecond
+	memPollNudgedDefault = time.Second
 )
+
+// memPollNudged is memPollNudgedDefault, a variable for tests.
+var memPollNudged = memPollNudgedDefault
 
 // memGrowthRate is how fast, in bytes a second, the watch assumes a sandbox's
 // memory can grow for each CPU it is shown: twice the fastest seen here. One
@@ -98,9 +109,15 @@ type memWatch struct {
 	// registered is not its first read.
 	registered    map[*proc]int
 	registrations int
-	dying         []*proc     // killed, not yet gone: their memory is not back yet
-	timer         *time.Timer // nil when no read is due
-	short         bool        // the last read found less than twice the reserve left
+	// unnudged counts the snippets of procs whose client does not nudge
+	// (wire.Request.MemoryNudges); nudges counts the nudges.
+	unnudged int
+	nudges   int
+	nudged   map[*proc]bool
+	slow     bool        // the timer was set for nudged calls alone
+	dying    []*proc     // killed, not yet gone: their memory is not back yet
+	timer    *time.Timer // nil when no read is due
+	short    bool        // the last read found less than twice the reserve left
 	// checks counts the checks done, read or not, each counted once it
 	// has acted: tests wait on it to know that the watch saw a change.
 	checks int
@@ -179,7 +196,7 @@ func (a *Agent) growthSince(memUsed int64) int64 {
 
 // watchMemory watches p while it runs; the returned function stops, after
 // which the watch no longer kills p.
-func (a *Agent) watchMemory(p *proc) (stop func()) {
+func (a *Agent) watchMemory(p *proc, nudged bool) (stop func()) {
 	if a.MemInfo == "" {
 		return func() {}
 	}
@@ -187,8 +204,18 @@ func (a *Agent) watchMemory(p *proc) (stop func()) {
 	w.mu.Lock()
 	if w.procs == nil {
 		w.procs = map[*proc]int64{}
+		w.nudged = map[*proc]bool{}
 	}
 	w.procs[p] = -1
+	w.nudged[p] = nudged
+	if !nudged {
+		w.unnudged++
+		// A read set for nudged calls alone is too late for this one.
+		if w.slow && w.timer != nil && w.timer.Stop() {
+			w.timer.Reset(memFirstRead)
+			w.slow = false
+		}
+	}
 	if w.registered == nil {
 		w.registered = map[*proc]int{}
 	}
@@ -201,8 +228,7 @@ func (a *Agent) watchMemory(p *proc) (stop func()) {
 	return func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		delete(w.procs, p)
-		delete(w.registered, p)
+		w.forget(p)
 		if len(w.procs) > 0 {
 			return
 		}
@@ -210,7 +236,7 @@ func (a *Agent) watchMemory(p *proc) (stop func()) {
 		// running checkMemory, which clears it.
 		w.dying = slices.DeleteFunc(w.dying, (*proc).exited)
 		if len(w.dying) == 0 && w.timer != nil && w.timer.Stop() {
-			w.timer = nil
+			w.timer, w.slow = nil, false
 		}
 	}
 }
@@ -222,6 +248,7 @@ func (a *Agent) checkMemory() {
 	next := memPoll
 	w.mu.Lock()
 	seen := w.registrations // the snippets this read is for
+	nudges := w.nudges
 	w.mu.Unlock()
 	if total, avail, ok := a.readMemInfo(); ok {
 		budget := total
@@ -269,8 +296,7 @@ func (a *Agent) checkMemory() {
 			}
 			p.oomKilled.Store(true)
 			p.sigkill()
-			delete(w.procs, p)
-			delete(w.registered, p)
+			w.forget(p)
 			w.dying = append(w.dying, p)
 		}
 		w.mu.Unlock()
@@ -278,11 +304,47 @@ func (a *Agent) checkMemory() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.checks++
+	w.slow = false
 	if len(w.procs) == 0 && len(w.dying) == 0 {
 		w.timer = nil
 		return
 	}
+	switch {
+	case w.nudges != nudges:
+		next = 0 // nudged while it read: read again
+	case w.unnudged == 0 && !w.short && len(w.dying) == 0:
+		next, w.slow = max(next, memPollNudged), true
+	}
 	w.timer.Reset(next)
+}
+
+// forget stops watching p.
+//
+// Precondition: w.mu is held.
+func (w *memWatch) forget(p *proc) {
+	if _, ok := w.procs[p]; !ok {
+		return
+	}
+	if !w.nudged[p] {
+		w.unnudged--
+	}
+	delete(w.procs, p)
+	delete(w.registered, p)
+	delete(w.nudged, p)
+}
+
+// nudgeMemory reads the sandbox's memory at once, if snippets are watched:
+// a client saw it grow (wire.MemoryNudge). A read under way reads again
+// when it is done.
+func (a *Agent) nudgeMemory() {
+	w := &a.mem
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.nudges++
+	if w.timer != nil && w.timer.Stop() {
+		w.timer.Reset(0)
+		w.slow = false
+	}
 }
 
 // dropSparesForMemory kills the agent's spares, once memory runs short, and

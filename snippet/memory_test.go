@@ -442,3 +442,79 @@ func TestReadMemInfoKeepsProcOpen(t *testing.T) {
 		t.Fatalf("readMemInfo after the file changed = %d, %v (kept open: %v); want 100 MiB available", avail, ok, b.mem.info != nil)
 	}
 }
+
+// TestMemoryWatchReadsWhenNudged: a call whose client nudges the agent as
+// the host sees the sandbox's memory grow (wire.Request.MemoryNudges) has
+// the watch read when nudged, through the call's connection, and by the
+// clock only every memPollNudged while memory is not short: here never, so
+// only the nudge can have the growing snippet killed.
+func TestMemoryWatchReadsWhenNudged(t *testing.T) {
+	defer func(d time.Duration) { memPollNudged = d }(memPollNudged)
+	memPollNudged = time.Hour
+	mem := newFakeMemInfo(t, 400<<20)
+	a := &Agent{Dir: t.TempDir(), MemInfo: string(mem)}
+	sock := serve(t, a)
+	var charged atomic.Int64
+	charged.Store(100 << 20)
+	done := make(chan *wire.Result, 1)
+	go func() {
+		res, err := wire.Call(context.Background(), sock, request(wire.LanguageShell, "sleep 20", func(r *wire.Request) {
+			r.Charged = func() (int64, error) { return charged.Load(), nil }
+		}))
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	waitFirstRead(t, a, 1)
+	a.mem.mu.Lock()
+	nudged := a.mem.nudged
+	a.mem.mu.Unlock()
+	if len(nudged) != 1 {
+		t.Fatalf("the watch knows of %d nudged calls, want 1", len(nudged))
+	}
+	// Memory grown past the budget is read once the client sees the
+	// sandbox grow by a step.
+	mem.set(t, 3<<20)
+	charged.Add(wire.MemoryNudgeStep)
+	res := result(t, done)
+	if res == nil || !res.OOMKilled {
+		t.Fatalf("want killed out of memory: %s", dump(res))
+	}
+	a.mem.mu.Lock()
+	nudges := a.mem.nudges
+	a.mem.mu.Unlock()
+	if nudges == 0 {
+		t.Fatal("killed with no nudge")
+	}
+	waitWatchIdle(t, a)
+}
+
+// TestMemoryWatchReadsByTheClockForClientsThatDoNotNudge: a call whose
+// client does not nudge has the watch read by the clock, next to one that
+// does.
+func TestMemoryWatchReadsByTheClockForClientsThatDoNotNudge(t *testing.T) {
+	defer func(d time.Duration) { memPollNudged = d }(memPollNudged)
+	memPollNudged = time.Hour
+	mem := newFakeMemInfo(t, 400<<20)
+	a := &Agent{Dir: t.TempDir(), MemInfo: string(mem)}
+	nudged := startRun(a, request(wire.LanguageShell, untilFile("go")+"echo done", func(r *wire.Request) { r.MemoryNudges = true }))
+	waitFirstRead(t, a, 1)
+	plain := startRun(a, request(wire.LanguageShell, "sleep 20"))
+	waitFirstRead(t, a, 2)
+	mem.set(t, 3<<20)
+	// Both grew: the watch kills one at a time, so it reads again (by the
+	// clock) for the second.
+	res := result(t, plain)
+	if !res.OOMKilled {
+		t.Fatalf("want killed out of memory: %s", dump(res))
+	}
+	release(t, a, "go")
+	if res := result(t, nudged); res.OOMKilled || string(res.Stdout.Data) != "done\n" {
+		// It may be the one killed first, as both grew the same.
+		if !res.OOMKilled {
+			t.Fatalf("the nudged call: %s", dump(res))
+		}
+	}
+	waitWatchIdle(t, a)
+}

@@ -603,7 +603,7 @@ func (a *Agent) runProc(ctx context.Context, req *wire.Request, late []string, p
 	var cancelErr error
 	timer := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
 	defer timer.Stop()
-	stopWatch := a.watchMemory(p)
+	stopWatch := a.watchMemory(p, req.MemoryNudges)
 	var timedOut, cancelled bool
 	select {
 	case <-p.ended:

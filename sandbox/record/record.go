@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/flmbox/flmbox/internal/atomicfile"
+	"github.com/flmbox/flmbox/internal/memcg"
 	"github.com/flmbox/flmbox/internal/names"
 	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/snippet/wire"
@@ -347,11 +348,23 @@ func (r *Record) Dial(ctx context.Context) (*os.File, error) {
 //
 // While the call runs, the agent is pinged every watchdogPeriod on a
 // connection of its own: a call to an agent that does not answer its ping
-// fails with ErrUnresponsive (or ErrDead) within seconds.
+// fails with ErrUnresponsive (or ErrDead) within seconds. And the host's
+// count of the sandbox's memory is read every few milliseconds, to tell the
+// agent when it grows (wire.Request.MemoryNudges), which then reads its own
+// only as it needs to.
 func (r *Record) CallConn(ctx context.Context, conn *os.File, req *wire.Request) (*wire.Result, error) {
 	req.Limits = r.SnippetLimits()
 	if !req.Suspend { // a suspend is not a use: sandbox gc --remove-idle counts from the last call
 		defer r.Use()()
+	}
+	if req.Copy == nil && !req.Suspend && !req.Ping && req.Charged == nil {
+		// The host's count of the sandbox's memory, for the agent's
+		// memory watch (wire.Request.MemoryNudges); without it, the
+		// agent reads by the clock alone.
+		if c, err := memcg.Open(r.ID); err == nil {
+			defer c.Close()
+			req.Charged = c.Read
+		}
 	}
 	callCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)

@@ -146,6 +146,7 @@ func CallConn(ctx context.Context, conn *os.File, req *Request) (*Result, error)
 
 	r := *req
 	r.Interruptible = interruptible
+	r.MemoryNudges = interruptible && r.Charged != nil
 	res, err := exchange(conn, &r)
 	if ctx.Err() != nil {
 		err := fmt.Errorf("call the sandbox's agent: %w: %w", ErrInterrupted, context.Cause(ctx))
@@ -180,6 +181,10 @@ func exchange(conn *os.File, req *Request) (*Result, error) {
 		if err := closeWrite(conn); err != nil {
 			return nil, agentGone("send the request", err)
 		}
+	}
+	if req.MemoryNudges {
+		stop := nudgeMemory(conn, req.Charged)
+		defer stop()
 	}
 
 	limit := maxResultSize(req)
@@ -599,4 +604,46 @@ func agentGone(doing string, err error) error {
 		return fmt.Errorf("%s: %w: %w: %w", doing, ErrHungUp, err, errdefs.ErrUnavailable)
 	}
 	return fmt.Errorf("%s: %w", doing, err)
+}
+
+// nudgeMemory reads charged every MemoryNudgePoll and writes MemoryNudge on
+// conn each time it grew by MemoryNudgeStep since the last nudge, or since
+// it was least, until stop is called. It stops at the first failure: a
+// connection the client shut down (its interrupt) or closed, a cgroup gone
+// with its sandbox.
+func nudgeMemory(conn *os.File, charged func() (int64, error)) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		low, err := charged()
+		if err != nil {
+			return
+		}
+		t := time.NewTicker(MemoryNudgePoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			n, err := charged()
+			if err != nil {
+				return
+			}
+			switch {
+			case n < low:
+				low = n
+			case n-low >= MemoryNudgeStep:
+				if _, err := conn.Write([]byte{MemoryNudge}); err != nil {
+					return
+				}
+				low = n
+			}
+		}
+	})
+	return func() {
+		close(done)
+		wg.Wait()
+	}
 }

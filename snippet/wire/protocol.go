@@ -90,6 +90,18 @@ type Request struct {
 	// agent of before this field ignores it: it kills the snippet only when
 	// the client closes the connection, and never answers an interrupt.
 	Interruptible bool `json:"interruptible,omitempty"`
+	// MemoryNudges says that the client of an Interruptible request watches
+	// what the sandbox's memory costs the host, and writes MemoryNudge on
+	// the connection each time it grew by MemoryNudgeStep: the agent then
+	// reads the sandbox's memory at once, and otherwise only every second
+	// or so while memory is not short. A read from inside costs the
+	// sandbox's CPU, which the snippets would have had; the host's counter
+	// costs it nothing. An agent of before this field reads as it did.
+	MemoryNudges bool `json:"memory_nudges,omitempty"`
+	// Charged, the client's side of MemoryNudges, not sent: it returns
+	// what the sandbox's memory costs the host now, in bytes (its memory
+	// cgroup's charge). Call nudges the agent when it is set.
+	Charged func() (int64, error) `json:"-"`
 	// Stdin is the snippet's standard input, at most MaxStdinSize bytes,
 	// followed by EOF. Empty (the default): stdin is at EOF at once.
 	Stdin []byte `json:"stdin,omitempty"`
@@ -152,6 +164,22 @@ type Request struct {
 	// other fields but Version are ignored.
 	Suspend bool `json:"suspend,omitempty"`
 }
+
+// MemoryNudge is the byte a client of MemoryNudges writes after its
+// request each time the sandbox's memory grew by MemoryNudgeStep since the
+// last (or since it was least).
+const MemoryNudge = 'm'
+
+// MemoryNudgeStep is the growth of the sandbox's memory, as the host
+// charges it, that a client of MemoryNudges tells the agent of: half the
+// smallest memory watch reserve (16 MiB). MemoryNudgePoll is how often the
+// client reads the charge: at the fastest growth seen (2 GiB/s) the agent
+// reads every 5 ms, as often as it did by the clock in the middle of its
+// range, and it hears of growth 8 to 18 MiB after it happened.
+const (
+	MemoryNudgeStep = 8 << 20
+	MemoryNudgePoll = 5 * time.Millisecond
+)
 
 // AbandonSignal, sent to a suspended agent (runsc kill), tells it that the
 // checkpoint it was suspended for will not come (the flmbox that asked for
