@@ -50,11 +50,11 @@ import (
 // far from its budget, every memPoll closer, every memPollShort once less than
 // twice the reserve is left, where snippets allocating at once can take
 // megabytes between two reads (docs/PERFORMANCE.md, "Memory watch"). A read
-// is not free under gVisor: it makes the sentry scan its memory file, under
-// the lock that the snippets' page faults take, and wakes the agent's thread
-// on the sandbox's CPUs; at a read every 5 ms, a pure-Python loop ran 1.3 to
-// 1.5 times as long as under runsc exec (docs/PERFORMANCE.md, "What the
-// memory watch costs a call").
+// is not free under gVisor: it wakes the agent on the sandbox's CPU quota,
+// which the snippets would have had, and may make the sentry scan its memory
+// file; at a read every 5 ms, a pure-Python loop ran 1.3 to 1.5 times as
+// long as under runsc exec, and at one every 50 ms a quarter longer
+// (docs/PERFORMANCE.md, "Long calls").
 //
 // While every snippet running was called by a client that nudges the agent
 // as the host sees the sandbox's memory grow (wire.Request.MemoryNudges), the

@@ -17,8 +17,10 @@
 // An Interruptible request's client keeps its side of the connection open
 // for writing, and shutting it down (SHUT_WR) interrupts the call: the agent
 // kills the snippet and answers with what it printed so far
-// (Result.Interrupted). Otherwise (a Ping, an older client) the client
-// shuts it down right after the request. A client that closes the
+// (Result.Interrupted). Until then it may write MemoryNudge bytes on it
+// (Request.MemoryNudges): the sandbox's memory grew, as the host counts it.
+// Otherwise (a Ping, an older client) the client shuts it down right after
+// the request. A client that closes the
 // connection cancels the call: the agent kills the snippet. A Ping request
 // is answered at once, whatever the calls running; a Suspend request readies
 // the sandbox for a checkpoint.
