@@ -89,6 +89,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 		ExitErrHandler:       func(*cli.Context, error) {},
 		OnUsageError:         usageError,
 		HideHelpCommand:      true,
+		Action:               unknownTopCommand,
 		EnableBashCompletion: false,
 		Flags:                tableFlags(runcmd.GlobalFlags),
 		Commands: []*cli.Command{

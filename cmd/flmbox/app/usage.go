@@ -21,8 +21,34 @@ import (
 func setUsageErrors(cmds []*cli.Command) {
 	for _, c := range cmds {
 		c.OnUsageError = usageError
+		// No "help" subcommand, nor its alias "h": cli adds one to every
+		// command, which then takes an argument "h" or "help" as itself
+		// (sandbox rm h printed help). --help and -h stay.
+		c.HideHelpCommand = true
+		if len(c.Subcommands) > 0 && c.Action == nil {
+			c.Action = unknownCommand
+		}
 		setUsageErrors(c.Subcommands)
 	}
+}
+
+// unknownCommand is the action of flmbox and of its commands that have
+// subcommands: it shows the help when no command is named, and says in one
+// line that there is no such command when one is (cli's own said "No help
+// topic for 'frob'" and exited 3).
+func unknownCommand(c *cli.Context) error {
+	if !c.Args().Present() {
+		return cli.ShowSubcommandHelp(c)
+	}
+	return fmt.Errorf("%s has no command %q; %s --help lists them", c.Command.Name, c.Args().First(), helpName(c))
+}
+
+// unknownTopCommand is unknownCommand of flmbox itself.
+func unknownTopCommand(c *cli.Context) error {
+	if !c.Args().Present() {
+		return cli.ShowAppHelp(c)
+	}
+	return fmt.Errorf("no command %q; flmbox --help lists them", c.Args().First())
 }
 
 // The errors of Go's flag package, which urfave/cli parses with.

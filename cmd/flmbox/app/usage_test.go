@@ -45,6 +45,12 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"run", "-x", "-c", "1"}, "flag provided but not defined: -x; flmbox run --help lists the flags"},
 		{[]string{"sandbox", "create", "--bogus", "1"}, "flag provided but not defined: --bogus; flmbox sandbox create --help lists the flags"},
 		{[]string{"--bogus", "run"}, "flag provided but not defined: --bogus; flmbox --help lists the flags"},
+		// Commands that do not exist, at each level; no "help" command, nor
+		// its alias "h", at any.
+		{[]string{"frob"}, `no command "frob"; flmbox --help lists them`},
+		{[]string{"sandbox", "frob"}, `sandbox has no command "frob"; flmbox sandbox --help lists them`},
+		{[]string{"help"}, `no command "help"; flmbox --help lists them`},
+		{[]string{"pool", "h"}, `pool has no command "h"; flmbox pool --help lists them`},
 		// A flag without its value.
 		{[]string{"run", "-c", "1", "--timeout"}, "--timeout needs a value: a positive duration such as 30s"},
 		{[]string{"pool", "fill", "img", "--memory"}, "--memory needs a value; flmbox pool fill --help lists the flags"},
@@ -84,6 +90,11 @@ func TestEveryCommandSaysUsageErrors(t *testing.T) {
 			name := prefix + c.Name
 			if c.OnUsageError == nil {
 				t.Errorf("%s: no OnUsageError", name)
+			}
+			// cli's help command would take an argument "h" or "help"
+			// (sandbox rm h printed help).
+			if !c.HideHelpCommand {
+				t.Errorf("%s: cli adds its help command", name)
 			}
 			for _, f := range c.Flags {
 				if _, ok := f.(*cli.DurationFlag); ok {
@@ -127,5 +138,18 @@ func TestChildExitStatusIsNotFlmboxs(t *testing.T) {
 	}
 	if code := exitCode(context.Background(), cli.Exit("", 124)); code != 124 {
 		t.Fatalf("cli.Exit(124): exit %d", code)
+	}
+}
+
+// TestArgumentsNamedLikeHelp: a sandbox may be named h or help: sandbox rm
+// takes them as names (cli's help command printed the help, exit 0, and
+// removed nothing).
+func TestArgumentsNamedLikeHelp(t *testing.T) {
+	for _, name := range []string{"h", "help"} {
+		var stdout, stderr bytes.Buffer
+		code := Run(t.Context(), []string{"flmbox", "--root", t.TempDir(), "sandbox", "rm", name}, &stdout, &stderr)
+		if code != 0 || stdout.Len() != 0 || stderr.Len() != 0 {
+			t.Errorf("flmbox sandbox rm %s: exit %d\nstdout %q\nstderr %q", name, code, stdout.String(), stderr.String())
+		}
 	}
 }
