@@ -203,8 +203,52 @@ func (p Policy) NamePorts(host string) (ports, denied []uint16, ok bool) {
 
 // Denied reports whether a Deny rule closes host, a name, on every port.
 func (p Policy) Denied(host string) bool {
+	all, _ := p.DeniedPorts(host)
+	return all
+}
+
+// DeniedPorts reports whether a Deny rule closes host, a name, on every
+// port, and else the ports Deny rules close it on.
+func (p Policy) DeniedPorts(host string) (all bool, ports []uint16) {
 	host = strings.TrimSuffix(strings.ToLower(host), ".")
-	return slices.ContainsFunc(p.Deny, func(r Rule) bool { return r.Port == 0 && r.matchName(host) })
+	for _, r := range p.Deny {
+		switch {
+		case !r.matchName(host):
+		case r.Port == 0:
+			return true, nil
+		case !slices.Contains(ports, r.Port):
+			ports = append(ports, r.Port)
+		}
+	}
+	return false, ports
+}
+
+// ChainPorts is NamePorts of a name whose answer went through chain, the
+// names of its CNAMEs: the ports come from host's Allow rules, and the Deny
+// rules of every name of the chain close theirs (a Deny without a port on
+// any of them closes the answer). A name of the chain that no rule names
+// does not close it: a name's CNAME is its owner's choice (a CDN's).
+func (p Policy) ChainPorts(host string, chain []string) (ports, denied []uint16, ok bool) {
+	ports, denied, ok = p.NamePorts(host)
+	if !ok {
+		return nil, nil, false
+	}
+	for _, n := range chain {
+		all, d := p.DeniedPorts(n)
+		if all {
+			return nil, nil, false
+		}
+		for _, port := range d {
+			if !slices.Contains(denied, port) {
+				denied = append(denied, port)
+			}
+		}
+	}
+	if ports == nil {
+		return nil, denied, true // every port but the denied ones
+	}
+	ports = slices.DeleteFunc(slices.Clone(ports), func(port uint16) bool { return slices.Contains(denied, port) })
+	return ports, nil, len(ports) > 0
 }
 
 // AnswerAllowed reports whether a, a resolved name's address, may be

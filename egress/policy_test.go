@@ -167,3 +167,33 @@ func TestNarrow(t *testing.T) {
 		}
 	}
 }
+
+// TestChainPorts: an answer through CNAMEs opens the ports the asked name's
+// Allow rules give, less those the Deny rules of any name of the chain
+// close; a Deny without a port on any of them closes it.
+func TestChainPorts(t *testing.T) {
+	p := Policy{Allow: rules("*.corp.test", "mail.other.test:25", "mail.other.test:587"),
+		Deny: rules("admin.corp.test:80", "admin.corp.test:443", "relay.test:25", "evil.test")}
+	for _, tc := range []struct {
+		host          string
+		chain         []string
+		ports, denied []uint16
+		ok            bool
+	}{
+		{"www.corp.test", nil, nil, nil, true},
+		{"www.corp.test", []string{"www.corp.test", "admin.corp.test"}, nil, []uint16{80, 443}, true},
+		{"www.corp.test", []string{"cdn.example"}, nil, nil, true}, // a name no rule names closes nothing
+		{"www.corp.test", []string{"evil.test"}, nil, nil, false},
+		{"mail.other.test", []string{"relay.test"}, []uint16{587}, nil, true},
+		{"mail.other.test", []string{"relay.test", "admin.corp.test"}, []uint16{587}, nil, true},
+		{"other.test", nil, nil, nil, false},
+	} {
+		ports, denied, ok := p.ChainPorts(tc.host, tc.chain)
+		if ok != tc.ok || !slices.Equal(ports, tc.ports) || !slices.Equal(denied, tc.denied) {
+			t.Errorf("ChainPorts(%s, %v) = %v, %v, %v; want %v, %v, %v", tc.host, tc.chain, ports, denied, ok, tc.ports, tc.denied, tc.ok)
+		}
+	}
+	if all, ports := p.DeniedPorts("ADMIN.corp.test."); all || !slices.Equal(ports, []uint16{80, 443}) {
+		t.Errorf("DeniedPorts(admin) = %v, %v", all, ports)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -212,38 +213,45 @@ func (r *resolver) answer(q *dns.Msg) *dns.Msg {
 			}
 		}
 	}
-	for n := range chain {
-		if r.cfg.Policy.Denied(n) {
-			r.refuse(name)
-			return m.SetRcode(q, dns.RcodeNameError)
-		}
+	// Each name of the chain is checked against the Deny rules, with
+	// their ports: a port denied to a name the answer goes through is
+	// closed for the answer's addresses too.
+	ports, denied, ok = r.cfg.Policy.ChainPorts(name, slices.Collect(maps.Keys(chain)))
+	if !ok {
+		r.refuse(name)
+		return m.SetRcode(q, dns.RcodeNameError)
 	}
 	var pins []netip.Addr
 	ttl, dropped := uint32(0), 0
-	keep := func(rrs []dns.RR) []dns.RR {
-		return slices.DeleteFunc(rrs, func(rr dns.RR) bool {
-			switch a := rr.(type) {
-			case *dns.AAAA:
-				return true
-			case *dns.A:
-				if !chain[strings.TrimSuffix(strings.ToLower(a.Hdr.Name), ".")] {
-					return true // another name's address
-				}
-				ip, ok := netip.AddrFromSlice(a.A.To4())
-				if !ok || !r.cfg.Policy.AnswerAllowed(ip, r.host) {
-					dropped++
-					return true
-				}
-				pins = append(pins, ip)
-				ttl = max(ttl, a.Hdr.Ttl)
+	up.Answer = slices.DeleteFunc(up.Answer, func(rr dns.RR) bool {
+		switch a := rr.(type) {
+		case *dns.AAAA:
+			return true
+		case *dns.A:
+			if !chain[strings.TrimSuffix(strings.ToLower(a.Hdr.Name), ".")] {
+				return true // another name's address
 			}
-			return false
-		})
-	}
-	up.Answer, up.Ns, up.Extra = keep(up.Answer), keep(up.Ns), slices.DeleteFunc(keep(up.Extra), func(rr dns.RR) bool {
-		_, a := rr.(*dns.A)
-		return a // additional addresses are of other names
+			ip, ok := netip.AddrFromSlice(a.A.To4())
+			if !ok || !r.cfg.Policy.AnswerAllowed(ip, r.host) {
+				dropped++
+				return true
+			}
+			pins = append(pins, ip)
+			ttl = max(ttl, a.Hdr.Ttl)
+		}
+		return false
 	})
+	// Only the answer section's addresses are pinned, and only they are
+	// sent: an address elsewhere (authority, additional) would open
+	// nothing, and be a stale hint.
+	noAddr := func(rr dns.RR) bool {
+		switch rr.(type) {
+		case *dns.A, *dns.AAAA:
+			return true
+		}
+		return false
+	}
+	up.Ns, up.Extra = slices.DeleteFunc(up.Ns, noAddr), slices.DeleteFunc(up.Extra, noAddr)
 	if len(pins) == 0 && dropped > 0 {
 		// Every address the name has is refused: the name is, as if it
 		// were not allowed.

@@ -45,6 +45,11 @@ func upstream(t *testing.T, names map[string][]string) (addr string, asked func(
 				owner = target
 				continue
 			}
+			if extra, ok := strings.CutPrefix(ip, "EXTRA "); ok { // the name's address, in the additional section
+				a := netip.MustParseAddr(extra)
+				m.Extra = append(m.Extra, &dns.A{Hdr: dns.RR_Header{Name: owner, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: a.AsSlice()})
+				continue
+			}
 			if other, ok := strings.CutPrefix(ip, "OTHER "); ok { // an address of another name
 				owner, ip = "x.evil.", other
 			}
@@ -83,8 +88,8 @@ func TestResolverAnswers(t *testing.T) {
 		return
 	}
 	id := "flmbox-4123456789abcdef01234567"
-	p := Policy{Allow: rules("allowed.test", "ported.test:443", "*.wild.test", "private.test", "10.9.0.0/16"),
-		Deny: rules("bad.wild.test", "allowed.test:25")}
+	p := Policy{Allow: rules("allowed.test", "ported.test:443", "*.wild.test", "private.test", "10.9.0.0/16", "smtp.test:25"),
+		Deny: rules("bad.wild.test", "allowed.test:25", "admin.wild.test:80", "mail.test:25")}
 	n, err := Create(context.Background(), id, filepath.Join(t.TempDir(), "netns"), p)
 	if err != nil {
 		t.Fatal(err)
@@ -101,6 +106,9 @@ func TestResolverAnswers(t *testing.T) {
 		"alias.wild.test.": {"CNAME bad.wild.test.", "198.51.100.13"},
 		"cdn.wild.test.":   {"CNAME edge.cdn.example.", "198.51.100.15"},
 		"stray.wild.test.": {"198.51.100.16", "OTHER 198.51.100.17"},
+		"www.wild.test.":   {"CNAME admin.wild.test.", "198.51.100.18"},
+		"smtp.test.":       {"CNAME mail.test.", "198.51.100.21"},
+		"extra.wild.test.": {"198.51.100.19", "EXTRA 198.51.100.20"},
 	})
 	c, err := nftables.New()
 	if err != nil {
@@ -130,6 +138,9 @@ func TestResolverAnswers(t *testing.T) {
 		{"alias.wild.test.", dns.TypeA, dns.RcodeNameError, 0}, // through a denied name
 		{"cdn.wild.test.", dns.TypeA, dns.RcodeSuccess, 2},     // CNAME and A: through a name no rule names
 		{"stray.wild.test.", dns.TypeA, dns.RcodeSuccess, 1},   // another name's address dropped
+		{"www.wild.test.", dns.TypeA, dns.RcodeSuccess, 2},     // through admin.wild.test, whose port 80 is denied
+		{"extra.wild.test.", dns.TypeA, dns.RcodeSuccess, 1},   // its additional address neither sent nor pinned
+		{"smtp.test.", dns.TypeA, dns.RcodeNameError, 0},       // its one port, 25, denied to its CNAME
 		{`evil\.wild.test.`, dns.TypeA, dns.RcodeNameError, 0},
 	} {
 		m := ask(tc.name, tc.qtype)
@@ -145,19 +156,21 @@ func TestResolverAnswers(t *testing.T) {
 	if r.refused["other.test"] != 1 || r.refused["private.test"] != 1 || r.refused["bad.wild.test"] != 1 {
 		t.Errorf("refused names: %v", r.refused)
 	}
-	if r.refused["alias.wild.test"] != 1 || r.refused[`evil\.wild.test`] != 1 {
+	if r.refused["alias.wild.test"] != 1 || r.refused[`evil\.wild.test`] != 1 || r.refused["smtp.test"] != 1 {
 		t.Errorf("refused names: %v", r.refused)
 	}
-	// allowed.test, a.wild.test, cdn.wild.test's edge and stray.wild.test
-	// on every port; ported.test on 443; allowed.test's port 25 closed.
-	if got := setElements(t, c, TableName(id), setPin); got != 4 {
-		t.Errorf("pin has %d elements, want 4", got)
+	// allowed.test, a.wild.test, cdn.wild.test's edge, stray.wild.test,
+	// www.wild.test and extra.wild.test (not its additional address) on
+	// every port; ported.test on 443; allowed.test's port 25 closed, and
+	// www.wild.test's 80 (its CNAME's).
+	if got := setElements(t, c, TableName(id), setPin); got != 6 {
+		t.Errorf("pin has %d elements, want 6", got)
 	}
 	if got := setElements(t, c, TableName(id), setPinPort); got != 1 {
 		t.Errorf("pinport has %d elements, want 1", got)
 	}
-	if got := setElements(t, c, TableName(id), setDenyPort); got != 1 {
-		t.Errorf("denyport has %d elements, want 1", got)
+	if got := setElements(t, c, TableName(id), setDenyPort); got != 2 {
+		t.Errorf("denyport has %d elements, want 2", got)
 	}
 	// A resolver without a server to ask fails, and pins nothing.
 	r.cfg.Upstream = nil

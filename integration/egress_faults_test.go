@@ -183,3 +183,34 @@ func TestEgressHeals(t *testing.T) {
 	flushWorkerRules(t, w)
 	holds("rebooted") // resumed by its call
 }
+
+// TestEgressPolicyFollowsTheAnswer: a Deny rule with a port holds through a
+// CNAME (www.corp.test is a CNAME of admin.corp.test, whose port 80 is
+// denied), and an address a DNS answer gives only in its additional
+// section opens nothing: the resolver pins the answer section's addresses
+// of the names the answer goes through, and only those.
+func TestEgressPolicyFollowsTheAnswer(t *testing.T) {
+	t.Parallel()
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	w := networld.Start(t)
+	w.SetA("admin.corp.test", networld.AllowedAddr)
+	w.SetCNAME("www.corp.test", "admin.corp.test")
+	w.SetA("hint.corp.test", networld.PyPIAddr) // not admin.corp.test's address, whose port 80 is denied
+	w.SetExtraA("hint.corp.test", networld.OtherAddr)
+	mustFlmboxIn(t, w, root, "sandbox", "create", "--name", "cname", "--image", reg.digestRef(), "--network", "egress",
+		"--allow", "*.corp.test", "--deny", "admin.corp.test:80", "--dns", networld.DNSAddr)
+	t.Cleanup(func() { flmboxIn(t, w, root, "sandbox", "rm", "cname") })
+	got := egressProbes(t, w, root, []string{"--sandbox", "cname"}, map[string]string{
+		"through cname": `get(resolve("www.corp.test"))`,
+		"cname's https": `get(resolve("www.corp.test"), 443, host="allowed.test", tls=True)`,
+		"hint":          `get(resolve("hint.corp.test"))`,
+		"hinted":        `resolve("hint.corp.test") and get("` + networld.OtherAddr + `")`,
+	})
+	egressCheck(t, got, map[string]func(string) bool{
+		"through cname": egressConnRefused,
+		"cname's https": func(r string) bool { return strings.HasPrefix(r, "ok:") }, // only port 80 is denied
+		"hint":          func(r string) bool { return strings.HasPrefix(r, "ok:") },
+		"hinted":        egressConnRefused,
+	})
+}

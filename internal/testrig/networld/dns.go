@@ -17,6 +17,8 @@ type dnsServer struct {
 
 	mu      sync.Mutex
 	a, aaaa map[string][]netip.Addr // by canonical name
+	cname   map[string]string       // canonical name → its CNAME's target
+	extra   map[string][]netip.Addr // A records of a name, sent in the additional section of its answers
 	queries map[string]int
 }
 
@@ -32,7 +34,8 @@ var defaultNames = map[string][]string{
 }
 
 func newDNSServer(hits *hitCounter) *dnsServer {
-	d := &dnsServer{hits: hits, a: map[string][]netip.Addr{}, aaaa: map[string][]netip.Addr{}, queries: map[string]int{}}
+	d := &dnsServer{hits: hits, a: map[string][]netip.Addr{}, aaaa: map[string][]netip.Addr{}, cname: map[string]string{},
+		extra: map[string][]netip.Addr{}, queries: map[string]int{}}
 	for name, addrs := range defaultNames {
 		for _, s := range addrs {
 			a := netip.MustParseAddr(s)
@@ -71,6 +74,26 @@ func (d *dnsServer) set(m map[string][]netip.Addr, name string, ips []string, v4
 	m[canonical(name)] = addrs
 }
 
+// SetCNAME makes name a CNAME of target: its answers are the CNAME and
+// target's records of the type asked.
+func (w *World) SetCNAME(name, target string) {
+	w.dns.mu.Lock()
+	defer w.dns.mu.Unlock()
+	w.dns.cname[canonical(name)] = canonical(target)
+}
+
+// SetExtraA adds to each answer for name A records of name, with ips, in
+// the additional section (where an answer's addresses do not belong).
+func (w *World) SetExtraA(name string, ips ...string) {
+	var addrs []netip.Addr
+	for _, s := range ips {
+		addrs = append(addrs, netip.MustParseAddr(s))
+	}
+	w.dns.mu.Lock()
+	defer w.dns.mu.Unlock()
+	w.dns.extra[canonical(name)] = addrs
+}
+
 // Queries returns how many queries (of any type, UDP or TCP) the DNS
 // server had for name.
 func (w *World) Queries(name string) int {
@@ -90,13 +113,23 @@ func (d *dnsServer) ServeDNS(rw dns.ResponseWriter, q *dns.Msg) {
 	for _, question := range q.Question {
 		name := canonical(question.Name)
 		d.queries[name]++
+		for _, ip := range d.extra[name] {
+			hdr := dns.RR_Header{Name: question.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 5}
+			m.Extra = append(m.Extra, &dns.A{Hdr: hdr, A: net.IP(ip.AsSlice())})
+		}
+		owner := question.Name
+		if target, ok := d.cname[name]; ok {
+			m.Answer = append(m.Answer, &dns.CNAME{Hdr: dns.RR_Header{Name: owner, Rrtype: dns.TypeCNAME, Class: dns.ClassINET, Ttl: 5},
+				Target: dns.Fqdn(target)})
+			name, owner = target, dns.Fqdn(target)
+		}
 		a, hasA := d.a[name]
 		aaaa, hasAAAA := d.aaaa[name]
 		if !hasA && !hasAAAA {
 			m.Rcode = dns.RcodeNameError
 			continue
 		}
-		hdr := dns.RR_Header{Name: question.Name, Class: dns.ClassINET, Ttl: 5}
+		hdr := dns.RR_Header{Name: owner, Class: dns.ClassINET, Ttl: 5}
 		switch question.Qtype {
 		case dns.TypeA:
 			hdr.Rrtype = dns.TypeA
