@@ -2,14 +2,17 @@ package egress
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 const ipForward = "/proc/sys/net/ipv4/ip_forward"
@@ -19,21 +22,76 @@ const ipForward = "/proc/sys/net/ipv4/ip_forward"
 // sandboxes' packets after.
 const guardTable = "flmbox-forward-guard"
 
+// forwardingMark is the file that says that flmbox turned IPv4 forwarding
+// on in this process's network namespace, and so turns it off again once
+// its last egress link goes. It is named by the namespace's cookie, which
+// the kernel never gives another namespace, and kept under /run, which a
+// reboot empties as it resets the setting. A file, not the guard table as
+// before: a flush of the host's ruleset removed the table, and forwarding
+// then stayed on for good after the last egress sandbox.
+func forwardingMark() (string, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("find the network namespace: %w", err)
+	}
+	defer unix.Close(fd)
+	cookie, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+	if err != nil {
+		return "", fmt.Errorf("find the network namespace's cookie: %w", err)
+	}
+	return filepath.Join(filepath.Dir(hostLock), fmt.Sprintf("forwarding-%d", cookie)), nil
+}
+
 // enableForwarding turns IPv4 forwarding on in the host's network
 // namespace if it is off, which egress sandboxes need (as Docker's bridge
 // does). A host that did not forward keeps not forwarding anything else:
-// in the same step flmbox adds the table guardTable, whose forward chain
-// drops what neither comes from nor goes to an egress sandbox's link. The
-// table says that flmbox turned forwarding on: restoreForwarding turns it
-// off again when the last egress link goes. The caller holds hostLock.
+// flmbox adds the table guardTable, whose forward chain drops what neither
+// comes from nor goes to an egress sandbox's link, before it turns
+// forwarding on, and again whenever it finds the table gone (a flush of the
+// host's ruleset) while forwarding is its doing (forwardingMark, written
+// first). The caller holds hostLock.
 func enableForwarding() error {
+	mark, err := forwardingMark()
+	if err != nil {
+		return err
+	}
 	b, err := os.ReadFile(ipForward)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", ipForward, err)
 	}
-	if string(bytes.TrimSpace(b)) == "1" {
-		return nil
+	on := string(bytes.TrimSpace(b)) == "1"
+	ours, err := fileExists(mark)
+	if err != nil {
+		return err
 	}
+	if on && !ours {
+		// Forwarding was on before flmbox: an old flmbox's guard table
+		// says it was flmbox's doing.
+		if ours, err = hasGuard(); err != nil || !ours {
+			return err
+		}
+		if err := os.WriteFile(mark, nil, 0o644); err != nil {
+			return fmt.Errorf("note that flmbox turned IPv4 forwarding on: %w", err)
+		}
+	}
+	if !on {
+		if err := os.WriteFile(mark, nil, 0o644); err != nil {
+			return fmt.Errorf("note that flmbox turns IPv4 forwarding on: %w", err)
+		}
+	}
+	if err := addGuard(); err != nil {
+		return err
+	}
+	if !on {
+		if err := os.WriteFile(ipForward, []byte("1\n"), 0o644); err != nil {
+			return fmt.Errorf("turn IPv4 forwarding on: %w", err)
+		}
+	}
+	return nil
+}
+
+// addGuard adds guardTable, or makes its chain again.
+func addGuard() error {
 	c, err := nftables.New()
 	if err != nil {
 		return err
@@ -54,15 +112,34 @@ func enableForwarding() error {
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("install nftables table %s: %w", guardTable, err)
 	}
-	if err := os.WriteFile(ipForward, []byte("1\n"), 0o644); err != nil {
-		return fmt.Errorf("turn IPv4 forwarding on: %w", err)
-	}
 	return nil
 }
 
-// restoreForwarding turns forwarding off and removes guardTable if
-// enableForwarding turned it on and no egress sandbox's link is left: the
-// host forwards as it did before. The caller holds hostLock.
+// hasGuard reports whether guardTable is there.
+func hasGuard() (bool, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return false, err
+	}
+	ts, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return false, fmt.Errorf("list nftables tables: %w", err)
+	}
+	return slices.ContainsFunc(ts, func(t *nftables.Table) bool { return t.Name == guardTable }), nil
+}
+
+func fileExists(path string) (bool, error) {
+	_, err := os.Stat(path)
+	if os.IsNotExist(err) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// restoreForwarding turns forwarding off and removes guardTable if flmbox
+// turned it on (forwardingMark, or the guard table of an older flmbox) and
+// no egress sandbox's link is left: the host forwards as it did before,
+// whatever was flushed meanwhile. The caller holds hostLock.
 func restoreForwarding() error {
 	links, err := netlink.LinkList()
 	if err != nil {
@@ -73,23 +150,36 @@ func restoreForwarding() error {
 			return nil
 		}
 	}
-	c, err := nftables.New()
+	mark, err := forwardingMark()
 	if err != nil {
 		return err
 	}
-	ts, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	ours, err := fileExists(mark)
 	if err != nil {
-		return fmt.Errorf("list nftables tables: %w", err)
+		return err
 	}
-	if !slices.ContainsFunc(ts, func(t *nftables.Table) bool { return t.Name == guardTable }) {
+	guard, err := hasGuard()
+	if err != nil {
+		return err
+	}
+	if !ours && !guard {
 		return nil // forwarding was on before flmbox
 	}
 	if err := os.WriteFile(ipForward, []byte("0\n"), 0o644); err != nil {
 		return fmt.Errorf("turn IPv4 forwarding off again: %w", err)
 	}
-	c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: guardTable})
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("delete nftables table %s: %w", guardTable, err)
+	if guard {
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: guardTable})
+		if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("delete nftables table %s: %w", guardTable, err)
+		}
+	}
+	if err := os.Remove(mark); err != nil && !os.IsNotExist(err) {
+		return err
 	}
 	return nil
 }

@@ -413,10 +413,11 @@ func (n *Network) Ensure(ctx context.Context, p Policy) (repaired []string, err 
 	if err != nil {
 		return nil, fmt.Errorf("list nftables tables: %w", err)
 	}
+	// Forwarding's guard too, if a flush of the host's rules took it.
+	if err := enableForwarding(); err != nil {
+		return nil, err
+	}
 	if !slices.ContainsFunc(ts, func(t *nftables.Table) bool { return t.Name == TableName(n.ID) }) {
-		if err := enableForwarding(); err != nil {
-			return nil, err
-		}
 		if err := n.rules(c, p); err != nil {
 			return nil, err
 		}

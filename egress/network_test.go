@@ -208,3 +208,72 @@ func TestPrune(t *testing.T) {
 		t.Fatalf("forwarding is %q", b)
 	}
 }
+
+// TestForwardingAfterAFlush: a flush of the host's ruleset takes the guard
+// table with the sandboxes'; Ensure makes it again, and the last egress
+// network's Delete turns forwarding off all the same.
+func TestForwardingAfterAFlush(t *testing.T) {
+	if !inPrivateNetNS(t) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	flush := func() {
+		t.Helper()
+		c, err := nftables.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.FlushRuleset()
+		if err := c.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := Policy{Allow: rules("allowed.test")}
+	for _, ensure := range []bool{true, false} {
+		id := "flmbox-2123456789abcdef01234567"
+		n, err := Create(ctx, id, filepath.Join(t.TempDir(), "netns"), p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		flush()
+		if ensure {
+			if _, err := n.Ensure(ctx, p); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Contains(tables(t), guardTable) || !slices.Contains(tables(t), TableName(id)) {
+				t.Fatalf("tables after Ensure: %v", tables(t))
+			}
+		}
+		if err := Delete(n.ID, n.NetNS); err != nil {
+			t.Fatal(err)
+		}
+		if got := readForward(); got != "0" {
+			t.Fatalf("forwarding is %q after the last egress network went (Ensure %v), want 0 as before", got, ensure)
+		}
+		if len(tables(t)) != 0 {
+			t.Fatalf("left: tables %v", tables(t))
+		}
+	}
+	// Forwarding on before flmbox stays on, with no guard.
+	if err := os.WriteFile(ipForward, []byte("1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n, err := Create(ctx, "flmbox-3123456789abcdef01234567", filepath.Join(t.TempDir(), "netns"), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(tables(t), guardTable) {
+		t.Fatalf("a guard where forwarding was on: %v", tables(t))
+	}
+	flush()
+	if _, err := n.Ensure(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if err := Delete(n.ID, n.NetNS); err != nil {
+		t.Fatal(err)
+	}
+	if got := readForward(); got != "1" || slices.Contains(tables(t), guardTable) {
+		t.Fatalf("forwarding %q, tables %v; want on as before, no guard", got, tables(t))
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -213,4 +214,49 @@ func TestEgressPolicyFollowsTheAnswer(t *testing.T) {
 		"hint":          func(r string) bool { return strings.HasPrefix(r, "ok:") },
 		"hinted":        egressConnRefused,
 	})
+}
+
+// TestEgressForwardingAfterAFlushedRuleset: a flush of the worker's whole
+// ruleset takes flmbox's forward guard with the sandbox's table; the next
+// sandbox command makes both again, and once the last egress sandbox goes,
+// the worker forwards as it did before (not at all), whatever was flushed.
+func TestEgressForwardingAfterAFlushedRuleset(t *testing.T) {
+	t.Parallel()
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	w := networld.Start(t)
+	state := func() networld.State {
+		t.Helper()
+		s, err := w.WorkerState()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	guarded := func(s networld.State) bool { return slices.Contains(s.Tables, "inet flmbox-forward-guard") }
+	if s := state(); s.Forwarding != "0" || guarded(s) {
+		t.Fatalf("the worker before any sandbox:\n%s", s)
+	}
+	for _, flushedAgain := range []bool{false, true} {
+		mustFlmboxIn(t, w, root, "sandbox", "create", "--name", "fw", "--image", reg.digestRef(), "--network", "egress",
+			"--allow", "allowed.test", "--dns", networld.DNSAddr)
+		if s := state(); s.Forwarding != "1" || !guarded(s) {
+			t.Fatalf("the worker with an egress sandbox:\n%s", s)
+		}
+		flushWorkerRules(t, w)
+		if s := state(); guarded(s) {
+			t.Fatalf("the guard survived a flush of the ruleset:\n%s", s)
+		}
+		mustFlmboxIn(t, w, root, "sandbox", "ls") // reconciles: the table and the guard again
+		if s := state(); s.Forwarding != "1" || !guarded(s) {
+			t.Fatalf("the worker after sandbox ls:\n%s", s)
+		}
+		if flushedAgain {
+			flushWorkerRules(t, w)
+		}
+		mustFlmboxIn(t, w, root, "sandbox", "rm", "fw")
+		if s := state(); s.Forwarding != "0" || guarded(s) {
+			t.Fatalf("the worker after its last egress sandbox went (flushed again: %v):\n%s", flushedAgain, s)
+		}
+	}
 }
