@@ -417,14 +417,24 @@ func (n *Network) Ensure(ctx context.Context, p Policy) (repaired []string, err 
 	if err := enableForwarding(); err != nil {
 		return nil, err
 	}
+	why := ""
 	if !slices.ContainsFunc(ts, func(t *nftables.Table) bool { return t.Name == TableName(n.ID) }) {
+		why = "gone: were the host's rules flushed?"
+	} else if err := n.checkTable(c, p); errors.Is(err, errTableChanged) {
+		// A table flushed or cut is made again whole: its pins go.
+		why = "changed: were the host's rules flushed?"
+		c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(n.ID)})
+	} else if err != nil {
+		return nil, err
+	}
+	if why != "" {
 		if err := n.rules(c, p); err != nil {
 			return nil, err
 		}
 		if err := c.Flush(); err != nil {
 			return nil, fmt.Errorf("install the policy's nftables table %s again: %w", TableName(n.ID), err)
 		}
-		repaired = append(repaired, "its nftables table "+TableName(n.ID)+" (gone: were the host's rules flushed?)")
+		repaired = append(repaired, "its nftables table "+TableName(n.ID)+" ("+why+")")
 	}
 	if l.Attrs().Flags&net.FlagUp == 0 {
 		if err := netlink.LinkSetUp(l); err != nil {

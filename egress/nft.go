@@ -2,6 +2,7 @@ package egress
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -65,6 +66,50 @@ var (
 
 // rules builds a sandbox's table, chains, sets and rules into c.
 func (n *Network) rules(c *nftables.Conn, p Policy) error {
+	_, err := n.build(c, p)
+	return err
+}
+
+// ruleCounts are how many rules each chain of the sandbox's table has when
+// it is whole: what checkTable compares the kernel's with.
+func (n *Network) ruleCounts(p Policy) (map[string]int, error) {
+	c, err := nftables.New() // built, never sent
+	if err != nil {
+		return nil, err
+	}
+	return n.build(c, p)
+}
+
+// checkTable compares the rules of each chain of the sandbox's table in
+// the kernel with what the policy builds: a table flushed (nft flush table),
+// a chain flushed or gone, a rule deleted. It returns nil if the table is
+// whole, an error wrapping errTableChanged if not.
+func (n *Network) checkTable(c *nftables.Conn, p Policy) error {
+	want, err := n.ruleCounts(p)
+	if err != nil {
+		return err
+	}
+	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(n.ID)}
+	for chain, count := range want {
+		rules, err := c.GetRules(t, &nftables.Chain{Name: chain, Table: t})
+		switch {
+		case errors.Is(err, unix.ENOENT):
+			return fmt.Errorf("table %s: chain %s is gone: %w", t.Name, chain, errTableChanged)
+		case err != nil:
+			return fmt.Errorf("table %s: list the rules of chain %s: %w", t.Name, chain, err)
+		case len(rules) != count:
+			return fmt.Errorf("table %s: chain %s has %d rules, the policy %d: %w", t.Name, chain, len(rules), count, errTableChanged)
+		}
+	}
+	return nil
+}
+
+// errTableChanged says that a sandbox's table is not what its policy made.
+var errTableChanged = errors.New("the sandbox's nftables table was changed")
+
+// build is rules, and counts the rules of each chain.
+func (n *Network) build(c *nftables.Conn, p Policy) (map[string]int, error) {
+	counts := map[string]int{}
 	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(n.ID)})
 	pin := &nftables.Set{Table: t, Name: setPin, KeyType: pinType, HasTimeout: true, Size: pinSize}
 	pinPort := &nftables.Set{Table: t, Name: setPinPort, KeyType: pinPortType, HasTimeout: true, Concatenation: true, Size: pinSize}
@@ -73,7 +118,7 @@ func (n *Network) rules(c *nftables.Conn, p Policy) error {
 		Dynamic: true, Counter: true, Size: refusedSize}
 	for _, s := range []*nftables.Set{pin, pinPort, denyPort, refused} {
 		if err := c.AddSet(s, nil); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	accept := &expr.Verdict{Kind: expr.VerdictAccept}
@@ -88,6 +133,7 @@ func (n *Network) rules(c *nftables.Conn, p Policy) error {
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &policy})
 	add := func(ch *nftables.Chain, e ...[]expr.Any) {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: slices.Concat(e...)})
+		counts[ch.Name]++
 	}
 	v := func(e expr.Any) []expr.Any { return []expr.Any{e} }
 
@@ -173,7 +219,7 @@ func (n *Network) rules(c *nftables.Conn, p Policy) error {
 	refuse(in, 0, iif(n.Host))
 
 	add(nat, ipv4(), saddrIs(n.Addr), oifNot(n.Host), v(&expr.Masq{}))
-	return nil
+	return counts, nil
 }
 
 func ifname(name string) []byte {

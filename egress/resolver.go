@@ -83,6 +83,16 @@ func Serve(ctx context.Context, cfg ResolverConfig, dir *os.File, ready func()) 
 	for _, s := range servers {
 		go func() { errc <- s.ActivateAndServe() }()
 	}
+	// The table is the whole policy: if it loses a rule, a chain or
+	// itself (a flush of the host's rules, a reload, the sandbox's
+	// removal), the link goes down at once, and the resolver leaves.
+	// nftables tells of every deletion (watchTable); should its messages be
+	// lost, the resolver compares the table with its policy every second.
+	changed, stopWatch := r.watchTable(ctx)
+	defer stopWatch()
+	if err := r.checkTable(); err != nil {
+		return r.failClosed(err)
+	}
 	if ready != nil {
 		ready()
 	}
@@ -97,18 +107,104 @@ func Serve(ctx context.Context, cfg ResolverConfig, dir *os.File, ready func()) 
 			return r.flush()
 		case err := <-errc:
 			return fmt.Errorf("resolver: %w", err)
+		case err := <-changed:
+			if err == nil {
+				err = r.checkTable() // the watch ended: whole so far?
+			}
+			if err != nil {
+				return r.failClosed(err)
+			}
+			changed = nil // polled from now on
 		case <-tick.C:
 			if err := r.flush(); err != nil {
 				return err
 			}
-			// The table is the whole policy: if it goes (a flush of
-			// the host's rules, or the sandbox's removal), the link
-			// goes down at once, and the resolver leaves.
-			if i%10 == 9 && !r.tableExists() {
-				return r.failClosed()
+			if changed == nil && i%5 == 4 {
+				if err := r.checkTable(); err != nil {
+					return r.failClosed(err)
+				}
 			}
 		}
 	}
+}
+
+// watchTable watches nftables' deletions: changed gets an error wrapping
+// errTableChanged once one touches the sandbox's table, or nil if the
+// watch ends (its messages were lost: the caller polls then).
+func (r *resolver) watchTable(ctx context.Context) (changed <-chan error, stop func()) {
+	ch := make(chan error, 1)
+	// Every event: google/nftables hands a transaction's events over on
+	// its closing generation message, which only MonitorObjectAny lets
+	// through (the kernel sends every subscriber every event anyway).
+	mon := nftables.NewMonitor()
+	c, err := nftables.New()
+	if err == nil {
+		var events chan *nftables.MonitorEvent
+		if events, err = c.AddMonitor(mon); err == nil {
+			go func() {
+				for ev := range events {
+					if what := r.ours(ev); what != "" {
+						ch <- fmt.Errorf("table %s: %s deleted: %w", r.cfg.Table, what, errTableChanged)
+						break
+					}
+					if ev.Type == nftables.MonitorEventTypeOOB {
+						break
+					}
+				}
+				select {
+				case ch <- nil:
+				default:
+				}
+				mon.Close()
+				for range events { // until the monitor's goroutine ends
+				}
+			}()
+			return ch, func() { mon.Close() }
+		}
+	}
+	ch <- nil // no watch: poll
+	return ch, func() {}
+}
+
+// ours says what ev deleted of the sandbox's table, "" if nothing.
+func (r *resolver) ours(ev *nftables.MonitorEvent) string {
+	switch d := ev.Data.(type) {
+	case *nftables.Table:
+		if ev.Type == nftables.MonitorEventTypeDelTable && d.Name == r.cfg.Table {
+			return "the table"
+		}
+	case *nftables.Chain:
+		if ev.Type == nftables.MonitorEventTypeDelChain && d.Table != nil && d.Table.Name == r.cfg.Table {
+			return "chain " + d.Name
+		}
+	case *nftables.Rule:
+		if ev.Type == nftables.MonitorEventTypeDelRule && d.Table != nil && d.Table.Name == r.cfg.Table {
+			return "a rule of chain " + chainName(d.Chain)
+		}
+	}
+	return ""
+}
+
+func chainName(c *nftables.Chain) string {
+	if c == nil {
+		return "?"
+	}
+	return c.Name
+}
+
+// checkTable compares the sandbox's table with its policy (see
+// Network.checkTable); nil if it is whole or cannot be read.
+func (r *resolver) checkTable() error {
+	n := &Network{ID: r.cfg.Table, Host: r.cfg.Link, Gateway: r.cfg.Gateway, Addr: r.cfg.Gateway.Next()}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.tableExistsLocked() {
+		return fmt.Errorf("table %s is gone: %w", r.cfg.Table, errTableChanged)
+	}
+	if err := n.checkTable(r.nft, r.cfg.Policy); errors.Is(err, errTableChanged) {
+		return err
+	}
+	return nil
 }
 
 // markSocket marks a resolver's socket with ResolverMark, which the
@@ -139,23 +235,21 @@ type resolver struct {
 }
 
 // failClosed takes the sandbox's link down (it may be gone: the sandbox
-// was removed) and says why the resolver ends.
-func (r *resolver) failClosed() error {
+// was removed) and says why the resolver ends: why, the table's change.
+func (r *resolver) failClosed(why error) error {
 	l, err := netlink.LinkByName(r.cfg.Link)
 	if err != nil {
-		return fmt.Errorf("resolver: table %s is gone, and link %s: %w", r.cfg.Table, r.cfg.Link, err)
+		return fmt.Errorf("resolver: %w, and link %s: %w", why, r.cfg.Link, err)
 	}
 	if err := netlink.LinkSetDown(l); err != nil {
-		return fmt.Errorf("resolver: table %s is gone: take link %s down: %w", r.cfg.Table, r.cfg.Link, err)
+		return fmt.Errorf("resolver: %w: take link %s down: %w", why, r.cfg.Link, err)
 	}
-	return fmt.Errorf("resolver: table %s is gone: link %s taken down", r.cfg.Table, r.cfg.Link)
+	return fmt.Errorf("resolver: %w: link %s taken down", why, r.cfg.Link)
 }
 
-// tableExists reports whether the sandbox's table is there (true if that
-// cannot be told).
-func (r *resolver) tableExists() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// tableExistsLocked reports whether the sandbox's table is there (true if
+// that cannot be told). The caller holds r.mu.
+func (r *resolver) tableExistsLocked() bool {
 	ts, err := r.nft.ListTablesOfFamily(nftables.TableFamilyINet)
 	return err != nil || slices.ContainsFunc(ts, func(t *nftables.Table) bool { return t.Name == r.cfg.Table })
 }

@@ -260,3 +260,67 @@ func TestEgressForwardingAfterAFlushedRuleset(t *testing.T) {
 		}
 	}
 }
+
+// TestEgressFlushedTableFailsClosed: a flush of an egress sandbox's table
+// (nft flush table: its rules go, the table stays) closes the sandbox's
+// link at once (its resolver hears of each rule deleted), where it passed
+// everything before; the next sandbox command makes the table whole again.
+func TestEgressFlushedTableFailsClosed(t *testing.T) {
+	t.Parallel()
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	w := networld.Start(t)
+	mustFlmboxIn(t, w, root, "sandbox", "create", "--name", "ft", "--image", reg.digestRef(), "--network", "egress",
+		"--allow", "allowed.test", "--dns", networld.DNSAddr)
+	t.Cleanup(func() { flmboxIn(t, w, root, "sandbox", "rm", "ft") })
+	service := egressPort(w.ListenWorker(t, "tcp", "0.0.0.0:0")) // a service of the worker's, on every address
+	probes := map[string]string{
+		"allowed": `get(resolve("allowed.test"))`,
+		"other":   `get("` + networld.OtherAddr + `")`,
+		"meta":    `get("` + networld.MetadataAddr + `")`,
+		"worker":  `get("` + networld.WorkerAddr + `", ` + service + `)`,
+	}
+	holds := func() {
+		t.Helper()
+		got := egressProbes(t, w, root, []string{"--sandbox", "ft"}, probes)
+		egressCheck(t, got, map[string]func(string) bool{
+			"allowed": egressIs("ok:hello 198.51.100.10 from 198.51.100.10:80"),
+			"other":   egressConnRefused,
+			"meta":    egressConnRefused,
+			"worker":  egressConnRefused,
+		})
+	}
+	holds()
+	f, err := os.Open(w.WorkerNetNS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	c, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.FlushTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: faultSandboxID(t, root, "ft")})
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing passes from the first probe on: the link is down.
+	got := egressProbes(t, w, root, []string{"--sandbox", "ft"}, probes)
+	for k, r := range got {
+		if !egressFailed(r) || r == "ECONNREFUSED" {
+			t.Errorf("probe %s with the table flushed: %q, want unreachable", k, r)
+		}
+	}
+	res := flmboxIn(t, w, root, "sandbox", "ls")
+	if res.code != 0 || !strings.Contains(res.stderr, "changed") || !strings.Contains(res.stderr, "link") {
+		t.Fatalf("sandbox ls after a flush of the table: exit %d, stderr %q", res.code, res.stderr)
+	}
+	// The link's carrier comes back a moment after it is up.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		got := egressProbes(t, w, root, []string{"--sandbox", "ft"}, map[string]string{"allowed": probes["allowed"]})
+		if strings.HasPrefix(got["allowed"], "ok:") || time.Now().After(deadline) {
+			break
+		}
+	}
+	holds()
+}
