@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -228,10 +227,11 @@ type resolver struct {
 	dir  *os.File // where cfg.Refused is
 	busy chan struct{}
 
-	mu      sync.Mutex // guards nft (one batch at a time), refused, dirty
+	mu      sync.Mutex // guards nft (one batch at a time), refused, dirty, answers
 	nft     *nftables.Conn
 	refused map[string]int
 	dirty   bool
+	answers map[string]*cacheEntry // by name
 }
 
 // failClosed takes the sandbox's link down (it may be gone: the sandbox
@@ -280,72 +280,93 @@ func (r *resolver) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 	}
 }
 
+// maxQuery is the largest query a resolver takes, in bytes: one question
+// of a name of at most 255 bytes, its header and an EDNS record with room to
+// spare. A larger one (the issue saw 60,045 bytes over TCP) carries
+// something else.
+const maxQuery = 512
+
+// answer answers q, a sandbox's query. The resolver never relays it: it asks
+// upstream a query of its own (the name, A, class IN, recursion, its own
+// EDNS size, no option of the sandbox's), and builds the answer itself from
+// what upstream answered: the CNAMEs from the asked name and the A records
+// of their chain it pinned, nothing else (no authority, no additional
+// records, no TXT). Odd queries (not one question of class IN, not a plain
+// query, too large) are refused and counted; a type but A is answered with
+// no record (AAAA: a sandbox has no IPv6) without asking upstream.
 func (r *resolver) answer(q *dns.Msg) *dns.Msg {
 	m := new(dns.Msg)
-	if len(q.Question) != 1 || q.Opcode != dns.OpcodeQuery {
+	if len(q.Question) != 1 || q.Opcode != dns.OpcodeQuery || q.Len() > maxQuery || len(q.Answer)+len(q.Ns) > 0 {
+		r.refuse("(odd query)")
 		return m.SetRcode(q, dns.RcodeRefused)
 	}
-	name := strings.TrimSuffix(strings.ToLower(q.Question[0].Name), ".")
+	question := q.Question[0]
+	if question.Qclass != dns.ClassINET {
+		r.refuse("(class " + dns.ClassToString[question.Qclass] + ")")
+		return m.SetRcode(q, dns.RcodeRefused)
+	}
+	name := strings.TrimSuffix(strings.ToLower(question.Name), ".")
 	ports, denied, ok := r.cfg.Policy.NamePorts(name)
 	if !ok || !validName(name) { // a name with escapes (\.) is matched by no rule
 		r.refuse(name)
 		return m.SetRcode(q, dns.RcodeNameError)
 	}
-	up, err := r.ask(q)
-	if err != nil {
+	m.SetReply(q)
+	m.RecursionAvailable = true
+	if q.IsEdns0() != nil {
+		m.SetEdns0(ednsSize, false)
+	}
+	if question.Qtype != dns.TypeA {
+		return m // no record of that type: only A records open anything
+	}
+	if c, ok := r.cached(name); ok {
+		m.Rcode, m.Answer = c.rcode, c.records(time.Now())
+		return m
+	}
+	up, err := r.ask(name)
+	if err != nil || up.Rcode != dns.RcodeSuccess && up.Rcode != dns.RcodeNameError {
 		return m.SetRcode(q, dns.RcodeServerFailure)
 	}
-	// The names the answer goes through (CNAMEs from the question's): a
-	// name denied among them denies the answer; only their addresses are
-	// pinned.
-	chain := map[string]bool{name: true}
+	// The names the answer goes through (CNAMEs from the question's), in
+	// order, and the records that say so.
+	chain, cnames := []string{name}, []dns.RR{}
 	for cur, i := name, 0; i < len(up.Answer); i++ {
 		for _, rr := range up.Answer {
-			if c, ok := rr.(*dns.CNAME); ok && strings.TrimSuffix(strings.ToLower(c.Hdr.Name), ".") == cur {
+			if c, ok := rr.(*dns.CNAME); ok && strings.TrimSuffix(strings.ToLower(c.Hdr.Name), ".") == cur && !slices.Contains(chain, strings.TrimSuffix(strings.ToLower(c.Target), ".")) {
 				cur = strings.TrimSuffix(strings.ToLower(c.Target), ".")
-				chain[cur] = true
+				chain = append(chain, cur)
+				cnames = append(cnames, &dns.CNAME{Hdr: dns.RR_Header{Name: c.Hdr.Name, Rrtype: dns.TypeCNAME, Class: dns.ClassINET, Ttl: c.Hdr.Ttl}, Target: c.Target})
+				break
 			}
 		}
 	}
 	// Each name of the chain is checked against the Deny rules, with
 	// their ports: a port denied to a name the answer goes through is
 	// closed for the answer's addresses too.
-	ports, denied, ok = r.cfg.Policy.ChainPorts(name, slices.Collect(maps.Keys(chain)))
+	ports, denied, ok = r.cfg.Policy.ChainPorts(name, chain)
 	if !ok {
 		r.refuse(name)
 		return m.SetRcode(q, dns.RcodeNameError)
 	}
+	// Only the answer section's A records of the chain's names are
+	// pinned and sent.
 	var pins []netip.Addr
+	var addrs []dns.RR
 	ttl, dropped := uint32(0), 0
-	up.Answer = slices.DeleteFunc(up.Answer, func(rr dns.RR) bool {
-		switch a := rr.(type) {
-		case *dns.AAAA:
-			return true
-		case *dns.A:
-			if !chain[strings.TrimSuffix(strings.ToLower(a.Hdr.Name), ".")] {
-				return true // another name's address
-			}
-			ip, ok := netip.AddrFromSlice(a.A.To4())
-			if !ok || !r.cfg.Policy.AnswerAllowed(ip, r.host) {
-				dropped++
-				return true
-			}
-			pins = append(pins, ip)
-			ttl = max(ttl, a.Hdr.Ttl)
+	for _, rr := range up.Answer {
+		a, ok := rr.(*dns.A)
+		if !ok || !slices.Contains(chain, strings.TrimSuffix(strings.ToLower(a.Hdr.Name), ".")) {
+			continue // another name's address, or another type
 		}
-		return false
-	})
-	// Only the answer section's addresses are pinned, and only they are
-	// sent: an address elsewhere (authority, additional) would open
-	// nothing, and be a stale hint.
-	noAddr := func(rr dns.RR) bool {
-		switch rr.(type) {
-		case *dns.A, *dns.AAAA:
-			return true
+		ip, ok := netip.AddrFromSlice(a.A.To4())
+		if !ok || !r.cfg.Policy.AnswerAllowed(ip, r.host) {
+			dropped++
+			continue
 		}
-		return false
+		pins = append(pins, ip)
+		addrs = append(addrs, &dns.A{Hdr: dns.RR_Header{Name: a.Hdr.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: a.Hdr.Ttl}, A: a.A})
+		ttl = max(ttl, a.Hdr.Ttl)
 	}
-	up.Ns, up.Extra = slices.DeleteFunc(up.Ns, noAddr), slices.DeleteFunc(up.Extra, noAddr)
 	if len(pins) == 0 && dropped > 0 {
 		// Every address the name has is refused: the name is, as if it
 		// were not allowed.
@@ -360,13 +381,98 @@ func (r *resolver) answer(q *dns.Msg) *dns.Msg {
 			return m.SetRcode(q, dns.RcodeServerFailure) // fail closed
 		}
 	}
-	up.Id, up.RecursionAvailable = q.Id, true
-	return up
+	c := r.cache(name, up.Rcode, append(cnames, addrs...))
+	m.Rcode, m.Answer = c.rcode, c.records(time.Now())
+	return m
 }
 
-// ask asks the upstream servers in turn, over TCP when UDP's answer is
-// truncated.
-func (r *resolver) ask(q *dns.Msg) (*dns.Msg, error) {
+// ednsSize is the UDP payload size the resolver offers, upstream and to
+// the sandbox: DNS flag day 2020's.
+const ednsSize = 1232
+
+// Answers are kept for their TTL, at most cacheMax (the pins of an answer
+// last minPin at least, so an answer kept no longer finds its addresses
+// still pinned) and at least cacheMin; an NXDOMAIN cacheNegative; at most
+// cacheSize names (expired ones go first, then any).
+const (
+	cacheMax      = minPin / 2
+	cacheMin      = 5 * time.Second
+	cacheNegative = 30 * time.Second
+	cacheSize     = 1024
+)
+
+// cacheEntry is an answer kept: its records, with TTLs counted down from
+// when it was asked.
+type cacheEntry struct {
+	rcode   int
+	rrs     []dns.RR
+	asked   time.Time
+	expires time.Time
+}
+
+// records are e's records with their TTLs as of now.
+func (e *cacheEntry) records(now time.Time) []dns.RR {
+	age := uint32(now.Sub(e.asked) / time.Second)
+	out := make([]dns.RR, len(e.rrs))
+	for i, rr := range e.rrs {
+		rr = dns.Copy(rr)
+		h := rr.Header()
+		h.Ttl = min(max(h.Ttl, age)-age, uint32(e.expires.Sub(now)/time.Second)+1)
+		out[i] = rr
+	}
+	return out
+}
+
+// cached returns name's answer if it is kept and current.
+func (r *resolver) cached(name string) (*cacheEntry, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.answers[name]
+	if !ok || time.Now().After(e.expires) {
+		return nil, false
+	}
+	return e, true
+}
+
+// cache keeps name's answer.
+func (r *resolver) cache(name string, rcode int, rrs []dns.RR) *cacheEntry {
+	now := time.Now()
+	life := cacheNegative
+	if rcode == dns.RcodeSuccess {
+		ttl := uint32(cacheMax / time.Second)
+		for _, rr := range rrs {
+			ttl = min(ttl, rr.Header().Ttl)
+		}
+		life = max(time.Duration(ttl)*time.Second, cacheMin)
+	}
+	e := &cacheEntry{rcode: rcode, rrs: rrs, asked: now, expires: now.Add(life)}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.answers == nil {
+		r.answers = map[string]*cacheEntry{}
+	}
+	if _, ok := r.answers[name]; !ok && len(r.answers) >= cacheSize {
+		for n, old := range r.answers {
+			if now.After(old.expires) {
+				delete(r.answers, n)
+			}
+		}
+		for n := range r.answers {
+			if len(r.answers) < cacheSize {
+				break
+			}
+			delete(r.answers, n)
+		}
+	}
+	r.answers[name] = e
+	return e
+}
+
+// ask asks the upstream servers in turn for name's A records, over TCP when
+// UDP's answer is truncated: a query of the resolver's own.
+func (r *resolver) ask(name string) (*dns.Msg, error) {
+	q := new(dns.Msg).SetQuestion(dns.Fqdn(name), dns.TypeA)
+	q.SetEdns0(ednsSize, false)
 	errs := []error{errors.New("no DNS server to ask")}
 	for _, s := range r.cfg.Upstream {
 		c := &dns.Client{Net: "udp", Timeout: resolverTimeout}

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -33,7 +34,17 @@ func upstream(t *testing.T, names map[string][]string) (addr string, asked func(
 		name := q.Question[0].Name
 		mu.Lock()
 		counts[strings.ToLower(name)]++
+		if opt := q.IsEdns0(); opt != nil && len(opt.Option) > 0 || q.Question[0].Qclass != dns.ClassINET || q.Question[0].Qtype != dns.TypeA {
+			counts["relayed"]++ // not the resolver's own query
+		}
 		mu.Unlock()
+		// What a resolver must not pass on: records of other types, in
+		// every section.
+		txt := func(n string) dns.RR {
+			return &dns.TXT{Hdr: dns.RR_Header{Name: n, Rrtype: dns.TypeTXT, Class: dns.ClassINET, Ttl: 60}, Txt: []string{"data"}}
+		}
+		m.Answer = append(m.Answer, txt(name))
+		m.Extra = append(m.Extra, txt(name))
 		ips, ok := names[strings.ToLower(name)]
 		if !ok {
 			m.Rcode = dns.RcodeNameError
@@ -172,9 +183,63 @@ func TestResolverAnswers(t *testing.T) {
 	if got := setElements(t, c, TableName(id), setDenyPort); got != 2 {
 		t.Errorf("denyport has %d elements, want 2", got)
 	}
+	// Its answers hold what it pinned and the CNAMEs to it, nothing else.
+	for _, name := range []string{"allowed.test.", "cdn.wild.test.", "extra.wild.test."} {
+		m := ask(name, dns.TypeA)
+		for _, rr := range slices.Concat(m.Answer, m.Ns, m.Extra) {
+			if typ := rr.Header().Rrtype; typ != dns.TypeA && typ != dns.TypeCNAME && typ != dns.TypeOPT {
+				t.Errorf("%s: the answer holds a %s record: %v", name, dns.TypeToString[typ], m)
+			}
+		}
+	}
+	// An answer is kept for its TTL: asked again, upstream is not.
+	before := asked("allowed.test.")
+	if m := ask("allowed.test.", dns.TypeA); m.Rcode != dns.RcodeSuccess || len(m.Answer) != 1 || asked("allowed.test.") != before {
+		t.Errorf("asked again: rcode %d, %d answers, upstream asked %d more times", m.Rcode, len(m.Answer), asked("allowed.test.")-before)
+	}
+	// Odd queries are refused and counted, never asked upstream; another
+	// type than A is answered empty, not asked either; the sandbox's EDNS
+	// options never leave.
+	odd := func(edit func(*dns.Msg)) *dns.Msg {
+		q := new(dns.Msg).SetQuestion("a.wild.test.", dns.TypeA)
+		edit(q)
+		return r.answer(q)
+	}
+	for what, edit := range map[string]func(*dns.Msg){
+		"two questions": func(q *dns.Msg) { q.Question = append(q.Question, q.Question[0]) },
+		"class CH":      func(q *dns.Msg) { q.Question[0].Qclass = dns.ClassCHAOS },
+		"an update":     func(q *dns.Msg) { q.Opcode = dns.OpcodeUpdate },
+		"oversized": func(q *dns.Msg) {
+			q.SetEdns0(4096, false)
+			q.IsEdns0().Option = append(q.IsEdns0().Option, &dns.EDNS0_LOCAL{Code: 65001, Data: make([]byte, 1000)})
+		},
+	} {
+		if m := odd(edit); m.Rcode != dns.RcodeRefused {
+			t.Errorf("%s: rcode %d, want REFUSED", what, m.Rcode)
+		}
+	}
+	if r.refused["(odd query)"] != 3 || r.refused["(class CH)"] != 1 {
+		t.Errorf("odd queries counted: %v", r.refused)
+	}
+	m := odd(func(q *dns.Msg) {
+		q.SetEdns0(1232, false)
+		q.IsEdns0().Option = append(q.IsEdns0().Option, &dns.EDNS0_LOCAL{Code: 65001, Data: []byte("secret")})
+		q.Question[0].Name = "edns.wild.test."
+	})
+	if m.Rcode != dns.RcodeNameError { // upstream does not know it: asked, without the option
+		t.Errorf("with an EDNS option: rcode %d", m.Rcode)
+	}
+	for _, qtype := range []uint16{dns.TypeTXT, dns.TypeMX, dns.TypeANY} {
+		if m := ask("txt.wild.test.", qtype); m.Rcode != dns.RcodeSuccess || len(m.Answer) != 0 {
+			t.Errorf("%s: rcode %d, %d answers; want none", dns.TypeToString[qtype], m.Rcode, len(m.Answer))
+		}
+	}
+	if asked("txt.wild.test.") != 0 || asked("relayed") != 0 || asked("edns.wild.test.") != 1 {
+		t.Errorf("upstream asked for txt.wild.test %d times, relayed %d, edns.wild.test %d", asked("txt.wild.test."), asked("relayed"), asked("edns.wild.test."))
+	}
 	// A resolver without a server to ask fails, and pins nothing.
 	r.cfg.Upstream = nil
-	if m := ask("allowed.test.", dns.TypeA); m.Rcode != dns.RcodeServerFailure {
+	if m := ask("fresh.wild.test.", dns.TypeA); m.Rcode != dns.RcodeServerFailure {
 		t.Errorf("no upstream: rcode %d", m.Rcode)
 	}
 }

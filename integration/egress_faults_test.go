@@ -324,3 +324,37 @@ func TestEgressFlushedTableFailsClosed(t *testing.T) {
 	}
 	holds()
 }
+
+// TestEgressResolverAsksItsOwnQuestions: the sandbox's resolver never
+// relays a query: an EDNS option (data on its way out), another class, a
+// query of 60,000 bytes over TCP reach no upstream server; odd ones are
+// refused; an answer is kept for its TTL (asked again, upstream is not).
+func TestEgressResolverAsksItsOwnQuestions(t *testing.T) {
+	t.Parallel()
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	w := networld.Start(t)
+	mustFlmboxIn(t, w, root, "sandbox", "create", "--name", "dq", "--image", reg.digestRef(), "--network", "egress",
+		"--allow", "allowed.test", "--dns", networld.DNSAddr)
+	t.Cleanup(func() { flmboxIn(t, w, root, "sandbox", "rm", "dq") })
+	got := egressProbes(t, w, root, []string{"--sandbox", "dq"}, map[string]string{
+		"option":    `dnsq(nameserver(), "allowed.test", opt=b"secret")`,
+		"chaos":     `dnsq(nameserver(), "allowed.test", qclass=3)`,
+		"oversized": `dnsq(nameserver(), "allowed.test", tcp=True, opt=b"x" * 60000)`,
+		"txt":       `dnsq(nameserver(), "allowed.test", 16)`,
+		"twice":     `dnsq(nameserver(), "allowed.test") + " " + dnsq(nameserver(), "allowed.test", tcp=True)`,
+	})
+	egressCheck(t, got, map[string]func(string) bool{
+		"option":    egressIs("ok:rcode=0 198.51.100.10"),
+		"chaos":     egressIs("ok:rcode=5"),
+		"oversized": egressIs("ok:rcode=5"),
+		"txt":       egressIs("ok:rcode=0"),
+		"twice":     egressIs("ok:rcode=0 198.51.100.10 rcode=0 198.51.100.10"),
+	})
+	if n := w.OddQueries(); n != 0 {
+		t.Errorf("the world's DNS server had %d odd queries: relayed", n)
+	}
+	if n := w.Queries("allowed.test"); n != 1 {
+		t.Errorf("the world's DNS server was asked %d times for allowed.test, want 1 (then kept)", n)
+	}
+}

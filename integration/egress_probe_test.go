@@ -165,8 +165,10 @@ def skipname(r, i):
         i += 1 + r[i]
     return i + 1
 
-def dnsq(server, name, qtype=1, tcp=False):
-    q = struct.pack("!HHHHHH", 0x2929, 0x0100, 1, 0, 0, 0) + b"".join(bytes([len(l)]) + l.encode() for l in name.split(".")) + b"\0" + struct.pack("!HH", qtype, 1)
+def dnsq(server, name, qtype=1, tcp=False, qclass=1, opt=None):
+    q = struct.pack("!HHHHHH", 0x2929, 0x0100, 1, 0, 0, 1 if opt is not None else 0) + b"".join(bytes([len(l)]) + l.encode() for l in name.split(".")) + b"\0" + struct.pack("!HH", qtype, qclass)
+    if opt is not None: # an EDNS record with one option (code 65001) holding opt
+        q += b"\0" + struct.pack("!HHIH", 41, 1232, 0, 4 + len(opt)) + struct.pack("!HH", 65001, len(opt)) + opt
     if tcp:
         with conn(server, 53) as s:
             s.sendall(struct.pack("!H", len(q)) + q)

@@ -20,6 +20,7 @@ type dnsServer struct {
 	cname   map[string]string       // canonical name → its CNAME's target
 	extra   map[string][]netip.Addr // A records of a name, sent in the additional section of its answers
 	queries map[string]int
+	odd     int // queries of another class than IN, with EDNS options, or over 512 bytes
 }
 
 // defaultNames are the world's names and their addresses.
@@ -94,6 +95,15 @@ func (w *World) SetExtraA(name string, ips ...string) {
 	w.dns.extra[canonical(name)] = addrs
 }
 
+// OddQueries returns how many queries the DNS server had that a resolver
+// of flmbox's would never ask: of another class than IN, with EDNS
+// options, or over 512 bytes (a sandbox's, relayed).
+func (w *World) OddQueries() int {
+	w.dns.mu.Lock()
+	defer w.dns.mu.Unlock()
+	return w.dns.odd
+}
+
 // Queries returns how many queries (of any type, UDP or TCP) the DNS
 // server had for name.
 func (w *World) Queries(name string) int {
@@ -106,10 +116,20 @@ func (w *World) Queries(name string) int {
 // answer for a known name without them, NXDOMAIN for an unknown name.
 func (d *dnsServer) ServeDNS(rw dns.ResponseWriter, q *dns.Msg) {
 	d.hits.add(DNS, addrPort(rw.LocalAddr()), addrPort(rw.RemoteAddr()))
+	odd := q.Len() > 512
+	if opt := q.IsEdns0(); opt != nil && len(opt.Option) > 0 {
+		odd = true
+	}
+	for _, question := range q.Question {
+		odd = odd || question.Qclass != dns.ClassINET
+	}
 	m := new(dns.Msg)
 	m.SetReply(q)
 	m.Authoritative = true
 	d.mu.Lock()
+	if odd {
+		d.odd++
+	}
 	for _, question := range q.Question {
 		name := canonical(question.Name)
 		d.queries[name]++
