@@ -43,8 +43,10 @@ const (
 	setDenyPort = "denyport" // ipv4_addr . inet_service: answers of names denied on some ports
 	setRefused  = "refused"  // ipv4_addr . inet_proto . inet_service, counters
 	refusedSize = 4096       // elements refused keeps; refusals past it are counted in total only
+	maxFlows    = 4096       // connections a sandbox may have tracked at once (chain full)
 	pinSize     = 65536      // elements each pin set keeps: a full set fails the pin (SERVFAIL), not open
 	chainOut    = "out"
+	chainFull   = "full" // refuses a connection past maxFlows
 )
 
 // nftables' 32-bit registers, for concatenations.
@@ -171,6 +173,11 @@ func (n *Network) build(c *nftables.Conn, p Policy) (map[string]int, error) {
 	// not pass as another sandbox's established connection.
 	add(out, ipv4(), saddrNot(n.Addr), v(drop))
 	add(out, ctEstablished(), v(accept))
+	// A sandbox holds at most maxFlows connections in the host's
+	// connection tracking (each UDP datagram to a new port is one, for 30
+	// s): past it, a new one is refused (chain full), not tracked.
+	full := c.AddChain(&nftables.Chain{Table: t, Name: chainFull})
+	add(out, v(&expr.Connlimit{Count: maxFlows, Flags: expr.NFT_CONNLIMIT_F_INV}), v(&expr.Verdict{Kind: expr.VerdictJump, Chain: chainFull}))
 	add(out, nfproto(unix.NFPROTO_IPV6), v(&expr.Counter{}), v(&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}))
 	for _, r := range p.Deny {
 		if r.Name == "" {
@@ -200,6 +207,7 @@ func (n *Network) build(c *nftables.Conn, p Policy) (map[string]int, error) {
 		}
 	}
 	refuse(out, 0)
+	refuse(full, 0)
 
 	// Spoofed sources are dropped here too: the resolver's answers must
 	// not be sent to a third party (a reflection).

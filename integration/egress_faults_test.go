@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -356,5 +357,50 @@ func TestEgressResolverAsksItsOwnQuestions(t *testing.T) {
 	}
 	if n := w.Queries("sub.wild.test"); n != 1 {
 		t.Errorf("the world's DNS server was asked %d times for sub.wild.test, want 1 (then kept)", n)
+	}
+}
+
+// TestEgressFlowsAreBounded: a sandbox holds at most 4,096 connections in
+// the host's connection tracking: 20,000 UDP datagrams to as many ports of
+// an allowed address took the worker's table from some 3,000 entries to
+// 19,000 before; now the ones past the bound are refused, untracked.
+func TestEgressFlowsAreBounded(t *testing.T) {
+	t.Parallel()
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	w := networld.Start(t)
+	mustFlmboxIn(t, w, root, "sandbox", "create", "--name", "flows", "--image", reg.digestRef(), "--network", "egress",
+		"--allow", networld.OtherAddr, "--dns", networld.DNSAddr)
+	t.Cleanup(func() { flmboxIn(t, w, root, "sandbox", "rm", "flows") })
+	tracked := func() int {
+		t.Helper()
+		out, err := w.Command(t.Context(), "cat", "/proc/sys/net/netfilter/nf_conntrack_count").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(string(out)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := tracked()
+	res := mustFlmboxIn(t, w, root, "run", "--sandbox", "flows", "-c", `
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+sent = refused = 0
+for port in range(10000, 30000):
+    try:
+        s.sendto(b"x", ("`+networld.OtherAddr+`", port))
+        sent += 1
+    except OSError:
+        refused += 1 # an earlier datagram's refusal, reported on this one
+print(sent + refused)
+`)
+	if strings.TrimSpace(res) != "20000" {
+		t.Fatalf("the snippet printed %q", res)
+	}
+	if after := tracked(); after-before > 4096+256 {
+		t.Fatalf("the worker tracks %d connections after 20,000 datagrams, %d before: unbounded", after, before)
 	}
 }
