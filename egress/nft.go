@@ -44,6 +44,7 @@ const (
 	setRefused  = "refused"  // ipv4_addr . inet_proto . inet_service, counters
 	refusedSize = 4096       // elements refused keeps; refusals past it are counted in total only
 	maxFlows    = 4096       // connections a sandbox may have tracked at once (chain full)
+	refusedFor  = time.Hour  // how long refused keeps a destination after its last refusal
 	pinSize     = 65536      // elements each pin set keeps: a full set fails the pin (SERVFAIL), not open
 	chainOut    = "out"
 	chainFull   = "full" // refuses a connection past maxFlows
@@ -116,8 +117,11 @@ func (n *Network) build(c *nftables.Conn, p Policy) (map[string]int, error) {
 	pin := &nftables.Set{Table: t, Name: setPin, KeyType: pinType, HasTimeout: true, Size: pinSize}
 	pinPort := &nftables.Set{Table: t, Name: setPinPort, KeyType: pinPortType, HasTimeout: true, Concatenation: true, Size: pinSize}
 	denyPort := &nftables.Set{Table: t, Name: setDenyPort, KeyType: pinPortType, HasTimeout: true, Concatenation: true, Size: pinSize}
+	// A refused destination is kept refusedFor since its last refusal:
+	// a scan that filled the set leaves room for later ones (the counts
+	// of each class are the rules' counters, which never saturate).
 	refused := &nftables.Set{Table: t, Name: setRefused, KeyType: refusedType, Concatenation: true,
-		Dynamic: true, Counter: true, Size: refusedSize}
+		Dynamic: true, Counter: true, Size: refusedSize, HasTimeout: true, Timeout: refusedFor}
 	for _, s := range []*nftables.Set{pin, pinPort, denyPort, refused} {
 		if err := c.AddSet(s, nil); err != nil {
 			return nil, err
@@ -133,10 +137,13 @@ func (n *Network) build(c *nftables.Conn, p Policy) (map[string]int, error) {
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &policy})
 	nat := c.AddChain(&nftables.Chain{Table: t, Name: "nat", Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &policy})
-	add := func(ch *nftables.Chain, e ...[]expr.Any) {
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: slices.Concat(e...)})
+	// tagged adds a rule whose comment names the class of what it
+	// refuses (RefusalClasses sums its counter into it).
+	tagged := func(ch *nftables.Chain, class string, e ...[]expr.Any) {
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: slices.Concat(e...), UserData: ruleComment(class)})
 		counts[ch.Name]++
 	}
+	add := func(ch *nftables.Chain, e ...[]expr.Any) { tagged(ch, "", e...) }
 	v := func(e expr.Any) []expr.Any { return []expr.Any{e} }
 
 	add(fwd, iif(n.Host), v(&expr.Verdict{Kind: expr.VerdictJump, Chain: chainOut}))
@@ -154,7 +161,7 @@ func (n *Network) build(c *nftables.Conn, p Policy) (map[string]int, error) {
 	// refuse adds rules refusing what match matches on port p (any if 0),
 	// and counting it in the set refused. The set's update and the verdict
 	// are two rules: a full set fails its own rule, never the refusal.
-	refuse := func(ch *nftables.Chain, p uint16, match ...[]expr.Any) {
+	refuse := func(ch *nftables.Chain, class string, p uint16, match ...[]expr.Any) {
 		m := slices.Concat(match...)
 		for _, proto := range ported {
 			add(ch, m, l4proto(proto), dportOr(p), ipv4(), refusedKey(true), v(&expr.Dynset{SrcRegKey: reg0, SetName: refused.Name, Operation: unix.NFT_DYNSET_OP_UPDATE}))
@@ -162,12 +169,12 @@ func (n *Network) build(c *nftables.Conn, p Policy) (map[string]int, error) {
 		if p == 0 {
 			add(ch, m, notPorted(), ipv4(), refusedKey(false), v(&expr.Dynset{SrcRegKey: reg0, SetName: refused.Name, Operation: unix.NFT_DYNSET_OP_UPDATE}))
 		}
-		add(ch, m, l4proto(unix.IPPROTO_TCP), dportOr(p), v(&expr.Counter{}), v(&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}))
+		tagged(ch, class, m, l4proto(unix.IPPROTO_TCP), dportOr(p), v(&expr.Counter{}), v(&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}))
 		if p != 0 {
-			add(ch, m, l4proto(unix.IPPROTO_UDP), dportOr(p), v(&expr.Counter{}), v(&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH}))
+			tagged(ch, class, m, l4proto(unix.IPPROTO_UDP), dportOr(p), v(&expr.Counter{}), v(&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH}))
 			return
 		}
-		add(ch, m, v(&expr.Counter{}), v(&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH}))
+		tagged(ch, class, m, v(&expr.Counter{}), v(&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH}))
 	}
 	// A source not the sandbox's is dropped first: a spoofed packet must
 	// not pass as another sandbox's established connection.
@@ -178,14 +185,14 @@ func (n *Network) build(c *nftables.Conn, p Policy) (map[string]int, error) {
 	// s): past it, a new one is refused (chain full), not tracked.
 	full := c.AddChain(&nftables.Chain{Table: t, Name: chainFull})
 	add(out, v(&expr.Connlimit{Count: maxFlows, Flags: expr.NFT_CONNLIMIT_F_INV}), v(&expr.Verdict{Kind: expr.VerdictJump, Chain: chainFull}))
-	add(out, nfproto(unix.NFPROTO_IPV6), v(&expr.Counter{}), v(&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}))
+	tagged(out, ClassIPv6, nfproto(unix.NFPROTO_IPV6), v(&expr.Counter{}), v(&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}))
 	for _, r := range p.Deny {
 		if r.Name == "" {
-			refuse(out, r.Port, ipv4(), daddrIn(r.Prefix))
+			refuse(out, ClassDenied, r.Port, ipv4(), daddrIn(r.Prefix))
 		}
 	}
 	for _, proto := range ported {
-		refuse(out, 0, ipv4(), l4proto(proto), daddr(reg0), dport(reg1), []expr.Any{&expr.Lookup{SourceRegister: reg0, SetName: denyPort.Name}})
+		refuse(out, ClassDenied, 0, ipv4(), l4proto(proto), daddr(reg0), dport(reg1), []expr.Any{&expr.Lookup{SourceRegister: reg0, SetName: denyPort.Name}})
 	}
 	for _, r := range p.Allow {
 		if r.Name == "" && r.explicit() {
@@ -193,7 +200,7 @@ func (n *Network) build(c *nftables.Conn, p Policy) (map[string]int, error) {
 		}
 	}
 	for _, pr := range Reserved {
-		refuse(out, 0, ipv4(), daddrIn(pr))
+		refuse(out, reservedClass(pr), 0, ipv4(), daddrIn(pr))
 	}
 	for _, proto := range ported {
 		add(out, ipv4(), l4proto(proto), daddr(reg1), v(&expr.Lookup{SourceRegister: reg1, SetName: pin.Name}), v(accept))
@@ -206,8 +213,8 @@ func (n *Network) build(c *nftables.Conn, p Policy) (map[string]int, error) {
 			allow(out, r.Port, ipv4(), daddrIn(r.Prefix))
 		}
 	}
-	refuse(out, 0)
-	refuse(full, 0)
+	refuse(out, ClassNotAllowed, 0)
+	refuse(full, ClassTooManyFlows, 0)
 
 	// Spoofed sources are dropped here too: the resolver's answers must
 	// not be sent to a third party (a reflection).
@@ -224,7 +231,7 @@ func (n *Network) build(c *nftables.Conn, p Policy) (map[string]int, error) {
 			allow(in, r.Port, iif(n.Host), ipv4(), daddrIn(r.Prefix))
 		}
 	}
-	refuse(in, 0, iif(n.Host))
+	refuse(in, ClassHost, 0, iif(n.Host))
 
 	add(nat, ipv4(), saddrIs(n.Addr), oifNot(n.Host), v(&expr.Masq{}))
 	return counts, nil

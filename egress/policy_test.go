@@ -197,3 +197,24 @@ func TestChainPorts(t *testing.T) {
 		t.Errorf("DeniedPorts(admin) = %v, %v", all, ports)
 	}
 }
+
+// TestRefusalClassOf: each reserved range has its class, and a rule's
+// comment reads back as written (nft list shows it as comment "...").
+func TestRefusalClassOf(t *testing.T) {
+	want := map[string]string{"169.254.0.0/16": ClassMetadata, "168.63.129.16/32": ClassMetadata, "127.0.0.0/8": ClassLoopback,
+		"10.0.0.0/8": ClassPrivate, "100.64.0.0/10": ClassPrivate, "172.16.0.0/12": ClassPrivate, "192.168.0.0/16": ClassPrivate,
+		"0.0.0.0/8": ClassReserved, "224.0.0.0/3": ClassReserved, "198.18.0.0/15": ClassReserved, "192.0.0.0/24": ClassReserved}
+	for _, p := range Reserved {
+		if got := reservedClass(p); got != want[p.String()] {
+			t.Errorf("reservedClass(%s) = %q, want %q", p, got, want[p.String()])
+		}
+	}
+	for _, s := range []string{ClassMetadata, ClassTooManyFlows, ""} {
+		if got := commentOf(ruleComment(s)); got != s {
+			t.Errorf("commentOf(ruleComment(%q)) = %q", s, got)
+		}
+	}
+	if got := commentOf([]byte{7, 2, 1, 2, 0, 4, 'h', 'o', 's', 't'}); got != "host" {
+		t.Errorf("a comment after another attribute: %q", got)
+	}
+}

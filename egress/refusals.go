@@ -1,12 +1,15 @@
 package egress
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 )
 
@@ -75,4 +78,111 @@ func protoName(p byte) string {
 		return "icmp"
 	}
 	return fmt.Sprint(p)
+}
+
+// Classes of what a sandbox's table refuses: each refusing rule's comment
+// names one, and its counter never saturates, where the set of refused
+// destinations keeps refusedSize of them (5,000 ports scanned filled it,
+// and a later refusal to the metadata service no longer showed).
+const (
+	ClassDenied       = "denied"         // a --deny rule: a range, or a name's port
+	ClassMetadata     = "metadata"       // link-local, the cloud's metadata and host agent endpoints
+	ClassPrivate      = "private"        // private and shared ranges
+	ClassLoopback     = "loopback"       // 127.0.0.0/8
+	ClassReserved     = "reserved"       // the other reserved ranges: this network, multicast, ...
+	ClassNotAllowed   = "not allowed"    // no rule and no answer opened it
+	ClassTooManyFlows = "too many flows" // over maxFlows connections at once
+	ClassHost         = "host"           // the host's own addresses and services
+	ClassIPv6         = "ipv6"           // any IPv6 packet
+)
+
+// reservedClass is the class of refusals to p, a range of Reserved.
+func reservedClass(p netip.Prefix) string {
+	switch {
+	case p.Overlaps(netip.MustParsePrefix("169.254.0.0/16")) || p == netip.MustParsePrefix("168.63.129.16/32"):
+		return ClassMetadata
+	case p.Overlaps(netip.MustParsePrefix("127.0.0.0/8")):
+		return ClassLoopback
+	case slices.ContainsFunc([]string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"}, func(s string) bool {
+		return p.Overlaps(netip.MustParsePrefix(s))
+	}):
+		return ClassPrivate
+	}
+	return ClassReserved
+}
+
+// ruleComment is nftables' user data of a rule's comment (what `nft list`
+// shows as comment "..."): attribute NFTNL_UDATA_RULE_COMMENT, its length
+// and the text ending in NUL. Nothing for "".
+func ruleComment(s string) []byte {
+	if s == "" {
+		return nil
+	}
+	return append([]byte{0, byte(len(s) + 1)}, append([]byte(s), 0)...)
+}
+
+// commentOf is the comment in a rule's user data, "" if none.
+func commentOf(ud []byte) string {
+	for len(ud) >= 2 && int(ud[1])+2 <= len(ud) {
+		typ, val := ud[0], ud[2:2+int(ud[1])]
+		if typ == 0 {
+			return strings.TrimSuffix(string(val), "\x00")
+		}
+		ud = ud[2+int(ud[1]):]
+	}
+	return ""
+}
+
+// RefusalClass counts the packets refused of one class (Class*).
+type RefusalClass struct {
+	Class string `json:"class"`
+	Count uint64 `json:"count"`
+}
+
+// RefusalClasses reads what the table of the sandbox whose runsc ID is id
+// has refused, by class, most refused first: counters that never saturate
+// (Refusals keeps refusedSize destinations). Classes with no refusal are
+// left out; a sandbox without a table has refused nothing.
+func RefusalClasses(id string) ([]RefusalClass, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, err
+	}
+	ts, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return nil, fmt.Errorf("list nftables tables: %w", err)
+	}
+	i := slices.IndexFunc(ts, func(t *nftables.Table) bool { return t.Name == TableName(id) })
+	if i < 0 {
+		return nil, nil
+	}
+	counts := map[string]uint64{}
+	for _, chain := range []string{chainOut, chainFull, "input"} {
+		rules, err := c.GetRules(ts[i], &nftables.Chain{Name: chain, Table: ts[i]})
+		if err != nil {
+			return nil, fmt.Errorf("read the refusals of table %s: %w", TableName(id), err)
+		}
+		for _, r := range rules {
+			class := commentOf(r.UserData)
+			if class == "" {
+				continue
+			}
+			for _, e := range r.Exprs {
+				if ctr, ok := e.(*expr.Counter); ok && ctr.Packets > 0 {
+					counts[class] += ctr.Packets
+				}
+			}
+		}
+	}
+	var out []RefusalClass
+	for class, n := range counts {
+		out = append(out, RefusalClass{class, n})
+	}
+	slices.SortFunc(out, func(a, b RefusalClass) int {
+		if a.Count != b.Count {
+			return cmp.Compare(b.Count, a.Count)
+		}
+		return strings.Compare(a.Class, b.Class)
+	})
+	return out, nil
 }

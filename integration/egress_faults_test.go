@@ -4,6 +4,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -402,5 +403,39 @@ print(sent + refused)
 	}
 	if after := tracked(); after-before > 4096+256 {
 		t.Fatalf("the worker tracks %d connections after 20,000 datagrams, %d before: unbounded", after, before)
+	}
+}
+
+// TestEgressRefusalsCannotBeBlinded: 5,000 refused ports fill the set of
+// refused destinations (4,096), and a refusal to the metadata service after
+// them still shows, in its class's count, which never saturates.
+func TestEgressRefusalsCannotBeBlinded(t *testing.T) {
+	t.Parallel()
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	w := networld.Start(t)
+	mustFlmboxIn(t, w, root, "sandbox", "create", "--name", "blind", "--image", reg.digestRef(), "--network", "egress",
+		"--allow", "allowed.test", "--dns", networld.DNSAddr)
+	t.Cleanup(func() { flmboxIn(t, w, root, "sandbox", "rm", "blind") })
+	mustFlmboxIn(t, w, root, "run", "--sandbox", "blind", "-c", `
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for port in range(10000, 15000):
+    try: s.sendto(b"x", ("`+networld.OtherAddr+`", port))
+    except OSError: pass # an earlier datagram's refusal, reported on this one
+try: socket.create_connection(("`+networld.MetadataAddr+`", 80), timeout=3)
+except OSError as e: print(e.errno)
+`)
+	var sbs []egressInfo
+	out := mustFlmboxIn(t, w, root, "sandbox", "ls", "--json")
+	if err := json.Unmarshal([]byte(out), &sbs); err != nil || len(sbs) != 1 || sbs[0].Egress == nil {
+		t.Fatalf("sandbox ls --json printed %q: %v", out, err)
+	}
+	classes := map[string]int{}
+	for _, c := range sbs[0].Egress.RefusedClasses {
+		classes[c.Class] = c.Count
+	}
+	if classes["metadata"] < 1 || classes["not allowed"] < 5000 || len(sbs[0].Egress.Refused) > 4096 {
+		t.Fatalf("refused by class %v, %d destinations", classes, len(sbs[0].Egress.Refused))
 	}
 }

@@ -31,6 +31,10 @@ type egressInfo struct {
 			Name  string `json:"name"`
 			Count int    `json:"count"`
 		} `json:"refused_names"`
+		RefusedClasses []struct {
+			Class string `json:"class"`
+			Count int    `json:"count"`
+		} `json:"refused_classes"`
 	} `json:"egress"`
 }
 

@@ -44,15 +44,21 @@ func ParseEgressRule(s string) (EgressRule, error) { return egress.ParseRule(s) 
 // that its policy refused.
 type Refusal = egress.Refusal
 
+// RefusalClass counts the packets an egress sandbox's policy refused of
+// one class (metadata, private, not allowed, ...): totals that never
+// saturate.
+type RefusalClass = egress.RefusalClass
+
 // RefusedName counts the questions for one name that an egress sandbox's
 // resolver refused (NXDOMAIN).
 type RefusedName = egress.RefusedName
 
 // EgressStatus is an egress sandbox's policy and what it refused.
 type EgressStatus struct {
-	Policy       Egress
-	Refused      []Refusal
-	RefusedNames []RefusedName
+	Policy         Egress
+	Refused        []Refusal
+	RefusedNames   []RefusedName
+	RefusedClasses []RefusalClass
 }
 
 // ResolverName is the file name of the egress sandboxes' resolver binary.
@@ -324,6 +330,7 @@ func egressStatus(rec *record.Record) *EgressStatus {
 	}
 	st := &EgressStatus{Policy: p}
 	st.Refused, _ = egress.Refusals(rec.ID)
+	st.RefusedClasses, _ = egress.RefusalClasses(rec.ID)
 	st.RefusedNames, _ = egress.RefusedNames(refusedNamesPath(rec))
 	return st
 }

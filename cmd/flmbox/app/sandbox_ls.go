@@ -40,13 +40,17 @@ type egressInfo struct {
 	Deny         []sandbox.EgressRule  `json:"deny,omitempty"`
 	Refused      []sandbox.Refusal     `json:"refused"`
 	RefusedNames []sandbox.RefusedName `json:"refused_names"`
+	// RefusedClasses are the packets refused by class, totals that never
+	// saturate (Refused keeps 4,096 destinations, an hour each).
+	RefusedClasses []sandbox.RefusalClass `json:"refused_classes"`
 }
 
 func egressInfoOf(st *sandbox.EgressStatus) *egressInfo {
 	if st == nil {
 		return nil
 	}
-	i := &egressInfo{Allow: st.Policy.Allow, Deny: st.Policy.Deny, Refused: st.Refused, RefusedNames: st.RefusedNames}
+	i := &egressInfo{Allow: st.Policy.Allow, Deny: st.Policy.Deny, Refused: st.Refused, RefusedNames: st.RefusedNames,
+		RefusedClasses: st.RefusedClasses}
 	if i.Allow == nil {
 		i.Allow = []sandbox.EgressRule{}
 	}
@@ -55,6 +59,9 @@ func egressInfoOf(st *sandbox.EgressStatus) *egressInfo {
 	}
 	if i.RefusedNames == nil {
 		i.RefusedNames = []sandbox.RefusedName{}
+	}
+	if i.RefusedClasses == nil {
+		i.RefusedClasses = []sandbox.RefusalClass{}
 	}
 	return i
 }
