@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -222,10 +223,11 @@ func markSocket(network, address string, c syscall.RawConn) error {
 }
 
 type resolver struct {
-	cfg  ResolverConfig
-	host []netip.Addr
-	dir  *os.File // where cfg.Refused is
-	busy chan struct{}
+	cfg    ResolverConfig
+	host   []netip.Addr
+	dir    *os.File // where cfg.Refused is
+	busy   chan struct{}
+	queued atomic.Int32 // questions waiting for busy
 
 	mu      sync.Mutex // guards nft (one batch at a time), refused, dirty, answers
 	nft     *nftables.Conn
@@ -266,18 +268,39 @@ func hostAddrs() []netip.Addr {
 	return out
 }
 
-// maxQuestions bounds the questions a resolver answers at once; more are
-// answered SERVFAIL at once, so that a sandbox cannot grow its resolver.
-const maxQuestions = 64
+// maxQuestions bounds the questions a resolver answers at once; up to
+// maxQueued more wait their turn, each at most queueWait, and the rest are
+// answered SERVFAIL at once: a sandbox cannot grow its resolver, and a burst
+// of questions (300 at once answered 64, SERVFAIL 204 when none waited) is
+// answered.
+const (
+	maxQuestions = 64
+	maxQueued    = 1024
+	queueWait    = 2 * time.Second
+)
 
 func (r *resolver) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 	select {
 	case r.busy <- struct{}{}:
-		defer func() { <-r.busy }()
-		w.WriteMsg(r.answer(q))
 	default:
-		w.WriteMsg(new(dns.Msg).SetRcode(q, dns.RcodeServerFailure))
+		if r.queued.Add(1) > maxQueued {
+			r.queued.Add(-1)
+			w.WriteMsg(new(dns.Msg).SetRcode(q, dns.RcodeServerFailure))
+			return
+		}
+		t := time.NewTimer(queueWait)
+		select {
+		case r.busy <- struct{}{}:
+			t.Stop()
+			r.queued.Add(-1)
+		case <-t.C:
+			r.queued.Add(-1)
+			w.WriteMsg(new(dns.Msg).SetRcode(q, dns.RcodeServerFailure))
+			return
+		}
 	}
+	defer func() { <-r.busy }()
+	w.WriteMsg(r.answer(q))
 }
 
 // maxQuery is the largest query a resolver takes, in bytes: one question

@@ -2,6 +2,7 @@ package egress
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/miekg/dns"
@@ -241,5 +243,46 @@ func TestResolverAnswers(t *testing.T) {
 	r.cfg.Upstream = nil
 	if m := ask("fresh.wild.test.", dns.TypeA); m.Rcode != dns.RcodeServerFailure {
 		t.Errorf("no upstream: rcode %d", m.Rcode)
+	}
+}
+
+// fakeWriter is a dns.ResponseWriter that keeps the message written.
+type fakeWriter struct {
+	dns.ResponseWriter
+	m *dns.Msg
+}
+
+func (w *fakeWriter) WriteMsg(m *dns.Msg) error { w.m = m; return nil }
+
+// TestResolverQueuesABurst: 300 questions at once, more than the 64 it
+// answers at a time, are all answered (they wait their turn), none
+// SERVFAIL.
+func TestResolverQueuesABurst(t *testing.T) {
+	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		time.Sleep(20 * time.Millisecond) // a slow upstream: the questions pile up
+		w.WriteMsg(new(dns.Msg).SetRcode(q, dns.RcodeNameError))
+	})}
+	go srv.ActivateAndServe()
+	t.Cleanup(func() { srv.Shutdown() })
+	r := &resolver{cfg: ResolverConfig{Policy: Policy{Allow: rules("*.q.test")}, Upstream: []string{pc.LocalAddr().String()}},
+		refused: map[string]int{}, busy: make(chan struct{}, maxQuestions)}
+	var wg sync.WaitGroup
+	rcodes := make([]int, 300)
+	for i := range rcodes {
+		wg.Go(func() {
+			w := &fakeWriter{}
+			r.ServeDNS(w, new(dns.Msg).SetQuestion(fmt.Sprintf("n%d.q.test.", i), dns.TypeA))
+			rcodes[i] = w.m.Rcode
+		})
+	}
+	wg.Wait()
+	for i, rc := range rcodes {
+		if rc != dns.RcodeNameError {
+			t.Fatalf("question %d of 300: rcode %s, want NXDOMAIN (asked upstream)", i, dns.RcodeToString[rc])
+		}
 	}
 }
