@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -51,6 +52,9 @@ func forwardingMark() (string, error) {
 // host's ruleset) while forwarding is its doing (forwardingMark, written
 // first). The caller holds hostLock.
 func enableForwarding() error {
+	if err := addRouteGuard(); err != nil {
+		return err
+	}
 	mark, err := forwardingMark()
 	if err != nil {
 		return err
@@ -150,6 +154,9 @@ func restoreForwarding() error {
 			return nil
 		}
 	}
+	if err := delRouteGuard(); err != nil {
+		return err
+	}
 	mark, err := forwardingMark()
 	if err != nil {
 		return err
@@ -180,6 +187,69 @@ func restoreForwarding() error {
 	}
 	if err := os.Remove(mark); err != nil && !os.IsNotExist(err) {
 		return err
+	}
+	return nil
+}
+
+// The route guard: two rules of the host's routing policy, which no flush of
+// nftables touches. A packet from Range (a sandbox's address: the link's
+// source check drops others, and so does the host's reverse-path filter
+// where it is strict) is routed by the main table only if it carries
+// routeMark, which the sandbox's table sets on every packet of its link;
+// else it is prohibited. So a sandbox's table flushed, deleted, or taken
+// with the whole ruleset forwards nothing at once, whether or not its
+// resolver lives to take the link down (a dead resolver and a deleted table
+// left a sandbox open until the next sandbox command). It does not cover
+// packets to the host's own addresses, which the local table delivers
+// before any rule: the resolver's watch does.
+//
+// The host's own packets from a gateway's address (in Range too: a
+// refusal's TCP reset or ICMP error, the resolver's answers) are routed as
+// before (rulePrefLocal: iif lo is a packet the host sends).
+const (
+	routeMark        = ResolverMark // "flmb"
+	rulePrefLocal    = 10865
+	rulePrefMarked   = 10866
+	rulePrefProhibit = 10867
+)
+
+// routeGuard are the route guard's rules.
+func routeGuard() []*netlink.Rule {
+	mask := uint32(0xffffffff)
+	src := &net.IPNet{IP: Range.Addr().AsSlice(), Mask: net.CIDRMask(Range.Bits(), 32)}
+	local := netlink.NewRule()
+	local.Priority, local.Family, local.Src, local.IifName, local.Table = rulePrefLocal, netlink.FAMILY_V4, src, "lo", unix.RT_TABLE_MAIN
+	marked := netlink.NewRule()
+	marked.Priority, marked.Family, marked.Src, marked.Mark, marked.Mask, marked.Table = rulePrefMarked, netlink.FAMILY_V4, src, routeMark, &mask, unix.RT_TABLE_MAIN
+	prohibit := netlink.NewRule()
+	prohibit.Priority, prohibit.Family, prohibit.Src, prohibit.Type = rulePrefProhibit, netlink.FAMILY_V4, src, unix.FR_ACT_PROHIBIT
+	return []*netlink.Rule{local, marked, prohibit}
+}
+
+// addRouteGuard adds the route guard's rules that are missing. The caller
+// holds hostLock.
+func addRouteGuard() error {
+	have, err := netlink.RuleList(netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("list the host's routing rules: %w", err)
+	}
+	for _, r := range routeGuard() {
+		if slices.ContainsFunc(have, func(h netlink.Rule) bool { return h.Priority == r.Priority }) {
+			continue
+		}
+		if err := netlink.RuleAdd(r); err != nil {
+			return fmt.Errorf("add the routing rule of priority %d: %w", r.Priority, err)
+		}
+	}
+	return nil
+}
+
+// delRouteGuard deletes the route guard's rules. The caller holds hostLock.
+func delRouteGuard() error {
+	for _, r := range routeGuard() {
+		if err := netlink.RuleDel(r); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("delete the routing rule of priority %d: %w", r.Priority, err)
+		}
 	}
 	return nil
 }

@@ -233,6 +233,11 @@ func TestEnsure(t *testing.T) {
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	// With no table (and the link up: no resolver took it down), the
+	// host's routing forwards nothing of the sandbox's (addRouteGuard).
+	if echoed(t, n, 40001) {
+		t.Fatal("the outside echoes with the sandbox's table gone")
+	}
 	// What the resolver does when it finds the table gone.
 	if err := r.failClosed(errors.New("the table is gone")); err == nil {
 		t.Fatal("failClosed says nothing")

@@ -146,6 +146,15 @@ func TestCreateDelete(t *testing.T) {
 	if slices.ContainsFunc(links(t), func(l string) bool { return strings.HasPrefix(l, linkPrefix) }) || len(tables(t)) != 0 {
 		t.Fatalf("left: links %v, tables %v", links(t), tables(t))
 	}
+	rules, err := netlink.RuleList(netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rules {
+		if r.Priority == rulePrefLocal || r.Priority == rulePrefMarked || r.Priority == rulePrefProhibit {
+			t.Fatalf("routing rule left: %v", r)
+		}
+	}
 	if b, _ := os.ReadFile(ipForward); strings.TrimSpace(string(b)) != "0" {
 		t.Fatalf("forwarding is %q after the last egress network went, want 0 as before", b)
 	}

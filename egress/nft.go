@@ -137,6 +137,11 @@ func (n *Network) build(c *nftables.Conn, p Policy) (map[string]int, error) {
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &policy})
 	nat := c.AddChain(&nftables.Chain{Table: t, Name: "nat", Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &policy})
+	// Every packet of the sandbox's link is marked before it is routed:
+	// the host's routing policy forwards a packet from Range only marked
+	// (see addRouteGuard), so a table flushed or gone forwards nothing.
+	pre := c.AddChain(&nftables.Chain{Table: t, Name: "mark", Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityMangle, Policy: &policy})
 	// tagged adds a rule whose comment names the class of what it
 	// refuses (RefusalClasses sums its counter into it).
 	tagged := func(ch *nftables.Chain, class string, e ...[]expr.Any) {
@@ -234,6 +239,8 @@ func (n *Network) build(c *nftables.Conn, p Policy) (map[string]int, error) {
 	refuse(in, ClassHost, 0, iif(n.Host))
 
 	add(nat, ipv4(), saddrIs(n.Addr), oifNot(n.Host), v(&expr.Masq{}))
+	mark := binary.NativeEndian.AppendUint32(nil, routeMark)
+	add(pre, iif(n.Host), v(&expr.Immediate{Register: 1, Data: mark}), v(&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1}))
 	return counts, nil
 }
 

@@ -421,8 +421,11 @@ func TestEgressRefusalsCannotBeBlinded(t *testing.T) {
 import socket
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 for port in range(10000, 15000):
-    try: s.sendto(b"x", ("`+networld.OtherAddr+`", port))
-    except OSError: pass # an earlier datagram's refusal, reported on this one
+    while True: # until it is sent: an OSError is an earlier datagram's refusal, reported on this send
+        try:
+            s.sendto(b"x", ("`+networld.OtherAddr+`", port))
+            break
+        except OSError: pass
 try: socket.create_connection(("`+networld.MetadataAddr+`", 80), timeout=3)
 except OSError as e: print(e.errno)
 `)
@@ -437,5 +440,86 @@ except OSError as e: print(e.errno)
 	}
 	if classes["metadata"] < 1 || classes["not allowed"] < 5000 || len(sbs[0].Egress.Refused) > 4096 {
 		t.Fatalf("refused by class %v, %d destinations", classes, len(sbs[0].Egress.Refused))
+	}
+}
+
+// TestEgressDeadResolverAndDeletedTableFailClosed: with the sandbox's
+// resolver dead (nothing to take its link down) and its table deleted, or
+// the worker's whole ruleset flushed, the sandbox's packets go nowhere: the
+// worker's routing forwards a packet of a sandbox's address only marked by
+// its table. Before, they left (unmasqueraded) until the next sandbox
+// command.
+func TestEgressDeadResolverAndDeletedTableFailClosed(t *testing.T) {
+	t.Parallel()
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	w := networld.Start(t)
+	mustFlmboxIn(t, w, root, "sandbox", "create", "--name", "dead", "--image", reg.digestRef(), "--network", "egress",
+		"--allow", "allowed.test:80", "--dns", networld.DNSAddr)
+	t.Cleanup(func() { flmboxIn(t, w, root, "sandbox", "rm", "dead") })
+	echo := networld.AllowedAddr + ":9999"
+	send := `
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for i in range(20):
+    try: s.sendto(b"leak", ("` + networld.AllowedAddr + `", 9999))
+    except OSError: pass
+print("sent")
+`
+	mustFlmboxIn(t, w, root, "run", "--sandbox", "dead", "-c", send)
+	if n := w.HitsTo(networld.Echo, echo); n != 0 {
+		t.Fatalf("the policy let %d datagrams to %s through", n, echo)
+	}
+	s, err := w.WorkerState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	killed := 0
+	for _, p := range s.Procs {
+		pid, comm, _ := strings.Cut(p, " ")
+		if comm == "flmbox-resolver" {
+			n, _ := strconv.Atoi(pid)
+			if err := unix.Kill(n, unix.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			killed++
+		}
+	}
+	if killed != 1 {
+		t.Fatalf("killed %d resolvers, want 1: %v", killed, s.Procs)
+	}
+	f, err := os.Open(w.WorkerNetNS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	c, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: faultSandboxID(t, root, "dead")})
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// A call does not reconcile: the sandbox stays as the faults left it.
+	mustFlmboxIn(t, w, root, "run", "--sandbox", "dead", "-c", send)
+	if n := w.HitsTo(networld.Echo, echo); n != 0 {
+		t.Fatalf("with its resolver dead and its table deleted, %d of the sandbox's datagrams reached %s", n, echo)
+	}
+	flushWorkerRules(t, w)
+	mustFlmboxIn(t, w, root, "run", "--sandbox", "dead", "-c", send)
+	if n := w.HitsTo(networld.Echo, echo); n != 0 {
+		t.Fatalf("with the ruleset flushed too, %d of the sandbox's datagrams reached %s", n, echo)
+	}
+	// The next sandbox command makes it whole again.
+	mustFlmboxIn(t, w, root, "sandbox", "ls")
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		got := egressProbes(t, w, root, []string{"--sandbox", "dead"}, map[string]string{"allowed": `get(resolve("allowed.test"))`})
+		if strings.HasPrefix(got["allowed"], "ok:") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sandbox's policy is not back after sandbox ls: %v", got)
+		}
 	}
 }
