@@ -125,11 +125,8 @@ func hasGuard() (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	ts, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
-	if err != nil {
-		return false, fmt.Errorf("list nftables tables: %w", err)
-	}
-	return slices.ContainsFunc(ts, func(t *nftables.Table) bool { return t.Name == guardTable }), nil
+	t, err := inetTable(c, guardTable)
+	return t != nil, err
 }
 
 func fileExists(path string) (bool, error) {

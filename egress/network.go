@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
-	"slices"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -409,16 +408,16 @@ func (n *Network) Ensure(ctx context.Context, p Policy) (repaired []string, err 
 	if err != nil {
 		return nil, err
 	}
-	ts, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	t, err := inetTable(c, TableName(n.ID))
 	if err != nil {
-		return nil, fmt.Errorf("list nftables tables: %w", err)
+		return nil, err
 	}
 	// Forwarding's guard too, if a flush of the host's rules took it.
 	if err := enableForwarding(); err != nil {
 		return nil, err
 	}
 	why := ""
-	if !slices.ContainsFunc(ts, func(t *nftables.Table) bool { return t.Name == TableName(n.ID) }) {
+	if t == nil {
 		why = "gone: were the host's rules flushed?"
 	} else if err := n.checkTable(c, p); errors.Is(err, errTableChanged) {
 		// A table flushed or cut is made again whole: its pins go.

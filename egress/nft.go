@@ -107,6 +107,18 @@ func (n *Network) checkTable(c *nftables.Conn, p Policy) error {
 	return nil
 }
 
+// inetTable returns the inet table named name, nil if there is none.
+func inetTable(c *nftables.Conn, name string) (*nftables.Table, error) {
+	ts, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return nil, fmt.Errorf("list nftables tables: %w", err)
+	}
+	if i := slices.IndexFunc(ts, func(t *nftables.Table) bool { return t.Name == name }); i >= 0 {
+		return ts[i], nil
+	}
+	return nil, nil
+}
+
 // errTableChanged says that a sandbox's table is not what its policy made.
 var errTableChanged = errors.New("the sandbox's nftables table was changed")
 

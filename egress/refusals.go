@@ -32,15 +32,11 @@ func Refusals(id string) ([]Refusal, error) {
 	}
 	// nftables' errors of a missing table do not wrap ENOENT: it is looked
 	// for first.
-	ts, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
-	if err != nil {
-		return nil, fmt.Errorf("list nftables tables: %w", err)
+	t, err := inetTable(c, TableName(id))
+	if t == nil || err != nil {
+		return nil, err
 	}
-	i := slices.IndexFunc(ts, func(t *nftables.Table) bool { return t.Name == TableName(id) })
-	if i < 0 {
-		return nil, nil
-	}
-	set := &nftables.Set{Table: ts[i], Name: setRefused, KeyType: refusedType}
+	set := &nftables.Set{Table: t, Name: setRefused, KeyType: refusedType}
 	elems, err := c.GetSetElements(set)
 	if err != nil {
 		return nil, fmt.Errorf("read the refusals of table %s: %w", TableName(id), err)
@@ -148,17 +144,13 @@ func RefusalClasses(id string) ([]RefusalClass, error) {
 	if err != nil {
 		return nil, err
 	}
-	ts, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
-	if err != nil {
-		return nil, fmt.Errorf("list nftables tables: %w", err)
-	}
-	i := slices.IndexFunc(ts, func(t *nftables.Table) bool { return t.Name == TableName(id) })
-	if i < 0 {
-		return nil, nil
+	t, err := inetTable(c, TableName(id))
+	if t == nil || err != nil {
+		return nil, err
 	}
 	counts := map[string]uint64{}
 	for _, chain := range []string{chainOut, chainFull, "input"} {
-		rules, err := c.GetRules(ts[i], &nftables.Chain{Name: chain, Table: ts[i]})
+		rules, err := c.GetRules(t, &nftables.Chain{Name: chain, Table: t})
 		if err != nil {
 			return nil, fmt.Errorf("read the refusals of table %s: %w", TableName(id), err)
 		}

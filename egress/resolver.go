@@ -252,8 +252,8 @@ func (r *resolver) failClosed(why error) error {
 // tableExistsLocked reports whether the sandbox's table is there (true if
 // that cannot be told). The caller holds r.mu.
 func (r *resolver) tableExistsLocked() bool {
-	ts, err := r.nft.ListTablesOfFamily(nftables.TableFamilyINet)
-	return err != nil || slices.ContainsFunc(ts, func(t *nftables.Table) bool { return t.Name == r.cfg.Table })
+	t, err := inetTable(r.nft, r.cfg.Table)
+	return err != nil || t != nil
 }
 
 // hostAddrs are the host's own addresses, which no answer may name.

@@ -107,15 +107,7 @@ func egressResolverUnprivileged(t *testing.T, s networld.State) {
 // ruleset` (or a reload of a host's nftables.conf) would.
 func flushWorkerRules(t *testing.T, w *networld.World) {
 	t.Helper()
-	f, err := os.Open(w.WorkerNetNS())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	c, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := workerNftables(t, w)
 	c.FlushRuleset()
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
@@ -194,16 +186,11 @@ func TestEgressHeals(t *testing.T) {
 // of the names the answer goes through, and only those.
 func TestEgressPolicyFollowsTheAnswer(t *testing.T) {
 	t.Parallel()
-	reg := startRegistry(t)
-	root := sandboxRoot(t, reg)
-	w := networld.Start(t)
+	w, root := egressSandbox(t, "cname", "--allow", "*.corp.test", "--deny", "admin.corp.test:80")
 	w.SetA("admin.corp.test", networld.AllowedAddr)
 	w.SetCNAME("www.corp.test", "admin.corp.test")
 	w.SetA("hint.corp.test", networld.PyPIAddr) // not admin.corp.test's address, whose port 80 is denied
 	w.SetExtraA("hint.corp.test", networld.OtherAddr)
-	mustFlmboxIn(t, w, root, "sandbox", "create", "--name", "cname", "--image", reg.digestRef(), "--network", "egress",
-		"--allow", "*.corp.test", "--deny", "admin.corp.test:80", "--dns", networld.DNSAddr)
-	t.Cleanup(func() { flmboxIn(t, w, root, "sandbox", "rm", "cname") })
 	got := egressProbes(t, w, root, []string{"--sandbox", "cname"}, map[string]string{
 		"through cname": `get(resolve("www.corp.test"))`,
 		"cname's https": `get(resolve("www.corp.test"), 443, host="allowed.test", tls=True)`,
@@ -269,12 +256,7 @@ func TestEgressForwardingAfterAFlushedRuleset(t *testing.T) {
 // everything before; the next sandbox command makes the table whole again.
 func TestEgressFlushedTableFailsClosed(t *testing.T) {
 	t.Parallel()
-	reg := startRegistry(t)
-	root := sandboxRoot(t, reg)
-	w := networld.Start(t)
-	mustFlmboxIn(t, w, root, "sandbox", "create", "--name", "ft", "--image", reg.digestRef(), "--network", "egress",
-		"--allow", "allowed.test", "--dns", networld.DNSAddr)
-	t.Cleanup(func() { flmboxIn(t, w, root, "sandbox", "rm", "ft") })
+	w, root := egressSandbox(t, "ft", "--allow", "allowed.test")
 	service := egressPort(w.ListenWorker(t, "tcp", "0.0.0.0:0")) // a service of the worker's, on every address
 	probes := map[string]string{
 		"allowed": `get(resolve("allowed.test"))`,
@@ -293,15 +275,7 @@ func TestEgressFlushedTableFailsClosed(t *testing.T) {
 		})
 	}
 	holds()
-	f, err := os.Open(w.WorkerNetNS())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	c, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := workerNftables(t, w)
 	c.FlushTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: faultSandboxID(t, root, "ft")})
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
@@ -333,12 +307,7 @@ func TestEgressFlushedTableFailsClosed(t *testing.T) {
 // refused; an answer is kept for its TTL (asked again, upstream is not).
 func TestEgressResolverAsksItsOwnQuestions(t *testing.T) {
 	t.Parallel()
-	reg := startRegistry(t)
-	root := sandboxRoot(t, reg)
-	w := networld.Start(t)
-	mustFlmboxIn(t, w, root, "sandbox", "create", "--name", "dq", "--image", reg.digestRef(), "--network", "egress",
-		"--allow", "allowed.test", "--allow", "sub.wild.test", "--dns", networld.DNSAddr)
-	t.Cleanup(func() { flmboxIn(t, w, root, "sandbox", "rm", "dq") })
+	w, root := egressSandbox(t, "dq", "--allow", "allowed.test", "--allow", "sub.wild.test")
 	got := egressProbes(t, w, root, []string{"--sandbox", "dq"}, map[string]string{
 		"option":    `dnsq(nameserver(), "allowed.test", opt=b"secret")`,
 		"chaos":     `dnsq(nameserver(), "allowed.test", qclass=3)`,
@@ -367,12 +336,7 @@ func TestEgressResolverAsksItsOwnQuestions(t *testing.T) {
 // 19,000 before; now the ones past the bound are refused, untracked.
 func TestEgressFlowsAreBounded(t *testing.T) {
 	t.Parallel()
-	reg := startRegistry(t)
-	root := sandboxRoot(t, reg)
-	w := networld.Start(t)
-	mustFlmboxIn(t, w, root, "sandbox", "create", "--name", "flows", "--image", reg.digestRef(), "--network", "egress",
-		"--allow", networld.OtherAddr, "--dns", networld.DNSAddr)
-	t.Cleanup(func() { flmboxIn(t, w, root, "sandbox", "rm", "flows") })
+	w, root := egressSandbox(t, "flows", "--allow", networld.OtherAddr)
 	tracked := func() int {
 		t.Helper()
 		out, err := w.Command(t.Context(), "cat", "/proc/sys/net/netfilter/nf_conntrack_count").Output()
@@ -411,12 +375,7 @@ print(sent + refused)
 // them still shows, in its class's count, which never saturates.
 func TestEgressRefusalsCannotBeBlinded(t *testing.T) {
 	t.Parallel()
-	reg := startRegistry(t)
-	root := sandboxRoot(t, reg)
-	w := networld.Start(t)
-	mustFlmboxIn(t, w, root, "sandbox", "create", "--name", "blind", "--image", reg.digestRef(), "--network", "egress",
-		"--allow", "allowed.test", "--dns", networld.DNSAddr)
-	t.Cleanup(func() { flmboxIn(t, w, root, "sandbox", "rm", "blind") })
+	w, root := egressSandbox(t, "blind", "--allow", "allowed.test")
 	mustFlmboxIn(t, w, root, "run", "--sandbox", "blind", "-c", `
 import socket
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -451,12 +410,7 @@ except OSError as e: print(e.errno)
 // command.
 func TestEgressDeadResolverAndDeletedTableFailClosed(t *testing.T) {
 	t.Parallel()
-	reg := startRegistry(t)
-	root := sandboxRoot(t, reg)
-	w := networld.Start(t)
-	mustFlmboxIn(t, w, root, "sandbox", "create", "--name", "dead", "--image", reg.digestRef(), "--network", "egress",
-		"--allow", "allowed.test:80", "--dns", networld.DNSAddr)
-	t.Cleanup(func() { flmboxIn(t, w, root, "sandbox", "rm", "dead") })
+	w, root := egressSandbox(t, "dead", "--allow", "allowed.test:80")
 	echo := networld.AllowedAddr + ":9999"
 	send := `
 import socket
@@ -488,15 +442,7 @@ print("sent")
 	if killed != 1 {
 		t.Fatalf("killed %d resolvers, want 1: %v", killed, s.Procs)
 	}
-	f, err := os.Open(w.WorkerNetNS())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	c, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := workerNftables(t, w)
 	c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: faultSandboxID(t, root, "dead")})
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
@@ -522,4 +468,33 @@ print("sent")
 			t.Fatalf("the sandbox's policy is not back after sandbox ls: %v", got)
 		}
 	}
+}
+
+// egressSandbox starts a world of its own and makes egress sandbox name in
+// a root of its own, with --dns the world's and flags (its rules), removed
+// when t ends.
+func egressSandbox(t *testing.T, name string, flags ...string) (w *networld.World, root string) {
+	t.Helper()
+	reg := startRegistry(t)
+	root = sandboxRoot(t, reg)
+	w = networld.Start(t)
+	args := append([]string{"sandbox", "create", "--name", name, "--image", reg.digestRef(), "--network", "egress", "--dns", networld.DNSAddr}, flags...)
+	mustFlmboxIn(t, w, root, args...)
+	t.Cleanup(func() { flmboxIn(t, w, root, "sandbox", "rm", name) })
+	return w, root
+}
+
+// workerNftables is a connection to nftables in w's worker namespace.
+func workerNftables(t *testing.T, w *networld.World) *nftables.Conn {
+	t.Helper()
+	f, err := os.Open(w.WorkerNetNS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() }) // each of c's requests dials in the namespace by this descriptor
+	c, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
