@@ -26,13 +26,7 @@ type Refusal struct {
 // refused, by destination, most refused first. A sandbox without a table
 // has refused nothing.
 func Refusals(id string) ([]Refusal, error) {
-	c, err := nftables.New()
-	if err != nil {
-		return nil, err
-	}
-	// nftables' errors of a missing table do not wrap ENOENT: it is looked
-	// for first.
-	t, err := inetTable(c, TableName(id))
+	c, t, err := sandboxTable(id)
 	if t == nil || err != nil {
 		return nil, err
 	}
@@ -140,11 +134,7 @@ type RefusalClass struct {
 // (Refusals keeps refusedSize destinations). Classes with no refusal are
 // left out; a sandbox without a table has refused nothing.
 func RefusalClasses(id string) ([]RefusalClass, error) {
-	c, err := nftables.New()
-	if err != nil {
-		return nil, err
-	}
-	t, err := inetTable(c, TableName(id))
+	c, t, err := sandboxTable(id)
 	if t == nil || err != nil {
 		return nil, err
 	}
@@ -177,4 +167,16 @@ func RefusalClasses(id string) ([]RefusalClass, error) {
 		return strings.Compare(a.Class, b.Class)
 	})
 	return out, nil
+}
+
+// sandboxTable opens nftables and finds the table of the sandbox whose runsc
+// ID is id: nil if it has none (nftables' errors of a missing table do not
+// wrap ENOENT: it is looked for first).
+func sandboxTable(id string) (*nftables.Conn, *nftables.Table, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, nil, err
+	}
+	t, err := inetTable(c, TableName(id))
+	return c, t, err
 }
