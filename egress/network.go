@@ -358,12 +358,13 @@ func Prune(ctx context.Context) error {
 		c.DelTable(t)
 		deleted = true
 	}
-	if !deleted {
-		return nil
+	if deleted {
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("delete the tables of egress sandboxes that are gone: %w", err)
+		}
 	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("delete the tables of egress sandboxes that are gone: %w", err)
-	}
+	// Forwarding and the route guard too, once no egress link is left,
+	// even if a flush took the tables first.
 	return restoreForwarding()
 }
 
