@@ -58,10 +58,10 @@ import (
 //
 // While every snippet running was called by a client that nudges the agent
 // as the host sees the sandbox's memory grow (wire.Request.MemoryNudges), the
-// watch reads when nudged, and by the clock only every memPollNudged while
-// memory is not short: a read every 50 ms cost a pure-Python loop a quarter
-// of its speed, one every 100 ms 8%, one a second 3% (docs/PERFORMANCE.md,
-// "Long calls").
+// watch reads when nudged, and by the clock only for what the host does not
+// see (memNudgedInterval: every 0.4 to 1 s while memory is not short): a
+// read every 50 ms cost a pure-Python loop a quarter of its speed, one every
+// 100 ms 8%, one a second 3% (docs/PERFORMANCE.md, "Long calls").
 const (
 	memFirstRead         = 20 * time.Millisecond
 	memPollMax           = 100 * time.Millisecond
@@ -70,8 +70,22 @@ const (
 	memPollNudgedDefault = time.Second
 )
 
-// memPollNudged is memPollNudgedDefault, a variable for tests.
-var memPollNudged = memPollNudgedDefault
+// memPollNudged is memPollNudgedDefault, and memUnseenRate
+// memUnseenRateDefault: variables for tests.
+var (
+	memPollNudged = memPollNudgedDefault
+	memUnseenRate = int64(memUnseenRateDefault)
+)
+
+// memUnseenRateDefault is how fast, in bytes a second for each CPU, the
+// watch assumes that a sandbox's memory can grow where the host does not see
+// it, so that no nudge comes: files' inodes (InodeBytes each), which gVisor
+// keeps in its own heap, reusing what it freed (a snippet made some 18,000
+// empty files, 180 MiB at InodeBytes, within a second after 24,000 were
+// removed, and no nudge came: the watch, reading every second, let it make
+// 42,000 in a 256 MiB sandbox, and the rm -rf that followed outgrew its
+// tolerance).
+const memUnseenRateDefault = 256 << 20
 
 // memGrowthRate is how fast, in bytes a second, the watch assumes a sandbox's
 // memory can grow for each CPU it is shown: twice the fastest seen here. One
@@ -86,11 +100,25 @@ const memGrowthRate = 4 << 30
 // one of cpus CPUs, to leave less than twice the reserve, within memPoll and
 // memPollMax; memPollShort once less than twice the reserve is left.
 func memInterval(left, reserve int64, cpus int) time.Duration {
+	return memIntervalAt(left, reserve, cpus, memGrowthRate, memPoll, memPollMax)
+}
+
+// memNudgedInterval is memInterval for snippets whose clients nudge: the
+// time growth the host does not see (memUnseenRate) would take to leave
+// less than twice the reserve, within memPollMax and memPollNudged.
+func memNudgedInterval(left, reserve int64, cpus int) time.Duration {
+	return memIntervalAt(left, reserve, cpus, memUnseenRate, memPollMax, memPollNudged)
+}
+
+// memIntervalAt is the time memory growing at rate bytes a second on each
+// of cpus CPUs takes to leave less than twice the reserve, within lo and hi;
+// memPollShort once less is left.
+func memIntervalAt(left, reserve int64, cpus int, rate int64, lo, hi time.Duration) time.Duration {
 	if left < 2*reserve {
 		return memPollShort
 	}
-	d := time.Duration(float64(left-2*reserve) / float64(memGrowthRate*int64(max(cpus, 1))) * float64(time.Second))
-	return min(max(d, memPoll), memPollMax)
+	d := time.Duration(float64(left-2*reserve) / float64(rate*int64(max(cpus, 1))) * float64(time.Second))
+	return min(max(d, lo), hi)
 }
 
 // memReserve is the memory left of a budget below which the watch kills
@@ -245,7 +273,7 @@ func (a *Agent) watchMemory(p *proc, nudged bool) (stop func()) {
 // sets the next read while snippets run.
 func (a *Agent) checkMemory() {
 	w := &a.mem
-	next := memPoll
+	next, nextNudged := memPoll, memPoll
 	w.mu.Lock()
 	seen := w.registrations // the snippets this read is for
 	nudges := w.nudges
@@ -261,7 +289,7 @@ func (a *Agent) checkMemory() {
 			used += a.growthSince(total - avail)
 		}
 		left := budget - used
-		next = memInterval(left, reserve, cpus)
+		next, nextNudged = memInterval(left, reserve, cpus), memNudgedInterval(left, reserve, cpus)
 		var spares []*proc
 		if left < reserve {
 			spares = a.dropSparesForMemory()
@@ -313,7 +341,7 @@ func (a *Agent) checkMemory() {
 	case w.nudges != nudges:
 		next = 0 // nudged while it read: read again
 	case w.unnudged == 0 && !w.short && len(w.dying) == 0:
-		next, w.slow = max(next, memPollNudged), true
+		next, w.slow = max(next, nextNudged), true
 	}
 	w.timer.Reset(next)
 }

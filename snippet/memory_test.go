@@ -415,6 +415,21 @@ func TestMemInterval(t *testing.T) {
 			t.Errorf("memInterval(%d MiB left, %d CPUs) = %v, want %v", c.left/mib, c.cpus, got, c.want)
 		}
 	}
+	// For nudged calls, at the pace of growth the host does not see.
+	for _, c := range []struct {
+		left, reserve int64
+		want          time.Duration
+	}{
+		{472 * mib, 32 * mib, 796875000},   // a new 512 MiB sandbox: 0.8 s
+		{230 * mib, 16 * mib, 386718750},   // a 256 MiB one: 0.39 s
+		{40 * mib, 16 * mib, memPollMax},   // close: memPollMax at least
+		{31 * mib, 16 * mib, memPollShort}, // short: as for any call
+		{1 << 40, 128 * mib, memPollNudged},
+	} {
+		if got := memNudgedInterval(c.left, c.reserve, 2); got != c.want {
+			t.Errorf("memNudgedInterval(%d MiB left, reserve %d MiB, 2 CPUs) = %v, want %v", c.left/mib, c.reserve/mib, got, c.want)
+		}
+	}
 }
 
 // TestReadMemInfoKeepsProcOpen: /proc/meminfo is opened once and read
@@ -449,8 +464,8 @@ func TestReadMemInfoKeepsProcOpen(t *testing.T) {
 // clock only every memPollNudged while memory is not short: here never, so
 // only the nudge can have the growing snippet killed.
 func TestMemoryWatchReadsWhenNudged(t *testing.T) {
-	defer func(d time.Duration) { memPollNudged = d }(memPollNudged)
-	memPollNudged = time.Hour
+	defer func(d time.Duration, r int64) { memPollNudged, memUnseenRate = d, r }(memPollNudged, memUnseenRate)
+	memPollNudged, memUnseenRate = time.Hour, 1 // no read by the clock for nudged calls
 	mem := newFakeMemInfo(t, 400<<20)
 	a := &Agent{Dir: t.TempDir(), MemInfo: string(mem)}
 	sock := serve(t, a)
@@ -494,8 +509,8 @@ func TestMemoryWatchReadsWhenNudged(t *testing.T) {
 // client does not nudge has the watch read by the clock, next to one that
 // does (whose reads alone would wait memPollNudged, an hour here).
 func TestMemoryWatchReadsByTheClockForClientsThatDoNotNudge(t *testing.T) {
-	defer func(d time.Duration) { memPollNudged = d }(memPollNudged)
-	memPollNudged = time.Hour
+	defer func(d time.Duration, r int64) { memPollNudged, memUnseenRate = d, r }(memPollNudged, memUnseenRate)
+	memPollNudged, memUnseenRate = time.Hour, 1 // no read by the clock for nudged calls
 	mem := newFakeMemInfo(t, 400<<20)
 	a := &Agent{Dir: t.TempDir(), MemInfo: string(mem)}
 	nudged := startRun(a, request(wire.LanguageShell, untilFile("go")+"echo nudged", func(r *wire.Request) { r.MemoryNudges = true }))
