@@ -372,14 +372,18 @@ print(sent + refused)
 
 // TestEgressRefusalsCannotBeBlinded: 5,000 refused ports fill the set of
 // refused destinations (4,096), and a refusal to the metadata service after
-// them still shows, in its class's count, which never saturates.
+// them still shows, in its class's count, which never saturates. The counts
+// are of packets the firewall saw: a datagram the sandbox's own stack or its
+// link drops under the burst never reaches it (18 of 5,000 did not in one CI
+// run), so the test asks for more refusals than the set holds, not all 5,000.
 func TestEgressRefusalsCannotBeBlinded(t *testing.T) {
 	t.Parallel()
 	w, root := egressSandbox(t, "blind", "--allow", "allowed.test")
 	mustFlmboxIn(t, w, root, "run", "--sandbox", "blind", "-c", `
-import socket
+import socket, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 for port in range(10000, 15000):
+    if port % 100 == 0: time.sleep(0.005) # a burst, not a flood the link drops
     while True: # until it is sent: an OSError is an earlier datagram's refusal, reported on this send
         try:
             s.sendto(b"x", ("`+networld.OtherAddr+`", port))
@@ -397,7 +401,7 @@ except OSError as e: print(e.errno)
 	for _, c := range sbs[0].Egress.RefusedClasses {
 		classes[c.Class] = c.Count
 	}
-	if classes["metadata"] < 1 || classes["not allowed"] < 5000 || len(sbs[0].Egress.Refused) > 4096 {
+	if classes["metadata"] < 1 || classes["not allowed"] <= 4096 || len(sbs[0].Egress.Refused) > 4096 {
 		t.Fatalf("refused by class %v, %d destinations", classes, len(sbs[0].Egress.Refused))
 	}
 }
