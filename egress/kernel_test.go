@@ -202,11 +202,11 @@ func TestEnsure(t *testing.T) {
 	// A table flushed (its rules gone, the table left) is no whole table:
 	// the resolver's watch hears of it at once, its check sees it, and
 	// Ensure makes the table whole again.
-	r := &resolver{cfg: ResolverConfig{Table: TableName(n.ID), Link: n.Host, Gateway: n.Gateway, Policy: p}, nft: c}
-	if err := r.checkTable(); err != nil {
+	g := &guard{cfg: ResolverConfig{Table: TableName(n.ID), Link: n.Host, Gateway: n.Gateway, Policy: p}, nft: c}
+	if err := g.checkTable(); err != nil {
 		t.Fatalf("checkTable of a whole table: %v", err)
 	}
-	changed, stop := r.watchTable(ctx)
+	changed, stop := g.watchTable(ctx)
 	c.FlushTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(n.ID)})
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
@@ -220,13 +220,13 @@ func TestEnsure(t *testing.T) {
 		t.Fatal("the watch did not hear of the table's flush")
 	}
 	stop()
-	if err := r.checkTable(); !errors.Is(err, errTableChanged) {
+	if err := g.checkTable(); !errors.Is(err, errTableChanged) {
 		t.Fatalf("checkTable of a flushed table: %v", err)
 	}
 	if got, err := n.Ensure(ctx, p); err != nil || len(got) != 1 || !strings.Contains(got[0], "changed") {
 		t.Fatalf("Ensure of a flushed table: %v, %v", got, err)
 	}
-	if err := r.checkTable(); err != nil {
+	if err := g.checkTable(); err != nil {
 		t.Fatalf("checkTable after Ensure: %v", err)
 	}
 	c.FlushRuleset()
@@ -239,7 +239,7 @@ func TestEnsure(t *testing.T) {
 		t.Fatal("the outside echoes with the sandbox's table gone")
 	}
 	// What the resolver does when it finds the table gone.
-	if err := r.failClosed(errors.New("the table is gone")); err == nil {
+	if err := g.failClosed(errors.New("the table is gone")); err == nil {
 		t.Fatal("failClosed says nothing")
 	}
 	if echoed(t, n, 40002) {

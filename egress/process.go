@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -40,13 +42,58 @@ type Resolver struct {
 	Dir string
 	// Pid is where Start notes its process ID, for Running.
 	Pid string
+	// Cgroup names its cgroups (one per controller under cgroup v1), made
+	// by Start and removed by Stop; none if empty.
+	Cgroup string
 }
 
-// ResolverUID is the user a resolver runs as, with no capability but
-// CAP_NET_BIND_SERVICE (port 53) and CAP_NET_ADMIN (its sandbox's table):
-// it parses what code in the sandbox sends, and a flaw in that must not
-// give the host's root away.
-const ResolverUID = 65534
+// ResolverUser is the user a resolver runs as, a system user of its own
+// (not "nobody", whom any process of that user could signal), made by the
+// first Start that finds none, as dockerd makes dockremap. The resolver
+// parses what code in the sandbox sends, and a flaw in that must not give
+// the host's root away.
+const ResolverUser = "flmbox-resolver"
+
+var resolverIDs struct {
+	sync.Mutex
+	uid, gid int
+}
+
+// ResolverIDs returns the uid and gid of ResolverUser, making the user (a
+// system user with no home and no shell) if there is none.
+func ResolverIDs() (uid, gid int, err error) {
+	resolverIDs.Lock()
+	defer resolverIDs.Unlock()
+	if resolverIDs.uid > 0 {
+		return resolverIDs.uid, resolverIDs.gid, nil
+	}
+	u, err := user.Lookup(ResolverUser)
+	if _, ok := err.(user.UnknownUserError); ok {
+		out, aerr := exec.Command("useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+			"--shell", "/usr/sbin/nologin", "--comment", "flmbox egress resolver", ResolverUser).CombinedOutput()
+		if u, err = user.Lookup(ResolverUser); err != nil { // another flmbox may have made it meanwhile
+			return 0, 0, fmt.Errorf("make user %s for egress resolvers: %v: %s", ResolverUser, aerr, bytes.TrimSpace(out))
+		}
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("look up user %s: %w", ResolverUser, err)
+	}
+	uid, err1 := strconv.Atoi(u.Uid)
+	gid, err2 := strconv.Atoi(u.Gid)
+	if err1 != nil || err2 != nil || uid <= 0 || gid <= 0 {
+		return 0, 0, fmt.Errorf("user %s: uid %s, gid %s: not a user of its own", ResolverUser, u.Uid, u.Gid)
+	}
+	resolverIDs.uid, resolverIDs.gid = uid, gid
+	return uid, gid, nil
+}
+
+// Resolvers' cgroups bound each resolver (both its processes) to
+// resolverMemory bytes and resolverPids tasks: a sandbox cannot grow its
+// resolver into the host's memory or task table.
+const (
+	resolverMemory = 64 << 20
+	resolverPids   = 64
+)
 
 // Start writes cfg and starts bin serving it, as ResolverUID, in a session
 // of its own (no signal of its starter's terminal reaches it), and returns
@@ -62,7 +109,11 @@ func (r Resolver) Start(ctx context.Context, bin string, cfg ResolverConfig) (er
 	if err := os.Mkdir(r.Dir, 0o700); err != nil && !os.IsExist(err) {
 		return fmt.Errorf("start the sandbox's resolver: %w", err)
 	}
-	if err := os.Chown(r.Dir, ResolverUID, ResolverUID); err != nil {
+	uid, gid, err := ResolverIDs()
+	if err != nil {
+		return fmt.Errorf("start the sandbox's resolver: %w", err)
+	}
+	if err := os.Chown(r.Dir, uid, gid); err != nil {
 		return fmt.Errorf("start the sandbox's resolver: %w", err)
 	}
 	dir, err := os.Open(r.Dir)
@@ -82,17 +133,31 @@ func (r Resolver) Start(ctx context.Context, bin string, cfg ResolverConfig) (er
 		return fmt.Errorf("start the sandbox's resolver: %w", err)
 	}
 	defer exe.Close()
-	cmd := exec.Command("/proc/self/fd/4", r.Config)
-	cmd.Args[0] = bin
-	cmd.Stdin, cmd.Stderr, cmd.ExtraFiles = bytes.NewReader(b), logf, []*os.File{dir, exe}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true,
-		Credential:  &syscall.Credential{Uid: ResolverUID, Gid: ResolverUID, NoSetGroups: false},
-		AmbientCaps: []uintptr{unix.CAP_NET_BIND_SERVICE, unix.CAP_NET_ADMIN}}
-	out, err := cmd.StdoutPipe()
+	cgroups, err := makeCgroups(r.Cgroup)
+	if err != nil {
+		return fmt.Errorf("start the sandbox's resolver: %w", err)
+	}
+	// It reads its configuration once it is in its cgroups: before, it
+	// does nothing.
+	stdin, config, err := os.Pipe()
 	if err != nil {
 		return err
 	}
-	if err := cmd.Start(); err != nil {
+	defer config.Close()
+	cmd := exec.Command("/proc/self/fd/4", r.Config)
+	cmd.Args[0] = bin
+	cmd.Stdin, cmd.Stderr, cmd.ExtraFiles = stdin, logf, []*os.File{dir, exe}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true,
+		Credential:  &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)},
+		AmbientCaps: []uintptr{unix.CAP_NET_BIND_SERVICE, unix.CAP_NET_ADMIN}}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		stdin.Close()
+		return err
+	}
+	err = cmd.Start()
+	stdin.Close()
+	if err != nil {
 		return fmt.Errorf("start the sandbox's resolver: %w", err)
 	}
 	go cmd.Wait() // reaped here if its starter lives on; by init if not
@@ -104,6 +169,13 @@ func (r Resolver) Start(ctx context.Context, bin string, cfg ResolverConfig) (er
 	if err := atomicfile.WriteFile(r.Pid, []byte(strconv.Itoa(cmd.Process.Pid)), 0o600); err != nil {
 		return fmt.Errorf("start the sandbox's resolver: %w", err)
 	}
+	if err := joinCgroups(cgroups, cmd.Process.Pid); err != nil {
+		return fmt.Errorf("start the sandbox's resolver: %w", err)
+	}
+	if _, err := config.Write(b); err != nil {
+		return fmt.Errorf("start the sandbox's resolver: %w", err)
+	}
+	config.Close()
 	ready := make(chan error, 1)
 	go func() {
 		line, err := bufio.NewReader(out).ReadString('\n')
@@ -163,14 +235,21 @@ func (r Resolver) alive(pid int) bool {
 // is reports whether a process whose command line is cmdline is this
 // resolver.
 func (r Resolver) is(cmdline []string) bool {
-	return len(cmdline) == 2 && filepath.Base(cmdline[0]) == ResolverName && cmdline[1] == r.Config
+	return (len(cmdline) == 2 || len(cmdline) == 3 && cmdline[2] == DNSPartArg) &&
+		filepath.Base(cmdline[0]) == ResolverName && cmdline[1] == r.Config
 }
 
-// Stop kills the resolver and waits until it is gone: the process its pid
-// file names, if that is it; else every process that serves its
-// configuration, found by their command line (a starter killed before it
-// wrote the pid file).
+// Stop kills the resolver, both its parts, and waits until they are gone:
+// every process of its cgroups, which it then removes; else (no cgroups)
+// the process its pid file names, if that is it, and every process that
+// serves its configuration, found by their command line (its DNS part, or
+// a resolver whose starter was killed before it wrote the pid file).
 func (r Resolver) Stop() error {
+	if dirs, _ := cgroupDirs(r.Cgroup); dirs != nil {
+		if err := killCgroups(r.Cgroup); err != nil {
+			return fmt.Errorf("stop the sandbox's resolver: %w", err)
+		}
+	}
 	if pid, ok := r.pid(); ok {
 		syscall.Kill(pid, syscall.SIGKILL)
 		for deadline := time.Now().Add(5 * time.Second); r.alive(pid); time.Sleep(time.Millisecond) {
@@ -178,7 +257,12 @@ func (r Resolver) Stop() error {
 				return fmt.Errorf("stop the sandbox's resolver: process %d still runs", pid)
 			}
 		}
-		return os.Remove(r.Pid)
+	}
+	if err := os.Remove(r.Pid); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	if dirs, _ := cgroupDirs(r.Cgroup); dirs != nil {
+		return nil // its cgroups held every process it had
 	}
 	for deadline := time.Now().Add(5 * time.Second); ; {
 		pids, err := procmem.Matching(r.is)

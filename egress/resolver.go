@@ -14,12 +14,9 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
-	"github.com/google/nftables"
 	"github.com/miekg/dns"
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -45,60 +42,76 @@ type ResolverConfig struct {
 // resolverTimeout bounds one question to the upstream servers.
 const resolverTimeout = 5 * time.Second
 
-// Serve answers DNS for one sandbox until ctx ends: a name the policy does
-// not allow is NXDOMAIN; an allowed name is asked upstream, its IPv4
-// answers the policy refuses (reserved, the host's own, denied) are
-// dropped, the rest pinned in the sandbox's table for the ports the policy
-// gives the name before the answer is sent, and AAAA answers dropped (a
-// sandbox has no IPv6). It writes only in dir (cfg.Refused). Every 2 s it
-// checks that the sandbox's table is there; if not, it takes the
-// sandbox's link down and returns: without its table, the link would
-// reach whatever the host routes to. ready is
-// called once both sockets listen.
-func Serve(ctx context.Context, cfg ResolverConfig, dir *os.File, ready func()) error {
-	c, err := nftables.New()
+// The resolver is two processes (see Serve): this file is its DNS part,
+// which parses what the sandbox sends and what upstream answers, with no
+// capability, under a seccomp filter (confineParser), and asks the other,
+// privileged part to pin what it answers (pinRequest).
+
+// parserFiles are the descriptors the DNS part is started with, after
+// standard error: the directory it writes in, the executable (closed at
+// once), its UDP and TCP listeners, and its end of the pin channel.
+const (
+	parserDir = 3 + iota
+	parserExe
+	parserUDP
+	parserTCP
+	parserPins
+)
+
+// parserConfig is what the DNS part reads on its standard input.
+type parserConfig struct {
+	ResolverConfig
+	// Host are the host's addresses, which no answer may name.
+	Host []netip.Addr `json:"host"`
+}
+
+// Answer is the resolver's DNS part, its process started by Serve: it
+// confines itself, then answers the sandbox's DNS on the listeners it was
+// given until ctx ends or the privileged part goes. It reads its
+// configuration on stdin.
+func Answer(ctx context.Context, stdin io.Reader) error {
+	var cfg parserConfig
+	if err := json.NewDecoder(io.LimitReader(stdin, 1<<20)).Decode(&cfg); err != nil {
+		return fmt.Errorf("read the configuration: %w", err)
+	}
+	unix.Close(parserExe)
+	if err := confineParser(); err != nil {
+		return err
+	}
+	dir := os.NewFile(parserDir, "resolver directory")
+	pc, err := net.FilePacketConn(os.NewFile(parserUDP, "udp listener"))
 	if err != nil {
 		return err
 	}
-	r := &resolver{cfg: cfg, nft: c, refused: map[string]int{}, host: hostAddrs(), dir: dir, busy: make(chan struct{}, maxQuestions)}
+	l, err := net.FileListener(os.NewFile(parserTCP, "tcp listener"))
+	if err != nil {
+		return err
+	}
+	pinConn, err := net.FileConn(os.NewFile(parserPins, "pins"))
+	if err != nil {
+		return err
+	}
+	pins := newPinClient(pinConn.(*net.UnixConn))
+	r := &resolver{cfg: cfg.ResolverConfig, host: cfg.Host, dir: dir, refused: map[string]int{},
+		busy: make(chan struct{}, maxQuestions), pinner: pins.pin}
 	// A resolver started again (a resume) counts on from its predecessor.
 	if names, err := readRefused(dir, cfg.Refused); err == nil {
 		for _, n := range names {
 			r.refused[n.Name] = n.Count
 		}
 	}
-	addr := netip.AddrPortFrom(cfg.Gateway, 53).String()
-	lc := net.ListenConfig{Control: markSocket}
-	pc, err := lc.ListenPacket(ctx, "udp4", addr)
-	if err != nil {
-		return fmt.Errorf("resolver: %w", err)
-	}
-	l, err := lc.Listen(ctx, "tcp4", addr)
-	if err != nil {
-		pc.Close()
-		return fmt.Errorf("resolver: %w", err)
-	}
 	servers := []*dns.Server{{PacketConn: pc, Handler: r}, {Listener: l, Handler: r}}
-	errc := make(chan error, len(servers))
+	errc := make(chan error, len(servers)+1)
 	for _, s := range servers {
 		go func() { errc <- s.ActivateAndServe() }()
 	}
-	// The table is the whole policy: if it loses a rule, a chain or
-	// itself (a flush of the host's rules, a reload, the sandbox's
-	// removal), the link goes down at once, and the resolver leaves.
-	// nftables tells of every deletion (watchTable); should its messages be
-	// lost, the resolver compares the table with its policy every second.
-	changed, stopWatch := r.watchTable(ctx)
-	defer stopWatch()
-	if err := r.checkTable(); err != nil {
-		return r.failClosed(err)
-	}
-	if ready != nil {
-		ready()
+	go func() { errc <- pins.run() }()
+	if err := pins.ready(); err != nil {
+		return err
 	}
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
-	for i := 0; ; i++ {
+	for {
 		select {
 		case <-ctx.Done():
 			for _, s := range servers {
@@ -106,120 +119,14 @@ func Serve(ctx context.Context, cfg ResolverConfig, dir *os.File, ready func()) 
 			}
 			return r.flush()
 		case err := <-errc:
+			r.flush()
 			return fmt.Errorf("resolver: %w", err)
-		case err := <-changed:
-			if err == nil {
-				err = r.checkTable() // the watch ended: whole so far?
-			}
-			if err != nil {
-				return r.failClosed(err)
-			}
-			changed = nil // polled from now on
 		case <-tick.C:
 			if err := r.flush(); err != nil {
 				return err
 			}
-			if changed == nil && i%5 == 4 {
-				if err := r.checkTable(); err != nil {
-					return r.failClosed(err)
-				}
-			}
 		}
 	}
-}
-
-// watchTable watches nftables' deletions: changed gets an error wrapping
-// errTableChanged once one touches the sandbox's table, or nil if the
-// watch ends (its messages were lost: the caller polls then).
-func (r *resolver) watchTable(ctx context.Context) (changed <-chan error, stop func()) {
-	ch := make(chan error, 1)
-	// Every event: google/nftables hands a transaction's events over on
-	// its closing generation message, which only MonitorObjectAny lets
-	// through (the kernel sends every subscriber every event anyway).
-	mon := nftables.NewMonitor()
-	c, err := nftables.New()
-	if err == nil {
-		var events chan *nftables.MonitorEvent
-		if events, err = c.AddMonitor(mon); err == nil {
-			go func() {
-				for ev := range events {
-					if what := r.ours(ev); what != "" {
-						ch <- fmt.Errorf("table %s: %s deleted: %w", r.cfg.Table, what, errTableChanged)
-						break
-					}
-					if ev.Type == nftables.MonitorEventTypeOOB {
-						break
-					}
-				}
-				select {
-				case ch <- nil:
-				default:
-				}
-				mon.Close()
-				for range events { // until the monitor's goroutine ends
-				}
-			}()
-			return ch, func() { mon.Close() }
-		}
-	}
-	ch <- nil // no watch: poll
-	return ch, func() {}
-}
-
-// ours says what ev deleted of the sandbox's table, "" if nothing.
-func (r *resolver) ours(ev *nftables.MonitorEvent) string {
-	switch d := ev.Data.(type) {
-	case *nftables.Table:
-		if ev.Type == nftables.MonitorEventTypeDelTable && d.Name == r.cfg.Table {
-			return "the table"
-		}
-	case *nftables.Chain:
-		if ev.Type == nftables.MonitorEventTypeDelChain && d.Table != nil && d.Table.Name == r.cfg.Table {
-			return "chain " + d.Name
-		}
-	case *nftables.Rule:
-		if ev.Type == nftables.MonitorEventTypeDelRule && d.Table != nil && d.Table.Name == r.cfg.Table {
-			return "a rule of chain " + chainName(d.Chain)
-		}
-	}
-	return ""
-}
-
-func chainName(c *nftables.Chain) string {
-	if c == nil {
-		return "?"
-	}
-	return c.Name
-}
-
-// checkTable compares the sandbox's table with its policy (see
-// Network.checkTable); nil if it is whole or cannot be read.
-func (r *resolver) checkTable() error {
-	n := &Network{ID: r.cfg.Table, Host: r.cfg.Link, Gateway: r.cfg.Gateway, Addr: r.cfg.Gateway.Next()}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if !r.tableExistsLocked() {
-		return fmt.Errorf("table %s is gone: %w", r.cfg.Table, errTableChanged)
-	}
-	if err := n.checkTable(r.nft, r.cfg.Policy); errors.Is(err, errTableChanged) {
-		return err
-	}
-	return nil
-}
-
-// markSocket marks a resolver's socket with ResolverMark, which the
-// sandbox's table lets DNS reach (CAP_NET_ADMIN).
-func markSocket(network, address string, c syscall.RawConn) error {
-	var serr error
-	if err := c.Control(func(fd uintptr) {
-		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, ResolverMark)
-	}); err != nil {
-		return err
-	}
-	if serr != nil {
-		return fmt.Errorf("mark the resolver's socket: %w", serr)
-	}
-	return nil
 }
 
 type resolver struct {
@@ -228,44 +135,12 @@ type resolver struct {
 	dir    *os.File // where cfg.Refused is
 	busy   chan struct{}
 	queued atomic.Int32 // questions waiting for busy
+	pinner func(pinRequest) error
 
-	mu      sync.Mutex // guards nft (one batch at a time), refused, dirty, answers
-	nft     *nftables.Conn
+	mu      sync.Mutex // guards refused, dirty, answers
 	refused map[string]int
 	dirty   bool
 	answers map[string]*cacheEntry // by name
-}
-
-// failClosed takes the sandbox's link down (it may be gone: the sandbox
-// was removed) and says why the resolver ends: why, the table's change.
-func (r *resolver) failClosed(why error) error {
-	l, err := netlink.LinkByName(r.cfg.Link)
-	if err != nil {
-		return fmt.Errorf("resolver: %w, and link %s: %w", why, r.cfg.Link, err)
-	}
-	if err := netlink.LinkSetDown(l); err != nil {
-		return fmt.Errorf("resolver: %w: take link %s down: %w", why, r.cfg.Link, err)
-	}
-	return fmt.Errorf("resolver: %w: link %s taken down", why, r.cfg.Link)
-}
-
-// tableExistsLocked reports whether the sandbox's table is there (true if
-// that cannot be told). The caller holds r.mu.
-func (r *resolver) tableExistsLocked() bool {
-	t, err := inetTable(r.nft, r.cfg.Table)
-	return err != nil || t != nil
-}
-
-// hostAddrs are the host's own addresses, which no answer may name.
-func hostAddrs() []netip.Addr {
-	addrs, _ := netlink.AddrList(nil, netlink.FAMILY_V4)
-	var out []netip.Addr
-	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok {
-			out = append(out, ip)
-		}
-	}
-	return out
 }
 
 // maxQuestions bounds the questions a resolver answers at once; up to
@@ -329,7 +204,7 @@ func (r *resolver) answer(q *dns.Msg) *dns.Msg {
 		return m.SetRcode(q, dns.RcodeRefused)
 	}
 	name := strings.TrimSuffix(strings.ToLower(question.Name), ".")
-	ports, denied, ok := r.cfg.Policy.NamePorts(name)
+	_, _, ok := r.cfg.Policy.NamePorts(name)
 	if !ok || !validName(name) { // a name with escapes (\.) is matched by no rule
 		r.refuse(name)
 		return m.SetRcode(q, dns.RcodeNameError)
@@ -366,7 +241,7 @@ func (r *resolver) answer(q *dns.Msg) *dns.Msg {
 	// Each name of the chain is checked against the Deny rules, with
 	// their ports: a port denied to a name the answer goes through is
 	// closed for the answer's addresses too.
-	ports, denied, ok = r.cfg.Policy.ChainPorts(name, chain)
+	_, _, ok = r.cfg.Policy.ChainPorts(name, chain)
 	if !ok {
 		r.refuse(name)
 		return m.SetRcode(q, dns.RcodeNameError)
@@ -380,6 +255,9 @@ func (r *resolver) answer(q *dns.Msg) *dns.Msg {
 		a, ok := rr.(*dns.A)
 		if !ok || !slices.Contains(chain, strings.TrimSuffix(strings.ToLower(a.Hdr.Name), ".")) {
 			continue // another name's address, or another type
+		}
+		if len(pins) == maxPins {
+			break // more than an answer needs, and a bound on what one pins
 		}
 		ip, ok := netip.AddrFromSlice(a.A.To4())
 		if !ok || !r.cfg.Policy.AnswerAllowed(ip, r.host) {
@@ -397,10 +275,7 @@ func (r *resolver) answer(q *dns.Msg) *dns.Msg {
 		return m.SetRcode(q, dns.RcodeNameError)
 	}
 	if len(pins) > 0 {
-		r.mu.Lock()
-		err := pin(r.nft, r.cfg.Table, pins, ports, denied, time.Duration(ttl)*time.Second)
-		r.mu.Unlock()
-		if err != nil {
+		if err := r.pinner(pinRequest{Name: name, Chain: chain, Addrs: pins, TTL: ttl}); err != nil {
 			return m.SetRcode(q, dns.RcodeServerFailure) // fail closed
 		}
 	}

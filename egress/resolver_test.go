@@ -127,8 +127,9 @@ func TestResolverAnswers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &resolver{cfg: ResolverConfig{Table: TableName(id), Gateway: n.Gateway, Policy: p, Upstream: []string{up}},
-		nft: c, refused: map[string]int{}, busy: make(chan struct{}, maxQuestions)}
+	cfg := ResolverConfig{Table: TableName(id), Gateway: n.Gateway, Policy: p, Upstream: []string{up}}
+	g := &guard{cfg: cfg, nft: c}
+	r := &resolver{cfg: cfg, refused: map[string]int{}, busy: make(chan struct{}, maxQuestions), pinner: g.pin}
 	ask := func(name string, qtype uint16) *dns.Msg {
 		q := new(dns.Msg).SetQuestion(name, qtype)
 		return r.answer(q)

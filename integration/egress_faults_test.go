@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/user"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -75,31 +76,72 @@ func TestEgressCreateKilled(t *testing.T) {
 	}
 }
 
-// egressResolverUnprivileged checks that the resolvers in s run as 65534
-// with CAP_NET_BIND_SERVICE and CAP_NET_ADMIN only: they parse what a
-// sandbox sends.
+// egressResolverUnprivileged checks that each resolver in s is two
+// processes of a user of their own (not 65534, whom any "nobody" process
+// could signal), gaining nothing by execve, in a cgroup of their own bounded
+// in memory and tasks: flmbox-resolver with CAP_NET_ADMIN only, and its DNS
+// part, which parses what a sandbox sends, with no capability and a
+// seccomp filter.
 func egressResolverUnprivileged(t *testing.T, s networld.State) {
 	t.Helper()
-	n := 0
+	u, err := user.Lookup("flmbox-resolver")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := "\t" + u.Uid + "\t" + u.Uid + "\t" + u.Uid + "\t" + u.Uid + "\n"
+	want := map[string][]string{
+		"flmbox-resolver": {"\nUid:" + ids, "\nCapEff:\t0000000000001000\n", "\nCapPrm:\t0000000000001000\n",
+			"\nCapInh:\t0000000000000000\n", "\nCapAmb:\t0000000000000000\n", "\nNoNewPrivs:\t1\n"},
+		"flmbox-dns": {"\nUid:" + ids, "\nCapEff:\t0000000000000000\n", "\nCapPrm:\t0000000000000000\n",
+			"\nCapInh:\t0000000000000000\n", "\nCapAmb:\t0000000000000000\n", "\nNoNewPrivs:\t1\n", "\nSeccomp:\t2\n"},
+	}
+	n := map[string]int{}
 	for _, p := range s.Procs {
 		pid, comm, _ := strings.Cut(p, " ")
-		if comm != "flmbox-resolver" {
+		if want[comm] == nil {
 			continue
 		}
-		n++
+		n[comm]++
 		b, err := os.ReadFile("/proc/" + pid + "/status")
 		if err != nil {
 			t.Fatal(err)
 		}
-		st := string(b)
-		const caps = "0000000000001400" // CAP_NET_BIND_SERVICE (10), CAP_NET_ADMIN (12)
-		if !strings.Contains(st, "\nUid:\t65534\t65534\t65534\t65534\n") || !strings.Contains(st, "\nCapEff:\t"+caps+"\n") ||
-			!strings.Contains(st, "\nCapPrm:\t"+caps+"\n") {
-			t.Errorf("resolver %s runs with more than it needs:\n%s", pid, st)
+		for _, w := range want[comm] {
+			if !strings.Contains(string(b), w) {
+				t.Errorf("%s %s: no %q in its status:\n%s", comm, pid, strings.TrimSpace(w), b)
+			}
+		}
+		cg, err := os.ReadFile("/proc/" + pid + "/cgroup")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var memory, pids string
+		for _, line := range strings.Split(string(cg), "\n") {
+			if f := strings.SplitN(line, ":", 3); len(f) == 3 && (f[1] == "memory" || f[1] == "") && strings.Contains(f[2], "/flmbox-resolvers/") {
+				memory = f[2]
+			} else if len(f) == 3 && f[1] == "pids" && strings.Contains(f[2], "/flmbox-resolvers/") {
+				pids = f[2]
+			}
+		}
+		if memory == "" {
+			t.Errorf("%s %s is in no cgroup of the resolvers':\n%s", comm, pid, cg)
+			continue
+		}
+		limit, _ := os.ReadFile("/sys/fs/cgroup/memory" + memory + "/memory.limit_in_bytes")
+		if pids == "" { // cgroup v2: one cgroup
+			limit, _ = os.ReadFile("/sys/fs/cgroup" + memory + "/memory.max")
+			pids = memory
+		}
+		max, _ := os.ReadFile("/sys/fs/cgroup/pids" + pids + "/pids.max")
+		if m, _ := os.ReadFile("/sys/fs/cgroup" + pids + "/pids.max"); len(m) > 0 {
+			max = m
+		}
+		if strings.TrimSpace(string(limit)) != "67108864" || strings.TrimSpace(string(max)) != "64" {
+			t.Errorf("%s %s: cgroup memory limit %q, pids.max %q, want 64 MiB and 64", comm, pid, limit, max)
 		}
 	}
-	if n == 0 {
-		t.Errorf("no resolver among the worker's processes: %v", s.Procs)
+	if n["flmbox-resolver"] == 0 || n["flmbox-resolver"] != n["flmbox-dns"] {
+		t.Errorf("resolvers and DNS parts among the worker's processes: %v: %v", n, s.Procs)
 	}
 }
 

@@ -104,7 +104,7 @@ func netnsPath(rec *record.Record) string { return filepath.Join(rec.Dir, "netns
 
 func resolverFiles(rec *record.Record) egress.Resolver {
 	return egress.Resolver{Config: filepath.Join(rec.Dir, "resolver.json"), Dir: filepath.Join(rec.Dir, "resolver"),
-		Pid: filepath.Join(rec.Dir, "resolver.pid"), Log: filepath.Join(rec.Dir, "resolver.log")}
+		Pid: filepath.Join(rec.Dir, "resolver.pid"), Log: filepath.Join(rec.Dir, "resolver.log"), Cgroup: rec.ID}
 }
 
 // refusedNames is the file the resolver counts refused names in, in its
