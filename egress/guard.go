@@ -36,6 +36,10 @@ const DNSPartName = "flmbox-dns"
 // DNSPartArg is the last argument of a resolver's DNS part's command line.
 const DNSPartArg = "dns"
 
+// guardFiles bounds the guard's descriptors (RLIMIT_NOFILE): a few
+// sockets and files of its own.
+const guardFiles = 64
+
 // maxPins bounds the addresses one answer pins (and gives).
 const maxPins = 64
 
@@ -128,6 +132,11 @@ func Serve(ctx context.Context, cfg ResolverConfig, dir, exe *os.File, argv []st
 		return fmt.Errorf("resolver: start its DNS part: %w", err)
 	}
 	defer cmd.Process.Kill()
+	// Its own descriptors bounded once the DNS part has its (which can
+	// only lower a limit).
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: guardFiles, Max: guardFiles}); err != nil {
+		return fmt.Errorf("resolver: bound its descriptors: %w", err)
+	}
 	partDone := make(chan error, 1)
 	go func() { partDone <- cmd.Wait() }()
 	readyc, pinsDone := make(chan struct{}), make(chan error, 1)
@@ -342,6 +351,9 @@ func keepOnlyNetAdmin() error {
 	var data [2]unix.CapUserData
 	data[0].Effective, data[0].Permitted = 1<<unix.CAP_NET_ADMIN, 1<<unix.CAP_NET_ADMIN
 	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); e != 0 {
+		if e == syscall.ENOTSUP {
+			return fmt.Errorf("keep only CAP_NET_ADMIN: %s was built with cgo, whose threads Go cannot reach: build it with CGO_ENABLED=0 (make build does)", ResolverName)
+		}
 		return fmt.Errorf("keep only CAP_NET_ADMIN: %w", e)
 	}
 	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0); e != 0 {

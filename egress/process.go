@@ -190,7 +190,7 @@ func (r Resolver) Start(ctx context.Context, bin string, cfg ResolverConfig) (er
 	case err := <-ready:
 		if err != nil {
 			b, _ := os.ReadFile(r.Log)
-			return fmt.Errorf("start the sandbox's resolver: %v: %s", err, lastLine(b))
+			return fmt.Errorf("start the sandbox's resolver: %v: %s", err, lastWords(b))
 		}
 		return nil
 	case <-t.C:
@@ -200,12 +200,16 @@ func (r Resolver) Start(ctx context.Context, bin string, cfg ResolverConfig) (er
 	}
 }
 
-func lastLine(b []byte) string {
-	b = bytes.TrimSpace(b)
-	if i := bytes.LastIndexByte(b, '\n'); i >= 0 {
-		b = b[i+1:]
+// lastWords are the last line of a resolver's log, and the line before
+// if its DNS part wrote it (the guard's last line then says that part
+// ended; that part's says why).
+func lastWords(b []byte) string {
+	lines := strings.Split(string(bytes.TrimSpace(b)), "\n")
+	last := lines[len(lines)-1]
+	if len(lines) > 1 && strings.HasPrefix(lines[len(lines)-2], DNSPartName+": ") {
+		return lines[len(lines)-2] + "; " + last
 	}
-	return string(b)
+	return last
 }
 
 // Running reports whether the resolver Start started last is running

@@ -58,6 +58,9 @@ const (
 	parserPins
 )
 
+// parserFiles bounds the DNS part's descriptors (RLIMIT_NOFILE).
+const parserFiles = 2048
+
 // parserConfig is what the DNS part reads on its standard input.
 type parserConfig struct {
 	ResolverConfig
@@ -75,6 +78,11 @@ func Answer(ctx context.Context, stdin io.Reader) error {
 		return fmt.Errorf("read the configuration: %w", err)
 	}
 	unix.Close(parserExe)
+	// Descriptors: its few own, and the sandbox's TCP connections, each
+	// one (a sandbox cannot take the host's).
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: parserFiles, Max: parserFiles}); err != nil {
+		return fmt.Errorf("bound its descriptors: %w", err)
+	}
 	if err := confineParser(); err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -110,6 +111,11 @@ func egressResolverUnprivileged(t *testing.T, s networld.State) {
 			if !strings.Contains(string(b), w) {
 				t.Errorf("%s %s: no %q in its status:\n%s", comm, pid, strings.TrimSpace(w), b)
 			}
+		}
+		files := map[string]string{"flmbox-resolver": "64", "flmbox-dns": "2048"}[comm]
+		lim, _ := os.ReadFile("/proc/" + pid + "/limits")
+		if !regexp.MustCompile(`Max open files +` + files + ` +` + files + ` `).Match(lim) {
+			t.Errorf("%s %s: want at most %s descriptors:\n%s", comm, pid, files, lim)
 		}
 		cg, err := os.ReadFile("/proc/" + pid + "/cgroup")
 		if err != nil {
@@ -341,6 +347,61 @@ func TestEgressFlushedTableFailsClosed(t *testing.T) {
 		}
 	}
 	holds()
+}
+
+// TestEgressDNSPartKilledFailsClosed: the resolver's DNS part (the process
+// that parses what the sandbox sends) killed, its guard takes the link
+// down and leaves: nothing passes, not even the allowed name's address,
+// until a sandbox command starts the resolver again.
+func TestEgressDNSPartKilledFailsClosed(t *testing.T) {
+	t.Parallel()
+	w, root := egressSandbox(t, "dk", "--allow", "allowed.test")
+	allowed := map[string]string{"allowed": `get(resolve("allowed.test"))`}
+	if got := egressProbes(t, w, root, []string{"--sandbox", "dk"}, allowed); got["allowed"] != "ok:hello 198.51.100.10 from 198.51.100.10:80" {
+		t.Fatalf("before: %q", got["allowed"])
+	}
+	running := func(comm string) []int {
+		s, err := w.WorkerState()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pids []int
+		for _, p := range s.Procs {
+			pid, c, _ := strings.Cut(p, " ")
+			if c == comm {
+				n, _ := strconv.Atoi(pid)
+				pids = append(pids, n)
+			}
+		}
+		return pids
+	}
+	dns := running("flmbox-dns")
+	if len(dns) != 1 {
+		t.Fatalf("DNS parts: %v", dns)
+	}
+	if err := unix.Kill(dns[0], unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); len(running("flmbox-resolver")) > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the resolver's guard outlives its DNS part")
+		}
+	}
+	if got := egressProbes(t, w, root, []string{"--sandbox", "dk"}, map[string]string{"allowed": `get("198.51.100.10")`}); !egressFailed(got["allowed"]) || got["allowed"] == "ECONNREFUSED" {
+		t.Fatalf("the allowed address with the resolver's DNS part killed: %q, want unreachable", got["allowed"])
+	}
+	if res := flmboxIn(t, w, root, "sandbox", "ls"); res.code != 0 || !strings.Contains(res.stderr, "resolver") {
+		t.Fatalf("sandbox ls: exit %d, stderr %q", res.code, res.stderr)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		got := egressProbes(t, w, root, []string{"--sandbox", "dk"}, allowed)
+		if strings.HasPrefix(got["allowed"], "ok:") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after sandbox ls: %q", got["allowed"])
+		}
+	}
 }
 
 // TestEgressResolverAsksItsOwnQuestions: the sandbox's resolver never

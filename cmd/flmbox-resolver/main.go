@@ -26,7 +26,11 @@ import (
 
 func main() {
 	if err := run(); err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", egress.ResolverName, err)
+		name := egress.ResolverName
+		if len(os.Args) == 3 {
+			name = egress.DNSPartName
+		}
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		os.Exit(1)
 	}
 }
