@@ -37,6 +37,9 @@ type Network struct {
 	Gateway netip.Addr `json:"gateway"`
 	// Addr is the sandbox's address.
 	Addr netip.Addr `json:"addr"`
+	// Counts is the file that keeps the refusal counts of the sandbox's
+	// earlier tables (see countBook); none if empty.
+	Counts string `json:"-"`
 }
 
 // Range is where sandboxes' addresses come from by default, a /30 each.
@@ -423,11 +426,16 @@ func (n *Network) Ensure(ctx context.Context, p Policy) (repaired []string, err 
 	} else if err := n.checkTable(c, p); errors.Is(err, errTableChanged) {
 		// A table flushed or cut is made again whole: its pins go.
 		why = "changed: were the host's rules flushed?"
-		c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(n.ID)})
 	} else if err != nil {
 		return nil, err
 	}
 	if why != "" {
+		if err := n.carryCounts(); err != nil {
+			return nil, err
+		}
+		if t != nil {
+			c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(n.ID)})
+		}
 		if err := n.rules(c, p); err != nil {
 			return nil, err
 		}
@@ -449,6 +457,9 @@ func (n *Network) Ensure(ctx context.Context, p Policy) (repaired []string, err 
 // table: what a reboot took), with its addresses if they are free; n is
 // updated with what it got.
 func (n *Network) Recreate(ctx context.Context, p Policy) error {
+	if err := n.carryCounts(); err != nil {
+		return err
+	}
 	if err := Delete(n.ID, n.NetNS); err != nil {
 		return err
 	}
@@ -456,6 +467,7 @@ func (n *Network) Recreate(ctx context.Context, p Policy) error {
 	if err != nil {
 		return err
 	}
+	m.Counts = n.Counts
 	*n = *m
 	return nil
 }

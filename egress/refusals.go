@@ -3,6 +3,7 @@ package egress
 import (
 	"cmp"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -129,14 +130,55 @@ type RefusalClass struct {
 	Count uint64 `json:"count"`
 }
 
-// RefusalClasses reads what the table of the sandbox whose runsc ID is id
-// has refused, by class, most refused first: counters that never saturate
-// (Refusals keeps refusedSize destinations). Classes with no refusal are
-// left out; a sandbox without a table has refused nothing.
-func RefusalClasses(id string) ([]RefusalClass, error) {
-	c, t, err := sandboxTable(id)
-	if t == nil || err != nil {
+// RefusalClasses reads what the sandbox whose runsc ID is id has refused,
+// by class, most refused first: counters that never saturate (Refusals
+// keeps refusedSize destinations), and never go down: with counts, the
+// file of its Network.Counts, what its earlier tables counted is added,
+// and what its table counted so far is booked. Classes with no refusal are
+// left out; a sandbox without a table has refused what its book says.
+func RefusalClasses(id, counts string) ([]RefusalClass, error) {
+	current, err := classCounts(id)
+	if errors.Is(err, errNoTable) {
+		current, err = nil, nil
+	}
+	if err != nil {
 		return nil, err
+	}
+	totals := current
+	if counts != "" {
+		b := readBook(counts)
+		if b.see(current) {
+			b.write(counts) // a book not written now is written by a later read
+		}
+		totals = b.total(current)
+	}
+	var out []RefusalClass
+	for class, n := range totals {
+		if n > 0 {
+			out = append(out, RefusalClass{class, n})
+		}
+	}
+	slices.SortFunc(out, func(a, b RefusalClass) int {
+		if a.Count != b.Count {
+			return cmp.Compare(b.Count, a.Count)
+		}
+		return strings.Compare(a.Class, b.Class)
+	})
+	return out, nil
+}
+
+// errNoTable: the sandbox has no table.
+var errNoTable = errors.New("the sandbox has no nftables table")
+
+// classCounts reads the counters of the refusing rules of the sandbox's
+// table, by class.
+func classCounts(id string) (map[string]uint64, error) {
+	c, t, err := sandboxTable(id)
+	if err != nil {
+		return nil, err
+	}
+	if t == nil {
+		return nil, errNoTable
 	}
 	counts := map[string]uint64{}
 	for _, chain := range []string{chainOut, chainFull, "input"} {
@@ -156,17 +198,7 @@ func RefusalClasses(id string) ([]RefusalClass, error) {
 			}
 		}
 	}
-	var out []RefusalClass
-	for class, n := range counts {
-		out = append(out, RefusalClass{class, n})
-	}
-	slices.SortFunc(out, func(a, b RefusalClass) int {
-		if a.Count != b.Count {
-			return cmp.Compare(b.Count, a.Count)
-		}
-		return strings.Compare(a.Class, b.Class)
-	})
-	return out, nil
+	return counts, nil
 }
 
 // sandboxTable opens nftables and finds the table of the sandbox whose runsc

@@ -152,7 +152,7 @@ func egressOf(rec *record.Record) (Egress, *egress.Network, error) {
 		errs = append(errs, err)
 		p.DNS = append(p.DNS, a)
 	}
-	n := &egress.Network{ID: rec.ID, NetNS: netnsPath(rec), Host: egress.HostLink(rec.ID)}
+	n := &egress.Network{ID: rec.ID, NetNS: netnsPath(rec), Host: egress.HostLink(rec.ID), Counts: refusalCountsPath(rec)}
 	var err1, err2 error
 	n.Gateway, err1 = netip.ParseAddr(e.Gateway)
 	n.Addr, err2 = netip.ParseAddr(e.Addr)
@@ -322,6 +322,12 @@ func upstreams(dns []netip.Addr) ([]string, error) {
 	return out, nil
 }
 
+// refusalCountsPath is the file that keeps the refusal counts of the
+// egress sandbox of rec's earlier tables (egress.Network.Counts).
+func refusalCountsPath(rec *record.Record) string {
+	return filepath.Join(rec.Dir, "refusal-counts.json")
+}
+
 // egressStatus is what the egress sandbox of rec refused.
 func egressStatus(rec *record.Record) *EgressStatus {
 	p, _, err := egressOf(rec)
@@ -330,7 +336,7 @@ func egressStatus(rec *record.Record) *EgressStatus {
 	}
 	st := &EgressStatus{Policy: p}
 	st.Refused, _ = egress.Refusals(rec.ID)
-	st.RefusedClasses, _ = egress.RefusalClasses(rec.ID)
+	st.RefusedClasses, _ = egress.RefusalClasses(rec.ID, refusalCountsPath(rec))
 	st.RefusedNames, _ = egress.RefusedNames(refusedNamesPath(rec))
 	return st
 }
