@@ -31,14 +31,9 @@ const guardTable = "flmbox-forward-guard"
 // before: a flush of the host's ruleset removed the table, and forwarding
 // then stayed on for good after the last egress sandbox.
 func forwardingMark() (string, error) {
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	cookie, err := netnsCookie()
 	if err != nil {
-		return "", fmt.Errorf("find the network namespace: %w", err)
-	}
-	defer unix.Close(fd)
-	cookie, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
-	if err != nil {
-		return "", fmt.Errorf("find the network namespace's cookie: %w", err)
+		return "", err
 	}
 	return filepath.Join(filepath.Dir(hostLock), fmt.Sprintf("forwarding-%d", cookie)), nil
 }
@@ -52,7 +47,7 @@ func forwardingMark() (string, error) {
 // host's ruleset) while forwarding is its doing (forwardingMark, written
 // first). The caller holds hostLock.
 func enableForwarding() error {
-	if err := addRouteGuard(); err != nil {
+	if err := addHostNAT(); err != nil {
 		return err
 	}
 	mark, err := forwardingMark()
@@ -151,7 +146,12 @@ func restoreForwarding() error {
 			return nil
 		}
 	}
-	if err := delRouteGuard(); err != nil {
+	// The host's masquerade of Range, and the route guard an older flmbox
+	// kept in the host (now in the router).
+	if err := delHostNAT(); err != nil {
+		return err
+	}
+	if err := delRouteGuard(nil); err != nil {
 		return err
 	}
 	mark, err := forwardingMark()
@@ -188,21 +188,17 @@ func restoreForwarding() error {
 	return nil
 }
 
-// The route guard: two rules of the host's routing policy, which no flush of
-// nftables touches. A packet from Range (a sandbox's address: the link's
-// source check drops others, and so does the host's reverse-path filter
-// where it is strict) is routed by the main table only if it carries
-// routeMark, which the sandbox's table sets on every packet of its link;
-// else it is prohibited. So a sandbox's table flushed, deleted, or taken
-// with the whole ruleset forwards nothing at once, whether or not its
-// resolver lives to take the link down (a dead resolver and a deleted table
-// left a sandbox open until the next sandbox command). It does not cover
-// packets to the host's own addresses, which the local table delivers
-// before any rule: the resolver's watch does.
-//
-// The host's own packets from a gateway's address (in Range too: a
+// The route guard: three rules of the router's routing policy, which no
+// flush of nftables touches. A packet from Range (a sandbox's address: the
+// link's source check drops others) is routed by the main table only if it
+// carries routeMark, which the sandbox's table sets on every packet of its
+// link; else it is prohibited. So a sandbox's table flushed or deleted in
+// the router forwards nothing at once, whether or not its resolver lives to
+// take the link down. The router's own packets from a gateway's address (a
 // refusal's TCP reset or ICMP error, the resolver's answers) are routed as
-// before (rulePrefLocal: iif lo is a packet the host sends).
+// before (rulePrefLocal: iif lo is a packet the router sends). The host
+// keeps none (an older flmbox's are deleted): the router's packets reach it
+// unmarked (a mark does not cross namespaces).
 const (
 	routeMark        = ResolverMark // "flmb"
 	rulePrefLocal    = 10865
@@ -223,30 +219,73 @@ func routeGuard() []*netlink.Rule {
 	return []*netlink.Rule{local, marked, prohibit}
 }
 
-// addRouteGuard adds the route guard's rules that are missing. The caller
-// holds hostLock.
-func addRouteGuard() error {
-	have, err := netlink.RuleList(netlink.FAMILY_V4)
+// addRouteGuard adds the route guard's rules that are missing, with h (the
+// router's). The caller holds hostLock.
+func addRouteGuard(h *netlink.Handle) error {
+	have, err := h.RuleList(netlink.FAMILY_V4)
 	if err != nil {
-		return fmt.Errorf("list the host's routing rules: %w", err)
+		return fmt.Errorf("list the egress router's routing rules: %w", err)
 	}
 	for _, r := range routeGuard() {
 		if slices.ContainsFunc(have, func(h netlink.Rule) bool { return h.Priority == r.Priority }) {
 			continue
 		}
-		if err := netlink.RuleAdd(r); err != nil {
+		if err := h.RuleAdd(r); err != nil {
 			return fmt.Errorf("add the routing rule of priority %d: %w", r.Priority, err)
 		}
 	}
 	return nil
 }
 
-// delRouteGuard deletes the route guard's rules. The caller holds hostLock.
-func delRouteGuard() error {
+// delRouteGuard deletes the route guard's rules, with h (nil: the host's).
+// The caller holds hostLock.
+func delRouteGuard(h *netlink.Handle) error {
+	if h == nil {
+		var err error
+		if h, err = netlink.NewHandle(); err != nil {
+			return err
+		}
+		defer h.Close()
+	}
 	for _, r := range routeGuard() {
-		if err := netlink.RuleDel(r); err != nil && !errors.Is(err, unix.ENOENT) {
+		if err := h.RuleDel(r); err != nil && !errors.Is(err, unix.ENOENT) {
 			return fmt.Errorf("delete the routing rule of priority %d: %w", r.Priority, err)
 		}
+	}
+	return nil
+}
+
+// natTable is the host's table that masquerades the sandboxes' addresses
+// (Range) on their way out of the host, made with the router.
+const natTable = "flmbox-nat"
+
+// addHostNAT adds natTable, or makes its chain again.
+func addHostNAT() error {
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: natTable})
+	policy := nftables.ChainPolicyAccept
+	ch := c.AddChain(&nftables.Chain{Table: t, Name: "postrouting", Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &policy})
+	c.FlushChain(ch)
+	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: slices.Concat(ipv4(), inPrefix(12, Range), oifNot(uplinkHost), []expr.Any{&expr.Masq{}})})
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("install nftables table %s: %w", natTable, err)
+	}
+	return nil
+}
+
+// delHostNAT deletes natTable.
+func delHostNAT() error {
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: natTable})
+	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("delete nftables table %s: %w", natTable, err)
 	}
 	return nil
 }

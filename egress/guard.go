@@ -1,7 +1,6 @@
 package egress
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,8 +8,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
-	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -21,14 +18,16 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// A sandbox's resolver is two processes. The one flmbox starts (Serve) is
-// the privileged part, with CAP_NET_ADMIN and nothing else once its
-// sockets are bound: it watches the sandbox's table and takes the link down
-// if the table changes, and adds to the table's sets the addresses the
-// other part asks it to pin, after checking them against the policy
-// itself. The other (Answer), started by it, parses DNS: what code in the
-// sandbox sends and what upstream answers. It has no capability, no way to
-// gain one, a seccomp filter, and only its sockets and one directory.
+// A sandbox's resolver is two processes, both started by Resolver.Start
+// as ResolverUser. The guard (Serve) lives in the router's namespace with
+// CAP_NET_ADMIN and nothing else: it watches the sandbox's table and takes
+// the link down if the table changes, and adds to the table's sets the
+// addresses the other part asks it to pin, after checking them against the
+// policy itself. The DNS part (Answer) lives in the host's namespace (it
+// asks the host's DNS servers, 127.0.0.53 too) with no capability, no way
+// to gain one and a seccomp filter, and parses DNS: what code in the
+// sandbox sends, on two sockets Start made in the router, and what upstream
+// answers.
 
 // DNSPartName is the name (comm) of a resolver's DNS part.
 const DNSPartName = "flmbox-dns"
@@ -64,81 +63,31 @@ type pinReply struct {
 // maxPinMessage bounds a message between the parts.
 const maxPinMessage = 16 << 10
 
-// Serve is a sandbox's resolver: it listens on cfg.Gateway:53 (UDP and
-// TCP, its sockets marked ResolverMark), keeps CAP_NET_ADMIN only, starts
-// its DNS part (argv, then DNSPartArg, from exe, with dir and the
-// listeners), pins what that part asks, and watches the sandbox's table.
-// The table is the whole policy: if it loses a rule, a chain or itself (a
-// flush of the host's rules, a reload, the sandbox's removal), or the DNS
-// part ends, the link goes down at once and Serve returns: without its
-// table or its resolver, the link would reach what the host routes to or
-// nothing at all. nftables tells of every deletion (watchTable); should its
-// messages be lost, Serve compares the table with its policy every second.
-// ready is called once the DNS part answers.
-func Serve(ctx context.Context, cfg ResolverConfig, dir, exe *os.File, argv []string, ready func()) error {
+// Serve is a sandbox's resolver's guard, in the router's namespace: it
+// keeps CAP_NET_ADMIN only, pins what the DNS part asks on pins, and
+// watches the sandbox's table. The table is the whole policy: if it loses a
+// rule, a chain or itself, or the DNS part ends, the link goes down at once
+// and Serve returns. nftables tells of every deletion (watchTable); should
+// its messages be lost, Serve compares the table with its policy every
+// second. ready is called once the DNS part answers.
+func Serve(ctx context.Context, cfg ResolverConfig, pins *os.File, ready func()) error {
+	if err := keepOnlyNetAdmin(); err != nil {
+		return fmt.Errorf("resolver: %w", err)
+	}
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: guardFiles, Max: guardFiles}); err != nil {
+		return fmt.Errorf("resolver: bound its descriptors: %w", err)
+	}
 	c, err := nftables.New()
 	if err != nil {
 		return err
 	}
-	g := &guard{cfg: cfg, nft: c, host: hostAddrs()}
-	addr := netip.AddrPortFrom(cfg.Gateway, 53).String()
-	lc := net.ListenConfig{Control: markSocket}
-	pc, err := lc.ListenPacket(ctx, "udp4", addr)
+	g := &guard{cfg: cfg, nft: c, host: cfg.Host}
+	pinConn, err := net.FileConn(pins)
+	pins.Close()
 	if err != nil {
-		return fmt.Errorf("resolver: %w", err)
-	}
-	defer pc.Close()
-	l, err := lc.Listen(ctx, "tcp4", addr)
-	if err != nil {
-		return fmt.Errorf("resolver: %w", err)
-	}
-	defer l.Close()
-	udp, err := pc.(*net.UDPConn).File()
-	if err != nil {
-		return err
-	}
-	defer udp.Close()
-	tcp, err := l.(*net.TCPListener).File()
-	if err != nil {
-		return err
-	}
-	defer tcp.Close()
-	if err := keepOnlyNetAdmin(); err != nil {
-		return fmt.Errorf("resolver: %w", err)
-	}
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	theirs := os.NewFile(uintptr(fds[1]), "pins")
-	pinConn, err := net.FileConn(os.NewFile(uintptr(fds[0]), "pins"))
-	if err != nil {
-		theirs.Close()
 		return err
 	}
 	defer pinConn.Close()
-	conf, err := json.Marshal(parserConfig{ResolverConfig: cfg, Host: g.host})
-	if err != nil {
-		return err
-	}
-	cmd := exec.Command(fmt.Sprintf("/proc/self/fd/%d", parserExe), append(slices.Clone(argv[1:]), DNSPartArg)...)
-	cmd.Args[0] = argv[0]
-	cmd.Stdin, cmd.Stderr = bytes.NewReader(conf), os.Stderr
-	cmd.ExtraFiles = []*os.File{dir, exe, udp, tcp, theirs}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	err = cmd.Start()
-	theirs.Close()
-	if err != nil {
-		return fmt.Errorf("resolver: start its DNS part: %w", err)
-	}
-	defer cmd.Process.Kill()
-	// Its own descriptors bounded once the DNS part has its (which can
-	// only lower a limit).
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: guardFiles, Max: guardFiles}); err != nil {
-		return fmt.Errorf("resolver: bound its descriptors: %w", err)
-	}
-	partDone := make(chan error, 1)
-	go func() { partDone <- cmd.Wait() }()
 	readyc, pinsDone := make(chan struct{}), make(chan error, 1)
 	go func() { pinsDone <- g.servePins(pinConn.(*net.UnixConn), readyc) }()
 	changed, stopWatch := g.watchTable(ctx)
@@ -150,7 +99,7 @@ func Serve(ctx context.Context, cfg ResolverConfig, dir, exe *os.File, argv []st
 	defer start.Stop()
 	select {
 	case <-readyc:
-	case err := <-partDone:
+	case err := <-pinsDone:
 		return fmt.Errorf("resolver: its DNS part ended: %v", err)
 	case <-start.C:
 		return fmt.Errorf("resolver: its DNS part is not ready after %v", resolverStart)
@@ -165,18 +114,9 @@ func Serve(ctx context.Context, cfg ResolverConfig, dir, exe *os.File, argv []st
 	for {
 		select {
 		case <-ctx.Done():
-			cmd.Process.Signal(syscall.SIGTERM) // it writes what it counted
-			t := time.NewTimer(time.Second)
-			defer t.Stop()
-			select {
-			case <-partDone:
-			case <-t.C:
-			}
 			return nil
-		case err := <-partDone:
-			return g.failClosed(fmt.Errorf("its DNS part ended: %v", err))
 		case err := <-pinsDone:
-			return g.failClosed(fmt.Errorf("its DNS part: %v", err))
+			return g.failClosed(fmt.Errorf("its DNS part ended: %v", err))
 		case err := <-changed:
 			if err == nil {
 				err = g.checkTable() // the watch ended: whole so far?

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -153,6 +154,12 @@ func TestConntrackForgotten(t *testing.T) {
 	}
 	outside(t)
 	ctx := context.Background()
+	// Another sandbox keeps the router (and its connection tracking).
+	k, err := Create(ctx, "flmbox-abababababababababababab", filepath.Join(t.TempDir(), "netns"), Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Delete(k.ID, k.NetNS) })
 	a, err := Create(ctx, "flmbox-aaaaaaaaaaaaaaaaaaaaaaaa", filepath.Join(t.TempDir(), "netns"), Policy{Allow: rules("198.51.100.2")})
 	if err != nil {
 		t.Fatal(err)
@@ -176,7 +183,7 @@ func TestConntrackForgotten(t *testing.T) {
 	}
 }
 
-// TestEnsure: a table that went (a flush of the host's rules) is made
+// TestEnsure: a table that went (a flush of the router's rules) is made
 // again, the policy holds again, and a link taken down comes up; a
 // namespace gone (a reboot) is ErrGone, and Recreate makes the network
 // again with its addresses.
@@ -195,7 +202,8 @@ func TestEnsure(t *testing.T) {
 	if got, err := n.Ensure(ctx, p); err != nil || len(got) != 0 {
 		t.Fatalf("Ensure of a whole network: %v, %v", got, err)
 	}
-	c, err := nftables.New()
+	c := routerNft(t)
+	routerPath, err := RouterPath()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +214,9 @@ func TestEnsure(t *testing.T) {
 	if err := g.checkTable(); err != nil {
 		t.Fatalf("checkTable of a whole table: %v", err)
 	}
-	changed, stop := g.watchTable(ctx)
+	var changed <-chan error
+	var stop func()
+	inNS(t, routerPath, func() { changed, stop = g.watchTable(ctx) }) // the guard lives in the router
 	c.FlushTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(n.ID)})
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
@@ -234,14 +244,16 @@ func TestEnsure(t *testing.T) {
 		t.Fatal(err)
 	}
 	// With no table (and the link up: no resolver took it down), the
-	// host's routing forwards nothing of the sandbox's (addRouteGuard).
+	// router's routing forwards nothing of the sandbox's (addRouteGuard).
 	if echoed(t, n, 40001) {
 		t.Fatal("the outside echoes with the sandbox's table gone")
 	}
-	// What the resolver does when it finds the table gone.
-	if err := g.failClosed(errors.New("the table is gone")); err == nil {
-		t.Fatal("failClosed says nothing")
-	}
+	// What the resolver, in the router, does when it finds the table gone.
+	inNS(t, routerPath, func() {
+		if err := g.failClosed(errors.New("the table is gone")); err == nil || !strings.Contains(err.Error(), "taken down") {
+			t.Errorf("failClosed: %v", err)
+		}
+	})
 	if echoed(t, n, 40002) {
 		t.Fatal("the outside echoes through a link taken down")
 	}
@@ -263,7 +275,7 @@ func TestEnsure(t *testing.T) {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if _, err := netlink.LinkByName(n.Host); err != nil {
+		if !slices.Contains(routerLinks(t), n.Host) {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -324,20 +336,29 @@ func TestDNSOnlyToResolver(t *testing.T) {
 		})
 		return ok
 	}
-	other, err := net.ListenPacket("udp4", "0.0.0.0:53") // a host's own DNS service
+	routerPath, err := RouterPath()
 	if err != nil {
 		t.Fatal(err)
 	}
+	listen := func(lc net.ListenConfig, addr string) (pc net.PacketConn) {
+		inNS(t, routerPath, func() {
+			var err error
+			if pc, err = lc.ListenPacket(context.Background(), "udp4", addr); err != nil {
+				t.Error(err)
+			}
+		})
+		if pc == nil {
+			t.FailNow()
+		}
+		return pc
+	}
+	other := listen(net.ListenConfig{}, "0.0.0.0:53") // another DNS service where the resolver listens
 	go udpEcho(other)
 	if asks() {
-		t.Fatal("the sandbox reached a host service on port 53 that is not its resolver")
+		t.Fatal("the sandbox reached a service on port 53 that is not its resolver")
 	}
 	other.Close() // without SO_REUSEADDR on both, the two cannot bind at once
-	lc := net.ListenConfig{Control: markSocket}
-	mine, err := lc.ListenPacket(context.Background(), "udp4", netip.AddrPortFrom(n.Gateway, 53).String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	mine := listen(net.ListenConfig{Control: markSocket}, netip.AddrPortFrom(n.Gateway, 53).String())
 	defer mine.Close()
 	go udpEcho(mine)
 	if !asks() {

@@ -101,6 +101,11 @@ func create(ctx context.Context, id, nsPath string, p Policy, want netip.Addr) (
 	if err := enableForwarding(); err != nil {
 		return nil, err
 	}
+	r, err := ensureRouter()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
 	if err := newNetNS(nsPath); err != nil {
 		return nil, err
 	}
@@ -109,7 +114,7 @@ func create(ctx context.Context, id, nsPath string, p Policy, want netip.Addr) (
 		return nil, err
 	}
 	defer ns.Close()
-	if n.Gateway, n.Addr, err = freeSubnet(want); err != nil {
+	if n.Gateway, n.Addr, err = r.freeSubnet(want); err != nil {
 		return nil, err
 	}
 	// The address's earlier owner may have left connections: none may
@@ -117,33 +122,31 @@ func create(ctx context.Context, id, nsPath string, p Policy, want netip.Addr) (
 	// the link is made, and before Create returns (nothing passes before
 	// runsc runs).
 	forgotten := make(chan error, 1)
-	go func() { forgotten <- forgetConnections(n.Addr) }()
+	go func() { forgotten <- r.forgetConnections(n.Addr) }()
 	defer func() { // before the deferred unlock; the first defer then deletes
 		if ferr := <-forgotten; ferr != nil && err == nil {
 			err = ferr
 		}
 	}()
+	// The link's router end takes the router's default, IPv6 off.
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: n.Host}, PeerName: sandboxLink, PeerNamespace: netlink.NsFd(ns)}
-	if err := netlink.LinkAdd(veth); err != nil {
+	if err := r.h.LinkAdd(veth); err != nil {
 		return nil, fmt.Errorf("add link %s: %w", n.Host, err)
 	}
-	host, err := netlink.LinkByName(n.Host)
+	host, err := r.h.LinkByName(n.Host)
 	if err != nil {
 		return nil, err
 	}
-	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipNet(n.Gateway)}); err != nil {
+	if err := r.h.AddrAdd(host, &netlink.Addr{IPNet: ipNet(n.Gateway)}); err != nil {
 		return nil, fmt.Errorf("address link %s: %w", n.Host, err)
 	}
-	if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+n.Host+"/disable_ipv6", []byte("1\n"), 0o644); err != nil && !os.IsNotExist(err) {
-		return nil, fmt.Errorf("turn IPv6 off on link %s: %w", n.Host, err)
-	}
-	if err := netlink.LinkSetUp(host); err != nil {
+	if err := r.h.LinkSetUp(host); err != nil {
 		return nil, err
 	}
 	if err := n.Configure(); err != nil {
 		return nil, err
 	}
-	c, err := nftables.New()
+	c, err := r.nft()
 	if err != nil {
 		return nil, err
 	}
@@ -156,15 +159,23 @@ func create(ctx context.Context, id, nsPath string, p Policy, want netip.Addr) (
 	return n, nil
 }
 
-// forgetConnections deletes the connections the kernel tracks from addr,
-// a sandbox's address.
-func forgetConnections(addr netip.Addr) error {
+// forgetConnections deletes the connections the router and the host track
+// from addr, a sandbox's address.
+func (r *router) forgetConnections(addr netip.Addr) error {
 	f := &netlink.ConntrackFilter{}
 	if err := f.AddIP(netlink.ConntrackOrigSrcIP, addr.AsSlice()); err != nil {
 		return err
 	}
-	if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, f); err != nil {
-		return fmt.Errorf("forget the connections of %s: %w", addr, err)
+	for _, h := range []*netlink.Handle{r.h, nil} {
+		var err error
+		if h == nil {
+			_, err = netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, f)
+		} else {
+			_, err = h.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, f)
+		}
+		if err != nil {
+			return fmt.Errorf("forget the connections of %s: %w", addr, err)
+		}
 	}
 	return nil
 }
@@ -212,20 +223,9 @@ func (n *Network) Configure() error {
 	return nil
 }
 
-// freeSubnet returns want's /30 if it is free, else the first /30 of Range
-// that no link of the host's namespace has an address in: its gateway (.1)
-// and sandbox (.2) addresses.
-func freeSubnet(want netip.Addr) (gw, sb netip.Addr, err error) {
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
-	if err != nil {
-		return gw, sb, fmt.Errorf("list the host's addresses: %w", err)
-	}
-	used := map[netip.Addr]bool{}
-	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && Range.Contains(ip) {
-			used[netip.PrefixFrom(ip, 30).Masked().Addr()] = true
-		}
-	}
+// firstFree returns want's /30 if it is not used, else the first /30 of
+// Range that is not: its .1 (gateway) and .2 (sandbox) addresses.
+func firstFree(used map[netip.Addr]bool, want netip.Addr) (gw, sb netip.Addr, err error) {
 	if w := netip.PrefixFrom(want, 30).Masked().Addr(); want.IsValid() && Range.Contains(want) && !used[w] {
 		return w.Next(), w.Next().Next(), nil
 	}
@@ -299,18 +299,22 @@ func Delete(id, nsPath string) error {
 	}
 	defer unlock()
 	var errs []error
-	if c, err := nftables.New(); err == nil {
-		c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(id)})
-		if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("delete nftables table %s: %w", TableName(id), err))
+	if r, err := openRouter(); err == nil {
+		if c, err := r.nft(); err == nil {
+			c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(id)})
+			if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, fmt.Errorf("delete nftables table %s: %w", TableName(id), err))
+			}
 		}
-	}
-	// The connections tracked from the sandbox's address are forgotten
-	// when the address is given out again (Create), not here.
-	if l, err := netlink.LinkByName(HostLink(id)); err == nil {
-		if err := netlink.LinkDel(l); err != nil {
-			errs = append(errs, fmt.Errorf("delete link %s: %w", l.Attrs().Name, err))
+		// The connections tracked from the sandbox's address are
+		// forgotten when the address is given out again (Create), not
+		// here.
+		if l, err := r.h.LinkByName(HostLink(id)); err == nil {
+			if err := r.h.LinkDel(l); err != nil {
+				errs = append(errs, fmt.Errorf("delete link %s: %w", l.Attrs().Name, err))
+			}
 		}
+		r.Close()
 	}
 	if nsPath != "" {
 		if err := unix.Unmount(nsPath, unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
@@ -321,7 +325,7 @@ func Delete(id, nsPath string) error {
 		}
 	}
 	if len(errs) == 0 {
-		errs = append(errs, restoreForwarding())
+		errs = append(errs, removeRouterIfUnused())
 	}
 	return errors.Join(errs...)
 }
@@ -330,9 +334,9 @@ func Delete(id, nsPath string) error {
 // sandbox's namespace went without its removal, say with its state root):
 // Create makes a sandbox's link before its table, both under hostLock, so
 // a table without a link is nobody's, whatever state root made it. Their
-// resolvers leave by themselves once their table is gone. A host that made
-// no egress network since it booted costs a stat: not even hostLock is
-// taken.
+// resolvers leave by themselves once their table is gone. The router goes
+// with its last link, and forwarding is restored then. A host that made no
+// egress network since it booted costs a stat: not even hostLock is taken.
 func Prune(ctx context.Context) error {
 	if _, err := os.Stat(hostLock); err != nil {
 		return nil
@@ -342,7 +346,15 @@ func Prune(ctx context.Context) error {
 		return err
 	}
 	defer unlock()
-	c, err := nftables.New()
+	r, err := openRouter()
+	if errors.Is(err, ErrGone) {
+		return removeRouterIfUnused()
+	}
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	c, err := r.nft()
 	if err != nil {
 		return err
 	}
@@ -355,7 +367,7 @@ func Prune(ctx context.Context) error {
 		if !isTableName(t.Name) {
 			continue
 		}
-		if _, err := netlink.LinkByName(HostLink(t.Name)); err == nil {
+		if _, err := r.h.LinkByName(HostLink(t.Name)); err == nil {
 			continue
 		}
 		c.DelTable(t)
@@ -366,9 +378,8 @@ func Prune(ctx context.Context) error {
 			return fmt.Errorf("delete the tables of egress sandboxes that are gone: %w", err)
 		}
 	}
-	// Forwarding and the route guard too, once no egress link is left,
-	// even if a flush took the tables first.
-	return restoreForwarding()
+	// The router and forwarding too, once no egress link is left.
+	return removeRouterIfUnused()
 }
 
 // isTableName reports whether name is an egress sandbox's table's: a
@@ -404,11 +415,30 @@ func (n *Network) Ensure(ctx context.Context, p Policy) (repaired []string, err 
 	if !mountinfo.IsNsfs(n.NetNS) {
 		return nil, fmt.Errorf("network namespace %s: %w", n.NetNS, ErrGone)
 	}
-	l, err := netlink.LinkByName(n.Host)
+	r, err := openRouter()
+	if err != nil {
+		return nil, err
+	}
+	r.Close()
+	// The host's side first, if a flush of the host's rules took it:
+	// forwarding's guard, the router's masquerade, its routes.
+	if c, err := nftables.New(); err == nil {
+		if t, err := inetTable(c, natTable); err == nil && t == nil {
+			repaired = append(repaired, "the host's masquerade of egress sandboxes (nftables table "+natTable+", gone: were the host's rules flushed?)")
+		}
+	}
+	if err := enableForwarding(); err != nil {
+		return nil, err
+	}
+	if r, err = ensureRouter(); err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	l, err := r.h.LinkByName(n.Host)
 	if err != nil {
 		return nil, fmt.Errorf("link %s: %w", n.Host, ErrGone)
 	}
-	c, err := nftables.New()
+	c, err := r.nft()
 	if err != nil {
 		return nil, err
 	}
@@ -416,16 +446,12 @@ func (n *Network) Ensure(ctx context.Context, p Policy) (repaired []string, err 
 	if err != nil {
 		return nil, err
 	}
-	// Forwarding's guard too, if a flush of the host's rules took it.
-	if err := enableForwarding(); err != nil {
-		return nil, err
-	}
 	why := ""
 	if t == nil {
-		why = "gone: were the host's rules flushed?"
+		why = "gone: was the egress router's ruleset flushed?"
 	} else if err := n.checkTable(c, p); errors.Is(err, errTableChanged) {
 		// A table flushed or cut is made again whole: its pins go.
-		why = "changed: were the host's rules flushed?"
+		why = "changed: was the egress router's ruleset flushed?"
 	} else if err != nil {
 		return nil, err
 	}
@@ -443,9 +469,11 @@ func (n *Network) Ensure(ctx context.Context, p Policy) (repaired []string, err 
 			return nil, fmt.Errorf("install the policy's nftables table %s again: %w", TableName(n.ID), err)
 		}
 		repaired = append(repaired, "its nftables table "+TableName(n.ID)+" ("+why+")")
+	} else if err := n.refreshHostAddrs(c); err != nil {
+		return nil, err
 	}
 	if l.Attrs().Flags&net.FlagUp == 0 {
-		if err := netlink.LinkSetUp(l); err != nil {
+		if err := r.h.LinkSetUp(l); err != nil {
 			return repaired, err
 		}
 		repaired = append(repaired, "its link "+n.Host+" (down)")

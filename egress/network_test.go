@@ -14,6 +14,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/flmbox/flmbox/internal/mountinfo"
 )
 
 // inPrivateNetNS runs the calling test again in a network namespace of its
@@ -74,6 +76,67 @@ func links(t *testing.T) []string {
 	return names
 }
 
+// routerNft opens nftables in the egress router.
+func routerNft(t *testing.T) *nftables.Conn {
+	t.Helper()
+	r, err := openRouter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	c, err := r.nft()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// routerTables are the tables in the egress router, none if there is none.
+func routerTables(t *testing.T) []string {
+	t.Helper()
+	if !routerThere(t) {
+		return nil
+	}
+	ts, err := routerNft(t).ListTables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, x := range ts {
+		names = append(names, x.Name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// routerLinks are the sandboxes' links in the egress router.
+func routerLinks(t *testing.T) []string {
+	t.Helper()
+	if !routerThere(t) {
+		return nil
+	}
+	r, err := openRouter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ls, err := r.sandboxLinks()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ls
+}
+
+// routerThere reports whether the egress router is there.
+func routerThere(t *testing.T) bool {
+	t.Helper()
+	p, err := RouterPath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mountinfo.IsNsfs(p)
+}
+
 func readForward() string {
 	b, _ := os.ReadFile(ipForward)
 	return strings.TrimSpace(string(b))
@@ -96,8 +159,12 @@ func TestCreateDelete(t *testing.T) {
 	if n.Host != HostLink(id) || !Range.Contains(n.Gateway) || n.Addr != n.Gateway.Next() {
 		t.Fatalf("network %+v", n)
 	}
-	if !slices.Contains(links(t), n.Host) || !slices.Contains(tables(t), TableName(id)) || !slices.Contains(tables(t), guardTable) {
-		t.Fatalf("links %v, tables %v", links(t), tables(t))
+	if !slices.Contains(routerLinks(t), n.Host) || !slices.Contains(routerTables(t), TableName(id)) ||
+		!slices.Contains(tables(t), guardTable) || !slices.Contains(tables(t), natTable) || !slices.Contains(links(t), uplinkHost) {
+		t.Fatalf("router's links %v, tables %v; host's links %v, tables %v", routerLinks(t), routerTables(t), links(t), tables(t))
+	}
+	if slices.Contains(tables(t), TableName(id)) || slices.Contains(links(t), n.Host) {
+		t.Fatalf("the sandbox's link or table in the host's namespace: links %v, tables %v", links(t), tables(t))
 	}
 	if b, _ := os.ReadFile(ipForward); strings.TrimSpace(string(b)) != "1" {
 		t.Fatalf("forwarding is %q", b)
@@ -111,10 +178,7 @@ func TestCreateDelete(t *testing.T) {
 	if n2.Gateway == n.Gateway || netip.PrefixFrom(n.Gateway, 30).Masked().Contains(n2.Gateway) {
 		t.Fatalf("two sandboxes share a subnet: %v, %v", n.Gateway, n2.Gateway)
 	}
-	c, err := nftables.New()
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := routerNft(t)
 	a := netip.MustParseAddr("198.51.100.10")
 	if err := pin(c, TableName(id), []netip.Addr{a}, []uint16{443}, []uint16{80}, time.Second); err != nil {
 		t.Fatal(err)
@@ -143,8 +207,8 @@ func TestCreateDelete(t *testing.T) {
 			t.Fatalf("a second Delete: %v", err)
 		}
 	}
-	if slices.ContainsFunc(links(t), func(l string) bool { return strings.HasPrefix(l, linkPrefix) }) || len(tables(t)) != 0 {
-		t.Fatalf("left: links %v, tables %v", links(t), tables(t))
+	if slices.ContainsFunc(links(t), func(l string) bool { return strings.HasPrefix(l, linkPrefix) }) || len(tables(t)) != 0 || routerThere(t) {
+		t.Fatalf("left: links %v, tables %v, the router %v", links(t), tables(t), routerThere(t))
 	}
 	rules, err := netlink.RuleList(netlink.FAMILY_V4)
 	if err != nil {
@@ -166,8 +230,9 @@ func TestCreateDelete(t *testing.T) {
 	}
 }
 
-// TestPrune: a table whose link is gone is deleted, with forwarding
-// restored; a table with its link, and other tables, are left.
+// TestPrune: a table whose link is gone is deleted; a table with its link,
+// and other tables, are left; the router goes with its last link, and
+// forwarding is restored.
 func TestPrune(t *testing.T) {
 	if !inPrivateNetNS(t) {
 		return
@@ -179,10 +244,7 @@ func TestPrune(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { Delete(n.ID, n.NetNS) })
-	c, err := nftables.New()
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := routerNft(t)
 	orphan := "flmbox-3123456789abcdef01234567"
 	c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: orphan})
 	c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: "someone-elses"})
@@ -192,17 +254,15 @@ func TestPrune(t *testing.T) {
 	if err := Prune(ctx); err != nil {
 		t.Fatal(err)
 	}
-	got := tables(t)
-	slices.Sort(got)
-	if want := []string{live, guardTable, "someone-elses"}; !slices.Equal(got, want) {
+	if got, want := routerTables(t), []string{live, "someone-elses"}; !slices.Equal(got, want) {
 		t.Fatalf("tables after Prune: %v, want %v", got, want)
 	}
 	// The namespace goes without Delete (its veth with it): Prune deletes
-	// the table, and forwarding goes off with the last egress link.
+	// the table, and the router and forwarding go with the last link.
 	if err := unix.Unmount(n.NetNS, unix.MNT_DETACH); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); slices.Contains(links(t), n.Host); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); slices.Contains(routerLinks(t), n.Host); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("link %s outlives its namespace", n.Host)
 		}
@@ -210,8 +270,8 @@ func TestPrune(t *testing.T) {
 	if err := Prune(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := tables(t); !slices.Equal(got, []string{"someone-elses"}) {
-		t.Fatalf("tables after the namespace went: %v", got)
+	if routerThere(t) || len(tables(t)) != 0 || slices.Contains(links(t), uplinkHost) {
+		t.Fatalf("after the namespace went: the router %v, host's tables %v, links %v", routerThere(t), tables(t), links(t))
 	}
 	if b, _ := os.ReadFile(ipForward); strings.TrimSpace(string(b)) != "0" {
 		t.Fatalf("forwarding is %q", b)
@@ -219,8 +279,9 @@ func TestPrune(t *testing.T) {
 }
 
 // TestForwardingAfterAFlush: a flush of the host's ruleset takes the guard
-// table with the sandboxes'; Ensure makes it again, and the last egress
-// network's Delete turns forwarding off all the same.
+// and masquerade tables (not the sandboxes', which are in the router);
+// Ensure makes them again, and the last egress network's Delete turns
+// forwarding off all the same.
 func TestForwardingAfterAFlush(t *testing.T) {
 	if !inPrivateNetNS(t) {
 		return
@@ -250,8 +311,8 @@ func TestForwardingAfterAFlush(t *testing.T) {
 			if _, err := n.Ensure(ctx, p); err != nil {
 				t.Fatal(err)
 			}
-			if !slices.Contains(tables(t), guardTable) || !slices.Contains(tables(t), TableName(id)) {
-				t.Fatalf("tables after Ensure: %v", tables(t))
+			if !slices.Contains(tables(t), guardTable) || !slices.Contains(tables(t), natTable) || !slices.Contains(routerTables(t), TableName(id)) {
+				t.Fatalf("tables after Ensure: host's %v, router's %v", tables(t), routerTables(t))
 			}
 		}
 		if err := Delete(n.ID, n.NetNS); err != nil {
@@ -282,7 +343,7 @@ func TestForwardingAfterAFlush(t *testing.T) {
 	if err := Delete(n.ID, n.NetNS); err != nil {
 		t.Fatal(err)
 	}
-	if got := readForward(); got != "1" || slices.Contains(tables(t), guardTable) {
-		t.Fatalf("forwarding %q, tables %v; want on as before, no guard", got, tables(t))
+	if got := readForward(); got != "1" || len(tables(t)) != 0 {
+		t.Fatalf("forwarding %q, tables %v; want on as before, no table", got, tables(t))
 	}
 }

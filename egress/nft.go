@@ -27,10 +27,11 @@ import (
 //	  timeout) and the other Allow ranges pass, the rest is refused.
 //	  What passes is TCP and UDP only: ICMP (ping) is always refused.
 //	input (hook input): from the sandbox's link only DNS to the gateway,
-//	  and only to a socket marked ResolverMark (the sandbox's resolver's),
-//	  and Allow'd host addresses; the host's every other address and
-//	  service is refused.
-//	nat (hook postrouting): the sandbox's address is masqueraded.
+//	  and only to a socket marked ResolverMark (the sandbox's resolver's);
+//	  the router's every other address is refused.
+//	mark (hook prerouting): the link's packets are marked (addRouteGuard).
+//
+// The table lives in the router (router.go); the host masquerades Range.
 //
 // A refusal is counted in the set refused (destination . protocol . port,
 // a counter per element) and answered at once: a TCP reset, an ICMP port
@@ -42,6 +43,7 @@ const (
 	setPinPort  = "pinport"  // ipv4_addr . inet_service: answers of names allowed on some ports
 	setDenyPort = "denyport" // ipv4_addr . inet_service: answers of names denied on some ports
 	setRefused  = "refused"  // ipv4_addr . inet_proto . inet_service, counters
+	setHost     = "host"     // ipv4_addr: the host's addresses (the router forwards to them)
 	refusedSize = 4096       // elements refused keeps; refusals past it are counted in total only
 	maxFlows    = 4096       // connections a sandbox may have tracked at once (chain full)
 	refusedFor  = time.Hour  // how long refused keeps a destination after its last refusal
@@ -139,6 +141,10 @@ func (n *Network) build(c *nftables.Conn, p Policy) (map[string]int, error) {
 			return nil, err
 		}
 	}
+	host := &nftables.Set{Table: t, Name: setHost, KeyType: nftables.TypeIPAddr}
+	if err := c.AddSet(host, hostElements()); err != nil {
+		return nil, err
+	}
 	accept := &expr.Verdict{Kind: expr.VerdictAccept}
 	drop := &expr.Verdict{Kind: expr.VerdictDrop}
 	policy := nftables.ChainPolicyAccept
@@ -147,10 +153,8 @@ func (n *Network) build(c *nftables.Conn, p Policy) (map[string]int, error) {
 	out := c.AddChain(&nftables.Chain{Table: t, Name: chainOut})
 	in := c.AddChain(&nftables.Chain{Table: t, Name: "input", Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &policy})
-	nat := c.AddChain(&nftables.Chain{Table: t, Name: "nat", Type: nftables.ChainTypeNAT,
-		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &policy})
 	// Every packet of the sandbox's link is marked before it is routed:
-	// the host's routing policy forwards a packet from Range only marked
+	// the router's routing policy forwards a packet from Range only marked
 	// (see addRouteGuard), so a table flushed or gone forwards nothing.
 	pre := c.AddChain(&nftables.Chain{Table: t, Name: "mark", Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityMangle, Policy: &policy})
@@ -211,6 +215,14 @@ func (n *Network) build(c *nftables.Conn, p Policy) (map[string]int, error) {
 	for _, proto := range ported {
 		refuse(out, ClassDenied, 0, ipv4(), l4proto(proto), daddr(reg0), dport(reg1), []expr.Any{&expr.Lookup{SourceRegister: reg0, SetName: denyPort.Name}})
 	}
+	// The host's own addresses are refused unless an Allow names one by
+	// itself (a /32): the router forwards to them as to any address.
+	for _, r := range p.Allow {
+		if r.Name == "" && r.Prefix.Bits() == 32 {
+			allow(out, r.Port, ipv4(), daddrIn(r.Prefix))
+		}
+	}
+	refuse(out, ClassHost, 0, ipv4(), daddr(reg1), []expr.Any{&expr.Lookup{SourceRegister: reg1, SetName: host.Name}})
 	for _, r := range p.Allow {
 		if r.Name == "" && r.explicit() {
 			allow(out, r.Port, ipv4(), daddrIn(r.Prefix))
@@ -243,14 +255,8 @@ func (n *Network) build(c *nftables.Conn, p Policy) (map[string]int, error) {
 	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 		add(in, iif(n.Host), ipv4(), daddrIn(netip.PrefixFrom(n.Gateway, 32)), l4proto(proto), dportIs(53), resolverSocket(), v(accept))
 	}
-	for _, r := range p.Allow {
-		if r.Name == "" && r.Prefix.Bits() == 32 && r.Prefix.Addr() != n.Gateway {
-			allow(in, r.Port, iif(n.Host), ipv4(), daddrIn(r.Prefix))
-		}
-	}
 	refuse(in, ClassHost, 0, iif(n.Host))
 
-	add(nat, ipv4(), saddrIs(n.Addr), oifNot(n.Host), v(&expr.Masq{}))
 	mark := binary.NativeEndian.AppendUint32(nil, routeMark)
 	add(pre, iif(n.Host), v(&expr.Immediate{Register: 1, Data: mark}), v(&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1}))
 	return counts, nil
@@ -416,6 +422,34 @@ func pin(c *nftables.Conn, table string, addrs []netip.Addr, ports, denied []uin
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("pin %v in table %s: %w", addrs, table, err)
+	}
+	return nil
+}
+
+// hostElements are the host's IPv4 addresses, for the set host. Read in
+// the host's namespace (Create, Ensure); elsewhere (the resolver's guard,
+// which counts rules) they do not matter.
+func hostElements() []nftables.SetElement {
+	var out []nftables.SetElement
+	for _, a := range hostAddrs() {
+		b := a.As4()
+		out = append(out, nftables.SetElement{Key: b[:]})
+	}
+	return out
+}
+
+// refreshHostAddrs makes the table's set host the host's addresses now (an
+// address the host got since its create).
+func (n *Network) refreshHostAddrs(c *nftables.Conn) error {
+	set := &nftables.Set{Table: &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(n.ID)}, Name: setHost, KeyType: nftables.TypeIPAddr}
+	c.FlushSet(set)
+	if elems := hostElements(); len(elems) > 0 {
+		if err := c.SetAddElements(set, elems); err != nil {
+			return err
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("refresh the host's addresses in table %s: %w", TableName(n.ID), err)
 	}
 	return nil
 }

@@ -6,6 +6,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/user"
@@ -95,87 +97,142 @@ const (
 	resolverPids   = 64
 )
 
-// Start writes cfg and starts bin serving it, as ResolverUID, in a session
-// of its own (no signal of its starter's terminal reaches it), and returns
-// once it listens. A resolver that does not listen is killed.
+// Start writes cfg and starts the resolver serving it, as ResolverUser, in
+// a session of its own (no signal of its starter's terminal reaches it),
+// in its cgroups: the guard in the router's namespace (with CAP_NET_ADMIN),
+// the DNS part in this one, with the two sockets on the gateway's port 53
+// that Start makes in the router (marked ResolverMark), and a channel
+// between them. It returns once the resolver answers; a resolver that does
+// not is killed.
 func (r Resolver) Start(ctx context.Context, bin string, cfg ResolverConfig) (err error) {
+	cfg.Host = hostAddrs()
 	b, err := json.Marshal(cfg)
 	if err != nil {
 		return err
 	}
+	fail := func(err error) error { return fmt.Errorf("start the sandbox's resolver: %w", err) }
 	if err := atomicfile.WriteFile(r.Config, b, 0o600); err != nil {
-		return fmt.Errorf("start the sandbox's resolver: %w", err)
+		return fail(err)
 	}
 	if err := os.Mkdir(r.Dir, 0o700); err != nil && !os.IsExist(err) {
-		return fmt.Errorf("start the sandbox's resolver: %w", err)
+		return fail(err)
 	}
 	uid, gid, err := ResolverIDs()
 	if err != nil {
-		return fmt.Errorf("start the sandbox's resolver: %w", err)
+		return fail(err)
 	}
 	if err := os.Chown(r.Dir, uid, gid); err != nil {
-		return fmt.Errorf("start the sandbox's resolver: %w", err)
+		return fail(err)
 	}
 	dir, err := os.Open(r.Dir)
 	if err != nil {
-		return fmt.Errorf("start the sandbox's resolver: %w", err)
+		return fail(err)
 	}
 	defer dir.Close()
 	logf, err := os.OpenFile(r.Log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
-		return fmt.Errorf("start the sandbox's resolver: %w", err)
+		return fail(err)
 	}
 	defer logf.Close()
-	// The binary is run from a descriptor: ResolverUID need not reach the
+	// The binary is run from a descriptor: ResolverUser need not reach the
 	// directory it is installed in.
 	exe, err := os.Open(bin)
 	if err != nil {
-		return fmt.Errorf("start the sandbox's resolver: %w", err)
+		return fail(err)
 	}
 	defer exe.Close()
+	rt, err := openRouter()
+	if err != nil {
+		return fail(err)
+	}
+	defer rt.Close()
+	udp, tcp, err := listenDNS(rt, cfg.Gateway)
+	if err != nil {
+		return fail(err)
+	}
+	defer udp.Close()
+	defer tcp.Close()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fail(err)
+	}
+	guardPins, dnsPins := os.NewFile(uintptr(fds[0]), "pins"), os.NewFile(uintptr(fds[1]), "pins")
+	defer guardPins.Close()
+	defer dnsPins.Close()
 	cgroups, err := makeCgroups(r.Cgroup)
 	if err != nil {
-		return fmt.Errorf("start the sandbox's resolver: %w", err)
+		return fail(err)
 	}
-	// It reads its configuration once it is in its cgroups: before, it
+	cred := &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	// Each reads its configuration once it is in its cgroups: before, it
 	// does nothing.
-	stdin, config, err := os.Pipe()
-	if err != nil {
-		return err
-	}
-	defer config.Close()
-	cmd := exec.Command("/proc/self/fd/4", r.Config)
-	cmd.Args[0] = bin
-	cmd.Stdin, cmd.Stderr, cmd.ExtraFiles = stdin, logf, []*os.File{dir, exe}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true,
-		Credential:  &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)},
-		AmbientCaps: []uintptr{unix.CAP_NET_BIND_SERVICE, unix.CAP_NET_ADMIN}}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		stdin.Close()
-		return err
-	}
-	err = cmd.Start()
-	stdin.Close()
-	if err != nil {
-		return fmt.Errorf("start the sandbox's resolver: %w", err)
-	}
-	go cmd.Wait() // reaped here if its starter lives on; by init if not
+	var configs []*os.File
 	defer func() {
-		if err != nil {
-			cmd.Process.Kill()
+		for _, f := range configs {
+			f.Close()
 		}
 	}()
-	if err := atomicfile.WriteFile(r.Pid, []byte(strconv.Itoa(cmd.Process.Pid)), 0o600); err != nil {
-		return fmt.Errorf("start the sandbox's resolver: %w", err)
+	command := func(args []string, files []*os.File, caps []uintptr) (*exec.Cmd, error) {
+		stdin, config, err := os.Pipe()
+		if err != nil {
+			return nil, err
+		}
+		configs = append(configs, config)
+		cmd := exec.Command("/proc/self/fd/4", args[1:]...)
+		cmd.Args[0] = args[0]
+		cmd.Stdin, cmd.Stderr, cmd.ExtraFiles = stdin, logf, files
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: cred, AmbientCaps: caps}
+		return cmd, nil
 	}
-	if err := joinCgroups(cgroups, cmd.Process.Pid); err != nil {
-		return fmt.Errorf("start the sandbox's resolver: %w", err)
+	guard, err := command([]string{bin, r.Config}, []*os.File{guardPins, exe}, []uintptr{unix.CAP_NET_ADMIN})
+	if err != nil {
+		return fail(err)
 	}
-	if _, err := config.Write(b); err != nil {
-		return fmt.Errorf("start the sandbox's resolver: %w", err)
+	dns, err := command([]string{bin, r.Config, DNSPartArg}, []*os.File{dir, exe, udp, tcp, dnsPins}, nil)
+	if err != nil {
+		return fail(err)
 	}
-	config.Close()
+	out, err := guard.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	// The guard is started from a thread in the router's namespace,
+	// which it inherits; the DNS part stays in this one.
+	if err := rt.do(guard.Start); err != nil {
+		return fail(err)
+	}
+	go guard.Wait() // reaped here if its starter lives on; by init if not
+	defer func() {
+		if err != nil {
+			guard.Process.Kill()
+		}
+	}()
+	if err := dns.Start(); err != nil {
+		return fail(err)
+	}
+	go dns.Wait()
+	defer func() {
+		if err != nil {
+			dns.Process.Kill()
+		}
+	}()
+	for _, f := range []*os.File{guard.Stdin.(*os.File), dns.Stdin.(*os.File)} {
+		f.Close()
+	}
+	if err := atomicfile.WriteFile(r.Pid, []byte(strconv.Itoa(guard.Process.Pid)), 0o600); err != nil {
+		return fail(err)
+	}
+	for _, p := range []*os.Process{guard.Process, dns.Process} {
+		if err := joinCgroups(cgroups, p.Pid); err != nil {
+			return fail(err)
+		}
+	}
+	for _, f := range configs {
+		if _, err := f.Write(b); err != nil {
+			return fail(err)
+		}
+		f.Close()
+	}
 	ready := make(chan error, 1)
 	go func() {
 		line, err := bufio.NewReader(out).ReadString('\n')
@@ -196,8 +253,36 @@ func (r Resolver) Start(ctx context.Context, bin string, cfg ResolverConfig) (er
 	case <-t.C:
 		return fmt.Errorf("start the sandbox's resolver: not listening after %v", resolverStart)
 	case <-ctx.Done():
-		return fmt.Errorf("start the sandbox's resolver: %w", ctx.Err())
+		return fail(ctx.Err())
 	}
+}
+
+// listenDNS makes, in the router, the resolver's UDP and TCP sockets on
+// gw's port 53, marked ResolverMark (the table lets DNS reach only those).
+func listenDNS(rt *router, gw netip.Addr) (udp, tcp *os.File, err error) {
+	err = rt.do(func() error {
+		addr := netip.AddrPortFrom(gw, 53).String()
+		lc := net.ListenConfig{Control: markSocket}
+		pc, err := lc.ListenPacket(context.Background(), "udp4", addr)
+		if err != nil {
+			return err
+		}
+		defer pc.Close()
+		l, err := lc.Listen(context.Background(), "tcp4", addr)
+		if err != nil {
+			return err
+		}
+		defer l.Close()
+		if udp, err = pc.(*net.UDPConn).File(); err != nil {
+			return err
+		}
+		tcp, err = l.(*net.TCPListener).File()
+		return err
+	})
+	if err != nil && udp != nil {
+		udp.Close()
+	}
+	return udp, tcp, err
 }
 
 // lastWords are the last line of a resolver's log, and the line before

@@ -27,9 +27,13 @@ type Refusal struct {
 // refused, by destination, most refused first. A sandbox without a table
 // has refused nothing.
 func Refusals(id string) ([]Refusal, error) {
-	c, t, err := sandboxTable(id)
-	if t == nil || err != nil {
+	c, t, done, err := sandboxTable(id)
+	if err != nil {
 		return nil, err
+	}
+	defer done()
+	if t == nil {
+		return nil, nil
 	}
 	set := &nftables.Set{Table: t, Name: setRefused, KeyType: refusedType}
 	elems, err := c.GetSetElements(set)
@@ -173,10 +177,11 @@ var errNoTable = errors.New("the sandbox has no nftables table")
 // classCounts reads the counters of the refusing rules of the sandbox's
 // table, by class.
 func classCounts(id string) (map[string]uint64, error) {
-	c, t, err := sandboxTable(id)
+	c, t, done, err := sandboxTable(id)
 	if err != nil {
 		return nil, err
 	}
+	defer done()
 	if t == nil {
 		return nil, errNoTable
 	}
@@ -201,14 +206,23 @@ func classCounts(id string) (map[string]uint64, error) {
 	return counts, nil
 }
 
-// sandboxTable opens nftables and finds the table of the sandbox whose runsc
-// ID is id: nil if it has none (nftables' errors of a missing table do not
-// wrap ENOENT: it is looked for first).
-func sandboxTable(id string) (*nftables.Conn, *nftables.Table, error) {
-	c, err := nftables.New()
+// sandboxTable opens nftables in the router and finds the table of the
+// sandbox whose runsc ID is id: nil if it has none, or there is no router
+// (nftables' errors of a missing table do not wrap ENOENT: it is looked for
+// first). The caller calls done once it no longer uses the connection.
+func sandboxTable(id string) (_ *nftables.Conn, _ *nftables.Table, done func(), err error) {
+	r, err := openRouter()
+	if errors.Is(err, ErrGone) {
+		return nil, nil, func() {}, nil
+	}
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
+	}
+	c, err := r.nft()
+	if err != nil {
+		r.Close()
+		return nil, nil, nil, err
 	}
 	t, err := inetTable(c, TableName(id))
-	return c, t, err
+	return c, t, r.Close, err
 }

@@ -34,9 +34,12 @@ type ResolverConfig struct {
 	Policy Policy `json:"policy"`
 	// Upstream are the servers asked, each host:port.
 	Upstream []string `json:"upstream"`
-	// Refused is the file, in the directory Serve is given, that counts
-	// the names refused (RefusedNames).
+	// Refused is the file, in the directory the DNS part is given, that
+	// counts the names refused (RefusedNames).
 	Refused string `json:"refused"`
+	// Host are the host's addresses, which no answer may name (Start
+	// fills them in).
+	Host []netip.Addr `json:"host"`
 }
 
 // resolverTimeout bounds one question to the upstream servers.
@@ -61,19 +64,11 @@ const (
 // parserFiles bounds the DNS part's descriptors (RLIMIT_NOFILE).
 const parserFiles = 2048
 
-// parserConfig is what the DNS part reads on its standard input.
-type parserConfig struct {
-	ResolverConfig
-	// Host are the host's addresses, which no answer may name.
-	Host []netip.Addr `json:"host"`
-}
-
-// Answer is the resolver's DNS part, its process started by Serve: it
-// confines itself, then answers the sandbox's DNS on the listeners it was
-// given until ctx ends or the privileged part goes. It reads its
-// configuration on stdin.
+// Answer is the resolver's DNS part: it confines itself, then answers the
+// sandbox's DNS on the listeners it was given until ctx ends or the guard
+// goes. It reads its configuration on stdin.
 func Answer(ctx context.Context, stdin io.Reader) error {
-	var cfg parserConfig
+	var cfg ResolverConfig
 	if err := json.NewDecoder(io.LimitReader(stdin, 1<<20)).Decode(&cfg); err != nil {
 		return fmt.Errorf("read the configuration: %w", err)
 	}
@@ -100,7 +95,7 @@ func Answer(ctx context.Context, stdin io.Reader) error {
 		return err
 	}
 	pins := newPinClient(pinConn.(*net.UnixConn))
-	r := &resolver{cfg: cfg.ResolverConfig, host: cfg.Host, dir: dir, refused: map[string]int{},
+	r := &resolver{cfg: cfg, host: cfg.Host, dir: dir, refused: map[string]int{},
 		busy: make(chan struct{}, maxQuestions), pinner: pins.pin}
 	// A resolver started again (a resume) counts on from its predecessor.
 	if names, err := readRefused(dir, cfg.Refused); err == nil {

@@ -123,10 +123,7 @@ func TestResolverAnswers(t *testing.T) {
 		"smtp.test.":       {"CNAME mail.test.", "198.51.100.21"},
 		"extra.wild.test.": {"198.51.100.19", "EXTRA 198.51.100.20"},
 	})
-	c, err := nftables.New()
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := routerNft(t)
 	cfg := ResolverConfig{Table: TableName(id), Gateway: n.Gateway, Policy: p, Upstream: []string{up}}
 	g := &guard{cfg: cfg, nft: c}
 	r := &resolver{cfg: cfg, refused: map[string]int{}, busy: make(chan struct{}, maxQuestions), pinner: g.pin}

@@ -5,10 +5,13 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"github.com/vishvananda/netns"
 	"os"
 	"os/user"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -64,12 +67,12 @@ func TestEgressCreateKilled(t *testing.T) {
 	mustFlmboxIn(t, w, root, "sandbox", "create", "--name", "suspended", "--image", reg.digestRef(), "--network", "egress",
 		"--allow", "allowed.test", "--dns", networld.DNSAddr)
 	mustFlmboxIn(t, w, root, "sandbox", "suspend", "suspended")
-	mid, err := w.WorkerState()
+	ts, err := routerNftables(t, w).ListTables()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(mid.String(), "flmbox-resolver") || !strings.Contains(mid.String(), "inet flmbox-") {
-		t.Fatalf("a suspended egress sandbox: want its table and no resolver:\n%s", mid)
+	if procs := resolverProcs(t, root); len(procs) > 0 || !slices.ContainsFunc(ts, func(x *nftables.Table) bool { return x.Name == faultSandboxID(t, root, "suspended") }) {
+		t.Fatalf("a suspended egress sandbox: want its table and no resolver: resolver %v, the router's tables %v", procs, ts)
 	}
 	mustFlmboxIn(t, w, root, "sandbox", "rm", "suspended")
 	if after, ok := egressStateBack(t, w, before); !ok {
@@ -83,7 +86,7 @@ func TestEgressCreateKilled(t *testing.T) {
 // in memory and tasks: flmbox-resolver with CAP_NET_ADMIN only, and its DNS
 // part, which parses what a sandbox sends, with no capability and a
 // seccomp filter.
-func egressResolverUnprivileged(t *testing.T, s networld.State) {
+func egressResolverUnprivileged(t *testing.T, root string) {
 	t.Helper()
 	u, err := user.Lookup("flmbox-resolver")
 	if err != nil {
@@ -97,7 +100,7 @@ func egressResolverUnprivileged(t *testing.T, s networld.State) {
 			"\nCapInh:\t0000000000000000\n", "\nCapAmb:\t0000000000000000\n", "\nNoNewPrivs:\t1\n", "\nSeccomp:\t2\n"},
 	}
 	n := map[string]int{}
-	for _, p := range s.Procs {
+	for _, p := range resolverProcs(t, root) {
 		pid, comm, _ := strings.Cut(p, " ")
 		if want[comm] == nil {
 			continue
@@ -147,8 +150,97 @@ func egressResolverUnprivileged(t *testing.T, s networld.State) {
 		}
 	}
 	if n["flmbox-resolver"] == 0 || n["flmbox-resolver"] != n["flmbox-dns"] {
-		t.Errorf("resolvers and DNS parts among the worker's processes: %v: %v", n, s.Procs)
+		t.Errorf("resolvers and DNS parts of %s: %v: %v", root, n, resolverProcs(t, root))
 	}
+}
+
+// resolverProcs are the resolver processes of the sandboxes of state root
+// root ("PID COMM"): their guards live in the egress router's namespace, not
+// the worker's, so they are found by their command line, which names their
+// configuration in the sandbox's directory.
+func resolverProcs(t *testing.T, root string) []string {
+	t.Helper()
+	dirs, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, d := range dirs {
+		if _, err := strconv.Atoi(d.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + d.Name() + "/cmdline")
+		args := strings.Split(string(b), "\x00")
+		if err != nil || len(args) < 2 || filepath.Base(args[0]) != "flmbox-resolver" || !strings.HasPrefix(args[1], root+"/") {
+			continue
+		}
+		comm, _ := os.ReadFile("/proc/" + d.Name() + "/comm")
+		out = append(out, d.Name()+" "+strings.TrimSpace(string(comm)))
+	}
+	return out
+}
+
+// killResolver SIGKILLs the resolver's guard of state root root's one egress
+// sandbox (its DNS part, whose channel closes, leaves too).
+func killResolver(t *testing.T, root, comm string) {
+	t.Helper()
+	var pids []int
+	for _, p := range resolverProcs(t, root) {
+		pid, c, _ := strings.Cut(p, " ")
+		if c == comm {
+			n, _ := strconv.Atoi(pid)
+			pids = append(pids, n)
+		}
+	}
+	if len(pids) != 1 {
+		t.Fatalf("%d processes %s, want 1: %v", len(pids), comm, resolverProcs(t, root))
+	}
+	if err := unix.Kill(pids[0], unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// routerNftables is a connection to nftables in the egress router of w's
+// worker: the namespace flmbox binds at /run/flmbox/egress-router-COOKIE,
+// COOKIE the worker namespace's (docs/ARCHITECTURE.md).
+func routerNftables(t *testing.T, w *networld.World) *nftables.Conn {
+	t.Helper()
+	worker, err := netns.GetFromPath(w.WorkerNetNS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer worker.Close()
+	cookie := make(chan uint64, 1)
+	go func() {
+		runtime.LockOSThread() // not unlocked: the thread ends in the worker's namespace
+		if err := netns.Set(worker); err != nil {
+			t.Error(err)
+			cookie <- 0
+			return
+		}
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM, 0)
+		if err != nil {
+			t.Error(err)
+			cookie <- 0
+			return
+		}
+		defer unix.Close(fd)
+		c, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+		if err != nil {
+			t.Error(err)
+		}
+		cookie <- c
+	}()
+	f, err := os.Open(fmt.Sprintf("/run/flmbox/egress-router-%d", <-cookie))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() }) // each of c's requests dials in the namespace by this descriptor
+	c, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // flushWorkerRules flushes every nftables rule of w's worker, as `nft flush
@@ -162,10 +254,12 @@ func flushWorkerRules(t *testing.T, w *networld.World) {
 	}
 }
 
-// TestEgressHeals: an egress sandbox fails closed when the host's rules
-// are flushed (its resolver takes its link down), and the next sandbox
-// command makes its policy again; a suspended one whose namespace, link and
-// table a reboot took resumes with its policy, on its addresses.
+// TestEgressHeals: an egress sandbox's policy holds when the host's rules
+// are flushed (its table is in the egress router, out of their reach): what
+// it refused stays refused, what it allowed breaks (the host's masquerade
+// went), and the next sandbox command makes the host's part again; a
+// suspended one whose namespace, link and table a reboot took resumes with
+// its policy, on its addresses.
 func TestEgressHeals(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
@@ -193,19 +287,14 @@ func TestEgressHeals(t *testing.T) {
 	holds("flushed")
 
 	flushWorkerRules(t, w)
-	// Until its resolver sees the table gone (2 s), the link is open; then
-	// it is down, and nothing passes.
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
-		got := egressProbes(t, w, root, []string{"--sandbox", "flushed"}, map[string]string{"other": `get("198.51.100.11")`})
-		if egressFailed(got["other"]) && got["other"] != "ECONNREFUSED" {
-			break // not refused by a table (there is none): unreachable
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the link stays open with the host's rules flushed: %v", got)
-		}
-	}
+	got := egressProbes(t, w, root, []string{"--sandbox", "flushed"}, probes)
+	egressCheck(t, got, map[string]func(string) bool{
+		"allowed": func(r string) bool { return egressFailed(r) && r != "ECONNREFUSED" }, // leaves unmasqueraded: no answer
+		"other":   egressConnRefused,
+		"meta":    egressConnRefused,
+	})
 	res := flmboxIn(t, w, root, "sandbox", "ls")
-	if res.code != 0 || !strings.Contains(res.stderr, "made its nftables table") || !strings.Contains(res.stderr, "link") {
+	if res.code != 0 || !strings.Contains(res.stderr, "flmbox-nat") {
 		t.Fatalf("sandbox ls after a flush: exit %d, stderr %q", res.code, res.stderr)
 	}
 	// The link's carrier comes back a moment after it is up.
@@ -323,14 +412,29 @@ func TestEgressFlushedTableFailsClosed(t *testing.T) {
 		})
 	}
 	holds()
+	// The worker's whole ruleset flushed: the policy, in the egress
+	// router, holds (before, the table went with it, and its resolver had
+	// to take the link down; dead, the worker's services stayed open).
+	flushWorkerRules(t, w)
+	got := egressProbes(t, w, root, []string{"--sandbox", "ft"}, probes)
+	egressCheck(t, got, map[string]func(string) bool{
+		"allowed": func(r string) bool { return egressFailed(r) && r != "ECONNREFUSED" }, // unmasqueraded
+		"other":   egressConnRefused,
+		"meta":    egressConnRefused,
+		"worker":  egressConnRefused,
+	})
+	mustFlmboxIn(t, w, root, "sandbox", "ls") // the worker's masquerade again
+	holds()
 	before, _ := refusedClasses(t, w, root)
-	c := workerNftables(t, w)
+	// The sandbox's own table flushed, in the router: its resolver takes
+	// its link down at once.
+	c := routerNftables(t, w)
 	c.FlushTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: faultSandboxID(t, root, "ft")})
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	// Nothing passes from the first probe on: the link is down.
-	got := egressProbes(t, w, root, []string{"--sandbox", "ft"}, probes)
+	got = egressProbes(t, w, root, []string{"--sandbox", "ft"}, probes)
 	for k, r := range got {
 		if !egressFailed(r) || r == "ECONNREFUSED" {
 			t.Errorf("probe %s with the table flushed: %q, want unreachable", k, r)
@@ -391,7 +495,10 @@ func TestEgressDNSPartKilledFailsClosed(t *testing.T) {
 	if err := unix.Kill(dns[0], unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(30 * time.Second); len(running("flmbox-resolver")) > 0; time.Sleep(10 * time.Millisecond) {
+	guardRuns := func() bool {
+		return slices.ContainsFunc(resolverProcs(t, root), func(p string) bool { return strings.HasSuffix(p, " flmbox-resolver") })
+	}
+	for deadline := time.Now().Add(30 * time.Second); guardRuns(); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the resolver's guard outlives its DNS part")
 		}
@@ -410,6 +517,34 @@ func TestEgressDNSPartKilledFailsClosed(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("after sandbox ls: %q", got["allowed"])
 		}
+	}
+}
+
+// TestEgressResolverAnswersABurst: 300 questions at once from a sandbox are
+// all answered (asked upstream: NXDOMAIN); before, 64 were, 204 got
+// SERVFAIL and 32 nothing.
+func TestEgressResolverAnswersABurst(t *testing.T) {
+	t.Parallel()
+	w, root := egressSandbox(t, "burst", "--allow", "*.burst.test")
+	out := mustFlmboxIn(t, w, root, "run", "--sandbox", "burst", "-c", `
+import select, socket, struct, time
+ns = open("/etc/resolv.conf").read().split()[1]
+socks = []
+for i in range(300):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    name = b"".join(bytes([len(l)]) + l for l in ("n%d.burst.test" % i).encode().split(b"."))
+    s.sendto(struct.pack(">6H", i, 0x0100, 1, 0, 0, 0) + name + b"\0" + struct.pack(">2H", 1, 1), (ns, 53))
+    socks.append(s)
+rcodes, pending, deadline = {}, set(socks), time.time() + 30
+while pending and time.time() < deadline:
+    for s in select.select(list(pending), [], [], 1)[0]:
+        rc = s.recv(512)[3] & 0xf
+        rcodes[rc] = rcodes.get(rc, 0) + 1
+        pending.discard(s)
+print(sorted(rcodes.items()), len(pending))
+`)
+	if got := strings.TrimSpace(out); got != "[(3, 300)] 0" {
+		t.Fatalf("300 questions at once: [(rcode, answers)] unanswered: %s, want all NXDOMAIN", got)
 	}
 }
 
@@ -548,28 +683,22 @@ print("sent")
 	if n := w.HitsTo(networld.Echo, echo); n != 0 {
 		t.Fatalf("the policy let %d datagrams to %s through", n, echo)
 	}
-	s, err := w.WorkerState()
-	if err != nil {
-		t.Fatal(err)
-	}
-	killed := 0
-	for _, p := range s.Procs {
-		pid, comm, _ := strings.Cut(p, " ")
-		if comm == "flmbox-resolver" {
-			n, _ := strconv.Atoi(pid)
-			if err := unix.Kill(n, unix.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-			killed++
-		}
-	}
-	if killed != 1 {
-		t.Fatalf("killed %d resolvers, want 1: %v", killed, s.Procs)
-	}
-	c := workerNftables(t, w)
+	service := egressPort(w.ListenWorker(t, "tcp", "0.0.0.0:0")) // a service of the worker's, on every address
+	killResolver(t, root, "flmbox-resolver")
+	c := routerNftables(t, w)
 	c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: faultSandboxID(t, root, "dead")})
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
+	}
+	// Nor does the worker's own service answer: its address is one the
+	// router forwards to, not one of its own (before, the worker's
+	// addresses were local to the sandbox's link, delivered before any
+	// routing rule).
+	got := egressProbes(t, w, root, []string{"--sandbox", "dead"}, map[string]string{
+		"worker": `get("` + networld.WorkerAddr + `", ` + service + `)`,
+	})
+	if !egressFailed(got["worker"]) {
+		t.Fatalf("with its resolver dead and its table deleted, the sandbox reached the worker's service: %q", got["worker"])
 	}
 	// A call does not reconcile: the sandbox stays as the faults left it.
 	mustFlmboxIn(t, w, root, "run", "--sandbox", "dead", "-c", send)

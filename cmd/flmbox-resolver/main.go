@@ -1,16 +1,17 @@
 // Command flmbox-resolver is an egress sandbox's DNS resolver: it runs on
-// the host side, one per sandbox, started and stopped by package sandbox.
-// It answers only the names the sandbox's policy allows and pins the
-// addresses it answers in the sandbox's nftables table (see package
-// egress). It is two processes: this one, started as egress.ResolverUser
-// with CAP_NET_BIND_SERVICE and CAP_NET_ADMIN, binds port 53, keeps
-// CAP_NET_ADMIN only, and starts itself again with one more argument
-// ("dns") as the part that parses DNS, with no capability and a seccomp
-// filter (egress.Serve, egress.Answer). It reads its configuration on its
-// standard input (its one argument is the configuration's file, which
-// names it for people and for egress.Resolver.Stop), writes only in the
-// directory it gets as file descriptor 3, runs from the executable it gets
-// as descriptor 4, and prints "ready" once it answers.
+// the host, one per sandbox, started and stopped by package sandbox
+// (egress.Resolver). It answers only the names the sandbox's policy allows
+// and pins the addresses it answers in the sandbox's nftables table (see
+// package egress). It is two processes of egress.ResolverUser, both started
+// from the executable they get as descriptor 4, each reading its
+// configuration on its standard input: the guard (one argument, the
+// configuration's file, which names it for people and for
+// egress.Resolver.Stop), in the egress router's network namespace with
+// CAP_NET_ADMIN only, which pins on the channel it gets as descriptor 3 and
+// prints "ready" once the other answers (egress.Serve); and the DNS part
+// (a second argument, "dns"), with no capability and a seccomp filter,
+// which answers on the sockets it gets and writes only in the directory it
+// gets (egress.Answer).
 package main
 
 import (
@@ -52,8 +53,8 @@ func run() error {
 	if err := json.NewDecoder(os.Stdin).Decode(&cfg); err != nil {
 		return fmt.Errorf("read the configuration: %w", err)
 	}
-	dir, exe := os.NewFile(3, os.Args[1]+" (directory)"), os.NewFile(4, egress.ResolverName)
-	return egress.Serve(ctx, cfg, dir, exe, os.Args, func() {
+	os.NewFile(4, egress.ResolverName).Close() // its executable: it starts nothing
+	return egress.Serve(ctx, cfg, os.NewFile(3, "pins"), func() {
 		fmt.Println("ready")
 		os.Stdout.Close()
 	})
