@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/user"
 	"strings"
 
 	"github.com/google/nftables"
@@ -59,6 +60,11 @@ func Check() (detail string, err error) {
 		fwd = "off (the first egress sandbox turns it on, forwarding nothing else)"
 	}
 	detail = fmt.Sprintf("nftables answers; addresses from %s; IPv4 forwarding %s", Range, fwd)
+	if u, err := user.Lookup(ResolverUser); err == nil {
+		detail += fmt.Sprintf("; resolvers run as %s (uid %s)", ResolverUser, u.Uid)
+	} else {
+		detail += fmt.Sprintf("; resolvers will run as %s, a system user the first egress sandbox makes", ResolverUser)
+	}
 	if b, err := os.ReadFile("/etc/nftables.conf"); err == nil && bytes.Contains(b, []byte("flush ruleset")) {
 		detail += "; note: /etc/nftables.conf flushes the ruleset (a reload of nftables removes every egress sandbox's table: their links go down until the next sandbox command makes them again)"
 	}
