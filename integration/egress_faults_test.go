@@ -231,16 +231,7 @@ func routerNftables(t *testing.T, w *networld.World) *nftables.Conn {
 		}
 		cookie <- c
 	}()
-	f, err := os.Open(fmt.Sprintf("/run/flmbox/egress-router-%d", <-cookie))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() }) // each of c's requests dials in the namespace by this descriptor
-	c, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return nftablesIn(t, fmt.Sprintf("/run/flmbox/egress-router-%d", <-cookie))
 }
 
 // flushWorkerRules flushes every nftables rule of w's worker, as `nft flush
@@ -740,7 +731,14 @@ func egressSandbox(t *testing.T, name string, flags ...string) (w *networld.Worl
 // workerNftables is a connection to nftables in w's worker namespace.
 func workerNftables(t *testing.T, w *networld.World) *nftables.Conn {
 	t.Helper()
-	f, err := os.Open(w.WorkerNetNS())
+	return nftablesIn(t, w.WorkerNetNS())
+}
+
+// nftablesIn is a connection to nftables in the network namespace bound at
+// path.
+func nftablesIn(t *testing.T, path string) *nftables.Conn {
+	t.Helper()
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
