@@ -119,7 +119,7 @@ func (w *batchWorker) run(ctx context.Context, req *wire.Request, cb *Callback) 
 		}
 		name = w.sb
 	}
-	res, err := w.m.callChecked(ctx, name, req, cb)
+	res, err := w.m.callChecked(ctx, named(name), req, cb)
 	if errors.Is(err, ErrInterrupted) && res != nil && res.Interrupted {
 		return BatchResult{Ran: true, Result: res} // what it printed until the batch was cancelled
 	}

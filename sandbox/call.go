@@ -146,21 +146,25 @@ func (r Request) Validate() error {
 // rather not); Resume does, then call again. Calls of one sandbox may run
 // at once; they share its /tmp.
 func (m *Manager) Call(ctx context.Context, name string, req Request) (*Result, error) {
+	return m.call(ctx, named(name), req)
+}
+
+func (m *Manager) call(ctx context.Context, t target, req Request) (*Result, error) {
 	wreq, err := req.wire()
 	if err != nil {
 		return nil, err
 	}
 	if len(req.CopyIn) > 0 && wreq.Reset {
 		// The reset empties /tmp: it comes before the copies.
-		if err := m.Reset(ctx, name); err != nil {
+		if err := m.reset(ctx, t); err != nil {
 			return nil, err
 		}
 		wreq.Reset = false
 	}
-	if err := m.copyIn(ctx, name, req.CopyIn); err != nil {
+	if err := m.copyIn(ctx, t, req.CopyIn); err != nil {
 		return nil, err
 	}
-	return m.callChecked(ctx, name, wreq, req.Callback)
+	return m.callChecked(ctx, t, wreq, req.Callback)
 }
 
 // CopyIn is a copy into a sandbox that a call makes before its code runs
@@ -176,14 +180,14 @@ type CopyIn struct {
 	Options CopyOptions
 }
 
-// copyIn makes a call's copies into sandbox name.
-func (m *Manager) copyIn(ctx context.Context, name string, copies []CopyIn) error {
+// copyIn makes a call's copies into sandbox t.
+func (m *Manager) copyIn(ctx context.Context, t target, copies []CopyIn) error {
 	for _, c := range copies {
 		r, err := c.Open()
 		if err != nil {
-			return fmt.Errorf("copy into sandbox %q at %s: %w", name, c.Dst, err)
+			return fmt.Errorf("copy into sandbox %q at %s: %w", t.name, c.Dst, err)
 		}
-		err = m.CopyIn(ctx, name, c.Dst, r, c.Options)
+		err = m.copyInTo(ctx, t, c.Dst, r, c.Options)
 		r.Close()
 		if err != nil {
 			return err
@@ -192,30 +196,39 @@ func (m *Manager) copyIn(ctx context.Context, name string, copies []CopyIn) erro
 	return nil
 }
 
-// callChecked runs a request already checked in sandbox name, if it is
+// callChecked runs a request already checked in sandbox t, if it is
 // running, forwarding its callback connections to cb's Dial.
-func (m *Manager) callChecked(ctx context.Context, name string, req *wire.Request, cb *Callback) (*Result, error) {
-	rec, err := m.callable(ctx, name)
+func (m *Manager) callChecked(ctx context.Context, t target, req *wire.Request, cb *Callback) (*Result, error) {
+	rec, err := m.callableAs(ctx, t)
 	if err != nil {
 		return nil, err
 	}
-	if cb != nil {
+	if cb != nil || t.handOut != "" {
 		r := *req
-		r.CallbackDial = cb.dialer()
+		if cb != nil {
+			r.CallbackDial = cb.dialer()
+		}
+		r.HandOut = t.handOut
 		req = &r
 	}
-	return rec.Call(ctx, req)
+	res, err := rec.Call(ctx, req)
+	if res != nil && res.Stale {
+		return nil, t.stale()
+	}
+	return res, err
 }
 
 // Reset returns sandbox name to a clean state, as a new sandbox of its
 // image (see Request.Reset), once the calls running in it have finished.
-func (m *Manager) Reset(ctx context.Context, name string) error {
-	res, err := m.Call(ctx, name, Request{Language: Shell, Reset: true})
+func (m *Manager) Reset(ctx context.Context, name string) error { return m.reset(ctx, named(name)) }
+
+func (m *Manager) reset(ctx context.Context, t target) error {
+	res, err := m.call(ctx, t, Request{Language: Shell, Reset: true})
 	if err != nil {
 		return err
 	}
 	if res.Error != "" {
-		return fmt.Errorf("reset sandbox %q: %s: %w", name, res.Error, errdefs.ErrUnknown)
+		return fmt.Errorf("reset sandbox %q: %s: %w", t.name, res.Error, errdefs.ErrUnknown)
 	}
 	return nil
 }
@@ -243,13 +256,13 @@ func (m *Manager) RunOnce(ctx context.Context, spec Spec, req Request, deliver f
 		return err
 	}
 	var res *Result
-	if err = m.copyIn(ctx, sb.Name, req.CopyIn); err == nil {
-		res, err = m.callChecked(ctx, sb.Name, wreq, req.Callback)
+	if err = m.copyIn(ctx, sb.target(), req.CopyIn); err == nil {
+		res, err = m.callChecked(ctx, sb.target(), wreq, req.Callback)
 	}
 	if res != nil {
 		deliver(res)
 	}
-	if rerr := m.Release(context.WithoutCancel(ctx), sb.Name); err == nil {
+	if rerr := m.release(context.WithoutCancel(ctx), sb.target()); err == nil {
 		err = rerr
 	}
 	return err
@@ -259,8 +272,17 @@ func (m *Manager) RunOnce(ctx context.Context, spec Spec, req Request, deliver f
 // copies): a suspend or resume a killed flmbox left half done is ended
 // first.
 func (m *Manager) callable(ctx context.Context, name string) (*record.Record, error) {
-	rec, err := record.Read(m.root, name)
+	return m.callableAs(ctx, named(name))
+}
+
+// callableAs is callable for t: a record not of t's holding fails (see
+// target.check).
+func (m *Manager) callableAs(ctx context.Context, t target) (*record.Record, error) {
+	rec, err := record.Read(m.root, t.name)
 	if err != nil {
+		return nil, err
+	}
+	if err := t.check(rec); err != nil {
 		return nil, err
 	}
 	if err := rec.Callable(); err != nil {

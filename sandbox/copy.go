@@ -45,9 +45,14 @@ type CopyOptions struct {
 // into, ErrPermissionDenied, ErrOutOfRange past MaxBytes, ErrInvalidArgument
 // for a refused stream or path.
 func (m *Manager) CopyIn(ctx context.Context, name, dst string, r io.Reader, o CopyOptions) error {
+	return m.copyInTo(ctx, named(name), dst, r, o)
+}
+
+func (m *Manager) copyInTo(ctx context.Context, t target, dst string, r io.Reader, o CopyOptions) error {
+	name := t.name
 	into := strings.HasSuffix(dst, "/") && dst != "/"
-	c := &wire.Copy{Op: wire.CopyIn, Path: path.Clean(dst), Into: into, MaxBytes: o.MaxBytes}
-	res, err := m.copy(ctx, name, c, r, nil)
+	c := &wire.Copy{Op: wire.CopyIn, Path: path.Clean(dst), Into: into, MaxBytes: o.MaxBytes, HandOut: t.handOut}
+	res, err := m.copy(ctx, t, c, r, nil)
 	if err != nil {
 		return err
 	}
@@ -68,18 +73,25 @@ func (m *Manager) CopyIn(ctx context.Context, name, dst string, r io.Reader, o C
 // carry errdefs kinds: ErrNotFound for a missing src, ErrPermissionDenied,
 // ErrOutOfRange past MaxBytes, ErrInvalidArgument for what is not copied.
 func (m *Manager) CopyOut(ctx context.Context, name, src string, o CopyOptions) (io.ReadCloser, error) {
-	rec, err := m.callable(ctx, name)
+	return m.copyOutOf(ctx, named(name), src, o)
+}
+
+func (m *Manager) copyOutOf(ctx context.Context, t target, src string, o CopyOptions) (io.ReadCloser, error) {
+	name := t.name
+	rec, err := m.callableAs(ctx, t)
 	if err != nil {
 		return nil, err
 	}
-	c := &wire.Copy{Op: wire.CopyOut, Path: path.Clean(src), MaxBytes: o.MaxBytes}
+	c := &wire.Copy{Op: wire.CopyOut, Path: path.Clean(src), MaxBytes: o.MaxBytes, HandOut: t.handOut}
 	if err := (&wire.Request{Version: wire.ProtocolVersion, Copy: c}).Validate(); err != nil {
 		return nil, err
 	}
 	pr, pw := io.Pipe()
 	go func() {
 		res, err := copyWith(ctx, rec, c, nil, pw)
-		if err == nil && res.Error != "" {
+		if err == nil && res.Stale {
+			err = t.stale()
+		} else if err == nil && res.Error != "" {
 			err = fmt.Errorf("copy %s out of sandbox %q: %w", src, name, copyError(res))
 		}
 		pw.CloseWithError(err)
@@ -88,12 +100,16 @@ func (m *Manager) CopyOut(ctx context.Context, name, src string, o CopyOptions) 
 }
 
 // copy runs c on sandbox name.
-func (m *Manager) copy(ctx context.Context, name string, c *wire.Copy, r io.Reader, w io.Writer) (*Result, error) {
-	rec, err := m.callable(ctx, name)
+func (m *Manager) copy(ctx context.Context, t target, c *wire.Copy, r io.Reader, w io.Writer) (*Result, error) {
+	rec, err := m.callableAs(ctx, t)
 	if err != nil {
 		return nil, err
 	}
-	return copyWith(ctx, rec, c, r, w)
+	res, err := copyWith(ctx, rec, c, r, w)
+	if res != nil && res.Stale {
+		return nil, t.stale()
+	}
+	return res, err
 }
 
 func copyWith(ctx context.Context, rec *record.Record, c *wire.Copy, r io.Reader, w io.Writer) (*Result, error) {

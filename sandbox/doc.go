@@ -6,8 +6,15 @@
 // (Create: pull or find the image in the cache, lease it, start runsc, wait
 // for the agent, preinstall pip requirements) and hands it out as a
 // *Sandbox, which the caller holds and uses: Call and Reset it, CopyIn and
-// CopyOut files, Suspend it to disk and Resume it, Remove it. The Manager
-// has the same operations by name, for a caller that holds only the name,
+// CopyOut files, Suspend it to disk and Resume it, Remove it. A *Sandbox is
+// bound to the holding it was handed out with (its container and a
+// hand-out word in its record): once it was removed and another took its
+// name, or released to its pool and handed out again, its methods fail
+// with errdefs.ErrNotFound and change nothing, and its agent refuses a
+// request of an ended holding (a release's reset ends it under the lock
+// calls hold), so a stale handle never reaches the next holder. The
+// Manager has the same operations by name, for a caller that holds only
+// the name (whichever sandbox holds it now),
 // and finds sandboxes (Get, List: records only; Probe: liveness; GC: suspend
 // or remove the idle ones; Wait for what a resume left in the background).
 // Acquire and Release take sandboxes from a warm pool per shape and give

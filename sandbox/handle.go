@@ -15,39 +15,46 @@ type Caller interface {
 
 var _ Caller = (*Sandbox)(nil)
 
+// A handle is bound to the holding of the sandbox it was handed out with
+// (Create, Acquire, Get): once the sandbox is removed, or released to its
+// pool and handed out again (under the same name or another), or another
+// sandbox took its name, each of its methods fails with errdefs.ErrNotFound
+// and changes nothing. Its fields are what was read when it was handed out.
+// The Manager's methods by name act on whichever sandbox holds the name.
+
 // Call runs req in the sandbox (Manager.Call).
 func (sb *Sandbox) Call(ctx context.Context, req Request) (*Result, error) {
-	return sb.m.Call(ctx, sb.Name, req)
+	return sb.m.call(ctx, sb.target(), req)
 }
 
 // Reset returns the sandbox to a clean state, once its calls have finished
 // (Manager.Reset).
-func (sb *Sandbox) Reset(ctx context.Context) error { return sb.m.Reset(ctx, sb.Name) }
+func (sb *Sandbox) Reset(ctx context.Context) error { return sb.m.reset(ctx, sb.target()) }
 
 // CopyIn extracts the tar stream r into the sandbox at dst (Manager.CopyIn).
 func (sb *Sandbox) CopyIn(ctx context.Context, dst string, r io.Reader, o CopyOptions) error {
-	return sb.m.CopyIn(ctx, sb.Name, dst, r, o)
+	return sb.m.copyInTo(ctx, sb.target(), dst, r, o)
 }
 
 // CopyOut returns src of the sandbox as a tar stream (Manager.CopyOut).
 func (sb *Sandbox) CopyOut(ctx context.Context, src string, o CopyOptions) (io.ReadCloser, error) {
-	return sb.m.CopyOut(ctx, sb.Name, src, o)
+	return sb.m.copyOutOf(ctx, sb.target(), src, o)
 }
 
 // Suspend saves the sandbox to disk and stops it (Manager.Suspend).
-func (sb *Sandbox) Suspend(ctx context.Context) error { return sb.m.Suspend(ctx, sb.Name) }
+func (sb *Sandbox) Suspend(ctx context.Context) error { return sb.m.suspend(ctx, sb.target()) }
 
 // Resume brings a suspended sandbox back (Manager.Resume).
 func (sb *Sandbox) Resume(ctx context.Context) (resumed bool, err error) {
-	return sb.m.Resume(ctx, sb.Name)
+	return sb.m.resume(ctx, sb.target())
 }
 
 // Release gives an acquired sandbox back to its pool (Manager.Release).
-func (sb *Sandbox) Release(ctx context.Context) error { return sb.m.Release(ctx, sb.Name) }
+func (sb *Sandbox) Release(ctx context.Context) error { return sb.m.release(ctx, sb.target()) }
 
 // Remove stops the sandbox and removes everything it is made of
 // (Manager.Remove).
-func (sb *Sandbox) Remove(ctx context.Context) error { return sb.m.Remove(ctx, sb.Name) }
+func (sb *Sandbox) Remove(ctx context.Context) error { return sb.m.remove(ctx, sb.target()) }
 
 // RunscArgs returns the arguments of a runsc command on the sandbox:
 // runsc's global flags as flmbox passes them on every call of the sandbox,

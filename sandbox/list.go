@@ -81,8 +81,9 @@ type Sandbox struct {
 	// whose sandbox has refused nothing yet to its new holder).
 	Egress *EgressStatus
 
-	m   *Manager
-	rec *record.Record // what it was read from, for Probe
+	m       *Manager
+	rec     *record.Record // what it was read from, for Probe
+	handOut string         // the holding it was given with (target)
 }
 
 // sandbox describes the sandbox of rec, in the state its record says, or
@@ -91,7 +92,7 @@ type Sandbox struct {
 func (m *Manager) sandbox(rec *record.Record) *Sandbox {
 	sb := &Sandbox{Name: rec.Name, Image: rec.Image, Manifest: rec.Manifest, Network: Network(rec.Network),
 		Platform: rec.Platform, Limits: rec.Limits, State: rec.State, Created: rec.Created,
-		LastUsed: rec.LastUsed(), ID: rec.ID, Bundle: rec.Dir, Shape: rec.Shape, m: m, rec: rec}
+		LastUsed: rec.LastUsed(), ID: rec.ID, Bundle: rec.Dir, Shape: rec.Shape, m: m, rec: rec, handOut: rec.HandOut}
 	if rec.Owner != nil {
 		sb.OwnerPID = rec.Owner.PID
 	}

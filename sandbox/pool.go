@@ -211,12 +211,18 @@ func (m *Manager) rename(rec *record.Record, name string) error {
 // reset fails, it is removed as Remove does. Releasing a sandbox that does
 // not exist is not an error; releasing one idle in its pool removes it. If
 // this process is killed during the reset, Reconcile removes the sandbox.
-func (m *Manager) Release(ctx context.Context, name string) error {
+func (m *Manager) Release(ctx context.Context, name string) error { return m.release(ctx, named(name)) }
+
+func (m *Manager) release(ctx context.Context, t target) error {
+	name := t.name
 	rec, unlock, err := m.lockToRemove(ctx, name, "release")
 	if err != nil || rec == nil {
 		return err
 	}
 	defer unlock()
+	if err := t.check(rec); err != nil {
+		return err
+	}
 	if rec.Pooled != nil {
 		return m.destroy(ctx, rec) // idle in its pool: it is taken out (sandbox rm pool-X)
 	}
@@ -252,6 +258,9 @@ func (m *Manager) recycle(ctx context.Context, rec *record.Record, cfg *poolConf
 	if err != nil {
 		return err
 	}
+	// The reset ends the hand-out: from the moment it holds the agent's
+	// lock, a request of the holder's handle is refused (wire.Request.HandOut).
+	req.NewHandOut = randomHex(8)
 	res, err := rec.Call(ctx, req)
 	if err != nil {
 		return fmt.Errorf("reset: %w", err)
@@ -259,6 +268,7 @@ func (m *Manager) recycle(ctx context.Context, rec *record.Record, cfg *poolConf
 	if res.Error != "" {
 		return fmt.Errorf("reset: %s", res.Error)
 	}
+	rec.HandOut = req.NewHandOut // written with the record by park
 	if err := m.preinstall(ctx, rec, cfg.Shape.Pip); err != nil {
 		return err
 	}

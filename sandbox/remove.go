@@ -23,12 +23,17 @@ import (
 // sandbox that does not exist is not an error. A sandbox being created or
 // removed by another process is waited for until ctx is done; once the
 // removal has begun, it is finished whatever ctx says.
-func (m *Manager) Remove(ctx context.Context, name string) error {
-	rec, unlock, err := m.lockToRemove(ctx, name, "remove")
+func (m *Manager) Remove(ctx context.Context, name string) error { return m.remove(ctx, named(name)) }
+
+func (m *Manager) remove(ctx context.Context, t target) error {
+	rec, unlock, err := m.lockToRemove(ctx, t.name, "remove")
 	if err != nil || rec == nil {
 		return err
 	}
 	defer unlock()
+	if err := t.check(rec); err != nil {
+		return err
+	}
 	return m.destroy(ctx, rec)
 }
 

@@ -43,13 +43,19 @@ const (
 // dead ones; suspending a suspended sandbox does nothing. Killed midway,
 // the sandbox is left suspended if its image is whole, else running (see
 // Reconcile).
-func (m *Manager) Suspend(ctx context.Context, name string) (err error) {
+func (m *Manager) Suspend(ctx context.Context, name string) error { return m.suspend(ctx, named(name)) }
+
+func (m *Manager) suspend(ctx context.Context, t target) (err error) {
+	name := t.name
 	defer func() { err = exhausted(ctx, err) }()
 	rec, unlock, err := m.lockRecord(ctx, name, "suspend")
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	if err := t.check(rec); err != nil {
+		return err
+	}
 	if err := m.endStale(ctx, rec); err != nil {
 		return fmt.Errorf("suspend sandbox %q: %w", name, err)
 	}
@@ -145,12 +151,20 @@ func (m *Manager) finishSuspend(ctx context.Context, rec *record.Record) error {
 // about a failure are in ROOT/sandboxes/NAME/console.log, which the error
 // names (and WithDebugf's log).
 func (m *Manager) Resume(ctx context.Context, name string) (resumed bool, err error) {
+	return m.resume(ctx, named(name))
+}
+
+func (m *Manager) resume(ctx context.Context, t target) (resumed bool, err error) {
+	name := t.name
 	defer func() { err = exhausted(ctx, err) }()
 	rec, unlock, err := m.lockRecord(ctx, name, "resume")
 	if err != nil {
 		return false, err
 	}
 	defer unlock()
+	if err := t.check(rec); err != nil {
+		return false, err
+	}
 	if err := m.endStale(ctx, rec); err != nil {
 		return false, fmt.Errorf("resume sandbox %q: %w", name, err)
 	}

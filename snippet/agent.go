@@ -142,6 +142,9 @@ type Agent struct {
 
 	calls      sync.RWMutex // held for reading by each Run, for writing by Reset
 	resets     atomic.Int32 // Resets waiting or running
+	// handOut is the sandbox's current hand-out (wire.Request.HandOut),
+	// "" until a reset gives one; set with calls held for writing.
+	handOut    atomic.Pointer[string]
 	mu         sync.Mutex
 	spares     map[string]*proc // by language
 	refilling  map[string]*refilling
@@ -514,4 +517,17 @@ func readRequest(r io.Reader) (*wire.Request, []byte, error) {
 // errorResult is the answer to a request that could not be run.
 func errorResult(err error) *wire.Result {
 	return &wire.Result{Version: wire.ProtocolVersion, ExitCode: -1, Error: err.Error()}
+}
+
+// staleResult refuses a request of a hand-out that is not the current one,
+// or returns nil. The caller holds calls (for reading or writing): a reset
+// changes the hand-out only while it holds them for writing.
+func (a *Agent) staleResult(handOut string) *wire.Result {
+	cur := a.handOut.Load()
+	if handOut == "" || cur == nil || *cur == "" || *cur == handOut {
+		return nil
+	}
+	res := errorResult(errors.New("the sandbox was given back and handed out again: this request's hand-out is over"))
+	res.Stale = true
+	return res
 }

@@ -41,6 +41,9 @@ func (a *Agent) copy(ctx context.Context, c *wire.Copy, conn net.Conn, rest []by
 	// after its reset), and no sweep of strays kills its helper.
 	a.calls.RLock()
 	defer a.calls.RUnlock()
+	if stale := a.staleResult(c.HandOut); stale != nil {
+		return stale
+	}
 	res := &wire.Result{Version: wire.ProtocolVersion, Copied: &wire.CopyStats{}}
 	fail := func(err error) *wire.Result {
 		res.ExitCode, res.Error = -1, err.Error()

@@ -50,6 +50,15 @@ const resetTimeout = 5 * time.Second
 // docs/ARCHITECTURE.md ("What a sandbox can hold, and how a reset clears
 // it").
 func (a *Agent) Reset(ctx context.Context) error {
+	_, err := a.resetAs(ctx, "", "")
+	return err
+}
+
+// resetAs is Reset for a request of hand-out handOut (wire.Request.HandOut:
+// refused, stale, if it is not the current one once the reset holds the
+// calls' lock), which makes newHandOut the current one, if set, at that
+// moment.
+func (a *Agent) resetAs(ctx context.Context, handOut, newHandOut string) (stale *wire.Result, err error) {
 	a.init()
 	a.resets.Add(1) // no refill starts from here on: its spare would be dropped
 	defer a.resets.Add(-1)
@@ -61,6 +70,20 @@ func (a *Agent) Reset(ctx context.Context) error {
 	}
 	a.calls.Lock()
 	defer a.calls.Unlock()
+	if stale := a.staleResult(handOut); stale != nil {
+		if fresh != nil {
+			if p := <-fresh; p != nil {
+				p.discard()
+			}
+		}
+		if spare != nil {
+			a.keepSpare(spare)
+		}
+		return stale, nil
+	}
+	if newHandOut != "" {
+		a.handOut.Store(&newHandOut)
+	}
 	// Spares being started (by the last call) may have started with the
 	// old /tmp: the zygote goes first, so that a fork it was asked for fails
 	// at once, then the others are waited for and dropped.
@@ -72,7 +95,7 @@ func (a *Agent) Reset(ctx context.Context) error {
 		if spare != nil {
 			spare.discard()
 		}
-		return err
+		return nil, err
 	}
 	a.mu.Lock()
 	a.resetDone = true
@@ -80,7 +103,7 @@ func (a *Agent) Reset(ctx context.Context) error {
 	if spare != nil {
 		a.keepSpare(spare)
 	}
-	return nil
+	return nil, nil
 }
 
 // takePristine takes, for after a reset, the reserve or the Python spare if

@@ -1,6 +1,7 @@
 package snippet
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -356,5 +357,48 @@ func TestResetKeepsAPython3Spare(t *testing.T) {
 			t.Errorf("round %d: a call after the reset's ran in a python3 of the agent's, not the zygote's", i)
 		}
 		waitSpare(t, a, wire.LanguagePython)
+	}
+}
+
+// TestStaleHandOutsAreRefused: once a reset made another hand-out current,
+// a request of the hand-out before (a holder's stale handle) runs nothing,
+// resets nothing, copies nothing; the current one and requests of no
+// hand-out (by name) run.
+func TestStaleHandOutsAreRefused(t *testing.T) {
+	h := startHelper(t, true, 0)
+	as := func(handOut string, f ...func(*wire.Request)) func(*wire.Request) {
+		return func(r *wire.Request) {
+			r.HandOut = handOut
+			for _, g := range f {
+				g(r)
+			}
+		}
+	}
+	if res := call(t, h.socket, request(wire.LanguageShell, "echo a > mine", as("first"))); res.ExitCode != 0 || res.Stale {
+		t.Fatalf("before any hand-out, a request of one runs: %s", dump(res))
+	}
+	res := call(t, h.socket, request(wire.LanguageShell, "ls", func(r *wire.Request) { r.Reset, r.NewHandOut = true, "second" }))
+	if res.ExitCode != 0 || len(res.Stdout.Data) != 0 {
+		t.Fatalf("the reset to hand-out second: %s", dump(res))
+	}
+	call(t, h.socket, request(wire.LanguageShell, "echo b > theirs", as("second")))
+	for _, req := range []*wire.Request{
+		request(wire.LanguageShell, "cat theirs", as("first")),
+		request(wire.LanguageShell, "cat theirs", as("first", func(r *wire.Request) { r.Reset = true })),
+	} {
+		if res := call(t, h.socket, req); !res.Stale || res.ExitCode != -1 || len(res.Stdout.Data) != 0 {
+			t.Fatalf("a stale request (reset %v): %s", req.Reset, dump(res))
+		}
+	}
+	for _, handOut := range []string{"second", ""} {
+		if res := call(t, h.socket, request(wire.LanguageShell, "cat theirs", as(handOut))); res.Stale || string(res.Stdout.Data) != "b\n" {
+			t.Fatalf("a request of hand-out %q: %s", handOut, dump(res))
+		}
+	}
+	a := testAgent(t)
+	second := "second"
+	a.handOut.Store(&second)
+	if res := a.copy(context.Background(), &wire.Copy{Op: wire.CopyOut, Path: a.dir, HandOut: "first"}, nil, nil); !res.Stale {
+		t.Fatalf("a stale copy: %s", dump(res))
 	}
 }

@@ -61,7 +61,9 @@ func (a *Agent) run(ctx context.Context, req *wire.Request, notify func(wire.Eve
 		return errorResult(fmt.Errorf("run snippet: %w", err)), false
 	}
 	if req.Reset {
-		if err := a.Reset(ctx); err != nil {
+		if stale, err := a.resetAs(ctx, req.HandOut, req.NewHandOut); stale != nil {
+			return stale, false
+		} else if err != nil {
 			return errorResult(err), false
 		}
 	}
@@ -110,6 +112,9 @@ func (a *Agent) run(ctx context.Context, req *wire.Request, notify func(wire.Eve
 	a.sweepStrays() // if the last call's own sweep has not run yet
 	a.calls.RLock()
 	defer a.calls.RUnlock()
+	if stale := a.staleResult(req.HandOut); stale != nil {
+		return stale, false
+	}
 	var p *proc
 	if interp == "" && len(req.Env) == 0 && len(req.Stdin) == 0 {
 		p = a.takeSpare(ctx, call)

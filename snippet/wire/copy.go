@@ -61,6 +61,8 @@ type Copy struct {
 	Into bool `json:"into,omitempty"`
 	// MaxBytes bounds the files' contents together (0: DefaultCopyBytes).
 	MaxBytes int64 `json:"max_bytes,omitempty"`
+	// HandOut is Request.HandOut, for a copy.
+	HandOut string `json:"hand_out,omitempty"`
 }
 
 // CopyStats counts what a copy carried.

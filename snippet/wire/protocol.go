@@ -77,6 +77,15 @@ type Request struct {
 	// CleanDirs (/tmp and /dev/shm in a sandbox) are emptied (see
 	// Agent.Reset). Calls running at the time finish first.
 	Reset bool `json:"reset,omitempty"`
+	// HandOut, if set, is the hand-out of the sandbox its client holds (a
+	// handle's, bound to one holder of the sandbox): the agent refuses the
+	// request (Result.Stale) unless HandOut is its current hand-out, or it
+	// has none yet. NewHandOut, with Reset, is the agent's hand-out once the
+	// reset holds its lock: from then on, a request of an earlier hand-out
+	// is refused, so that a holder's stale handle never reaches the next
+	// holder. An agent of before these fields ignores them.
+	HandOut    string `json:"hand_out,omitempty"`
+	NewHandOut string `json:"new_hand_out,omitempty"`
 	// Ping asks the agent only to answer, at once, with an empty Result (exit
 	// status 0), whatever the calls running: the host's check that the agent
 	// is responsive. The other fields are ignored. (An agent that predates
@@ -387,6 +396,9 @@ type Result struct {
 	// TimedOut says that the snippet ran out of time and was killed; the
 	// CLI maps it to exit status 124.
 	TimedOut bool `json:"timed_out"`
+	// Stale says that the request was refused because its HandOut (or its
+	// Copy's) is not the sandbox's current one: nothing ran.
+	Stale bool `json:"stale,omitempty"`
 	// Signal names the signal that ended the snippet ("SIGKILL"), if any.
 	Signal string `json:"signal,omitempty"`
 	// OOMKilled says that the agent killed the snippet (SIGKILL, exit
