@@ -140,8 +140,8 @@ type Agent struct {
 	dir         string
 	env         []string
 
-	calls      sync.RWMutex // held for reading by each Run, for writing by Reset
-	resets     atomic.Int32 // Resets waiting or running
+	calls  sync.RWMutex // held for reading by each Run, for writing by Reset
+	resets atomic.Int32 // Resets waiting or running
 	// handOut is the sandbox's current hand-out (wire.Request.HandOut),
 	// "" until a reset gives one; set with calls held for writing.
 	handOut    atomic.Pointer[string]

@@ -61,14 +61,14 @@ type Limits struct {
 
 // Record is ROOT/sandboxes/NAME/sandbox.json.
 type Record struct {
-	Name     string `json:"name"`
-	ID       string `json:"id"` // runsc's container ID
+	Name string `json:"name"`
+	ID   string `json:"id"` // runsc's container ID
 	// HandOut names the sandbox's current holding: a random word made by
 	// its create and by each release into its pool (whose reset gives it to
 	// the agent too). A handle keeps the hand-out it was given with, so
 	// that it never reaches the sandbox's next holder. Empty in records of
 	// before it.
-	HandOut string `json:"hand_out,omitempty"`
+	HandOut  string `json:"hand_out,omitempty"`
 	Image    string `json:"image"`
 	Manifest string `json:"manifest,omitempty"` // the cached image it leases
 	Network  string `json:"network"`
