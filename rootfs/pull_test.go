@@ -448,8 +448,10 @@ func TestRemoveLeaseAndGC(t *testing.T) {
 		t.Fatalf("remove of a leased image: %v", err)
 	}
 	zero := int64(0)
-	if removed, err := s.GC(ctx, GCOptions{MaxBytes: &zero}); err != nil || len(removed) != 0 {
-		t.Fatalf("gc removed a leased image: %v %v", removed, err)
+	var budget *BudgetError
+	removed, err := s.GC(ctx, GCOptions{MaxBytes: &zero})
+	if !errors.As(err, &budget) || !errors.Is(err, errdefs.ErrUnavailable) || budget.InUse != 1 || budget.Bytes == 0 || len(removed) != 0 {
+		t.Fatalf("gc of a cache whose one image is leased, to 0 bytes: removed %v, %v; want nothing, and the budget missed", removed, err)
 	}
 	if _, err := os.Stat(res.Rootfs); err != nil {
 		t.Fatal(err)
@@ -457,7 +459,7 @@ func TestRemoveLeaseAndGC(t *testing.T) {
 	if err := s.Release(ctx, res.ManifestDigest, "sb1"); err != nil {
 		t.Fatal(err)
 	}
-	removed, err := s.Remove(ctx, res.IndexDigest)
+	removed, err = s.Remove(ctx, res.IndexDigest)
 	if err != nil || len(removed) != 1 || removed[0].ManifestDigest != res.ManifestDigest {
 		t.Fatalf("remove: %v %v", removed, err)
 	}
@@ -506,15 +508,24 @@ func TestGCRemovesLeftoversAndOldImages(t *testing.T) {
 			t.Fatalf("%s before gc: %v, want the leftover", d, ents)
 		}
 	}
-	if removed, err := s.GC(ctx, GCOptions{}); err != nil || len(removed) != 0 {
-		t.Fatalf("gc without rules removed images: %v %v", removed, err)
+	if err := os.WriteFile(filepath.Join(s.dir, "tmp", hex+"-123", "rootfs", "etc", "passwd"), make([]byte, 1000), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	removed, err := s.GC(ctx, GCOptions{})
+	if err != nil || len(removed) != 2 {
+		t.Fatalf("gc without rules: %v %v, want the two leftovers", removed, err)
+	}
+	for _, r := range removed {
+		if r.ManifestDigest != "" || r.Leftover == "" || r.Leftover == "an interrupted pull" && r.SizeBytes != 1000 {
+			t.Errorf("gc without rules removed %+v", r)
+		}
 	}
 	for _, d := range []string{"tmp", "trash"} {
 		if ents := leftovers(d); len(ents) != 0 {
 			t.Errorf("%s not cleaned: %v", d, ents)
 		}
 	}
-	removed, err := s.GC(ctx, GCOptions{UnusedFor: 1})
+	removed, err = s.GC(ctx, GCOptions{UnusedFor: 1})
 	if err != nil || len(removed) != 1 {
 		t.Fatalf("gc --unused-for: %v %v", removed, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/docker/go-units"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/flmbox/flmbox/internal/atomicfile"
@@ -343,6 +345,10 @@ func (s *Store) holders(hex string) ([]string, error) {
 type Removed struct {
 	ManifestDigest string `json:"manifest_digest"`
 	SizeBytes      int64  `json:"size_bytes"`
+	// Leftover, from GC, says what was removed that was no image: "an
+	// interrupted pull" (its staging), "an interrupted removal".
+	// ManifestDigest is empty then.
+	Leftover string `json:"leftover,omitempty"`
 }
 
 // Remove deletes what IMAGE names: a manifest digest removes that entry; an
@@ -453,8 +459,7 @@ type GCOptions struct {
 // GC removes leftovers of interrupted pulls and removals, aliases that lead
 // nowhere, and the unleased entries that the options select.
 func (s *Store) GC(ctx context.Context, o GCOptions) ([]Removed, error) {
-	s.cleanLeftovers()
-	var removed []Removed
+	removed := s.cleanLeftovers()
 	// Damaged entries (unreadable image.json).
 	ents, _ := os.ReadDir(filepath.Join(s.dir, "rootfs"))
 	for _, e := range ents {
@@ -496,10 +501,15 @@ func (s *Store) GC(ctx context.Context, o GCOptions) ([]Removed, error) {
 	for _, img := range imgs {
 		total += img.SizeBytes
 	}
+	inUse := 0
 	for _, img := range imgs {
 		old := o.UnusedFor > 0 && time.Since(img.LastUsed) > o.UnusedFor
 		over := o.MaxBytes != nil && total > *o.MaxBytes
-		if !(old || over) || len(img.Holders) > 0 {
+		if !(old || over) {
+			continue
+		}
+		if len(img.Holders) > 0 {
+			inUse++
 			continue
 		}
 		m, _ := parseDigest(img.ManifestDigest)
@@ -515,14 +525,37 @@ func (s *Store) GC(ctx context.Context, o GCOptions) ([]Removed, error) {
 			removed = append(removed, *r)
 		}
 	}
+	if o.MaxBytes != nil && total > *o.MaxBytes {
+		return removed, &BudgetError{Bytes: total, MaxBytes: *o.MaxBytes, InUse: inUse}
+	}
 	return removed, nil
 }
 
+// BudgetError is GC's error when the cache holds more than GCOptions.MaxBytes
+// once every image it could remove is gone: the rest are leased by
+// sandboxes (InUse of them were over the budget). It is
+// errdefs.ErrUnavailable: sandboxes are removed, and a later GC may meet it.
+type BudgetError struct {
+	Bytes, MaxBytes int64
+	InUse           int
+}
+
+func (e *BudgetError) Error() string {
+	return fmt.Sprintf("the image cache holds %s, over the %s asked for: %d image(s) in use by sandboxes are kept",
+		units.BytesSize(float64(e.Bytes)), units.BytesSize(float64(e.MaxBytes)), e.InUse)
+}
+
+// Is makes a BudgetError errdefs.ErrUnavailable.
+func (e *BudgetError) Is(target error) bool { return target == errdefs.ErrUnavailable }
+
 // cleanLeftovers removes staging entries whose builder is gone and entries
 // left in trash by an interrupted removal: both are named HEX-RANDOM and
-// removed only while entry HEX's lock is free.
-func (s *Store) cleanLeftovers() {
+// removed only while entry HEX's lock is free. It returns what it removed,
+// with the bytes its files held.
+func (s *Store) cleanLeftovers() []Removed {
+	var removed []Removed
 	for _, sub := range []string{"tmp", "trash"} {
+		what := map[string]string{"tmp": "an interrupted pull", "trash": "an interrupted removal"}[sub]
 		ents, _ := os.ReadDir(filepath.Join(s.dir, sub))
 		for _, e := range ents {
 			p := filepath.Join(s.dir, sub, e.Name())
@@ -532,11 +565,29 @@ func (s *Store) cleanLeftovers() {
 				continue
 			}
 			if unlock, ok := s.tryLock(hex); ok {
-				_ = os.RemoveAll(p)
+				size := treeBytes(p)
+				if os.RemoveAll(p) == nil {
+					removed = append(removed, Removed{SizeBytes: size, Leftover: what})
+				}
 				unlock()
 			}
 		}
 	}
+	return removed
+}
+
+// treeBytes is what the regular files under p hold.
+func treeBytes(p string) int64 {
+	var n int64
+	filepath.WalkDir(p, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
 }
 
 // removeStaging removes leftovers of earlier builds of entry hex. The caller

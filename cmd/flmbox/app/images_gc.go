@@ -36,11 +36,18 @@ func imagesGCCommand() *cli.Command {
 			removed, err := store.GC(c.Context, o)
 			var total int64
 			for _, r := range removed {
-				fmt.Fprintf(c.App.Writer, "Deleted: %s (%s)\n", r.ManifestDigest, humanSize(r.SizeBytes))
+				what := r.ManifestDigest
+				if r.Leftover != "" {
+					what = "what " + r.Leftover + " left"
+				}
+				fmt.Fprintf(c.App.Writer, "Deleted: %s (%s)\n", what, humanSize(r.SizeBytes))
 				total += r.SizeBytes
 			}
 			fmt.Fprintf(c.App.Writer, "Total reclaimed space: %s\n", humanSize(total))
-			return err
+			if err != nil {
+				return fmt.Errorf("images gc: %w", err) // a budget not met exits 125, as sandbox gc's
+			}
+			return nil
 		},
 	}
 }
