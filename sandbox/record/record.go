@@ -481,7 +481,9 @@ func (r *Record) explain(ctx context.Context, err error) error {
 		return fmt.Errorf("call sandbox %q: %w", r.Name, err)
 	}
 	if r.removed() {
-		return fmt.Errorf("call sandbox %q: %w: %w", r.Name, ErrRemoved, err)
+		// One kind: not found (the cause, an agent gone, may say
+		// unavailable, which invites a retry).
+		return fmt.Errorf("call sandbox %q: %w: %v", r.Name, ErrRemoved, err)
 	}
 	if !r.Accepts(ctx) || errors.Is(err, wire.ErrHungUp) && r.stopsAccepting(ctx, hangUpGrace) {
 		return fmt.Errorf("call sandbox %q: %w: %w", r.Name, ErrDead, err)

@@ -2,7 +2,9 @@ package record
 
 import (
 	"bufio"
+	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -129,5 +131,16 @@ func TestUseMarksACall(t *testing.T) {
 	other()
 	if r.InCall() {
 		t.Fatal("InCall after both calls ended")
+	}
+}
+
+// TestRemovedIsNotFoundOnly: a call whose sandbox was removed fails with
+// one kind, not found, whatever its cause said (an unavailable agent).
+func TestRemovedIsNotFoundOnly(t *testing.T) {
+	root := t.TempDir()
+	r := &Record{Name: "gone", ID: "flmbox-0123", Dir: filepath.Join(root, "sandboxes", "gone")}
+	err := r.explain(context.Background(), fmt.Errorf("the agent: %w", errdefs.ErrUnavailable))
+	if !errors.Is(err, ErrRemoved) || !errdefs.IsNotFound(err) || errdefs.IsUnavailable(err) {
+		t.Fatalf("explain of a removed sandbox's call: %v", err)
 	}
 }
