@@ -739,6 +739,13 @@ func TestPoolDrainExpired(t *testing.T) {
 	if sbs := checkOnlyPooled(t, root, 1); sbs[long.Idle[0]] == "" {
 		t.Errorf("sandboxes left: %v, want %s", sbs, long.Idle[0])
 	}
+	// By shape: one pool of the image goes, the other keeps its size.
+	if out := strings.Fields(mustFlmbox(t, root, "pool", "drain", "--shape", long.Shape)); !slices.Equal(out, long.Idle) {
+		t.Errorf("pool drain --shape %s removed %q, want %q", long.Shape, out, long.Idle)
+	}
+	if ps := poolLs(t, root); len(ps) != 1 || ps[0].Shape != short.Shape || ps[0].Size != 2 {
+		t.Errorf("pools after pool drain --shape %s: %+v, want only %s, its size kept", long.Shape, ps, short.Shape)
+	}
 }
 
 // TestPoolIdleRefusalAdvice: the refusal of a call to an idle pooled

@@ -302,6 +302,10 @@ type DrainOptions struct {
 	// Image selects the pools of this image, as given to FillPool or its
 	// manifest digest; empty: every pool.
 	Image string
+	// Shape selects the pool of this shape only (Pool.Shape, PoolKey): one
+	// pool of an image whose other shapes (memory, CPUs, network, pip
+	// requirements) stay; empty: any shape.
+	Shape string
 	// Expired removes only the idle sandboxes past their pool's idle
 	// timeout, and keeps the pools' sizes.
 	Expired bool
@@ -319,11 +323,13 @@ func (m *Manager) DrainPools(ctx context.Context, o DrainOptions) ([]string, err
 	if o.Expired {
 		return m.expire(ctx, ""), nil
 	}
-	match := func(image, manifest string) bool { return o.Image == "" || o.Image == image || o.Image == manifest }
+	match := func(image, manifest, shape string) bool {
+		return (o.Image == "" || o.Image == image || o.Image == manifest) && (o.Shape == "" || o.Shape == shape)
+	}
 	var errs []error
 	for _, k := range m.poolKeys() {
 		cfg := m.readPool(k)
-		if cfg != nil && !match(cfg.Image, cfg.Shape.Manifest) {
+		if cfg != nil && !match(cfg.Image, cfg.Shape.Manifest, k) || cfg == nil && o.Shape != "" && o.Shape != k {
 			continue
 		}
 		// Under the pool's lock: a release parks its sandbox before (the
@@ -348,7 +354,7 @@ func (m *Manager) DrainPools(ctx context.Context, o DrainOptions) ([]string, err
 	}
 	var gone []string
 	for _, rec := range m.pooled("") {
-		if match(rec.Image, rec.Manifest) && m.removeIdle(ctx, rec, func(*record.Record) bool { return true }) {
+		if match(rec.Image, rec.Manifest, rec.Shape) && m.removeIdle(ctx, rec, func(*record.Record) bool { return true }) {
 			gone = append(gone, rec.Name)
 		}
 	}
