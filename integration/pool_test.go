@@ -701,7 +701,7 @@ func TestPoolSandboxCreateRm(t *testing.T) {
 // TestPoolDrainExpired: pool drain --expired removes the idle sandboxes
 // past their pool's idle timeout, and only those: a pool of another shape
 // with the default timeout keeps its sandbox, and the expired pool keeps
-// its size.
+// its size; then pool drain --shape drains that other pool alone.
 func TestPoolDrainExpired(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
