@@ -257,6 +257,9 @@ func (r Resolver) Start(ctx context.Context, bin string, cfg ResolverConfig) (er
 	}
 }
 
+// dnsReadBuffer is the receive buffer of a resolver's UDP socket.
+const dnsReadBuffer = 4 << 20
+
 // listenDNS makes, in the router, the resolver's UDP and TCP sockets on
 // gw's port 53, marked ResolverMark (the table lets DNS reach only those).
 func listenDNS(rt *router, gw netip.Addr) (udp, tcp *os.File, err error) {
@@ -268,6 +271,12 @@ func listenDNS(rt *router, gw netip.Addr) (udp, tcp *os.File, err error) {
 			return err
 		}
 		defer pc.Close()
+		// Room for a burst of questions while the DNS part works through
+		// them (the default, 208 KiB, holds about 270 small datagrams):
+		// over the host's rmem_max, as root may.
+		if rc, err := pc.(*net.UDPConn).SyscallConn(); err == nil {
+			rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, dnsReadBuffer) })
+		}
 		l, err := lc.Listen(context.Background(), "tcp4", addr)
 		if err != nil {
 			return err

@@ -512,26 +512,33 @@ func TestEgressDNSPartKilledFailsClosed(t *testing.T) {
 }
 
 // TestEgressResolverAnswersABurst: 300 questions at once from a sandbox are
-// all answered (asked upstream: NXDOMAIN); before, 64 were, 204 got
-// SERVFAIL and 32 nothing.
+// all answered (asked upstream: NXDOMAIN), none SERVFAIL; before, 64 were,
+// 204 got SERVFAIL and 32 nothing. A question whose datagram was lost (one
+// CI run lost some) is asked again every 2 s, as a stub resolver does.
 func TestEgressResolverAnswersABurst(t *testing.T) {
 	t.Parallel()
 	w, root := egressSandbox(t, "burst", "--allow", "*.burst.test")
-	out := mustFlmboxIn(t, w, root, "run", "--sandbox", "burst", "-c", `
+	out := mustFlmboxIn(t, w, root, "run", "--sandbox", "burst", "--timeout", "2m", "-c", `
 import select, socket, struct, time
 ns = open("/etc/resolv.conf").read().split()[1]
-socks = []
+def query(i):
+    name = b"".join(bytes([len(l)]) + l for l in ("n%d.burst.test" % i).encode().split(b"."))
+    return struct.pack(">6H", i, 0x0100, 1, 0, 0, 0) + name + b"\0" + struct.pack(">2H", 1, 1)
+socks = {}
 for i in range(300):
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    name = b"".join(bytes([len(l)]) + l for l in ("n%d.burst.test" % i).encode().split(b"."))
-    s.sendto(struct.pack(">6H", i, 0x0100, 1, 0, 0, 0) + name + b"\0" + struct.pack(">2H", 1, 1), (ns, 53))
-    socks.append(s)
-rcodes, pending, deadline = {}, set(socks), time.time() + 30
+    s.sendto(query(i), (ns, 53))
+    socks[s] = i
+rcodes, pending, deadline, asked = {}, set(socks), time.time() + 60, time.time()
 while pending and time.time() < deadline:
-    for s in select.select(list(pending), [], [], 1)[0]:
+    for s in select.select(list(pending), [], [], 0.5)[0]:
         rc = s.recv(512)[3] & 0xf
         rcodes[rc] = rcodes.get(rc, 0) + 1
         pending.discard(s)
+    if time.time() - asked > 2: # a datagram lost on a busy machine: asked again, as a stub resolver does
+        for s in pending:
+            s.sendto(query(socks[s]), (ns, 53))
+        asked = time.time()
 print(sorted(rcodes.items()), len(pending))
 `)
 	if got := strings.TrimSpace(out); got != "[(3, 300)] 0" {
