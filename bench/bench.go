@@ -72,7 +72,7 @@ type Options struct {
 	// before their memory is measured (0 to 1 minute; no flag).
 	Idle time.Duration
 	// Density is the number of idle sandboxes of the density section
-	// (issue 31; CLI: --density; 0, the default: no density section; 1 to
+	// (CLI: --density; 0, the default: no density section; 1 to
 	// 10000): made one after another, measured at every tenth of them,
 	// with default spares, then with lazy spares (see Density).
 	// DensitySuspended is the number of sandboxes of its suspended series,

@@ -18,7 +18,7 @@ import (
 	"github.com/flmbox/flmbox/sandbox"
 )
 
-// The density section (issue 31) makes Options.Density idle sandboxes one
+// The density section makes Options.Density idle sandboxes one
 // after another, measuring at every tenth of them (and at the first) what
 // each costs the host and what the count costs every sandbox: host memory
 // (MemAvailable's drop, and the PSS of their processes), creates, listing,

@@ -10,8 +10,8 @@
 // `flmbox run --image`, warm tasks over gRPC against `flmbox run --sandbox`;
 // and a callback's round trip from inside a sandbox to a server in the
 // bench's process against the same Python client on the host, on the same
-// server's socket. With Options.Density, it also measures density (issue
-// 31): idle sandboxes made one after another, what each costs the host and
+// server's socket. With Options.Density, it also measures density: idle
+// sandboxes made one after another, what each costs the host and
 // what their count costs each of them, at every tenth of the count and
 // against one sandbox alone (density.go).
 // It is `flmbox bench`; the command only reads its flags into Options, calls

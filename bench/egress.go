@@ -114,7 +114,7 @@ type netSide struct {
 	conn [][]float64 // connect runs
 }
 
-// measureEgress measures --network egress (issue 29) in two network
+// measureEgress measures --network egress in two network
 // namespaces of its own (see benchNet), removed at the end with the
 // sandboxes it made there:
 //

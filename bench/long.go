@@ -10,7 +10,7 @@ import (
 	"github.com/flmbox/flmbox/sandbox"
 )
 
-// Long is code that runs for seconds (added for issue 39): its own time, as
+// Long is code that runs for seconds: its own time, as
 // it measures it (perf_counter around the work), as a flmbox call in the
 // bench's persistent sandbox (flmbox's defaults: one CPU's quota, 512 MiB),
 // by runsc exec in that same sandbox, and by runsc exec in a bare runsc

@@ -11,8 +11,8 @@ import (
 )
 
 // Report is what Run measured; its JSON form (WriteJSON) is `flmbox bench
-// --json`'s object, issue 4's schema. Keys may be added; the issue's keep
-// their meaning. Times are milliseconds unless a key says otherwise (_s:
+// --json`'s object. Keys may be added; those there keep their meaning
+// (a section added later is zero or null in reports made before it). Times are milliseconds unless a key says otherwise (_s:
 // seconds, _kib: KiB).
 type Report struct {
 	Allocation Allocation `json:"allocation"`
@@ -23,39 +23,34 @@ type Report struct {
 	Batch   Batch   `json:"batch"`
 	Prewarm Prewarm `json:"prewarm"`
 	Memory  Memory  `json:"memory"`
-	// Pool is an idle pooled sandbox's memory (added for issue 15).
+	// Pool is an idle pooled sandbox's memory.
 	Pool PoolMemory `json:"pool"`
-	// Copy is flmbox cp of 100 MiB in and out (added for issue 16).
+	// Copy is flmbox cp of 100 MiB in and out.
 	Copy Copy `json:"copy"`
-	// Suspend is flmbox sandbox suspend and the resume of a call (added
-	// for issue 16).
+	// Suspend is flmbox sandbox suspend and the resume of a call.
 	Suspend Suspend `json:"suspend"`
-	// Instance is `flmbox instance` driven as Flame's executor drives it
-	// (added after issue 4).
+	// Instance is `flmbox instance` driven as Flame's executor drives it.
 	Instance Instance `json:"instance"`
-	// Callback is a callback round trip from inside a sandbox (added
-	// after issue 4, for issue 14).
+	// Callback is a callback round trip from inside a sandbox.
 	Callback Callback `json:"callback"`
-	// Records is Manager.Get, List and Probe in process (added for issue
-	// 27).
+	// Records is Manager.Get, List and Probe in process.
 	Records Records `json:"records"`
 	// Egress is --network egress against --network none and the host's
-	// own network stack (added for issue 29).
+	// own network stack.
 	Egress Egress `json:"egress"`
 	// Long is code that runs for seconds, as a call, by runsc exec in
-	// the same sandbox and in bare runsc (added for issue 39).
+	// the same sandbox and in bare runsc.
 	Long  Long  `json:"long"`
 	Runsc Runsc `json:"runsc"`
 	// Density is idle sandboxes made one after another, measured as
-	// their count grows (added for issue 31; absent without
-	// Options.Density).
+	// their count grows (absent without Options.Density).
 	Density *Density `json:"density,omitempty"`
 	// Image is what was measured; Settings how often.
 	Image    Image    `json:"image"`
 	Settings Settings `json:"settings"`
 }
 
-// Stats summarizes measurements in milliseconds (issue 4's S).
+// Stats summarizes measurements in milliseconds.
 type Stats struct {
 	Median float64 `json:"median"`
 	Min    float64 `json:"min"`
@@ -89,8 +84,8 @@ type Allocation struct {
 	// PooledMS is a whole `flmbox run --image` process that adopts a clean
 	// sandbox from a warm pool (flmbox pool fill), until its output is back;
 	// PooledReleaseMS is the rest of that process, from its output until it
-	// exits: the reset that puts the sandbox back into the pool (added for
-	// issue 15; null in reports made before).
+	// exits: the reset that puts the sandbox back into the pool (null in
+	// reports made before pools).
 	PooledMS        *Stats `json:"pooled_ms"`
 	PooledReleaseMS *Stats `json:"pooled_release_ms"`
 }
@@ -252,7 +247,7 @@ type InstanceWarm struct {
 	Calls int `json:"calls"`
 }
 
-// Callback is a callback's round trip from inside a sandbox (issue 14):
+// Callback is a callback's round trip from inside a sandbox:
 // connect to $FLMBOX_CALLBACK_SOCKET, send a 1 KiB request, read a 1 KiB
 // answer, close, timed by the Python client itself (perf_counter_ns), on a
 // server in the bench's process that answers each connection and closes
@@ -312,7 +307,7 @@ type Memory struct {
 	SandboxProcesses   int   `json:"sandbox_processes"`
 	BareRunscProcesses int   `json:"bare_runsc_processes"`
 	// Modes are sandboxes whose agents start their spare processes in
-	// different ways, measured one after the other (added for issue 15).
+	// different ways, measured one after the other.
 	Modes []MemoryMode `json:"modes"`
 }
 
@@ -461,10 +456,10 @@ type Settings struct {
 	PrewarmRounds int     `json:"prewarm_rounds"`
 	CPUs          int     `json:"cpus"`
 	// DensityOnly: the density section was measured alone; the other
-	// sections' figures are zero (added for issue 31).
+	// sections' figures are zero.
 	DensityOnly bool `json:"density_only,omitempty"`
 	// LongOnly: the long calls were measured alone; the other sections'
-	// figures are zero (added for issue 39).
+	// figures are zero.
 	LongOnly bool `json:"long_only,omitempty"`
 }
 

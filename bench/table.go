@@ -9,7 +9,7 @@ import (
 	"github.com/docker/go-units"
 )
 
-// The reference system's figures (issue 4): its own cluster, gVisor, one
+// The reference system's figures: its own cluster, gVisor, one
 // CPU per worker.
 const (
 	refFresh    = "191 ms (168–207)"
@@ -326,7 +326,7 @@ func (d *Density) writeTable(w io.Writer) error {
 		fmt.Sprintf("%d calls and %d run --sandbox on %d random sandboxes (each after its first call, FIRST), %d Manager.List and %d sandbox ls --json; ",
 			densityCalls, densityCLICalls, densityCallees, densityLists, densityCLILists)+
 		fmt.Sprintf("CPU: %% of all CPUs over %s idle (HOST: all of it); MEM: MemAvailable's drop; PSS: the sandboxes' processes; CGROUP: charged to their cgroups.\n", densityCPUWindow)+
-		"targets at 500 (issue 31): all answering; create and warm call ≤ 1.2× one sandbox; host CPU ≤ 5 %; memory ≤ 20 MiB a sandbox, ≤ 12 MiB lazy; 2,000 suspended")
+		"targets at 500: all answering; create and warm call ≤ 1.2× one sandbox; host CPU ≤ 5 %; memory ≤ 20 MiB a sandbox, ≤ 12 MiB lazy; 2,000 suspended")
 	return err
 }
 
