@@ -16,7 +16,9 @@
 // Manager has the same operations by name, for a caller that holds only
 // the name (whichever sandbox holds it now),
 // and finds sandboxes (Get, List: records only; Probe: liveness; GC: suspend
-// or remove the idle ones; Wait for what a resume left in the background).
+// or remove the idle ones; Wait for what a resume left in the background;
+// Close, when done with the Manager, stops and waits for what it started in
+// the background, such as its pools' refills).
 // Acquire and Release take sandboxes from a warm pool per shape and give
 // them back reset (FillPool, Pools, DrainPools). RunOnce runs one snippet in
 // a fresh sandbox; Batch runs up to MaxBatch independent snippets, in fresh

@@ -33,7 +33,11 @@ type Manager struct {
 	wheels *pipcache.Cache
 	rt     *runtime.Runtime
 
-	bg sync.WaitGroup // work left running in the background (Wait)
+	bg sync.WaitGroup // work left running in the background (Wait, Close)
+	// life is cancelled by Close: the background work the Manager
+	// started (its pools' refills) stops, and none starts after.
+	life  context.Context
+	close context.CancelFunc
 }
 
 type options struct {
@@ -87,6 +91,7 @@ func Open(root string, opts ...Option) (*Manager, error) {
 		return nil, fmt.Errorf("open sandboxes: state root: %w: %w", err, errdefs.ErrFailedPrecondition)
 	}
 	m := &Manager{root: root}
+	m.life, m.close = context.WithCancel(context.Background())
 	for _, opt := range opts {
 		opt(&m.o)
 	}
@@ -98,14 +103,52 @@ func Open(root string, opts ...Option) (*Manager, error) {
 	}
 	if m.o.refiller == nil {
 		m.o.refiller = func(shape string) {
-			go func() {
-				if err := m.Refill(context.Background(), shape); err != nil {
+			m.background(func(ctx context.Context) {
+				if err := m.Refill(ctx, shape); err != nil && ctx.Err() == nil {
 					m.o.warnf("%v", err)
 				}
-			}()
+			})
 		}
 	}
 	return m, nil
+}
+
+// background runs f in a goroutine of the Manager's, with a context that
+// Close cancels, and reports whether it did: after Close, it runs nothing.
+func (m *Manager) background(f func(ctx context.Context)) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.life.Err() != nil {
+		return false
+	}
+	m.bg.Add(1)
+	go func() {
+		defer m.bg.Done()
+		f(m.life)
+	}()
+	return true
+}
+
+// Close stops the work the Manager started in the background (its pools'
+// refills: a refill stopped midway leaves its unparked sandboxes to
+// Reconcile) and waits for it and for what Wait waits for, until ctx is
+// done. The sandboxes stay; the Manager's methods still work, but start
+// nothing in the background.
+func (m *Manager) Close(ctx context.Context) error {
+	m.mu.Lock()
+	m.close()
+	m.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		m.bg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("close the sandboxes' manager: its background work did not end: %w", ctx.Err())
+	}
 }
 
 // Wait waits for the work that the Manager's calls left running in the

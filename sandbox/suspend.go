@@ -212,11 +212,9 @@ func (m *Manager) removeImage(rec *record.Record) {
 		os.RemoveAll(img)
 		return
 	}
-	m.bg.Add(1)
-	go func() {
-		defer m.bg.Done()
-		os.RemoveAll(old)
-	}()
+	if !m.background(func(context.Context) { os.RemoveAll(old) }) {
+		os.RemoveAll(old) // the Manager is closed: here and now
+	}
 }
 
 // removeStaleImages removes what is left of the checkpoint images of the
