@@ -119,7 +119,7 @@ func TestStaleHandlesNeverReachTheNextHolder(t *testing.T) {
 	if _, err := m.FillPool(ctx, spec, sandbox.PoolOptions{Size: 1}, 1); err != nil {
 		t.Fatal(err)
 	}
-	spec.Name = "b"
+	spec.Name, spec.Labels = "b", map[string]string{"tenant": "1"}
 	b1, err := m.Acquire(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
@@ -130,16 +130,23 @@ func TestStaleHandlesNeverReachTheNextHolder(t *testing.T) {
 	if err := b1.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+	spec.Labels = map[string]string{"tenant": "2"}
 	b2, err := m.Acquire(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if b1.Labels["tenant"] != "1" || b2.Labels["tenant"] != "2" || len(b2.Labels) != 1 {
+		t.Errorf("labels of the two holdings: %v, %v; want each its holder's", b1.Labels, b2.Labels)
 	}
 	if b2.ID != b1.ID {
 		t.Fatalf("the second Acquire got container %s, not the released %s: the test proves nothing", b2.ID, b1.ID)
 	}
 	stale(b1, b2)
-	if got, err := m.Get(ctx, "b"); err != nil || got.ID != b2.ID {
+	if got, err := m.Get(ctx, "b"); err != nil || got.ID != b2.ID || got.Labels["tenant"] != "2" {
 		t.Fatalf("after the old handle's Release and Remove, b is %v, %v", got, err)
+	}
+	if sbs, err := m.ListLabeled(ctx, map[string]string{"tenant": "1"}); err != nil || len(sbs) != 0 {
+		t.Fatalf("sandboxes labelled tenant=1 once its holding ended: %v, %v", sbs, err)
 	}
 	// By name, the Manager acts on whoever holds the name.
 	if res, err := m.Call(ctx, "b", sandbox.Request{Language: sandbox.Shell, Code: "cat /tmp/secret", Timeout: time.Minute}); err != nil || string(res.Stdout.Data) != "tenant2\n" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"sort"
 	"strings"
@@ -72,6 +73,8 @@ type Sandbox struct {
 	// Shape names what it is made of (see Pool); sandboxes of one shape
 	// share a pool. Empty for sandboxes made before pools.
 	Shape string
+	// Labels are its holder's (Spec.Labels); nil if none.
+	Labels map[string]string
 	// ID is its runsc container ID, and Bundle its OCI bundle directory
 	// (config.json): for tools that measure or inspect runsc itself. Never
 	// change what is there.
@@ -92,7 +95,8 @@ type Sandbox struct {
 func (m *Manager) sandbox(rec *record.Record) *Sandbox {
 	sb := &Sandbox{Name: rec.Name, Image: rec.Image, Manifest: rec.Manifest, Network: Network(rec.Network),
 		Platform: rec.Platform, Limits: rec.Limits, State: rec.State, Created: rec.Created,
-		LastUsed: rec.LastUsed(), ID: rec.ID, Bundle: rec.Dir, Shape: rec.Shape, m: m, rec: rec, handOut: rec.HandOut}
+		LastUsed: rec.LastUsed(), ID: rec.ID, Bundle: rec.Dir, Shape: rec.Shape, Labels: maps.Clone(rec.Labels), m: m, rec: rec,
+		handOut: rec.HandOut}
 	if rec.Owner != nil {
 		sb.OwnerPID = rec.Owner.PID
 	}
@@ -269,6 +273,19 @@ func (m *Manager) List(ctx context.Context) ([]*Sandbox, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
 	return out, nil
+}
+
+// ListLabeled is List of the sandboxes that have every label of sel (an
+// empty value: the key, whatever its value; see Sandbox.HasLabels).
+func (m *Manager) ListLabeled(ctx context.Context, sel map[string]string) ([]*Sandbox, error) {
+	all, err := m.List(ctx)
+	var out []*Sandbox
+	for _, sb := range all {
+		if sb.HasLabels(sel) {
+			out = append(out, sb)
+		}
+	}
+	return out, err
 }
 
 // HostMemory is the host memory a running sandbox's memory cgroup holds, in

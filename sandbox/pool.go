@@ -160,7 +160,7 @@ func (m *Manager) adopt(ctx context.Context, rec *record.Record, spec Spec) (_ *
 		}
 		return nil, errTaken
 	}
-	rec.Pooled, rec.Owner = nil, nil
+	rec.Pooled, rec.Owner, rec.Labels = nil, nil, spec.Labels
 	if spec.Ephemeral {
 		if rec.Owner, err = record.Self(); err != nil {
 			return nil, fmt.Errorf("acquire sandbox: %w", err)
@@ -248,7 +248,7 @@ func (m *Manager) recycle(ctx context.Context, rec *record.Record, cfg *poolConf
 	if err := m.rename(rec, poolPrefix+randomHex(6)); err != nil {
 		return err
 	}
-	rec.Owner = owner // a killed release leaves it to Reconcile
+	rec.Owner, rec.Labels = owner, nil // a killed release leaves it to Reconcile; its holder's words go
 	if err := record.Write(rec); err != nil {
 		return err
 	}

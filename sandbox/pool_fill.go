@@ -158,7 +158,7 @@ func (m *Manager) returning(key string) int {
 
 // makePooled makes a sandbox of spec and parks it in the pool of shape key.
 func (m *Manager) makePooled(ctx context.Context, spec Spec, key string) error {
-	spec.Name = poolPrefix + randomHex(6)
+	spec.Name, spec.Labels = poolPrefix+randomHex(6), nil // an idle sandbox is nobody's: its holder labels it
 	sb, err := m.Create(ctx, spec)
 	if err != nil {
 		return err

@@ -389,3 +389,35 @@ func TestOpenMakesTheRootAbsolute(t *testing.T) {
 		t.Fatalf("Root() = %q, want %q", m.Root(), want)
 	}
 }
+
+// TestLabels: Normalize takes labels within bounds and refuses the rest;
+// HasLabels selects by key, or key and value.
+func TestLabels(t *testing.T) {
+	ok := map[string]string{"team": "ml", "app.example.com/run-id": "42", "empty": ""}
+	if _, err := (Spec{Labels: ok}).Normalize(); err != nil {
+		t.Fatalf("labels %v: %v", ok, err)
+	}
+	many := map[string]string{}
+	for i := range MaxLabels + 1 {
+		many[fmt.Sprint("k", i)] = "v"
+	}
+	for _, bad := range []map[string]string{
+		{"": "v"}, {"a b": "v"}, {"k=v": "v"}, {strings.Repeat("k", 129): "v"},
+		{"k": strings.Repeat("v", 1025)}, {"k": "line\nbreak"}, {"k": "\xff"}, many,
+	} {
+		if _, err := (Spec{Labels: bad}).Normalize(); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("labels %.60v: %v, want invalid", bad, err)
+		}
+	}
+	sb := &Sandbox{Labels: map[string]string{"team": "ml", "run": "42"}}
+	for sel, want := range map[string]bool{"team=ml": true, "team=": true, "team=ml,run=42": true, "team=web": false, "owner=": false} {
+		m := map[string]string{}
+		for _, kv := range strings.Split(sel, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			m[k] = v
+		}
+		if got := sb.HasLabels(m); got != want {
+			t.Errorf("HasLabels(%s) = %v", sel, got)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	goruntime "runtime"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/containerd/errdefs"
 
@@ -56,6 +57,13 @@ type Spec struct {
 	// under /proc, /sys or /dev, the state root or inside it, or a
 	// directory that holds the state root, is refused.
 	Mounts []Mount
+	// Labels are the caller's own words about the sandbox (docker's
+	// labels, E2B's metadata), to find its sandboxes again after a restart
+	// (ListLabeled, sandbox ls --filter label=K=V): at most MaxLabels, each
+	// key 1 to 128 of [A-Za-z0-9._/-], each value at most 1,024 bytes of
+	// UTF-8 text. Not part of a pool's shape: an Acquire gives the sandbox
+	// its holder's, a Release takes them away.
+	Labels map[string]string
 	// Ephemeral says that the sandbox belongs to the process that creates
 	// it: Reconcile removes it once that process is gone. It is for a
 	// caller that removes the sandbox itself when done and may be killed
@@ -210,10 +218,46 @@ func (s Spec) normalize(root string) (Spec, error) {
 	if err := checkRequirements(s.Pip); err != nil {
 		return s, err
 	}
+	if err := checkLabels(s.Labels); err != nil {
+		return s, err
+	}
 	if err := checkMounts(s.Mounts, root); err != nil {
 		return s, err
 	}
 	return s, nil
+}
+
+// MaxLabels bounds a sandbox's labels.
+const MaxLabels = 64
+
+// checkLabels refuses labels beyond what Spec.Labels says.
+func checkLabels(labels map[string]string) error {
+	if len(labels) > MaxLabels {
+		return fmt.Errorf("%d labels: at most %d: %w", len(labels), MaxLabels, errdefs.ErrInvalidArgument)
+	}
+	for k, v := range labels {
+		if k == "" || len(k) > 128 || strings.ContainsFunc(k, func(c rune) bool {
+			return !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("._/-", c))
+		}) {
+			return fmt.Errorf("label key %q: want 1 to 128 of A-Z a-z 0-9 . _ / -: %w", k, errdefs.ErrInvalidArgument)
+		}
+		if len(v) > 1024 || !utf8.ValidString(v) || strings.ContainsFunc(v, func(c rune) bool { return c < ' ' || c == 0x7f }) {
+			return fmt.Errorf("label %s: its value is not text of at most 1,024 bytes: %w", k, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// HasLabels reports whether sb has every label of sel; an empty value in
+// sel asks only that sb has the key.
+func (sb *Sandbox) HasLabels(sel map[string]string) bool {
+	for k, v := range sel {
+		got, ok := sb.Labels[k]
+		if !ok || v != "" && got != v {
+			return false
+		}
+	}
+	return true
 }
 
 // checkRequirements refuses what pip would not read as a requirement:

@@ -68,13 +68,15 @@ type Record struct {
 	// the agent too). A handle keeps the hand-out it was given with, so
 	// that it never reaches the sandbox's next holder. Empty in records of
 	// before it.
-	HandOut  string `json:"hand_out,omitempty"`
-	Image    string `json:"image"`
-	Manifest string `json:"manifest,omitempty"` // the cached image it leases
-	Network  string `json:"network"`
-	Platform string `json:"platform,omitempty"` // gVisor's; empty: runsc's default
-	Limits   Limits `json:"limits"`
-	State    State  `json:"state"`
+	HandOut string `json:"hand_out,omitempty"`
+	// Labels are its holder's (sandbox.Spec.Labels).
+	Labels   map[string]string `json:"labels,omitempty"`
+	Image    string            `json:"image"`
+	Manifest string            `json:"manifest,omitempty"` // the cached image it leases
+	Network  string            `json:"network"`
+	Platform string            `json:"platform,omitempty"` // gVisor's; empty: runsc's default
+	Limits   Limits            `json:"limits"`
+	State    State             `json:"state"`
 	// Created is when the record was first written.
 	Created time.Time `json:"created"`
 	// Owner is the process the sandbox belongs to, if any

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"time"
 
@@ -26,12 +27,12 @@ func TestRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := &Record{Name: "sb-1", ID: "flmbox-0123", Network: "none", Limits: Limits{MemoryBytes: 3 << 28, CPUs: 1, Pids: 100},
-		State: Running, Created: time.Now().UTC().Truncate(time.Second), Dir: dir}
+		State: Running, Created: time.Now().UTC().Truncate(time.Second), Dir: dir, HandOut: "h", Labels: map[string]string{"team": "ml"}}
 	if err := Write(want); err != nil {
 		t.Fatal(err)
 	}
 	got, err := Read(root, "sb-1")
-	if err != nil || *got != *want {
+	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Fatalf("Read = %+v, %v; want %+v", got, err, want)
 	}
 	if l := got.SnippetLimits(); l != (wire.Limits{Procs: 100}) {

@@ -146,6 +146,22 @@ func listFlag(c *cli.Context, name string) []string {
 	return nil
 }
 
+// labelsFlag reads --label K=V values (K alone: an empty value).
+func labelsFlag(kvs []string) (map[string]string, error) {
+	if len(kvs) == 0 {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, kv := range kvs {
+		k, v, _ := strings.Cut(kv, "=")
+		if _, dup := out[k]; dup {
+			return nil, fmt.Errorf("--label %s: given twice", k)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
 // sandboxSpec reads sandboxFlags, sandboxEnvFlag and --image into a
 // sandbox spec.
 func sandboxSpec(c *cli.Context) (sandbox.Spec, error) {

@@ -15,6 +15,7 @@ func sandboxCreateCommand() *cli.Command {
 		Flags: append(sandboxFlags(), sandboxEnvFlag(),
 			&cli.StringFlag{Name: "name", Usage: "the sandbox's name (default: generated)"},
 			&cli.StringFlag{Name: "image", Usage: "image to run (prewarmed if needed; required)"},
+			&cli.GenericFlag{Name: "label", Aliases: []string{"l"}, Value: &stringList{}, Usage: "set `K=V`, a label of yours to find the sandbox by (sandbox ls --filter label=K=V; repeatable)"},
 		),
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 0 {
@@ -28,6 +29,9 @@ func sandboxCreateCommand() *cli.Command {
 				return err
 			}
 			spec.Name = c.String("name")
+			if spec.Labels, err = labelsFlag(listFlag(c, "label")); err != nil {
+				return err
+			}
 			m, err := openManager(c)
 			if err != nil {
 				return err

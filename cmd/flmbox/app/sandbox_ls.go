@@ -3,6 +3,7 @@ package app
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -28,6 +29,8 @@ type sandboxInfo struct {
 	// name it takes); Shape names what it is made of (see pool ls).
 	ID    string `json:"id"`
 	Shape string `json:"shape,omitempty"`
+	// Labels are the sandbox's (sandbox create --label).
+	Labels map[string]string `json:"labels,omitempty"`
 	// ImageBytes is the size of a suspended sandbox's checkpoint image.
 	ImageBytes int64 `json:"image_bytes,omitempty"`
 	// Egress is an egress sandbox's policy and what it refused.
@@ -72,7 +75,8 @@ func sandboxLsCommand() *cli.Command {
 		Aliases: []string{"list"},
 		Usage:   "list sandboxes (dead: its gVisor sandbox process is gone; with --probe, unresponsive: its agent did not answer in 5s)",
 		Flags: []cli.Flag{jsonFlag,
-			&cli.BoolFlag{Name: "probe", Usage: "ping every running sandbox's agent (all at once, each within 5s)"}},
+			&cli.BoolFlag{Name: "probe", Usage: "ping every running sandbox's agent (all at once, each within 5s)"},
+			&cli.GenericFlag{Name: "filter", Aliases: []string{"f"}, Value: &stringList{}, Usage: "list only the sandboxes with label K (`label=K`) or with K=V (label=K=V) (repeatable: all of them)"}},
 		Action: func(c *cli.Context) error {
 			m, err := openManager(c)
 			if err != nil {
@@ -86,7 +90,16 @@ func sandboxLsCommand() *cli.Command {
 			if err := m.Reconcile(c.Context); err != nil {
 				warnf(c, "%v", err)
 			}
-			sbs, err := m.List(c.Context)
+			sel := map[string]string{}
+			for _, f := range listFlag(c, "filter") {
+				kv, ok := strings.CutPrefix(f, "label=")
+				if !ok || kv == "" {
+					return fmt.Errorf("--filter %q: want label=K or label=K=V", f)
+				}
+				k, v, _ := strings.Cut(kv, "=")
+				sel[k] = v
+			}
+			sbs, err := m.ListLabeled(c.Context, sel)
 			if err != nil {
 				return err
 			}
@@ -97,7 +110,7 @@ func sandboxLsCommand() *cli.Command {
 			for _, sb := range sbs {
 				infos = append(infos, sandboxInfo{Name: sb.Name, Image: sb.Image, Network: sb.Network, State: sb.State,
 					Created: sb.Created, LastUsed: sb.LastUsed, OwnerPID: sb.OwnerPID, ID: sb.ID, Shape: sb.Shape, ImageBytes: sb.ImageBytes,
-					Egress: egressInfoOf(sb.Egress)})
+					Egress: egressInfoOf(sb.Egress), Labels: sb.Labels})
 			}
 			if c.Bool("json") {
 				return json.NewEncoder(c.App.Writer).Encode(infos)
