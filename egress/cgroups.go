@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -55,7 +56,7 @@ func makeCgroups(name string) ([]string, error) {
 		}
 		for _, d := range []string{cgroupFS, parent} {
 			b, _ := os.ReadFile(filepath.Join(d, "cgroup.subtree_control"))
-			if f := strings.Fields(string(b)); !contains(f, "memory") || !contains(f, "pids") {
+			if f := strings.Fields(string(b)); !slices.Contains(f, "memory") || !slices.Contains(f, "pids") {
 				if err := write(d, "cgroup.subtree_control", "+memory +pids"); err != nil {
 					return nil, err
 				}
@@ -79,15 +80,6 @@ func makeCgroups(name string) ([]string, error) {
 		return nil, err
 	}
 	return dirs, write(dirs[1], "pids.max", strconv.Itoa(resolverPids))
-}
-
-func contains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 // joinCgroups moves process pid into the cgroups dirs.

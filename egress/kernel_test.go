@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
-	goruntime "runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -26,31 +25,14 @@ import (
 // inNS runs fn on a thread in the namespace at path.
 func inNS(t *testing.T, path string, fn func()) {
 	t.Helper()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		goruntime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		ns, err := netns.GetFromPath(path)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer ns.Close()
-		if err := netns.Set(ns); err != nil {
-			t.Error(err)
-			return
-		}
-		fn()
-		if netns.Set(orig) == nil {
-			goruntime.UnlockOSThread()
-		}
-	}()
-	<-done
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	if err := inNetNS(ns, func() error { fn(); return nil }); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // outside makes a namespace at 198.51.100.2, linked to this one

@@ -71,7 +71,7 @@ var (
 
 // rules builds a sandbox's table, chains, sets and rules into c.
 func (n *Network) rules(c *nftables.Conn, p Policy) error {
-	_, err := n.build(c, p)
+	_, err := n.build(c, p, hostElements())
 	return err
 }
 
@@ -82,7 +82,7 @@ func (n *Network) ruleCounts(p Policy) (map[string]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	return n.build(c, p)
+	return n.build(c, p, nil) // the host set's elements are no rules
 }
 
 // checkTable compares the rules of each chain of the sandbox's table in
@@ -125,7 +125,8 @@ func inetTable(c *nftables.Conn, name string) (*nftables.Table, error) {
 var errTableChanged = errors.New("the sandbox's nftables table was changed")
 
 // build is rules, and counts the rules of each chain.
-func (n *Network) build(c *nftables.Conn, p Policy) (map[string]int, error) {
+// hostElems are the set host's elements (hostElements).
+func (n *Network) build(c *nftables.Conn, p Policy, hostElems []nftables.SetElement) (map[string]int, error) {
 	counts := map[string]int{}
 	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(n.ID)})
 	pin := &nftables.Set{Table: t, Name: setPin, KeyType: pinType, HasTimeout: true, Size: pinSize}
@@ -142,7 +143,7 @@ func (n *Network) build(c *nftables.Conn, p Policy) (map[string]int, error) {
 		}
 	}
 	host := &nftables.Set{Table: t, Name: setHost, KeyType: nftables.TypeIPAddr}
-	if err := c.AddSet(host, hostElements()); err != nil {
+	if err := c.AddSet(host, hostElems); err != nil {
 		return nil, err
 	}
 	accept := &expr.Verdict{Kind: expr.VerdictAccept}
@@ -426,9 +427,8 @@ func pin(c *nftables.Conn, table string, addrs []netip.Addr, ports, denied []uin
 	return nil
 }
 
-// hostElements are the host's IPv4 addresses, for the set host. Read in
-// the host's namespace (Create, Ensure); elsewhere (the resolver's guard,
-// which counts rules) they do not matter.
+// hostElements are the host's IPv4 addresses, for the set host, read in
+// the host's namespace (Create, Ensure).
 func hostElements() []nftables.SetElement {
 	var out []nftables.SetElement
 	for _, a := range hostAddrs() {

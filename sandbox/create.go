@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -108,7 +109,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err != nil {
 		return nil, err
 	}
-	rec := &record.Record{Name: spec.Name, ID: runtime.NewID(), HandOut: randomHex(8), Labels: spec.Labels, Image: spec.Image, Manifest: img.ManifestDigest,
+	rec := &record.Record{Name: spec.Name, ID: runtime.NewID(), HandOut: randomHex(8), Labels: maps.Clone(spec.Labels), Image: spec.Image, Manifest: img.ManifestDigest,
 		Network: string(spec.Network), Platform: spec.Platform, Limits: spec.Limits, State: record.Creating,
 		Created: time.Now().UTC(), Shape: sh.key()}
 	if spec.Ephemeral {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"time"
 
@@ -160,7 +161,7 @@ func (m *Manager) adopt(ctx context.Context, rec *record.Record, spec Spec) (_ *
 		}
 		return nil, errTaken
 	}
-	rec.Pooled, rec.Owner, rec.Labels = nil, nil, spec.Labels
+	rec.Pooled, rec.Owner, rec.Labels = nil, nil, maps.Clone(spec.Labels)
 	if spec.Ephemeral {
 		if rec.Owner, err = record.Self(); err != nil {
 			return nil, fmt.Errorf("acquire sandbox: %w", err)

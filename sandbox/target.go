@@ -30,8 +30,7 @@ func (t target) check(rec *record.Record) error {
 		return nil
 	}
 	if rec.ID == t.id {
-		return fmt.Errorf("sandbox %q: this handle's holding of it (container %s) ended: it was released and handed out again: %w",
-			t.name, t.id, errdefs.ErrNotFound)
+		return t.stale()
 	}
 	return fmt.Errorf("sandbox %q is container %s now; this handle's (container %s) was removed or released: %w",
 		t.name, rec.ID, t.id, errdefs.ErrNotFound)
