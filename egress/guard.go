@@ -292,7 +292,7 @@ func keepOnlyNetAdmin() error {
 	data[0].Effective, data[0].Permitted = 1<<unix.CAP_NET_ADMIN, 1<<unix.CAP_NET_ADMIN
 	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); e != 0 {
 		if e == syscall.ENOTSUP {
-			return fmt.Errorf("keep only CAP_NET_ADMIN: %s was built with cgo, whose threads Go cannot reach; it is built with CGO_ENABLED=0", ResolverName)
+			return fmt.Errorf("keep only CAP_NET_ADMIN: %s was built with cgo, whose threads Go cannot reach; it must be built with CGO_ENABLED=0", ResolverName)
 		}
 		return fmt.Errorf("keep only CAP_NET_ADMIN: %w", e)
 	}
