@@ -142,10 +142,10 @@ func (r *runner) call(ctx context.Context, name string, s snippet) (time.Duratio
 	return d, checkResult("Manager.Call", res)
 }
 
-// checkResult fails unless a call exited 0, wrote nothing to stderr, had no
-// error and printed exactly wantOutput.
+// checkResult fails unless a call exited 0, wrote nothing to stderr and
+// printed exactly wantOutput.
 func checkResult(what string, res *sandbox.Result) error {
-	if stderr := string(res.Stderr.Data) + res.Error; res.ExitCode != 0 || stderr != "" {
+	if stderr := string(res.Stderr.Data); res.ExitCode != 0 || stderr != "" {
 		return fmt.Errorf("check the result of %s: exit %d, stderr %q", what, res.ExitCode, stderr)
 	}
 	return checkOutput(what, string(res.Stdout.Data), wantOutput)

@@ -222,7 +222,7 @@ func (r *runner) measureCallback(ctx context.Context, sb *sandbox.Sandbox) (_ Ca
 			if err != nil {
 				return nil, err
 			}
-			if stderr := string(res.Stderr.Data) + res.Error; res.ExitCode != 0 || stderr != "" {
+			if stderr := string(res.Stderr.Data); res.ExitCode != 0 || stderr != "" {
 				return nil, fmt.Errorf("check the result: exit %d, stderr %q", res.ExitCode, lastLines(stderr, 5))
 			}
 			if err := checkCallbacks(res.Callbacks, total); err != nil {

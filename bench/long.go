@@ -132,8 +132,8 @@ func (r *runner) measureLongWork(ctx context.Context, sb *sandbox.Sandbox, bare 
 			if err != nil {
 				return "", err
 			}
-			if res.ExitCode != 0 || res.Error != "" {
-				return "", fmt.Errorf("exit %d: %s%s", res.ExitCode, res.Error, lastLines(string(res.Stderr.Data), 1))
+			if res.ExitCode != 0 {
+				return "", fmt.Errorf("exit %d: %s", res.ExitCode, lastLines(string(res.Stderr.Data), 1))
 			}
 			return string(res.Stdout.Data), nil
 		}},

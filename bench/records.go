@@ -59,7 +59,7 @@ func (r *runner) measureRecords(ctx context.Context, warm *sandbox.Sandbox) (_ R
 			return rep, fmt.Errorf("records: List gave %d of the bench's sandboxes, want %d", len(sbs), recordsSandboxes)
 		}
 		start = time.Now()
-		r.m.Probe(ctx, sbs...)
+		sbs = r.m.Probe(ctx, sbs...)
 		dp := time.Since(start)
 		for _, sb := range sbs {
 			if sb.State != sandbox.StateRunning {

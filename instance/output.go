@@ -1,6 +1,8 @@
 package instance
 
 import (
+	"time"
+
 	"bytes"
 	"encoding/json"
 	"strings"
@@ -85,7 +87,7 @@ func outputBudget(input int) int {
 // (see Output), and that JSON.
 func newOutput(res *sandbox.Result, budget int) (*Output, []byte) {
 	out := &Output{ExitCode: res.ExitCode, StdoutBytes: res.Stdout.Total, StderrBytes: res.Stderr.Total,
-		TimedOut: res.TimedOut, OOMKilled: res.OOMKilled, DurationMS: res.DurationMS}
+		TimedOut: res.TimedOut, OOMKilled: res.OOMKilled, DurationMS: float64(res.Duration) / float64(time.Millisecond)}
 	head, tail, cut := clip(res.Stderr, TaskMaxStderr)
 	out.Stderr, out.StderrTail, out.StderrTruncated = validUTF8(head), validUTF8(tail), cut
 	// All of stdout that the agent kept, if it fits (a byte takes 4 bytes

@@ -429,21 +429,22 @@ func (s *Server) invoke(ctx context.Context, tc *flamepb.TaskContext) (*sandbox.
 		t.req.Interpreter = "" // the image's /bin/sh
 	}
 	res, err := s.call(ctx, t.req)
-	if err == nil && t.defaultShell && !s.noBash && missingInterpreter(res, t.req.Interpreter) {
+	if t.defaultShell && !s.noBash && missingInterpreter(err) {
 		// No code ran: the agent looks for the interpreter first. The
 		// image has no bash, unless the task's own PATH hid it.
 		s.noBash, t.req.Interpreter = len(t.req.Env) == 0, ""
 		res, err = s.call(ctx, t.req)
 	}
+	var nr *sandbox.NotRunError
 	switch {
-	case err != nil:
-		return nil, err
-	case missingInterpreter(res, t.req.Interpreter):
+	case missingInterpreter(err) && errors.As(err, &nr):
 		// "interpreter 3.12: the sandbox has no python3.12 ...", as the
 		// task named it.
-		return nil, fmt.Errorf("runtime %s:%s", cmp.Or(t.runtime, t.req.Interpreter), strings.TrimPrefix(res.Error, "interpreter "+t.req.Interpreter+":"))
-	case res.Error != "":
-		return nil, fmt.Errorf("run the task: %s", res.Error)
+		return nil, fmt.Errorf("runtime %s:%s", cmp.Or(t.runtime, t.req.Interpreter), strings.TrimPrefix(nr.Reason, "interpreter "+t.req.Interpreter+":"))
+	case errors.As(err, &nr):
+		return nil, fmt.Errorf("run the task: %s", nr.Reason)
+	case err != nil:
+		return nil, err
 	}
 	return res, nil
 }
@@ -458,8 +459,6 @@ func (s *Server) call(ctx context.Context, req sandbox.Request) (*sandbox.Result
 	return res, err
 }
 
-// missingInterpreter says whether res is the agent's refusal of a call
-// whose interpreter (not "") it could not find: no code ran.
-func missingInterpreter(res *sandbox.Result, interpreter string) bool {
-	return interpreter != "" && res.ExitCode == -1 && strings.HasPrefix(res.Error, "interpreter "+interpreter+": ")
-}
+// missingInterpreter says whether err is the sandbox's refusal of a call
+// whose interpreter it could not find: no code ran.
+func missingInterpreter(err error) bool { return errors.Is(err, sandbox.ErrNoInterpreter) }

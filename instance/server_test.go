@@ -17,7 +17,7 @@ import (
 // fakeSandboxes stand in for a sandbox.Manager: one sandbox, "sb", whose
 // calls answer what run says.
 type fakeSandboxes struct {
-	run      func(req sandbox.Request) *sandbox.Result
+	run      func(req sandbox.Request) (*sandbox.Result, error)
 	acquired int
 	calls    []sandbox.Request
 	released []string
@@ -37,7 +37,7 @@ func (f *fakeSandboxes) Call(_ context.Context, name string, req sandbox.Request
 	}
 	f.calls = append(f.calls, req)
 	if f.run != nil {
-		return f.run(req), nil
+		return f.run(req)
 	}
 	return &sandbox.Result{Stdout: sandbox.Output{Data: []byte("ok\n"), Total: 3}}, nil
 }
@@ -142,11 +142,11 @@ func TestEnterTwice(t *testing.T) {
 }
 
 // noBash is an image without bash, as the agent answers for it.
-func noBash(req sandbox.Request) *sandbox.Result {
+func noBash(req sandbox.Request) (*sandbox.Result, error) {
 	if req.Interpreter == "bash" {
-		return &sandbox.Result{ExitCode: -1, Error: `interpreter bash: the sandbox has none: find bash in PATH "/usr/bin:/bin": executable file not found in $PATH`}
+		return nil, &sandbox.NotRunError{Sandbox: "sb", NoInterpreter: true, Reason: `interpreter bash: the sandbox has none: find bash in PATH "/usr/bin:/bin": executable file not found in $PATH`}
 	}
-	return &sandbox.Result{Stdout: sandbox.Output{Data: []byte("ran\n"), Total: 4}}
+	return &sandbox.Result{Stdout: sandbox.Output{Data: []byte("ran\n"), Total: 4}}, nil
 }
 
 // TestDefaultShellWithoutBash: a shell task that names no shell runs with
@@ -181,8 +181,8 @@ func TestDefaultShellWithoutBash(t *testing.T) {
 // TestRuntimeMissing: a runtime the image lacks fails the task, in the
 // task's words, naming the Pythons the image has; nothing is retried.
 func TestRuntimeMissing(t *testing.T) {
-	f := &fakeSandboxes{run: func(req sandbox.Request) *sandbox.Result {
-		return &sandbox.Result{ExitCode: -1, Error: "interpreter " + req.Interpreter + ": the sandbox has no python3.12 in its PATH; it has python3, python3.11"}
+	f := &fakeSandboxes{run: func(req sandbox.Request) (*sandbox.Result, error) {
+		return nil, &sandbox.NotRunError{Sandbox: "sb", NoInterpreter: true, Reason: "interpreter " + req.Interpreter + ": the sandbox has no python3.12 in its PATH; it has python3, python3.11"}
 	}}
 	s := newServer(f, Options{})
 	enter(t, s, "s1", "img")
@@ -196,8 +196,8 @@ func TestRuntimeMissing(t *testing.T) {
 			t.Errorf("runtime %q: %d %q, want %q (%d calls)", runtime, res.ReturnCode, res.GetMessage(), want, len(f.calls))
 		}
 	}
-	f.run = func(sandbox.Request) *sandbox.Result {
-		return &sandbox.Result{ExitCode: -1, Error: "write the code file: no space left on device"}
+	f.run = func(sandbox.Request) (*sandbox.Result, error) {
+		return nil, &sandbox.NotRunError{Sandbox: "sb", Reason: "write the code file: no space left on device"}
 	}
 	if res := invoke(t, s, "s1", `{"language":"python","code":"1","input":null}`); res.GetMessage() != "run the task: write the code file: no space left on device" {
 		t.Errorf("another error: %q", res.GetMessage())
@@ -208,8 +208,8 @@ func TestRuntimeMissing(t *testing.T) {
 // one gRPC message together, as Flame's client receives them.
 func TestOutputLeavesRoomForTheInput(t *testing.T) {
 	stdout := bytes.Repeat([]byte("text "), 600000)
-	f := &fakeSandboxes{run: func(sandbox.Request) *sandbox.Result {
-		return &sandbox.Result{Stdout: captured(stdout, TaskMaxOutput)}
+	f := &fakeSandboxes{run: func(sandbox.Request) (*sandbox.Result, error) {
+		return &sandbox.Result{Stdout: captured(stdout, TaskMaxOutput)}, nil
 	}}
 	s := newServer(f, Options{})
 	enter(t, s, "s1", "img")

@@ -69,6 +69,12 @@ func TestStaleHandlesNeverReachTheNextHolder(t *testing.T) {
 		if err != nil && !strings.Contains(err.Error(), h1.ID) {
 			t.Errorf("the old handle's error does not name its container %s: %v", h1.ID, err)
 		}
+		if info, err := h1.Info(ctx); !errdefs.IsNotFound(err) {
+			t.Errorf("the old handle's Info: %+v, %v; want a not-found error", info, err)
+		}
+		if info, err := h2.Info(ctx); err != nil || info.ID != h2.ID {
+			t.Errorf("the new handle's Info: %+v, %v", info, err)
+		}
 		if rc, err := h1.CopyOut(ctx, "/tmp/secret", sandbox.CopyOptions{}); err == nil {
 			b, rerr := io.ReadAll(rc)
 			rc.Close()

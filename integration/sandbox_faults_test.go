@@ -263,7 +263,7 @@ func TestSandboxFaultsGetList(t *testing.T) {
 		t.Errorf("Get median %s (want ≤ 2 ms), List median %s (want ≤ 5 ms)", get[10], list[10])
 	}
 	sbs, _ := m.List(ctx)
-	m.Probe(ctx, sbs...)
+	sbs = m.Probe(ctx, sbs...)
 	if sbs[0].State != sandbox.StateRunning {
 		t.Errorf("probed: %s, want running", sbs[0].State)
 	}

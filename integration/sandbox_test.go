@@ -233,7 +233,7 @@ func TestManagerLifecycle(t *testing.T) {
 	}
 
 	// Calls run code; files under /tmp persist between them.
-	call := func(lang, code string) *wire.Result {
+	call := func(lang, code string) *sandbox.Result {
 		t.Helper()
 		res, err := m.Call(ctx, "life", sandbox.Request{Language: lang, Code: code})
 		if err != nil {
@@ -242,10 +242,10 @@ func TestManagerLifecycle(t *testing.T) {
 		return res
 	}
 	if res := call(wire.LanguageShell, "mkdir -p /tmp/keep && echo kept > /tmp/keep/f && echo wrote"); res.ExitCode != 0 || string(res.Stdout.Data) != "wrote\n" {
-		t.Fatalf("shell call: exit %d stdout %q stderr %q error %q", res.ExitCode, res.Stdout.Data, res.Stderr.Data, res.Error)
+		t.Fatalf("shell call: exit %d stdout %q stderr %q", res.ExitCode, res.Stdout.Data, res.Stderr.Data)
 	}
 	if res := call(wire.LanguagePython, "print(open('/tmp/keep/f').read().strip())"); res.ExitCode != 0 || string(res.Stdout.Data) != "kept\n" {
-		t.Fatalf("python call: exit %d stdout %q stderr %q error %q", res.ExitCode, res.Stdout.Data, res.Stderr.Data, res.Error)
+		t.Fatalf("python call: exit %d stdout %q stderr %q", res.ExitCode, res.Stdout.Data, res.Stderr.Data)
 	}
 
 	// Kill the sandbox's gVisor processes behind flmbox's back: dead.
@@ -256,7 +256,7 @@ func TestManagerLifecycle(t *testing.T) {
 		if err != nil {
 			t.Fatalf("get a killed sandbox: %v", err)
 		}
-		m.Probe(ctx, got)
+		got = m.Probe(ctx, got)[0]
 		state = got.State
 		return state == sandbox.StateDead
 	})

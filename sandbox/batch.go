@@ -121,7 +121,7 @@ func (w *batchWorker) run(ctx context.Context, req *wire.Request, cb *Callback) 
 	}
 	res, err := w.m.callChecked(ctx, named(name), req, cb)
 	if errors.Is(err, ErrInterrupted) && res != nil && res.Interrupted {
-		return BatchResult{Ran: true, Result: res} // what it printed until the batch was cancelled
+		return BatchResult{Ran: true, Result: fromWire(res)} // what it printed until the batch was cancelled
 	}
 	if err == nil && res.Error != "" && req.Reset {
 		// The reset failed: the sandbox is not clean.
@@ -131,7 +131,8 @@ func (w *batchWorker) run(ctx context.Context, req *wire.Request, cb *Callback) 
 		w.close(ctx) // a new sandbox for the next snippet
 		return BatchResult{Ran: true, Err: err}
 	}
-	return BatchResult{Ran: true, Result: res}
+	out, err := publicResult(named(name), req, res, nil) // a *NotRunError leaves the sandbox as it was
+	return BatchResult{Ran: true, Result: out, Err: err}
 }
 
 // close gives back the worker's sandbox, if it has one (Release).

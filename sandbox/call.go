@@ -134,17 +134,18 @@ func (r Request) Validate() error {
 
 // Call runs req in sandbox name and returns its result: the snippet's exit
 // code (a snippet killed on timeout has TimedOut set, one killed because the
-// sandbox ran short of memory OOMKilled), its output, and Error if the agent
-// could not run it. Cancelling ctx interrupts the call: the snippet is
-// killed and Call returns what it printed so far (Result.Interrupted) with
-// an error matching ErrInterrupted and ctx's cause (no result from an
-// agent of a sandbox made before interrupts existed). A call fails with
-// errdefs.ErrNotFound if there is no such sandbox, errdefs.ErrFailedPrecondition
-// if it is being created or removed, and ErrDead if it is dead. A call to a
-// suspended sandbox fails with ErrSuspended and changes nothing: Call never
-// resumes (a resume takes root and a second or so, and the caller may
-// rather not); Resume does, then call again. Calls of one sandbox may run
-// at once; they share its /tmp.
+// sandbox ran short of memory OOMKilled) and its output. A snippet the
+// sandbox could not start (its Interpreter is not in the image) fails the
+// call with a *NotRunError: nothing ran. Cancelling ctx interrupts the call:
+// the snippet is killed and Call returns what it printed so far
+// (Result.Interrupted) with an error matching ErrInterrupted and ctx's cause
+// (no result from an agent of a sandbox made before interrupts existed). A
+// call fails with errdefs.ErrNotFound if there is no such sandbox,
+// errdefs.ErrFailedPrecondition if it is being created or removed, and ErrDead
+// if it is dead. A call to a suspended sandbox fails with ErrSuspended and
+// changes nothing: Call never resumes (a resume takes root and a second or
+// so, and the caller may rather not); Resume does, then call again. Calls of
+// one sandbox may run at once; they share its /tmp.
 func (m *Manager) Call(ctx context.Context, name string, req Request) (*Result, error) {
 	return m.call(ctx, named(name), req)
 }
@@ -164,7 +165,8 @@ func (m *Manager) call(ctx context.Context, t target, req Request) (*Result, err
 	if err := m.copyIn(ctx, t, req.CopyIn); err != nil {
 		return nil, err
 	}
-	return m.callChecked(ctx, t, wreq, req.Callback)
+	res, err := m.callChecked(ctx, t, wreq, req.Callback)
+	return publicResult(t, wreq, res, err)
 }
 
 // CopyIn is a copy into a sandbox that a call makes before its code runs
@@ -198,7 +200,7 @@ func (m *Manager) copyIn(ctx context.Context, t target, copies []CopyIn) error {
 
 // callChecked runs a request already checked in sandbox t, if it is
 // running, forwarding its callback connections to cb's Dial.
-func (m *Manager) callChecked(ctx context.Context, t target, req *wire.Request, cb *Callback) (*Result, error) {
+func (m *Manager) callChecked(ctx context.Context, t target, req *wire.Request, cb *Callback) (*wire.Result, error) {
 	rec, err := m.callableAs(ctx, t)
 	if err != nil {
 		return nil, err
@@ -223,7 +225,11 @@ func (m *Manager) callChecked(ctx context.Context, t target, req *wire.Request, 
 func (m *Manager) Reset(ctx context.Context, name string) error { return m.reset(ctx, named(name)) }
 
 func (m *Manager) reset(ctx context.Context, t target) error {
-	res, err := m.call(ctx, t, Request{Language: Shell, Reset: true})
+	req, err := Request{Language: Shell, Reset: true}.wire()
+	if err != nil {
+		return err
+	}
+	res, err := m.callChecked(ctx, t, req, nil)
 	if err != nil {
 		return err
 	}
@@ -234,38 +240,38 @@ func (m *Manager) reset(ctx context.Context, t target) error {
 }
 
 // RunOnce runs req in a clean sandbox made from spec (Acquire: one of the
-// pool of spec's shape, or a new one), hands the result to deliver, then
-// gives the sandbox back (Release: reset into its pool, or removed): deliver
-// gets the result without waiting for that. The error is the first of
-// acquiring the sandbox, calling it and releasing it. An interrupted call
-// (ctx cancelled while the snippet runs) delivers what the snippet printed
-// so far, as Call returns it, and fails with ErrInterrupted; the
-// sandbox is released all the same. The sandbox is ephemeral
-// (Spec.Ephemeral): if this process is killed first, Reconcile removes it.
-func (m *Manager) RunOnce(ctx context.Context, spec Spec, req Request, deliver func(*Result)) error {
+// pool of spec's shape, or a new one) and returns as Call does as soon as the
+// call ends; the sandbox is given back in the background (Release: reset into
+// its pool, or removed), which Close and Wait wait for, and whose failure is
+// only logged (WithWarnf): the next Acquire makes a new sandbox. An
+// interrupted call (ctx cancelled while the snippet runs) returns what the
+// snippet printed so far with ErrInterrupted, as Call does. The sandbox is
+// ephemeral (Spec.Ephemeral): if this process is killed first, Reconcile
+// removes it.
+func (m *Manager) RunOnce(ctx context.Context, spec Spec, req Request) (*Result, error) {
 	wreq, err := req.wire()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if req.Reset {
-		return fmt.Errorf("run once: a new sandbox is clean already (Reset): %w", errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("run once: a new sandbox is clean already (Reset): %w", errdefs.ErrInvalidArgument)
 	}
 	spec.Ephemeral = true
 	sb, err := m.Acquire(ctx, spec)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	var res *Result
-	if err = m.copyIn(ctx, sb.target(), req.CopyIn); err == nil {
-		res, err = m.callChecked(ctx, sb.target(), wreq, req.Callback)
+	t := sb.target()
+	var res *wire.Result
+	if err = m.copyIn(ctx, t, req.CopyIn); err == nil {
+		res, err = m.callChecked(ctx, t, wreq, req.Callback)
 	}
-	if res != nil {
-		deliver(res)
-	}
-	if rerr := m.release(context.WithoutCancel(ctx), sb.target()); err == nil {
-		err = rerr
-	}
-	return err
+	m.afterwards(func(ctx context.Context) {
+		if err := m.release(ctx, t); err != nil {
+			m.o.warnf("%v", err)
+		}
+	})
+	return publicResult(t, wreq, res, err)
 }
 
 // callable reads the record of sandbox name, if it takes calls (and

@@ -100,7 +100,7 @@ func (m *Manager) copyOutOf(ctx context.Context, t target, src string, o CopyOpt
 }
 
 // copy runs c on sandbox name.
-func (m *Manager) copy(ctx context.Context, t target, c *wire.Copy, r io.Reader, w io.Writer) (*Result, error) {
+func (m *Manager) copy(ctx context.Context, t target, c *wire.Copy, r io.Reader, w io.Writer) (*wire.Result, error) {
 	rec, err := m.callableAs(ctx, t)
 	if err != nil {
 		return nil, err
@@ -112,7 +112,7 @@ func (m *Manager) copy(ctx context.Context, t target, c *wire.Copy, r io.Reader,
 	return res, err
 }
 
-func copyWith(ctx context.Context, rec *record.Record, c *wire.Copy, r io.Reader, w io.Writer) (*Result, error) {
+func copyWith(ctx context.Context, rec *record.Record, c *wire.Copy, r io.Reader, w io.Writer) (*wire.Result, error) {
 	conn, err := rec.Dial(ctx)
 	if err != nil {
 		return nil, err
@@ -159,7 +159,7 @@ func growSendBuffer(f *os.File, n int) {
 // copyError is the error of a failed copy's result: the agent's message
 // with the errdefs kind of its CopyStats.Kind (an invalid argument if it
 // has none).
-func copyError(res *Result) error {
+func copyError(res *wire.Result) error {
 	msg := copyMessage(res.Error)
 	var kind string
 	if res.Copied != nil {

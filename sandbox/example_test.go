@@ -3,10 +3,13 @@ package sandbox_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"net"
 	"strings"
+
+	"github.com/containerd/errdefs"
 
 	"github.com/flmbox/flmbox/sandbox"
 )
@@ -164,4 +167,29 @@ except OSError as e:
 	for _, r := range sb.Egress.Refused {
 		fmt.Println(r.Destination, r.Port, r.Protocol, r.Count)
 	}
+}
+
+// RunOnce runs one snippet in a clean sandbox (from the pool of its spec's
+// shape, or new) and answers as soon as the snippet ends; the sandbox is
+// reset and given back in the background, which Close waits for. A snippet
+// whose interpreter the image lacks is an error, not a result: nothing ran.
+func ExampleManager_RunOnce() {
+	ctx := context.Background()
+	m, err := sandbox.Open(root, options...)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer m.Close(ctx)
+	spec := sandbox.Spec{Image: image}
+	res, err := m.RunOnce(ctx, spec, sandbox.Request{Code: "print(6 * 7)"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("exit %d, stdout %q\n", res.ExitCode, res.Stdout.Data)
+
+	_, err = m.RunOnce(ctx, spec, sandbox.Request{Code: "print(1)", Interpreter: "3.98"})
+	fmt.Println(errors.Is(err, sandbox.ErrNoInterpreter), errdefs.IsFailedPrecondition(err))
+	// Output:
+	// exit 0, stdout "42\n"
+	// true true
 }

@@ -406,7 +406,7 @@ func TestGetAndListRunNothing(t *testing.T) {
 		t.Errorf("Get and List took %s: they run something", d)
 	}
 	start = time.Now()
-	m.Probe(ctx, sbs...)
+	sbs = m.Probe(ctx, sbs...)
 	if d := time.Since(start); d > ProbeTimeout+2*time.Second {
 		t.Errorf("Probe of 3 sandboxes whose runsc hangs took %s, want about one ProbeTimeout (%s)", d, ProbeTimeout)
 	}

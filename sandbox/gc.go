@@ -151,7 +151,7 @@ func (m *Manager) GC(ctx context.Context, o GCOptions) ([]GCAction, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.Probe(ctx, sbs...) // a dead sandbox is removed, never suspended
+	sbs = m.Probe(ctx, sbs...) // a dead sandbox is removed, never suspended
 	// Least recently used first.
 	slices.SortStableFunc(sbs, func(a, b *Sandbox) int {
 		if c := a.LastUsed.Compare(b.LastUsed); c != 0 {

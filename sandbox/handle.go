@@ -5,6 +5,7 @@ import (
 	"io"
 
 	"github.com/flmbox/flmbox/runtime"
+	"github.com/flmbox/flmbox/sandbox/record"
 )
 
 // Caller runs code in a sandbox; *Sandbox is one. A program that only
@@ -21,6 +22,19 @@ var _ Caller = (*Sandbox)(nil)
 // sandbox took its name, each of its methods fails with errdefs.ErrNotFound
 // and changes nothing. Its fields are what was read when it was handed out.
 // The Manager's methods by name act on whichever sandbox holds the name.
+
+// Info reads the sandbox afresh, as Get does: a new handle of the same
+// holding, whose fields are as they are now.
+func (sb *Sandbox) Info(ctx context.Context) (*Sandbox, error) {
+	rec, err := record.Read(sb.m.root, sb.Name)
+	if err == nil {
+		err = sb.target().check(rec)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return sb.m.described(rec), nil
+}
 
 // Call runs req in the sandbox (Manager.Call).
 func (sb *Sandbox) Call(ctx context.Context, req Request) (*Result, error) {

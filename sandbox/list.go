@@ -11,8 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/containerd/errdefs"
-
 	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox/record"
@@ -133,17 +131,25 @@ const ProbeTimeout = record.PingTimeout + 2*time.Second
 const maxProbes = 16
 
 // Probe checks whether the agents of the running and pooled sandboxes among
-// sbs answer and sets their State: StateDead if their gVisor processes are gone,
-// StateUnresponsive if their agent does not answer (or nothing answered
-// within ProbeTimeout: not known dead). A sandbox whose agent answers a
-// ping costs about a millisecond and no runsc; the others are asked of
-// runsc too. Sandboxes are checked at once (up to 16 at a time), each within
-// ProbeTimeout, so that one that hangs never delays or mislabels another.
-func (m *Manager) Probe(ctx context.Context, sbs ...*Sandbox) {
+// sbs answer, and returns sbs as they are now, in order: copies whose State is
+// StateDead if their gVisor processes are gone, StateUnresponsive if their
+// agent does not answer (or nothing answered within ProbeTimeout: not known
+// dead), as read otherwise (sbs themselves are left as they were). A
+// sandbox whose agent answers a ping costs about a millisecond and no runsc;
+// the others are asked of runsc too. Sandboxes are checked at once (up to 16
+// at a time), each within ProbeTimeout, so that one that hangs never delays
+// or mislabels another.
+func (m *Manager) Probe(ctx context.Context, sbs ...*Sandbox) []*Sandbox {
+	out := make([]*Sandbox, len(sbs))
 	sem := make(chan struct{}, maxProbes)
 	var wg sync.WaitGroup
-	for _, sb := range sbs {
-		if sb == nil || sb.State != StateRunning && sb.State != StatePooled {
+	for i, sb := range sbs {
+		if sb == nil {
+			continue
+		}
+		now := *sb
+		out[i] = &now
+		if sb.State != StateRunning && sb.State != StatePooled {
 			continue
 		}
 		rec := sb.rec
@@ -161,11 +167,12 @@ func (m *Manager) Probe(ctx context.Context, sbs ...*Sandbox) {
 			pctx, cancel := context.WithTimeout(ctx, ProbeTimeout)
 			defer cancel()
 			if st := m.check(pctx, rec); st != StateRunning {
-				sb.State = st
+				now.State = st
 			}
 		}()
 	}
 	wg.Wait()
+	return out
 }
 
 // check returns the state of a running sandbox: running if its agent
@@ -194,23 +201,16 @@ func (m *Manager) check(ctx context.Context, rec *record.Record) State {
 	return StateDead // its agent refuses connections
 }
 
-// Get describes sandbox name in the state its record says, or dead if its
-// gVisor sandbox process is gone (errdefs.ErrNotFound if there is no such
-// sandbox): it reads the record and /proc and runs nothing; Probe checks
-// whether a running one's agent answers. What a killed
-// Create or Remove left of it, or an ephemeral sandbox whose owner is gone,
-// is removed first (see Reconcile), and a suspend or resume a killed flmbox
-// left is ended.
+// Get describes sandbox name as its record says, or dead if its gVisor
+// sandbox process is gone (errdefs.ErrNotFound if there is no such
+// sandbox): it reads the record and /proc, and runs and changes nothing.
+// Probe checks whether a running one's agent answers; Reconcile removes
+// what a killed Create or Remove left (a sandbox that stays creating or
+// removing), and ephemeral sandboxes whose owner is gone.
 func (m *Manager) Get(ctx context.Context, name string) (*Sandbox, error) {
 	rec, err := record.Read(m.root, name)
 	if err != nil {
 		return nil, err
-	}
-	if rec, err = m.settled(ctx, rec); err != nil {
-		return nil, err
-	}
-	if rec == nil {
-		return nil, fmt.Errorf("no sandbox %q: %w", name, errdefs.ErrNotFound)
 	}
 	return m.described(rec), nil
 }
@@ -226,28 +226,10 @@ func (m *Manager) described(rec *record.Record) *Sandbox {
 	return sb
 }
 
-// settled returns rec, or what is left of its sandbox once what a killed
-// flmbox left of it is removed or ended (nil: gone). A running sandbox of a
-// live owner, or of none, costs nothing more; another takes its lock.
-func (m *Manager) settled(ctx context.Context, rec *record.Record) (*record.Record, error) {
-	if rec.State == record.Running && !rec.Owner.Gone() || rec.State == record.Suspended {
-		return rec, nil
-	}
-	_, gone, err := m.reconcileDir(ctx, rec.Dir)
-	if err != nil || gone {
-		return nil, err
-	}
-	if now, err := record.ReadDir(rec.Dir); err == nil && !now.Renamed() {
-		return now, nil
-	}
-	return rec, nil
-}
-
 // List describes every sandbox, oldest first, as Get does: it reads
-// records and /proc and runs nothing (tens of microseconds a sandbox),
-// removing what a killed flmbox left of a sandbox as Get does. Probe checks
-// which running ones' agents answer; Reconcile also deletes runsc
-// containers and image leases that no record names.
+// records and /proc, and runs and changes nothing (tens of microseconds a
+// sandbox). Probe checks which running ones' agents answer; Reconcile
+// removes what killed flmbox processes left.
 func (m *Manager) List(ctx context.Context) ([]*Sandbox, error) {
 	ents, err := os.ReadDir(stateroot.Sandboxes(m.root))
 	if os.IsNotExist(err) {
@@ -261,13 +243,7 @@ func (m *Manager) List(ctx context.Context) ([]*Sandbox, error) {
 		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		rec, err := record.Read(m.root, e.Name())
-		if err != nil {
-			continue
-		}
-		if rec, err = m.settled(ctx, rec); err != nil {
-			m.o.warnf("%v", err)
-		} else if rec != nil {
+		if rec, err := record.Read(m.root, e.Name()); err == nil {
 			out = append(out, m.described(rec))
 		}
 	}

@@ -129,6 +129,26 @@ func (m *Manager) background(f func(ctx context.Context)) bool {
 	return true
 }
 
+// afterwards runs f, which must not be stopped midway (a release), in a
+// goroutine of the Manager's that Close and Wait wait for, with a context
+// that nothing cancels; after Close, f runs before afterwards returns.
+func (m *Manager) afterwards(f func(ctx context.Context)) {
+	m.mu.Lock()
+	closed := m.life.Err() != nil
+	if !closed {
+		m.bg.Add(1)
+	}
+	m.mu.Unlock()
+	if closed {
+		f(context.Background())
+		return
+	}
+	go func() {
+		defer m.bg.Done()
+		f(context.Background())
+	}()
+}
+
 // Close stops the work the Manager started in the background (its pools'
 // refills: a refill stopped midway leaves its unparked sandboxes to
 // Reconcile) and waits for it and for what Wait waits for, until ctx is

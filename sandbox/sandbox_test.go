@@ -218,7 +218,7 @@ func TestReconcile(t *testing.T) {
 			t.Errorf("listed: %s is %s, want %s as recorded", sb.Name, sb.State, want)
 		}
 	}
-	m.Probe(context.Background(), sbs...)
+	sbs = m.Probe(context.Background(), sbs...)
 	for _, sb := range sbs {
 		want := map[string]State{"running": StateDead, "busy": StateCreating}[sb.Name] // no agent answers
 		if sb.State != want {
@@ -277,12 +277,16 @@ func TestReconcileOwner(t *testing.T) {
 		}
 	}
 
+	// Get and List only read: what they find is Reconcile's to remove.
 	writeRecord(t, root, record.Record{Name: "orphan", State: record.Running, Owner: gone})
-	if _, err := m.Get(context.Background(), "orphan"); !errdefs.IsNotFound(err) {
-		t.Errorf("Get of a sandbox whose owner is gone: %v, want not found", err)
+	if sb, err := m.Get(context.Background(), "orphan"); err != nil || sb.OwnerPID != gone.PID {
+		t.Errorf("Get of a sandbox whose owner is gone: %v, %v", sb, err)
 	}
-	if _, err := os.Stat(orphan); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("Get left the sandbox of a gone owner: %v", err)
+	if sbs, err := m.List(context.Background()); err != nil || len(sbs) != 3 {
+		t.Errorf("List with a sandbox whose owner is gone: %d sandboxes, %v", len(sbs), err)
+	}
+	if _, err := os.Stat(orphan); err != nil {
+		t.Errorf("Get or List removed the sandbox of a gone owner: %v", err)
 	}
 }
 

@@ -54,17 +54,6 @@ const (
 // "" if name is not a version.
 func PythonVersion(name string) string { return wire.PythonVersion(name) }
 
-// Result is the outcome of one call: the snippet's exit code, its output,
-// and why flmbox ended it if it did (see the fields).
-type Result = wire.Result
-
-// Output is what a snippet wrote to one stream: an exact prefix of it, and
-// its tail when it was longer than the request's MaxOutput.
-type Output = wire.Output
-
-// CallbackStats count a call's callback connections (Result.Callbacks).
-type CallbackStats = wire.CallbackStats
-
 // Limits are a sandbox's resource limits (Spec.Limits): MemoryBytes bounds
 // the memory that its snippets' processes and /tmp use together (a snippet
 // that would exceed it is killed, not the sandbox), CPUs its CPU time in

@@ -98,7 +98,7 @@ func (w *warmCall) runBatch(ctx context.Context, stdout, stderr io.Writer) (code
 	})
 	out := make([]runcmd.BatchResult, len(reqs))
 	for i, o := range outcomes {
-		out[i] = runcmd.BatchElement(ctx, o.ran, o.res, o.err, timeouts[i])
+		out[i] = runcmd.BatchElement(ctx, o.ran, runcmd.FromWire(o.res), o.err, timeouts[i])
 	}
 	if err := runcmd.PrintBatch(stdout, out); err != nil {
 		fmt.Fprintf(stderr, "flmbox: %s\n", err)

@@ -155,7 +155,7 @@ func (w *warmCall) call(ctx context.Context, rec *record.Record, req *wire.Reque
 		if !errors.Is(err, wire.ErrInterrupted) {
 			res = nil // before the code ran, or with no answer from the agent
 		}
-		code, err := runcmd.PrintInterrupted(ctx, stdout, stderr, res, w.json)
+		code, err := runcmd.PrintInterrupted(ctx, stdout, stderr, runcmd.FromWire(res), w.json)
 		if err != nil {
 			return runcmd.ExitFlmboxFailed, err.Error(), true
 		}
@@ -165,7 +165,7 @@ func (w *warmCall) call(ctx context.Context, rec *record.Record, req *wire.Reque
 		// not the sandbox's to be given back.
 		return runcmd.ExitFlmboxFailed, err.Error(), true
 	}
-	code, msg, err = runcmd.Print(stdout, stderr, res, w.json, w.timeout)
+	code, msg, err = runcmd.Print(stdout, stderr, runcmd.FromWire(res), w.json, w.timeout)
 	if err != nil {
 		return runcmd.ExitFlmboxFailed, err.Error(), false
 	}

@@ -313,7 +313,7 @@ func (w *warmCall) finish(ctx context.Context, rec *record.Record, conn *os.File
 	if errors.Is(err, wire.ErrInterrupted) {
 		// Ctrl-C: what the snippet printed until then, and 130 (143 for
 		// SIGTERM), as flmbox-core does.
-		code, err := runcmd.PrintInterrupted(ctx, stdout, stderr, res, w.json)
+		code, err := runcmd.PrintInterrupted(ctx, stdout, stderr, runcmd.FromWire(res), w.json)
 		if err != nil {
 			fmt.Fprintf(stderr, "flmbox: %s\n", err)
 		}
@@ -326,7 +326,7 @@ func (w *warmCall) finish(ctx context.Context, rec *record.Record, conn *os.File
 		}
 		return runcmd.ExitFlmboxFailed, true
 	}
-	code, msg, err := runcmd.Print(stdout, stderr, res, w.json, w.timeout)
+	code, msg, err := runcmd.Print(stdout, stderr, runcmd.FromWire(res), w.json, w.timeout)
 	if err != nil {
 		msg, code = err.Error(), runcmd.ExitFlmboxFailed
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -55,7 +56,7 @@ func runCommand() *cli.Command {
 
 // runInSandbox runs req in sandbox name, resumed first if it is suspended.
 func runInSandbox(c *cli.Context, m *sandbox.Manager, name string, req sandbox.Request) error {
-	res, err := m.Call(c.Context, name, req)
+	res, err := cliResult(m.Call(c.Context, name, req))
 	resumed := false
 	if errors.Is(err, sandbox.ErrSuspended) {
 		// Resumed first, said on stderr (or in the JSON).
@@ -63,7 +64,7 @@ func runInSandbox(c *cli.Context, m *sandbox.Manager, name string, req sandbox.R
 			if resumed && !c.Bool("json") {
 				fmt.Fprintf(c.App.ErrWriter, "flmbox: resumed sandbox %s\n", name)
 			}
-			res, err = m.Call(c.Context, name, req)
+			res, err = cliResult(m.Call(c.Context, name, req))
 		}
 	}
 	switch {
@@ -85,31 +86,38 @@ func runInImage(c *cli.Context, m *sandbox.Manager, req sandbox.Request) error {
 	if err != nil {
 		return err
 	}
-	var printed error
-	delivered := false
-	err = m.RunOnce(c.Context, spec, req, func(res *sandbox.Result) {
-		delivered = true
-		if c.Context.Err() != nil {
-			printed = printInterrupted(c, res)
-		} else {
-			printed = printResult(c, res)
-		}
-	})
-	if delivered && c.Context.Err() == nil {
-		writePoolHint(c, m, spec)
-	}
+	defer m.Wait() // the sandbox's release, after the output
+	res, err := cliResult(m.RunOnce(c.Context, spec, req))
 	switch {
-	case !delivered && (errors.Is(err, sandbox.ErrInterrupted) || err != nil && c.Context.Err() != nil):
+	case res != nil && (errors.Is(err, sandbox.ErrInterrupted) || c.Context.Err() != nil):
+		return printInterrupted(c, res)
+	case err != nil && (errors.Is(err, sandbox.ErrInterrupted) || c.Context.Err() != nil):
 		return printInterrupted(c, nil) // before the code ran, or with no answer from the agent
-	case errors.Is(err, sandbox.ErrInterrupted):
-		return printed
-	case printed != nil:
-		if err != nil {
-			warnf(c, "%v", err)
-		}
-		return printed
+	case err != nil:
+		return err
 	}
-	return err
+	printed := printResult(c, res)
+	writePoolHint(c, m, spec)
+	return printed
+}
+
+// cliResult is a call's result as the command prints it: a snippet the
+// sandbox could not start is a result with exit status -1 and why, as the
+// flmbox command's own calls print it.
+func cliResult(res *sandbox.Result, err error) (*runcmd.Result, error) {
+	if nr := (*sandbox.NotRunError)(nil); errors.As(err, &nr) {
+		return &runcmd.Result{ExitCode: -1, Error: nr.Reason}, nil
+	}
+	if res == nil {
+		return nil, err
+	}
+	out := &runcmd.Result{ExitCode: res.ExitCode, Stdout: runcmd.Output(res.Stdout), Stderr: runcmd.Output(res.Stderr),
+		TimedOut: res.TimedOut, OOMKilled: res.OOMKilled, Interrupted: res.Interrupted, Signal: res.Signal,
+		DurationMS: float64(res.Duration) / float64(time.Millisecond)}
+	if cb := res.Callbacks; cb != nil {
+		out.Callbacks = &runcmd.Callbacks{Connections: cb.Connections, Refused: cb.Refused, BytesIn: cb.BytesIn, BytesOut: cb.BytesOut}
+	}
+	return out, err
 }
 
 // writePoolHint leaves the flmbox command a pool hint of this run --image
@@ -270,7 +278,7 @@ func readAll(ctx context.Context, r io.Reader, max int64) ([]byte, error) {
 // printInterrupted prints what an interrupted call returned (res, or nil
 // if the agent did not answer the interrupt) and returns the exit status
 // of the signal: 130 for SIGINT, 143 for SIGTERM.
-func printInterrupted(c *cli.Context, res *sandbox.Result) error {
+func printInterrupted(c *cli.Context, res *runcmd.Result) error {
 	code, err := runcmd.PrintInterrupted(c.Context, c.App.Writer, c.App.ErrWriter, res, c.Bool("json"))
 	if err != nil {
 		return err
@@ -280,11 +288,11 @@ func printInterrupted(c *cli.Context, res *sandbox.Result) error {
 
 // printResult prints a result and returns the exit status: the snippet's,
 // 124 on timeout, 125 if flmbox failed to run it.
-func printResult(c *cli.Context, res *sandbox.Result) error { return printResultResumed(c, res, false) }
+func printResult(c *cli.Context, res *runcmd.Result) error { return printResultResumed(c, res, false) }
 
 // printResultResumed is printResult for a call to a sandbox that was
 // resumed first (its JSON says "resumed": true).
-func printResultResumed(c *cli.Context, res *sandbox.Result, resumed bool) error {
+func printResultResumed(c *cli.Context, res *runcmd.Result, resumed bool) error {
 	code, msg, err := runcmd.PrintResumed(c.App.Writer, c.App.ErrWriter, res, c.Bool("json"), c.Duration("timeout"), resumed)
 	if err == nil && !c.Bool("json") {
 		io.WriteString(c.App.ErrWriter, runcmd.CallbackNote(res, c.Int("callback-conns")))

@@ -57,7 +57,8 @@ func runBatch(c *cli.Context) error {
 	}
 	out := make([]batchResult, len(results))
 	for i, r := range results {
-		out[i] = runcmd.BatchElement(c.Context, r.Ran, r.Result, r.Err, reqs[i].Timeout)
+		res, err := cliResult(r.Result, r.Err)
+		out[i] = runcmd.BatchElement(c.Context, r.Ran, res, err, reqs[i].Timeout)
 	}
 	if err := runcmd.PrintBatch(c.App.Writer, out); err != nil {
 		return err

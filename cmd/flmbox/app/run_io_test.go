@@ -50,7 +50,7 @@ func (l *agentLog) snapshot() ([]wire.Request, []copyRecord, []string) {
 // serves its agent's socket: copies are read and recorded, calls recorded
 // and answered with answer's result (the code's exit status 0 and no
 // output if answer is nil).
-func fakeSandbox(t *testing.T, root, name string, answer func(*wire.Request) *sandbox.Result) *agentLog {
+func fakeSandbox(t *testing.T, root, name string, answer func(*wire.Request) *wire.Result) *agentLog {
 	t.Helper()
 	dir := stateroot.Sandbox(root, name)
 	if err := os.MkdirAll(filepath.Join(dir, "run"), 0o700); err != nil {
@@ -78,7 +78,7 @@ func fakeSandbox(t *testing.T, root, name string, answer func(*wire.Request) *sa
 	return log
 }
 
-func serveFake(t *testing.T, c net.Conn, log *agentLog, answer func(*wire.Request) *sandbox.Result) {
+func serveFake(t *testing.T, c net.Conn, log *agentLog, answer func(*wire.Request) *wire.Result) {
 	defer c.Close()
 	br := bufio.NewReader(c)
 	line, err := br.ReadBytes('\n')
@@ -90,7 +90,7 @@ func serveFake(t *testing.T, c net.Conn, log *agentLog, answer func(*wire.Reques
 		t.Errorf("fake agent: %v", err)
 		return
 	}
-	res := &sandbox.Result{Version: wire.ProtocolVersion}
+	res := &wire.Result{Version: wire.ProtocolVersion}
 	log.mu.Lock()
 	switch {
 	case req.Copy != nil:
@@ -235,10 +235,10 @@ func TestBatchEnv(t *testing.T) {
 // batch; in both the kill note ends stderr's tail.
 func TestRunPrintsTails(t *testing.T) {
 	root := t.TempDir()
-	fakeSandbox(t, root, "sb", func(*wire.Request) *sandbox.Result {
-		return &sandbox.Result{ExitCode: 137, Signal: "SIGKILL", TimedOut: true,
-			Stdout: sandbox.Output{Data: []byte("head"), Tail: []byte("tail"), Total: 108, Truncated: true},
-			Stderr: sandbox.Output{Data: []byte("err\xff"), Tail: []byte("\xfeend"), Total: 10, Truncated: true}}
+	fakeSandbox(t, root, "sb", func(*wire.Request) *wire.Result {
+		return &wire.Result{ExitCode: 137, Signal: "SIGKILL", TimedOut: true,
+			Stdout: wire.Output{Data: []byte("head"), Tail: []byte("tail"), Total: 108, Truncated: true},
+			Stderr: wire.Output{Data: []byte("err\xff"), Tail: []byte("\xfeend"), Total: 10, Truncated: true}}
 	})
 	code, stdout, stderr := runCLI(t.Context(), nil, "--root", root, "run", "--sandbox", "sb", "--timeout", "2s", "-c", "1")
 	want := "err\xff\xfeend" +

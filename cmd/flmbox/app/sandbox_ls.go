@@ -104,7 +104,7 @@ func sandboxLsCommand() *cli.Command {
 				return err
 			}
 			if c.Bool("probe") {
-				m.Probe(c.Context, sbs...)
+				sbs = m.Probe(c.Context, sbs...)
 			}
 			infos := []sandboxInfo{}
 			for _, sb := range sbs {

@@ -106,8 +106,6 @@ func demo1(ctx context.Context, m *sandbox.Manager, image, program string, stdou
 		stdout.Write(res.Stdout.Data)
 		stderr.Write(res.Stderr.Data)
 		switch {
-		case res.Error != "":
-			return fmt.Errorf("run snippet: %s", res.Error)
 		case res.TimedOut:
 			return fmt.Errorf("the snippet timed out after %s", sandbox.DefaultTimeout)
 		case res.ExitCode != 0:
@@ -165,12 +163,8 @@ func demo2(ctx context.Context, m *sandbox.Manager, image, file string, stdout i
 		default:
 			res := r.Result
 			out[i] = batchElement{ExitCode: res.ExitCode, Stdout: text(res.Stdout), Stderr: text(res.Stderr),
-				TimedOut: res.TimedOut, OOMKilled: res.OOMKilled, Interrupted: res.Interrupted, DurationMS: res.DurationMS}
-			switch {
-			case res.Error != "":
-				out[i].ExitCode = -1
-				out[i].Stderr += res.Error
-			case res.TimedOut:
+				TimedOut: res.TimedOut, OOMKilled: res.OOMKilled, Interrupted: res.Interrupted, DurationMS: float64(res.Duration) / float64(time.Millisecond)}
+			if res.TimedOut {
 				out[i].Stderr += fmt.Sprintf("flmbox: the snippet timed out after %s and was killed\n", reqs[i].Timeout)
 			}
 		}

@@ -154,7 +154,7 @@ type BatchResult struct {
 // it (err: exit_code -1 and the error in stderr), or its result, whose
 // stderr ends with why flmbox killed it (as timed_out or oom_killed say)
 // and whose infrastructure error makes exit_code -1.
-func BatchElement(ctx context.Context, ran bool, res *wire.Result, err error, timeout time.Duration) BatchResult {
+func BatchElement(ctx context.Context, ran bool, res *Result, err error, timeout time.Duration) BatchResult {
 	switch {
 	case !ran:
 		return BatchResult{ExitCode: -1, Stderr: fmt.Sprintf("flmbox: not run: %v", context.Cause(ctx))}

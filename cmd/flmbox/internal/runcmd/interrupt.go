@@ -7,8 +7,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-
-	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // Interrupt is the cause of the context of a command that a signal
@@ -64,12 +62,12 @@ func InterruptStatus(ctx context.Context) int {
 // the agent did not answer the interrupt: with asJSON, an object with
 // exit_code -1 and no output stands for it), as Print does, and returns the
 // exit status for ctx's signal (InterruptStatus).
-func PrintInterrupted(ctx context.Context, stdout, stderr io.Writer, res *wire.Result, asJSON bool) (int, error) {
+func PrintInterrupted(ctx context.Context, stdout, stderr io.Writer, res *Result, asJSON bool) (int, error) {
 	if res == nil {
 		if !asJSON {
 			return InterruptStatus(ctx), nil
 		}
-		res = &wire.Result{ExitCode: -1, Interrupted: true}
+		res = &Result{ExitCode: -1, Interrupted: true}
 	}
 	if _, _, err := Print(stdout, stderr, res, asJSON, 0); err != nil {
 		return ExitFlmboxFailed, err

@@ -55,7 +55,42 @@ type JSON struct {
 	Resumed bool `json:"resumed,omitempty"`
 }
 
-// Callbacks counts a call's callback connections (wire.CallbackStats):
+// Result is a call's outcome as the flmbox command prints it: the agent's
+// answer (FromWire), or package sandbox's Result (flmbox-core).
+type Result struct {
+	ExitCode                         int
+	Stdout, Stderr                   Output
+	TimedOut, OOMKilled, Interrupted bool
+	Signal                           string
+	DurationMS                       float64
+	Callbacks                        *Callbacks
+	// Error is why flmbox could not run the snippet (ExitCode -1).
+	Error string
+}
+
+// Output is what a snippet wrote to one stream: Data, an exact prefix of
+// it, and when it was Truncated its Tail; Total bytes in all.
+type Output struct {
+	Data, Tail []byte
+	Total      int64
+	Truncated  bool
+}
+
+// FromWire is the agent's answer res as the command prints it.
+func FromWire(res *wire.Result) *Result {
+	if res == nil {
+		return nil
+	}
+	out := &Result{ExitCode: res.ExitCode, Stdout: Output(res.Stdout), Stderr: Output(res.Stderr),
+		TimedOut: res.TimedOut, OOMKilled: res.OOMKilled, Interrupted: res.Interrupted, Signal: res.Signal,
+		DurationMS: res.DurationMS, Error: res.Error}
+	if cb := res.Callbacks; cb != nil {
+		out.Callbacks = &Callbacks{Connections: cb.Connections, Refused: cb.Refused, BytesIn: cb.BytesIn, BytesOut: cb.BytesOut}
+	}
+	return out
+}
+
+// Callbacks counts a call's callback connections:
 // those forwarded to the host's socket, those refused (closed at once:
 // over --callback-conns, not taken by the host's socket in time, or made
 // by a process outside the call), and the bytes forwarded from the host to
@@ -69,7 +104,7 @@ type Callbacks struct {
 
 // ToJSON returns res as `flmbox run --json` prints it; an infrastructure
 // error (res.Error) is appended to stderr (AppendStderr).
-func ToJSON(res *wire.Result) JSON {
+func ToJSON(res *Result) JSON {
 	out := JSON{ExitCode: res.ExitCode, StdoutBytes: res.Stdout.Total, StderrBytes: res.Stderr.Total,
 		StdoutTruncated: res.Stdout.Truncated, StderrTruncated: res.Stderr.Truncated,
 		TimedOut: res.TimedOut, OOMKilled: res.OOMKilled, Interrupted: res.Interrupted, Signal: res.Signal, DurationMS: res.DurationMS}
@@ -81,9 +116,7 @@ func ToJSON(res *wire.Result) JSON {
 	if res.Stderr.Truncated {
 		out.StderrTail, out.StderrTailBase64 = jsonText(res.Stderr.Tail)
 	}
-	if cb := res.Callbacks; cb != nil {
-		out.Callbacks = &Callbacks{Connections: cb.Connections, Refused: cb.Refused, BytesIn: cb.BytesIn, BytesOut: cb.BytesOut}
-	}
+	out.Callbacks = res.Callbacks
 	out.AppendStderr(res.Error)
 	return out
 }
@@ -114,13 +147,13 @@ func jsonText(b []byte) (text, b64 string) {
 // (after timeout), ExitFlmboxFailed if flmbox could not run it,
 // ExitInterrupted if it was interrupted (PrintInterrupted has the signal's
 // status). msg, if not empty, is for the caller to print as "flmbox: msg".
-func Print(stdout, stderr io.Writer, res *wire.Result, asJSON bool, timeout time.Duration) (code int, msg string, err error) {
+func Print(stdout, stderr io.Writer, res *Result, asJSON bool, timeout time.Duration) (code int, msg string, err error) {
 	return PrintResumed(stdout, stderr, res, asJSON, timeout, false)
 }
 
 // PrintResumed is Print that also says, with --json, whether the sandbox
 // was resumed for the call ("resumed").
-func PrintResumed(stdout, stderr io.Writer, res *wire.Result, asJSON bool, timeout time.Duration, resumed bool) (code int, msg string, err error) {
+func PrintResumed(stdout, stderr io.Writer, res *Result, asJSON bool, timeout time.Duration, resumed bool) (code int, msg string, err error) {
 	if asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetEscapeHTML(false)
@@ -159,7 +192,7 @@ func PrintResumed(stdout, stderr io.Writer, res *wire.Result, asJSON bool, timeo
 // a truncated output left out, and where: plain mode writes the first
 // half (Data) and the last (Tail) one after the other. "" if nothing was
 // left out.
-func TruncationNote(name string, o wire.Output) string {
+func TruncationNote(name string, o Output) string {
 	if !o.Truncated {
 		return ""
 	}
@@ -170,7 +203,7 @@ func TruncationNote(name string, o wire.Output) string {
 
 // KillNote is the line that says why flmbox killed a snippet that ran out
 // of time (after timeout) or of the sandbox's memory, or "".
-func KillNote(res *wire.Result, timeout time.Duration) string {
+func KillNote(res *Result, timeout time.Duration) string {
 	switch {
 	case res.TimedOut:
 		return fmt.Sprintf("flmbox: the snippet timed out after %s and was killed\n", timeout)
@@ -183,7 +216,7 @@ func KillNote(res *wire.Result, timeout time.Duration) string {
 // CallbackNote is the line that says how many of a call's callback
 // connections were refused, if any, for a call whose limit was maxConns
 // connections.
-func CallbackNote(res *wire.Result, maxConns int) string {
+func CallbackNote(res *Result, maxConns int) string {
 	cb := res.Callbacks
 	if cb == nil || cb.Refused == 0 {
 		return ""

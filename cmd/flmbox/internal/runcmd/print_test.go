@@ -14,20 +14,20 @@ import (
 // TestPrintStatus: the exit status and the explanation flmbox run gives
 // for each way a snippet can end.
 func TestPrintStatus(t *testing.T) {
-	out := wire.Output{Data: []byte("partial\n"), Total: 8}
+	out := Output{Data: []byte("partial\n"), Total: 8}
 	for _, tc := range []struct {
 		name   string
-		res    wire.Result
+		res    Result
 		code   int
 		stderr string // in plain mode, after the snippet's own
 		msg    string
 	}{
-		{"exit", wire.Result{ExitCode: 3, Stdout: out}, 3, "", ""},
-		{"timeout", wire.Result{ExitCode: 137, Signal: "SIGKILL", TimedOut: true, Stdout: out}, ExitTimeout, "flmbox: the snippet timed out after 2s and was killed\n", ""},
-		{"out of memory", wire.Result{ExitCode: 137, Signal: "SIGKILL", OOMKilled: true, Stdout: out}, 137, "flmbox: the snippet was killed: the sandbox was running out of memory (its processes and its files under /tmp count together; flmbox sandbox create --memory sets the limit)\n", ""},
-		{"killed", wire.Result{ExitCode: 137, Signal: "SIGKILL", Stdout: out}, 137, "", ""},
-		{"interrupted", wire.Result{ExitCode: 137, Signal: "SIGKILL", Interrupted: true, Stdout: out}, ExitInterrupted, "", ""},
-		{"error", wire.Result{ExitCode: -1, Error: "no python3"}, ExitFlmboxFailed, "", "run snippet: no python3"},
+		{"exit", Result{ExitCode: 3, Stdout: out}, 3, "", ""},
+		{"timeout", Result{ExitCode: 137, Signal: "SIGKILL", TimedOut: true, Stdout: out}, ExitTimeout, "flmbox: the snippet timed out after 2s and was killed\n", ""},
+		{"out of memory", Result{ExitCode: 137, Signal: "SIGKILL", OOMKilled: true, Stdout: out}, 137, "flmbox: the snippet was killed: the sandbox was running out of memory (its processes and its files under /tmp count together; flmbox sandbox create --memory sets the limit)\n", ""},
+		{"killed", Result{ExitCode: 137, Signal: "SIGKILL", Stdout: out}, 137, "", ""},
+		{"interrupted", Result{ExitCode: 137, Signal: "SIGKILL", Interrupted: true, Stdout: out}, ExitInterrupted, "", ""},
+		{"error", Result{ExitCode: -1, Error: "no python3"}, ExitFlmboxFailed, "", "run snippet: no python3"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
@@ -58,7 +58,7 @@ func TestPrintStatus(t *testing.T) {
 // call with --callback); plain mode says on stderr when connections were
 // refused, and why as far as the counts tell.
 func TestCallbacks(t *testing.T) {
-	res := &wire.Result{Callbacks: &wire.CallbackStats{Connections: 50, Refused: 1, BytesIn: 7, BytesOut: 9}}
+	res := &Result{Callbacks: &Callbacks{Connections: 50, Refused: 1, BytesIn: 7, BytesOut: 9}}
 	var stdout, stderr bytes.Buffer
 	if _, _, err := Print(&stdout, &stderr, res, true, time.Second); err != nil {
 		t.Fatal(err)
@@ -67,20 +67,20 @@ func TestCallbacks(t *testing.T) {
 		t.Errorf("json: %s", stdout.String())
 	}
 	stdout.Reset()
-	Print(&stdout, &stderr, &wire.Result{}, true, time.Second)
+	Print(&stdout, &stderr, &Result{}, true, time.Second)
 	if strings.Contains(stdout.String(), "callbacks") {
 		t.Errorf("json without callbacks: %s", stdout.String())
 	}
 	for _, tc := range []struct {
-		stats *wire.CallbackStats
+		stats *Callbacks
 		want  string
 	}{
 		{nil, ""},
-		{&wire.CallbackStats{Connections: 3}, ""},
-		{&wire.CallbackStats{Connections: 50, Refused: 1}, "flmbox: 1 callback connection refused: over the limit of 50 per call (--callback-conns)\n"},
-		{&wire.CallbackStats{Connections: 2, Refused: 3}, "flmbox: 3 callback connections refused: not accepted by the host's socket, or made from outside the call's processes\n"},
+		{&Callbacks{Connections: 3}, ""},
+		{&Callbacks{Connections: 50, Refused: 1}, "flmbox: 1 callback connection refused: over the limit of 50 per call (--callback-conns)\n"},
+		{&Callbacks{Connections: 2, Refused: 3}, "flmbox: 3 callback connections refused: not accepted by the host's socket, or made from outside the call's processes\n"},
 	} {
-		if got := CallbackNote(&wire.Result{Callbacks: tc.stats}, 50); got != tc.want {
+		if got := CallbackNote(&Result{Callbacks: tc.stats}, 50); got != tc.want {
 			t.Errorf("%+v: %q, want %q", tc.stats, got, tc.want)
 		}
 	}
@@ -116,9 +116,9 @@ func TestRunFlags(t *testing.T) {
 // tail apart (with a base64 twin if it is not UTF-8) and flmbox's error
 // at the end of stderr's tail; an output kept whole has no tail fields.
 func TestPrintTruncated(t *testing.T) {
-	res := &wire.Result{ExitCode: 1, Interrupted: true, Error: "",
-		Stdout: wire.Output{Data: []byte("ab"), Tail: []byte("yz\xff"), Total: 1000, Truncated: true},
-		Stderr: wire.Output{Data: []byte("whole"), Total: 5}}
+	res := &Result{ExitCode: 1, Interrupted: true, Error: "",
+		Stdout: Output{Data: []byte("ab"), Tail: []byte("yz\xff"), Total: 1000, Truncated: true},
+		Stderr: Output{Data: []byte("whole"), Total: 5}}
 	var stdout, stderr bytes.Buffer
 	code, _, err := Print(&stdout, &stderr, res, false, time.Second)
 	wantErr := "whole" + "flmbox: stdout: 995 bytes left out between the first 2 and the last 3 (a larger --max-output keeps more)\n"
@@ -133,12 +133,12 @@ func TestPrintTruncated(t *testing.T) {
 		t.Errorf("json stderr: %+v", j)
 	}
 	stdout.Reset()
-	Print(&stdout, &stderr, &wire.Result{Stdout: wire.Output{Data: []byte("x"), Total: 1}}, true, time.Second)
+	Print(&stdout, &stderr, &Result{Stdout: Output{Data: []byte("x"), Total: 1}}, true, time.Second)
 	if strings.Contains(stdout.String(), "tail") {
 		t.Errorf("json of a whole output: %s", stdout.String())
 	}
 	// flmbox's words go at the end of stderr: its tail if it was cut.
-	j = ToJSON(&wire.Result{ExitCode: -1, Error: "agent gone", Stderr: wire.Output{Data: []byte("a"), Tail: []byte("z"), Total: 9, Truncated: true}})
+	j = ToJSON(&Result{ExitCode: -1, Error: "agent gone", Stderr: Output{Data: []byte("a"), Tail: []byte("z"), Total: 9, Truncated: true}})
 	if j.Stderr != "a" || j.StderrTail != "zagent gone" {
 		t.Errorf("json error: %+v", j)
 	}
