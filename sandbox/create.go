@@ -110,7 +110,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		return nil, err
 	}
 	rec := &record.Record{Name: spec.Name, ID: runtime.NewID(), HandOut: randomHex(8), Labels: maps.Clone(spec.Labels), Image: spec.Image, Manifest: img.ManifestDigest,
-		Network: string(spec.Network), Platform: spec.Platform, Limits: spec.Limits, State: record.Creating,
+		Network: string(spec.Network), Platform: spec.Platform, Limits: record.Limits(spec.Limits), State: record.Creating,
 		Created: time.Now().UTC(), Shape: sh.key()}
 	if spec.Ephemeral {
 		if rec.Owner, err = record.Self(); err != nil {
@@ -144,7 +144,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	}
 	resolverReady := func() error { return nil }
 	if spec.Network == NetworkEgress {
-		if resolverReady, err = m.makeEgress(ctx, rec, spec.Egress); err != nil {
+		if resolverReady, err = m.makeEgress(ctx, rec, spec.Egress.policy()); err != nil {
 			return nil, err
 		}
 		defer func() {
@@ -342,7 +342,7 @@ func container(rec *record.Record) runtime.Container {
 	return runtime.Container{ID: rec.ID, Network: runscNetwork(Network(rec.Network)), Platform: rec.Platform}
 }
 
-func runtimeLimits(l record.Limits) runtime.Limits {
+func runtimeLimits(l Limits) runtime.Limits {
 	return runtime.Limits{MemoryBytes: l.MemoryBytes, CPUs: l.CPUs, Pids: l.Pids}
 }
 

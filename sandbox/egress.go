@@ -30,28 +30,94 @@ const NetworkEgress Network = "egress"
 // Egress is where an egress sandbox may connect: Allow's names and ranges,
 // but Deny's. Its DNS are the servers the sandbox's resolver asks
 // (default: the host's, from /etc/resolv.conf).
-type Egress = egress.Policy
+type Egress struct {
+	Allow []EgressRule `json:"allow,omitempty"`
+	Deny  []EgressRule `json:"deny,omitempty"`
+	DNS   []netip.Addr `json:"dns,omitempty"`
+}
 
 // EgressRule names destinations: HOST, *.DOMAIN, IP or CIDR, optionally
-// with :PORT (ParseEgressRule).
-type EgressRule = egress.Rule
+// with :PORT (ParseEgressRule; String and the JSON text say it back).
+type EgressRule struct {
+	// Name is a lower-case host name without a trailing dot, or
+	// "*.DOMAIN" for every name under DOMAIN (not DOMAIN itself); empty
+	// for a Prefix rule.
+	Name string
+	// Prefix is the IPv4 range the rule names; invalid for a Name rule.
+	Prefix netip.Prefix
+	// Port is the TCP or UDP port the rule allows or denies; 0: all ports
+	// and protocols.
+	Port uint16
+}
 
 // ParseEgressRule parses an egress rule (errdefs.ErrInvalidArgument if it
 // names none).
-func ParseEgressRule(s string) (EgressRule, error) { return egress.ParseRule(s) }
+func ParseEgressRule(s string) (EgressRule, error) {
+	r, err := egress.ParseRule(s)
+	return EgressRule(r), err
+}
+
+func (r EgressRule) String() string                { return egress.Rule(r).String() }
+func (r EgressRule) MarshalText() ([]byte, error)  { return egress.Rule(r).MarshalText() }
+func (r *EgressRule) UnmarshalText(b []byte) error { return (*egress.Rule)(r).UnmarshalText(b) }
+
+// policy is e as package egress takes it.
+func (e Egress) policy() egress.Policy {
+	p := egress.Policy{DNS: e.DNS}
+	for _, r := range e.Allow {
+		p.Allow = append(p.Allow, egress.Rule(r))
+	}
+	for _, r := range e.Deny {
+		p.Deny = append(p.Deny, egress.Rule(r))
+	}
+	return p
+}
+
+// Narrow returns the policy that allows what both e (the most a caller may
+// have) and n (what it asks for) allow: n's Allow, each of which must lie
+// within one of e's (errdefs.ErrInvalidArgument naming the first that does
+// not), or e's if n has none; and both Deny lists. DNS servers are e's.
+func (e Egress) Narrow(n Egress) (Egress, error) {
+	p, err := e.policy().Narrow(n.policy())
+	return egressPolicy(p), err
+}
+
+// egressPolicy is p as package sandbox says it.
+func egressPolicy(p egress.Policy) Egress {
+	e := Egress{DNS: p.DNS}
+	for _, r := range p.Allow {
+		e.Allow = append(e.Allow, EgressRule(r))
+	}
+	for _, r := range p.Deny {
+		e.Deny = append(e.Deny, EgressRule(r))
+	}
+	return e
+}
 
 // Refusal counts the packets an egress sandbox sent to one destination
 // that its policy refused.
-type Refusal = egress.Refusal
+type Refusal struct {
+	Destination netip.Addr `json:"destination"`
+	// Port is 0 for a protocol without ports.
+	Port     uint16 `json:"port"`
+	Protocol string `json:"protocol"`
+	Count    uint64 `json:"count"`
+}
 
 // RefusalClass counts the packets an egress sandbox's policy refused of
 // one class (metadata, private, not allowed, ...): totals that never
 // saturate.
-type RefusalClass = egress.RefusalClass
+type RefusalClass struct {
+	Class string `json:"class"`
+	Count uint64 `json:"count"`
+}
 
 // RefusedName counts the questions for one name that an egress sandbox's
 // resolver refused (NXDOMAIN).
-type RefusedName = egress.RefusedName
+type RefusedName struct {
+	Name  string `json:"name"`
+	Count int    `json:"count"`
+}
 
 // EgressStatus is an egress sandbox's policy and what it refused.
 type EgressStatus struct {
@@ -97,7 +163,7 @@ func normalizeEgress(s Spec) error {
 	if s.Network != NetworkEgress && (len(e.Allow) > 0 || len(e.Deny) > 0 || len(e.DNS) > 0) {
 		return fmt.Errorf("egress rules and DNS servers need network egress, not %s: %w", s.Network, errdefs.ErrInvalidArgument)
 	}
-	return e.Validate()
+	return e.policy().Validate()
 }
 
 func netnsPath(rec *record.Record) string { return filepath.Join(rec.Dir, "netns") }
@@ -116,7 +182,7 @@ func refusedNamesPath(rec *record.Record) string {
 }
 
 // egressRecord is p as the record keeps it.
-func egressRecord(p Egress) *record.Egress {
+func egressRecord(p egress.Policy) *record.Egress {
 	e := &record.Egress{}
 	for _, r := range p.Allow {
 		e.Allow = append(e.Allow, r.String())
@@ -131,14 +197,14 @@ func egressRecord(p Egress) *record.Egress {
 }
 
 // egressOf is the policy and network the record of an egress sandbox keeps.
-func egressOf(rec *record.Record) (Egress, *egress.Network, error) {
-	var p Egress
+func egressOf(rec *record.Record) (egress.Policy, *egress.Network, error) {
+	var p egress.Policy
 	e := rec.Egress
 	if e == nil {
 		return p, nil, fmt.Errorf("sandbox %q has no egress policy: %w", rec.Name, errdefs.ErrDataLoss)
 	}
 	var errs []error
-	parse := func(ss []string) (rules []EgressRule) {
+	parse := func(ss []string) (rules []egress.Rule) {
 		for _, s := range ss {
 			r, err := egress.ParseRule(s)
 			errs = append(errs, err)
@@ -167,7 +233,7 @@ func egressOf(rec *record.Record) (Egress, *egress.Network, error) {
 // its resolver, which readies while runsc boots: wait returns once it
 // listens (or why it does not). Its caller destroys the sandbox if either
 // fails, after wait.
-func (m *Manager) makeEgress(ctx context.Context, rec *record.Record, p Egress) (wait func() error, err error) {
+func (m *Manager) makeEgress(ctx context.Context, rec *record.Record, p egress.Policy) (wait func() error, err error) {
 	bin, err := m.Resolver()
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox %q: %w", rec.Name, err)
@@ -190,9 +256,9 @@ func (m *Manager) makeEgress(ctx context.Context, rec *record.Record, p Egress) 
 }
 
 // startResolver starts the resolver of the egress sandbox of rec.
-func (m *Manager) startResolver(ctx context.Context, rec *record.Record, bin string, p Egress, n *egress.Network) error {
+func (m *Manager) startResolver(ctx context.Context, rec *record.Record, bin string, p egress.Policy, n *egress.Network) error {
 	up, err := upstreams(p.DNS)
-	if err != nil && slices.ContainsFunc(p.Allow, func(r EgressRule) bool { return r.Name != "" }) {
+	if err != nil && slices.ContainsFunc(p.Allow, func(r egress.Rule) bool { return r.Name != "" }) {
 		return fmt.Errorf("sandbox %q: %w", rec.Name, err)
 	} // without name rules the resolver asks no one: every name is refused
 	cfg := egress.ResolverConfig{Table: egress.TableName(rec.ID), Link: n.Host, Gateway: n.Gateway, Policy: p, Upstream: up,
@@ -235,7 +301,7 @@ func (m *Manager) resumeEgress(ctx context.Context, rec *record.Record) error {
 // recreateEgress makes the network of the egress sandbox of rec again
 // from nothing; if its addresses changed, its record and /etc/resolv.conf
 // say the new ones.
-func (m *Manager) recreateEgress(ctx context.Context, rec *record.Record, p Egress, n *egress.Network) error {
+func (m *Manager) recreateEgress(ctx context.Context, rec *record.Record, p egress.Policy, n *egress.Network) error {
 	if err := n.Recreate(ctx, p); err != nil {
 		return fmt.Errorf("sandbox %q's network, made again: %w", rec.Name, err)
 	}
@@ -334,10 +400,19 @@ func egressStatus(rec *record.Record) *EgressStatus {
 	if err != nil {
 		return nil
 	}
-	st := &EgressStatus{Policy: p}
-	st.Refused, _ = egress.Refusals(rec.ID)
-	st.RefusedClasses, _ = egress.RefusalClasses(rec.ID, refusalCountsPath(rec))
-	st.RefusedNames, _ = egress.RefusedNames(refusedNamesPath(rec))
+	st := &EgressStatus{Policy: egressPolicy(p)}
+	refused, _ := egress.Refusals(rec.ID)
+	for _, r := range refused {
+		st.Refused = append(st.Refused, Refusal(r))
+	}
+	classes, _ := egress.RefusalClasses(rec.ID, refusalCountsPath(rec))
+	for _, c := range classes {
+		st.RefusedClasses = append(st.RefusedClasses, RefusalClass(c))
+	}
+	names, _ := egress.RefusedNames(refusedNamesPath(rec))
+	for _, n := range names {
+		st.RefusedNames = append(st.RefusedNames, RefusedName(n))
+	}
 	return st
 }
 

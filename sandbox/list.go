@@ -16,17 +16,16 @@ import (
 	"github.com/flmbox/flmbox/sandbox/record"
 )
 
-// State is a sandbox's state: one its record holds (package record's
-// states, the same type), or one that a look at the sandbox finds (dead,
-// unresponsive, pooled).
-type State = record.State
+// State is a sandbox's state: one its record holds, or one that a look at
+// the sandbox finds (dead, unresponsive, pooled).
+type State string
 
 // A sandbox's states (see the package documentation).
 const (
 	// StateCreating: Create is at work (or was killed: Reconcile removes it).
-	StateCreating = record.Creating
+	StateCreating State = "creating"
 	// StateRunning: its agent answers calls.
-	StateRunning = record.Running
+	StateRunning State = "running"
 	// StateDead: its gVisor processes are gone; it can only be removed.
 	StateDead State = "dead"
 	// StateUnresponsive: its agent accepts connections but does not answer
@@ -34,16 +33,16 @@ const (
 	// (ErrUnresponsive). It may come back.
 	StateUnresponsive State = "unresponsive"
 	// StateRemoving: Remove is at work (or was killed: Reconcile finishes).
-	StateRemoving = record.Removing
+	StateRemoving State = "removing"
 	// StatePooled: running, reset, idle in the pool of its shape for the
 	// next Acquire; it takes no calls.
 	StatePooled State = "pooled"
 	// StateSuspended: saved in its checkpoint image, with no process
 	// (Suspend); Resume brings it back. StateSuspending and StateResuming:
 	// Suspend or Resume is at work (or was killed: Reconcile ends it).
-	StateSuspended  = record.Suspended
-	StateSuspending = record.Suspending
-	StateResuming   = record.Resuming
+	StateSuspended  State = "suspended"
+	StateSuspending State = "suspending"
+	StateResuming   State = "resuming"
 )
 
 // Sandbox is one sandbox of a Manager, as a caller holds it: its fields
@@ -92,7 +91,7 @@ type Sandbox struct {
 // read of /proc: see record.Process.Gone).
 func (m *Manager) sandbox(rec *record.Record) *Sandbox {
 	sb := &Sandbox{Name: rec.Name, Image: rec.Image, Manifest: rec.Manifest, Network: Network(rec.Network),
-		Platform: rec.Platform, Limits: rec.Limits, State: rec.State, Created: rec.Created,
+		Platform: rec.Platform, Limits: Limits(rec.Limits), State: State(rec.State), Created: rec.Created,
 		LastUsed: rec.LastUsed(), ID: rec.ID, Bundle: rec.Dir, Shape: rec.Shape, Labels: maps.Clone(rec.Labels), m: m, rec: rec,
 		handOut: rec.HandOut}
 	if rec.Owner != nil {

@@ -273,7 +273,7 @@ func (m *Manager) pool(ctx context.Context, key string, cfg *poolConfig, idle []
 	}
 	for _, rec := range idle {
 		if cfg == nil && p.Manifest == "" {
-			p.Spec = Spec{Image: rec.Image, Network: Network(rec.Network), Platform: rec.Platform, Limits: rec.Limits}
+			p.Spec = Spec{Image: rec.Image, Network: Network(rec.Network), Platform: rec.Platform, Limits: Limits(rec.Limits)}
 			p.Manifest, p.IdleTimeout = rec.Manifest, DefaultIdleTimeout
 		}
 		p.Idle = append(p.Idle, m.sandbox(rec))

@@ -38,8 +38,21 @@ func (m *Manager) Runsc(ctx context.Context) (*Runsc, error) { return LookupRuns
 
 // Platform is one of gVisor's platforms (Spec.Platform), and whether this
 // host runs it.
-type Platform = runtime.Platform
+type Platform struct {
+	// Name is the platform's: systrap, ptrace or kvm.
+	Name string `json:"name"`
+	// Supported says whether this host can run it.
+	Supported bool `json:"supported"`
+	// Reason says why not, or what it needs that is there.
+	Reason string `json:"reason"`
+}
 
 // Platforms returns gVisor's platforms, each said supported by this host or
 // not, and why.
-func Platforms() []Platform { return runtime.Platforms() }
+func Platforms() []Platform {
+	var out []Platform
+	for _, p := range runtime.Platforms() {
+		out = append(out, Platform(p))
+	}
+	return out
+}

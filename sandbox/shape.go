@@ -69,7 +69,7 @@ func shapeFrom(spec Spec, manifest, agentID string) shape {
 		e = &spec.Egress
 	}
 	return shape{Egress: e, Manifest: manifest, Network: string(spec.Network), Platform: spec.Platform,
-		Limits: spec.Limits, TmpBytes: spec.TmpBytes, Env: spec.Env, Pip: spec.Pip,
+		Limits: record.Limits(spec.Limits), TmpBytes: spec.TmpBytes, Env: spec.Env, Pip: spec.Pip,
 		Mounts: spec.Mounts, Protocol: wire.ProtocolVersion, Agent: agentID, LazySpares: spec.LazySpares, Fetch: spec.fetch != ""}
 }
 
@@ -89,7 +89,7 @@ func (s shape) spec(image string) Spec {
 	if s.Egress != nil {
 		e = *s.Egress
 	}
-	return Spec{Image: image, Network: Network(s.Network), Egress: e, Platform: s.Platform, Limits: s.Limits,
+	return Spec{Image: image, Network: Network(s.Network), Egress: e, Platform: s.Platform, Limits: Limits(s.Limits),
 		TmpBytes: s.TmpBytes, Env: s.Env, Pip: s.Pip, Mounts: s.Mounts, LazySpares: s.LazySpares}
 }
 

@@ -59,7 +59,11 @@ func PythonVersion(name string) string { return wire.PythonVersion(name) }
 // that would exceed it is killed, not the sandbox), CPUs its CPU time in
 // CPUs, and Pids the processes and threads of the snippets' user, all calls
 // together.
-type Limits = record.Limits
+type Limits struct {
+	MemoryBytes int64   `json:"memory_bytes"`
+	CPUs        float64 `json:"cpus"`
+	Pids        int64   `json:"pids"`
+}
 
 // Network is a sandbox's network.
 type Network string
