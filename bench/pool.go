@@ -26,7 +26,7 @@ func (r *runner) poolSpec() sandbox.Spec {
 
 // fillPool makes the bench's pool: one idle sandbox.
 func (r *runner) fillPool(ctx context.Context) error {
-	_, err := r.m.FillPool(ctx, r.poolSpec(), sandbox.PoolOptions{Size: 1}, 1)
+	_, err := r.m.FillPool(ctx, r.poolSpec(), sandbox.PoolOptions{Size: 1, Parallel: 1})
 	return err
 }
 
@@ -65,7 +65,7 @@ func (r *runner) measurePoolMemory(ctx context.Context) (rep PoolMemory, err err
 	lazy := r.poolSpec()
 	lazy.LazySpares = true
 	for _, spec := range []sandbox.Spec{r.poolSpec(), lazy} {
-		if _, err := r.m.FillPool(ctx, spec, sandbox.PoolOptions{Size: 1}, 1); err != nil {
+		if _, err := r.m.FillPool(ctx, spec, sandbox.PoolOptions{Size: 1, Parallel: 1}); err != nil {
 			return rep, err
 		}
 		args := []string{"run", "--image", r.ref, "--tmp-size", poolTmpSize}
@@ -77,7 +77,7 @@ func (r *runner) measurePoolMemory(ctx context.Context) (rep PoolMemory, err err
 		}
 	}
 	ids := map[bool]string{} // by LazySpares
-	pools, err := r.m.Pools(ctx, false)
+	pools, err := r.m.Pools(ctx, sandbox.PoolsOptions{})
 	if err != nil {
 		return rep, err
 	}

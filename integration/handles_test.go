@@ -126,7 +126,7 @@ func TestStaleHandlesNeverReachTheNextHolder(t *testing.T) {
 	var b1, b2 *sandbox.Sandbox
 	for attempt := 1; ; attempt++ {
 		spec.Name, spec.Labels = "", nil
-		if _, err := m.FillPool(ctx, spec, sandbox.PoolOptions{Size: 1}, 1); err != nil {
+		if _, err := m.FillPool(ctx, spec, sandbox.PoolOptions{Size: 1, Parallel: 1}); err != nil {
 			t.Fatal(err)
 		}
 		spec.Name, spec.Labels = "b", map[string]string{"tenant": "1"}

@@ -23,7 +23,7 @@ const MinFreeBytes = 2 << 30
 // Check is one of Doctor's findings.
 type Check struct {
 	// Name says what was checked: CheckRunsc, CheckPlatforms, ...
-	Name string `json:"name"`
+	Name CheckName `json:"name"`
 	// OK says that this host passes the check; Detail what was found.
 	OK     bool   `json:"ok"`
 	Detail string `json:"detail"`
@@ -41,17 +41,20 @@ type Check struct {
 	Limits []HostLimit `json:"limits,omitempty"`
 }
 
+// CheckName names what a Check checked.
+type CheckName string
+
 // Doctor's checks, by Check.Name.
 const (
-	CheckRunsc     = "runsc"     // a runsc that answers
-	CheckPlatforms = "platforms" // runsc's default platform runs here
-	CheckAgent     = "agent"     // the agent binary is there
-	CheckRoot      = "root"      // running as root
-	CheckKernel    = "kernel"    // openat2(RESOLVE_IN_ROOT), for unpacking
-	CheckCgroups   = "cgroups"   // the memory, pids and cpu controllers
-	CheckSpace     = "space"     // MinFreeBytes free under the state root
-	CheckEgress    = "egress"    // egress networks can be made (NetworkEgress)
-	CheckLimits    = "limits"    // no host limit caps the count of sandboxes below what memory holds (a warning)
+	CheckRunsc     CheckName = "runsc"     // a runsc that answers
+	CheckPlatforms CheckName = "platforms" // runsc's default platform runs here
+	CheckAgent     CheckName = "agent"     // the agent binary is there
+	CheckRoot      CheckName = "root"      // running as root
+	CheckKernel    CheckName = "kernel"    // openat2(RESOLVE_IN_ROOT), for unpacking
+	CheckCgroups   CheckName = "cgroups"   // the memory, pids and cpu controllers
+	CheckSpace     CheckName = "space"     // MinFreeBytes free under the state root
+	CheckEgress    CheckName = "egress"    // egress networks can be made (NetworkEgress)
+	CheckLimits    CheckName = "limits"    // no host limit caps the count of sandboxes below what memory holds (a warning)
 )
 
 // Doctor checks that this host can run the Manager's sandboxes, and says
@@ -229,14 +232,18 @@ const (
 	maxPidMax = 1 << 22
 )
 
-// HostLimit names: sysctls, a resource limit of the process, and memory.
+// LimitName names a HostLimit: a sysctl, a resource limit of the process,
+// or memory.
+type LimitName string
+
+// HostLimit names.
 const (
-	LimitPidMax     = "kernel.pid_max"
-	LimitThreadsMax = "kernel.threads-max"
-	LimitFileMax    = "fs.file-max"
-	LimitNofile     = "RLIMIT_NOFILE"
-	LimitMemory     = "MemAvailable"
-	LimitMemcgs     = "memory cgroups"
+	LimitPidMax     LimitName = "kernel.pid_max"
+	LimitThreadsMax LimitName = "kernel.threads-max"
+	LimitFileMax    LimitName = "fs.file-max"
+	LimitNofile     LimitName = "RLIMIT_NOFILE"
+	LimitMemory     LimitName = "MemAvailable"
+	LimitMemcgs     LimitName = "memory cgroups"
 )
 
 // HostLimit is a limit of the host on how many sandboxes run at once, as
@@ -247,7 +254,7 @@ type HostLimit struct {
 	// inherit), LimitMemory or LimitMemcgs (the kernel's 65535 memory
 	// cgroup IDs: each sandbox has one, and a removed sandbox's keeps its
 	// ID while page cache it charged stays; /proc/cgroups counts them).
-	Name string `json:"name"`
+	Name LimitName `json:"name"`
 	// Value is the limit and Used what the host uses of it now, in its
 	// unit: tasks (pid_max, threads-max), open files, descriptors of one
 	// process (RLIMIT_NOFILE: Used is an idle sandbox's sentry's), bytes
@@ -377,7 +384,7 @@ func hostLimits(f hostFacts) []HostLimit {
 	// The most idle sandboxes the host's memory could hold.
 	memCap := f.memTotal / lazySandboxMemory
 	var out []HostLimit
-	count := func(name string, value, used, per, want int64) {
+	count := func(name LimitName, value, used, per, want int64) {
 		if value <= 0 {
 			return
 		}

@@ -42,10 +42,10 @@ type GCAction struct {
 	Name string
 	// Action is GCSuspend, GCRemove, or GCSkip: a sandbox the budget would
 	// have suspended, left running (said only when the budget is not met).
-	Action string
+	Action GCVerb
 	// Reason is why: the rule that chose it (GCSuspendIdle, GCRemoveIdle,
 	// GCMaxRunning, GCMaxMemory), or why it was skipped (GCInCall).
-	Reason string
+	Reason GCReason
 	Idle   time.Duration
 	// MemoryBytes is a running sandbox's host memory (see
 	// GCOptions.MaxMemory), when a budget is asked for; 0 if unknown.
@@ -54,17 +54,26 @@ type GCAction struct {
 	Err error
 }
 
-// GCAction's actions and reasons.
-const (
-	GCSuspend = "suspend"
-	GCRemove  = "remove"
-	GCSkip    = "skip"
+// GCVerb is what GC did to a sandbox (GCAction.Action).
+type GCVerb string
 
-	GCSuspendIdle = "suspend-idle"
-	GCRemoveIdle  = "remove-idle"
-	GCMaxRunning  = "max-running"
-	GCMaxMemory   = "max-memory"
-	GCInCall      = "in a call"
+// GCAction's actions.
+const (
+	GCSuspend GCVerb = "suspend"
+	GCRemove  GCVerb = "remove"
+	GCSkip    GCVerb = "skip"
+)
+
+// GCReason is why GC chose a sandbox, or skipped it (GCAction.Reason).
+type GCReason string
+
+// GCAction's reasons.
+const (
+	GCSuspendIdle GCReason = "suspend-idle"
+	GCRemoveIdle  GCReason = "remove-idle"
+	GCMaxRunning  GCReason = "max-running"
+	GCMaxMemory   GCReason = "max-memory"
+	GCInCall      GCReason = "in a call"
 )
 
 // BudgetError is GC's error when its budget (GCOptions.MaxRunning,
@@ -304,7 +313,7 @@ type gcBudget struct {
 
 // over says which rule of the budget running sandboxes holding mem bytes
 // break (GCMaxRunning first), "" if none.
-func (b gcBudget) over(running int, mem int64) string {
+func (b gcBudget) over(running int, mem int64) GCReason {
 	switch {
 	case b.maxRunning != nil && running > *b.maxRunning:
 		return GCMaxRunning

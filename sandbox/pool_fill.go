@@ -67,10 +67,10 @@ func (m *Manager) noteRefill(key string, err error) {
 }
 
 // FillPool sets the size and idle timeout of the pool of spec's shape (kept
-// until the pool is drained) and makes sandboxes, parallel at a time (0: the
-// number of CPUs), until the pool holds o.Size idle ones; it waits for a
-// refill of that pool at work first. It returns the pool.
-func (m *Manager) FillPool(ctx context.Context, spec Spec, o PoolOptions, parallel int) (*Pool, error) {
+// until the pool is drained) and makes sandboxes, o.Parallel at a time,
+// until the pool holds o.Size idle ones; it waits for a refill of that pool
+// at work first. It returns the pool.
+func (m *Manager) FillPool(ctx context.Context, spec Spec, o PoolOptions) (*Pool, error) {
 	if err := checkPoolOptions(o); err != nil {
 		return nil, err
 	}
@@ -99,6 +99,7 @@ func (m *Manager) FillPool(ctx context.Context, spec Spec, o PoolOptions, parall
 	if err != nil {
 		return nil, err
 	}
+	parallel := o.Parallel
 	if parallel <= 0 {
 		parallel = goruntime.NumCPU()
 	}
@@ -242,10 +243,17 @@ type Pool struct {
 	MemoryKiB int64
 }
 
+// PoolsOptions say what Pools measures.
+type PoolsOptions struct {
+	// Memory measures the host memory of each pool's idle sandboxes
+	// (Pool.MemoryKiB): a read of their processes' smaps.
+	Memory bool
+}
+
 // Pools describes every pool: those with a size and those with idle
-// sandboxes, after removing the expired ones; with memory, their idle
-// sandboxes' host memory is measured.
-func (m *Manager) Pools(ctx context.Context, memory bool) ([]*Pool, error) {
+// sandboxes, after removing the expired ones.
+func (m *Manager) Pools(ctx context.Context, o PoolsOptions) ([]*Pool, error) {
+	memory := o.Memory
 	if err := m.open(); err != nil {
 		return nil, err
 	}

@@ -109,6 +109,9 @@ type PoolOptions struct {
 	// IdleTimeout is how long a sandbox may stay idle in the pool before
 	// it is removed. Default: DefaultIdleTimeout.
 	IdleTimeout time.Duration
+	// Parallel is how many sandboxes FillPool makes at once. Default: the
+	// number of CPUs.
+	Parallel int
 }
 
 // poolConfig is ROOT/pool/SHAPE.json: what a refill needs to make the

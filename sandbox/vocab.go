@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/containerd/errdefs"
 
@@ -12,41 +13,41 @@ import (
 
 // This file is the package's vocabulary for what it shares with the layers
 // below it: a caller of sandbox names these, never runtime's, snippet's or
-// record's. Types the layers below already define exactly as a caller sees
-// them are declared here once, as aliases; everything else is sandbox's own.
+// record's. Each is sandbox's own, so that go doc shows it whole; a test
+// keeps the values the same as the layers' below (vocab_test.go).
 
 // Languages a Request runs.
 const (
-	Python = wire.LanguagePython
-	Shell  = wire.LanguageShell
+	Python = "python"
+	Shell  = "shell"
 )
 
 // Bounds of a Request, checked by Call.
 const (
 	// MaxTimeout is the longest Request.Timeout.
-	MaxTimeout = wire.MaxTimeout
+	MaxTimeout = 24 * time.Hour
 	// DefaultMaxOutput is Request.MaxOutput's default.
-	DefaultMaxOutput = wire.DefaultMaxOutput
+	DefaultMaxOutput = 1 << 20
 	// MaxCodeSize is the most bytes of Request.Code.
-	MaxCodeSize = wire.MaxCodeSize
+	MaxCodeSize = 1 << 20
 	// MaxStdinSize is the most bytes of Request.Stdin.
-	MaxStdinSize = wire.MaxStdinSize
+	MaxStdinSize = 8 << 20
 	// DefaultCopyBytes is CopyOptions.MaxBytes' default, and MaxCopyBytes
 	// its largest value.
-	DefaultCopyBytes = wire.DefaultCopyBytes
-	MaxCopyBytes     = wire.MaxCopyBytes
+	DefaultCopyBytes = 1 << 30
+	MaxCopyBytes     = 64 << 30
 )
 
 // Bounds of a Callback (see its fields).
 const (
-	DefaultCallbackConns = wire.DefaultCallbackConns
-	DefaultCallbackBytes = wire.DefaultCallbackBytes
-	MaxCallbackConns     = wire.MaxCallbackConns
-	MaxCallbackBytes     = wire.MaxCallbackBytes
-	MaxCallbackIdle      = wire.MaxCallbackIdle
+	DefaultCallbackConns = 50
+	DefaultCallbackBytes = 256 << 20
+	MaxCallbackConns     = 1024
+	MaxCallbackBytes     = 16 << 30
+	MaxCallbackIdle      = MaxTimeout
 	// CallbackSocketEnv names the variable in which a snippet finds its
 	// callback socket's path.
-	CallbackSocketEnv = wire.CallbackSocketEnv
+	CallbackSocketEnv = "FLMBOX_CALLBACK_SOCKET"
 )
 
 // PythonVersion returns the interpreter's command for a Python version

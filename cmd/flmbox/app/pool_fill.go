@@ -38,7 +38,7 @@ func poolFillCommand() *cli.Command {
 				return err
 			}
 			start := time.Now()
-			p, err := m.FillPool(c.Context, spec, sandbox.PoolOptions{Size: c.Int("size"), IdleTimeout: c.Duration("idle-timeout")}, c.Int("parallel"))
+			p, err := m.FillPool(c.Context, spec, sandbox.PoolOptions{Size: c.Int("size"), IdleTimeout: c.Duration("idle-timeout"), Parallel: c.Int("parallel")})
 			if err != nil {
 				return err
 			}

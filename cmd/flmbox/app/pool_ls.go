@@ -43,7 +43,7 @@ func poolLsCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			pools, err := m.Pools(c.Context, true)
+			pools, err := m.Pools(c.Context, sandbox.PoolsOptions{Memory: true})
 			if err != nil {
 				return err
 			}

@@ -91,7 +91,7 @@ func printGC(c *cli.Context, o sandbox.GCOptions, acts []sandbox.GCAction) error
 	if c.Bool("json") {
 		out := make([]gcAction, 0, len(acts))
 		for _, a := range acts {
-			j := gcAction{Name: a.Name, Action: a.Action, Reason: a.Reason, IdleSeconds: a.Idle.Seconds(), MemoryBytes: a.MemoryBytes, DryRun: o.DryRun && a.Action != sandbox.GCSkip}
+			j := gcAction{Name: a.Name, Action: string(a.Action), Reason: string(a.Reason), IdleSeconds: a.Idle.Seconds(), MemoryBytes: a.MemoryBytes, DryRun: o.DryRun && a.Action != sandbox.GCSkip}
 			if a.Err != nil {
 				j.Error = a.Err.Error()
 			}
@@ -111,9 +111,9 @@ func printGC(c *cli.Context, o sandbox.GCOptions, acts []sandbox.GCAction) error
 		why := ""
 		switch a.Reason {
 		case sandbox.GCMaxRunning, sandbox.GCMaxMemory:
-			why = ": over --" + a.Reason
+			why = ": over --" + string(a.Reason)
 		case sandbox.GCInCall:
-			why = ": " + a.Reason
+			why = ": " + string(a.Reason)
 		}
 		status := ""
 		if a.Err != nil {
