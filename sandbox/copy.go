@@ -134,10 +134,9 @@ func copyWith(ctx context.Context, rec *record.Record, c *wire.Copy, r io.Reader
 
 // copyInSendBuffer is the send buffer of a copy's connection into a
 // sandbox. The agent's copy helper reads it under gVisor, where each read
-// of a host socket costs the sentry a wakeup whatever it brings: with the
-// host's default (208 KiB) 100 MiB took 260 ms (median of 8) against 185
-// ms with 2 MiB, 190 ms with 4 MiB and 200 ms with 16 MiB, side by side.
-// (Out of a sandbox the sender is the sentry's socket, whose buffer a
+// of a host socket costs the sentry a wakeup whatever it brings, so a
+// buffer larger than the host's default makes a copy faster; beyond a few
+// MiB it no longer does (docs/PERFORMANCE.md, "Copies"). (Out of a sandbox the sender is the sentry's socket, whose buffer a
 // setsockopt inside does not change.)
 const copyInSendBuffer = 2 << 20
 

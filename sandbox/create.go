@@ -366,7 +366,7 @@ func withRunDir(rec *record.Record) runtime.SpecOpt {
 
 // waitForAgent waits until the agent accepts connections (agentTimeout at
 // most). It tries every millisecond: a try that fails costs microseconds,
-// and the agent is up some 15 ms after runsc run returns.
+// and the agent is up within milliseconds of runsc run's return.
 func waitForAgent(ctx context.Context, rec *record.Record) error {
 	deadline := time.Now().Add(agentTimeout)
 	for {

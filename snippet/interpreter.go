@@ -116,7 +116,7 @@ const pythonSiteDef = `def _flmbox_site(modules):
 // with its .pth files processed; then it imports usercustomize, as site
 // does, with PYTHONPATH's entries on sys.path but not yet the working
 // directory, if it is in a directory that site did not look in at the
-// start (looking all over sys.path again cost every call 0.8 ms under
+// start (looking all over sys.path again costs every call measurably under
 // gVisor: docs/PERFORMANCE.md).
 const pythonUserSiteDef = `    ub = os.environ.pop('FLMBOX_PYTHONUSERBASE', None)
     if ub is None:
@@ -149,7 +149,7 @@ const pythonUserSiteDef = `    ub = os.environ.pop('FLMBOX_PYTHONUSERBASE', None
 // see, and leaves with os._exit: the interpreter's teardown would touch, and
 // so copy, much of the memory a child shares with the zygote
 // (docs/PERFORMANCE.md, "Spares and the zygote"), and in a python3 under
-// gVisor it takes some 3 to 7 ms of the call (the first call of a new
+// gVisor it takes milliseconds of the call (the first call of a new
 // sandbox waits for it, a python3 spare's). Another interpreter
 // (Request.Interpreter) exits as usual. What it keeps:
 // the exit status of SystemExit (a message printed, 1), a traceback and 1 for

@@ -52,16 +52,15 @@ import (
 // megabytes between two reads (docs/PERFORMANCE.md, "Memory watch"). A read
 // is not free under gVisor: it wakes the agent on the sandbox's CPU quota,
 // which the snippets would have had, and may make the sentry scan its memory
-// file; at a read every 5 ms, a pure-Python loop ran 1.3 to 1.5 times as
-// long as under runsc exec, and at one every 50 ms a quarter longer
-// (docs/PERFORMANCE.md, "Long calls").
+// file: the more often it reads, the slower a pure-Python loop runs beside
+// it (docs/PERFORMANCE.md, "Long calls").
 //
 // While every snippet running was called by a client that nudges the agent
 // as the host sees the sandbox's memory grow (wire.Request.MemoryNudges), the
 // watch reads when nudged, and by the clock only for what the host does not
-// see (memNudgedInterval: every 0.4 to 1 s while memory is not short): a
-// read every 50 ms cost a pure-Python loop a quarter of its speed, one every
-// 100 ms 8%, one a second 3% (docs/PERFORMANCE.md, "Long calls").
+// see (memNudgedInterval: every 0.4 to 1 s while memory is not short),
+// which costs a pure-Python loop little of its speed (docs/PERFORMANCE.md,
+// "Long calls").
 const (
 	memFirstRead         = 20 * time.Millisecond
 	memPollMax           = 100 * time.Millisecond
@@ -170,8 +169,8 @@ type memWatch struct {
 // eighth of a CPU), so next to processes growing at full speed it lags by
 // steps large enough to outrun the cgroup's headroom (docs/PERFORMANCE.md,
 // "The smallest sandbox, by experiment"). Far from the budget the reads are
-// far apart, each sees a fresh scan, and a pass over /proc (0.1 to 0.3 ms a
-// process under gVisor) would cost more than the read.
+// far apart, each sees a fresh scan, and a pass over /proc (a fraction of a
+// millisecond a process under gVisor) would cost more than the read.
 const memRSSPoll = 20 * time.Millisecond
 
 // growthSince returns how much the processes of the watched snippets' groups
@@ -519,8 +518,8 @@ func readProcRSS() []procRSS {
 // readMemInfo reads MemTotal and MemAvailable from Agent.MemInfo. A file of
 // procfs is opened once and read at offset 0 from then on, which makes the
 // kernel (gVisor's) generate it anew: under gVisor opening a file of /proc
-// costs some 0.2 ms, a read of the open file 20 µs. Any other file (a test's)
-// is opened for each read.
+// costs ten times what a read of the open file does. Any other file (a
+// test's) is opened for each read.
 func (a *Agent) readMemInfo() (total, avail int64, ok bool) {
 	w := &a.mem
 	w.openInfo.Do(func() {

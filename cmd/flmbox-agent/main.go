@@ -5,11 +5,11 @@
 //
 // It is a binary of its own, and small, because it starts in every new
 // sandbox before the first snippet can: under gVisor each page of a binary
-// that a process touches costs a fault, and flmbox-core (the whole CLI,
-// 17.5 MB) as the agent answered 6 ms later and made a new sandbox's first
-// result 13 ms slower (medians of 12 interleaved runs each, 115 vs 102 ms). So it takes
-// its flags with the standard library's flag package, and imports little
-// besides the snippet package.
+// that a process touches costs a fault, and flmbox-core (the whole CLI) as
+// the agent made a new sandbox's first result measurably slower
+// (docs/PERFORMANCE.md, "The agent's binary"). So it takes its flags with
+// the standard library's flag package, and imports little besides the
+// snippet package.
 package main
 
 import (
