@@ -11,6 +11,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/flmbox/flmbox/internal/errkind"
 	"github.com/flmbox/flmbox/sandbox"
 )
 
@@ -167,12 +168,12 @@ func (o Options) validate() error {
 
 // ErrNotRoot is in the error of a bench run by another user than root: it
 // runs sandboxes and chroot. It is errdefs.ErrPermissionDenied.
-var ErrNotRoot = fmt.Errorf("the bench runs sandboxes and chroot, which need root: %w", errdefs.ErrPermissionDenied)
+var ErrNotRoot = errkind.New(errdefs.ErrPermissionDenied, "the bench runs sandboxes and chroot, which need root")
 
 // ErrNoImage is in the error of a bench given no image when the image cache
 // under Options.Root does not name exactly one image by its source. It is
 // errdefs.ErrFailedPrecondition.
-var ErrNoImage = fmt.Errorf("no image to measure: %w", errdefs.ErrFailedPrecondition)
+var ErrNoImage = errkind.New(errdefs.ErrFailedPrecondition, "no image to measure")
 
 // checkDensity refuses a density section that the host's limits would
 // stop before its count.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/flmbox/flmbox/internal/errkind"
 	"github.com/flmbox/flmbox/internal/procmem"
 	"github.com/flmbox/flmbox/sandbox"
 	"golang.org/x/sys/unix"
@@ -33,7 +34,7 @@ const (
 
 // ErrHostLimit is in the error of a density bench that the host's limits
 // would stop before its count. It is errdefs.ErrResourceExhausted.
-var ErrHostLimit = fmt.Errorf("host limit: %w", errdefs.ErrResourceExhausted)
+var ErrHostLimit = errkind.New(errdefs.ErrResourceExhausted, "host limit")
 
 // readLimits reads the host's limits on the count (sandbox.HostLimits) and
 // the free disk of root.

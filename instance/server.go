@@ -37,6 +37,7 @@ import (
 	units "github.com/docker/go-units"
 
 	"github.com/flmbox/flmbox/instance/flamepb"
+	"github.com/flmbox/flmbox/internal/errkind"
 	"github.com/flmbox/flmbox/sandbox"
 )
 
@@ -380,12 +381,12 @@ func errOrOK(err error) any {
 }
 
 // ErrNoSession is in the message of a task invoked outside a session.
-var ErrNoSession = fmt.Errorf("no session is entered: %w", errdefs.ErrFailedPrecondition)
+var ErrNoSession = errkind.New(errdefs.ErrFailedPrecondition, "no session is entered")
 
 // ErrOtherSession is in the message of a task of another session than the
 // one entered: it is refused, and nothing runs. (Flame hands an executor
 // only its session's tasks.)
-var ErrOtherSession = fmt.Errorf("the task is of another session: %w", errdefs.ErrFailedPrecondition)
+var ErrOtherSession = errkind.New(errdefs.ErrFailedPrecondition, "the task is of another session")
 
 // OnTaskInvoke runs the task's script in the session's sandbox (see
 // Script and Output). A snippet that fails is a task that ran (return code

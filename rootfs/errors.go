@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/flmbox/flmbox/internal/errkind"
 )
 
 // DigestMismatchError reports content whose digest is not the one it was
@@ -71,24 +73,15 @@ var (
 	// PullOptions.Offline (a digest never prewarmed for the platform, or a
 	// tag or layout never resolved on this machine). It matches
 	// errdefs.ErrNotFound.
-	ErrNotCached error = &kindError{errdefs.ErrNotFound}
+	ErrNotCached = errkind.Of(errdefs.ErrNotFound)
 	// ErrPlatformNotFound reports an image with nothing for the platform
 	// asked for: an index without it, or a platform manifest (named by its
 	// digest) for another platform. It matches errdefs.ErrNotFound.
-	ErrPlatformNotFound error = &kindError{errdefs.ErrNotFound}
+	ErrPlatformNotFound = errkind.Of(errdefs.ErrNotFound)
 	// ErrInUse reports an image that sandboxes hold a lease on, which
 	// Store.Remove refuses. It matches errdefs.ErrFailedPrecondition.
-	ErrInUse error = &kindError{errdefs.ErrFailedPrecondition}
+	ErrInUse = errkind.Of(errdefs.ErrFailedPrecondition)
 )
-
-// kindError is a sentinel of an errdefs kind. It is a pointer, so that two
-// sentinels of one kind are never equal (errdefs' WithMessage values are
-// equal when their kind and text are), and its text is its kind's, so that a
-// message that wraps it reads as one that wraps the kind ("...: not found").
-type kindError struct{ kind error }
-
-func (e *kindError) Error() string { return e.kind.Error() }
-func (e *kindError) Unwrap() error { return e.kind }
 
 // errUnsafe wraps errdefs.ErrInvalidArgument for layer entries that are
 // refused because applying them could not be done safely or exactly.

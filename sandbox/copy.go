@@ -12,13 +12,14 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
+	"github.com/flmbox/flmbox/internal/errkind"
 	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
 // ErrTmpFull is in the error of a copy into a sandbox whose /tmp is full
 // (its size is Spec.TmpBytes). It is errdefs.ErrResourceExhausted.
-var ErrTmpFull = fmt.Errorf("the sandbox's /tmp is full: %w", errdefs.ErrResourceExhausted)
+var ErrTmpFull = errkind.New(errdefs.ErrResourceExhausted, "the sandbox's /tmp is full")
 
 // CopyOptions bound a copy.
 type CopyOptions struct {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/flmbox/flmbox/internal/errkind"
 	"golang.org/x/sys/unix"
 
 	"github.com/flmbox/flmbox/internal/stateroot"
@@ -23,12 +25,7 @@ import (
 // runsc cannot restore (a panic of gVisor's restore, a truncated or garbled
 // file): the sandbox stays suspended, and no resume will bring it back; it
 // can only be removed. It is errdefs.ErrDataLoss.
-var ErrCheckpointDamaged error = damagedError{}
-
-type damagedError struct{}
-
-func (damagedError) Error() string        { return "its checkpoint is damaged" }
-func (damagedError) Is(target error) bool { return target == errdefs.ErrDataLoss }
+var ErrCheckpointDamaged = errkind.New(errdefs.ErrDataLoss, "its checkpoint is damaged")
 
 // capSysAdmin is CAP_SYS_ADMIN's bit: mounting a sandbox's run directory and
 // runsc's own sandboxing need it.

@@ -9,6 +9,8 @@ import (
 	"sync"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/flmbox/flmbox/internal/errkind"
 	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/pipcache"
 	"github.com/flmbox/flmbox/rootfs"
@@ -249,12 +251,7 @@ const AgentName = "flmbox-agent"
 
 // ErrNoAgent is in the error of a Manager that cannot find its agent
 // binary; it is errdefs.ErrNotFound.
-var ErrNoAgent error = noAgentError{}
-
-type noAgentError struct{}
-
-func (noAgentError) Error() string        { return "no agent binary" }
-func (noAgentError) Is(target error) bool { return target == errdefs.ErrNotFound }
+var ErrNoAgent = errkind.New(errdefs.ErrNotFound, "no agent binary")
 
 // agentError is a failure to find the agent: its message says where it was
 // looked for and why it failed; it is ErrNoAgent.

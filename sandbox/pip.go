@@ -9,6 +9,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/flmbox/flmbox/internal/errkind"
 	"github.com/flmbox/flmbox/pipcache"
 	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
@@ -22,7 +23,7 @@ func (m *Manager) wheelsEnv(online bool) []string {
 
 // ErrPip is in the error of a pip command that failed in a sandbox (a
 // preinstall, a wheel fetch); it is errdefs.ErrFailedPrecondition.
-var ErrPip = fmt.Errorf("pip failed: %w", errdefs.ErrFailedPrecondition)
+var ErrPip = errkind.New(errdefs.ErrFailedPrecondition, "pip failed")
 
 // preinstall installs reqs in a new sandbox from the wheel cache alone
 // (--no-index, whatever the sandbox's network), for Spec.Pip.

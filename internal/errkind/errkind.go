@@ -15,3 +15,8 @@ type sentinel struct {
 
 func (e *sentinel) Error() string { return e.msg }
 func (e *sentinel) Unwrap() error { return e.kind }
+
+// Of returns a new sentinel of kind whose text is the kind's own ("not
+// found"), for an error whose message says the rest: a message that wraps
+// it reads as one that wraps the kind.
+func Of(kind error) error { return New(kind, kind.Error()) }

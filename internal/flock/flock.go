@@ -17,18 +17,15 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/flmbox/flmbox/internal/errkind"
 	"golang.org/x/sys/unix"
 )
 
 // ErrLocked is in the error of a try when another open file holds a
 // conflicting lock. It is errdefs.ErrUnavailable: the lock may be free
 // later.
-var ErrLocked error = lockedError{}
-
-type lockedError struct{}
-
-func (lockedError) Error() string        { return "held by another" }
-func (lockedError) Is(target error) bool { return target == errdefs.ErrUnavailable }
+var ErrLocked = errkind.New(errdefs.ErrUnavailable, "held by another")
 
 // Mode is how a lock is held.
 type Mode int

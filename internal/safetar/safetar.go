@@ -26,6 +26,8 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/flmbox/flmbox/internal/errkind"
 	"golang.org/x/sys/unix"
 	"unsafe"
 )
@@ -50,7 +52,7 @@ type Options struct {
 }
 
 // ErrTooLarge is in the error of a stream past Options.MaxBytes.
-var ErrTooLarge = fmt.Errorf("too large: %w", errdefs.ErrOutOfRange)
+var ErrTooLarge = errkind.New(errdefs.ErrOutOfRange, "too large")
 
 // Extract writes the tar stream r into the directory dir. Every component
 // of every entry's name is opened with O_NOFOLLOW: an entry that would go

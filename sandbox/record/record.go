@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/flmbox/flmbox/internal/errkind"
 	"golang.org/x/sys/unix"
 
 	"github.com/flmbox/flmbox/internal/atomicfile"
@@ -260,57 +262,27 @@ func (r *Record) LastUsed() time.Time {
 // first process, so the whole gVisor sandbox. It is
 // errdefs.ErrFailedPrecondition: a dead sandbox never comes back, it can
 // only be removed (a front end must not answer "try again").
-var ErrDead error = deadError{}
-
-type deadError struct{}
-
-func (deadError) Error() string {
-	return "the sandbox is dead (its agent, and so its gVisor sandbox, is gone)"
-}
-func (deadError) Is(target error) bool { return target == errdefs.ErrFailedPrecondition }
+var ErrDead = errkind.New(errdefs.ErrFailedPrecondition, "the sandbox is dead (its agent, and so its gVisor sandbox, is gone)")
 
 // ErrUnresponsive is in the error of a call to a sandbox whose agent
 // accepts connections but does not answer a ping within PingTimeout: its
 // gVisor sandbox is stopped or starved. It is errdefs.ErrUnavailable: it may
 // come back.
-var ErrUnresponsive error = unresponsiveError{}
-
-type unresponsiveError struct{}
-
-func (unresponsiveError) Error() string {
-	return fmt.Sprintf("the sandbox is unresponsive (its agent accepts connections but did not answer within %s)", PingTimeout)
-}
-func (unresponsiveError) Is(target error) bool { return target == errdefs.ErrUnavailable }
+var ErrUnresponsive = errkind.New(errdefs.ErrUnavailable,
+	fmt.Sprintf("the sandbox is unresponsive (its agent accepts connections but did not answer within %s)", PingTimeout))
 
 // ErrSuspended is in the error of a call to a suspended sandbox, which
 // must be resumed first. It is errdefs.ErrFailedPrecondition.
-var ErrSuspended error = suspendedError{}
-
-type suspendedError struct{}
-
-func (suspendedError) Error() string        { return "it is suspended: resume it first" }
-func (suspendedError) Is(target error) bool { return target == errdefs.ErrFailedPrecondition }
+var ErrSuspended = errkind.New(errdefs.ErrFailedPrecondition, "it is suspended: resume it first")
 
 // ErrPooled is in the error of a call to a sandbox idle in a pool, kept
 // for whoever acquires one of its shape next. It is
 // errdefs.ErrFailedPrecondition.
-var ErrPooled error = pooledError{}
-
-type pooledError struct{}
-
-func (pooledError) Error() string {
-	return "it is idle in a pool, for whoever acquires one of its shape next"
-}
-func (pooledError) Is(target error) bool { return target == errdefs.ErrFailedPrecondition }
+var ErrPooled = errkind.New(errdefs.ErrFailedPrecondition, "it is idle in a pool, for whoever acquires one of its shape next")
 
 // ErrRemoved is in the error of a call whose sandbox was removed while it
 // ran. It is errdefs.ErrNotFound.
-var ErrRemoved error = removedError{}
-
-type removedError struct{}
-
-func (removedError) Error() string        { return "the sandbox was removed during the call" }
-func (removedError) Is(target error) bool { return target == errdefs.ErrNotFound }
+var ErrRemoved = errkind.New(errdefs.ErrNotFound, "the sandbox was removed during the call")
 
 // PingTimeout bounds the wait for the agent's answer to a ping: an agent
 // answers one at once, whatever its calls are doing.
