@@ -168,12 +168,12 @@ func (o Options) validate() error {
 
 // ErrNotRoot is in the error of a bench run by another user than root: it
 // runs sandboxes and chroot. It is errdefs.ErrPermissionDenied.
-var ErrNotRoot = errkind.New(errdefs.ErrPermissionDenied, "the bench runs sandboxes and chroot, which need root")
+var ErrNotRoot = errkind.New(errdefs.ErrPermissionDenied, "the bench runs sandboxes and chroot, which need root: permission denied")
 
 // ErrNoImage is in the error of a bench given no image when the image cache
 // under Options.Root does not name exactly one image by its source. It is
 // errdefs.ErrFailedPrecondition.
-var ErrNoImage = errkind.New(errdefs.ErrFailedPrecondition, "no image to measure")
+var ErrNoImage = errkind.New(errdefs.ErrFailedPrecondition, "no image to measure: failed precondition")
 
 // checkDensity refuses a density section that the host's limits would
 // stop before its count.

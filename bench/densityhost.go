@@ -34,7 +34,7 @@ const (
 
 // ErrHostLimit is in the error of a density bench that the host's limits
 // would stop before its count. It is errdefs.ErrResourceExhausted.
-var ErrHostLimit = errkind.New(errdefs.ErrResourceExhausted, "host limit")
+var ErrHostLimit = errkind.New(errdefs.ErrResourceExhausted, "host limit: resource exhausted")
 
 // readLimits reads the host's limits on the count (sandbox.HostLimits) and
 // the free disk of root.

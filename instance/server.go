@@ -381,12 +381,12 @@ func errOrOK(err error) any {
 }
 
 // ErrNoSession is in the message of a task invoked outside a session.
-var ErrNoSession = errkind.New(errdefs.ErrFailedPrecondition, "no session is entered")
+var ErrNoSession = errkind.New(errdefs.ErrFailedPrecondition, "no session is entered: failed precondition")
 
 // ErrOtherSession is in the message of a task of another session than the
 // one entered: it is refused, and nothing runs. (Flame hands an executor
 // only its session's tasks.)
-var ErrOtherSession = errkind.New(errdefs.ErrFailedPrecondition, "the task is of another session")
+var ErrOtherSession = errkind.New(errdefs.ErrFailedPrecondition, "the task is of another session: failed precondition")
 
 // OnTaskInvoke runs the task's script in the session's sandbox (see
 // Script and Output). A snippet that fails is a task that ran (return code

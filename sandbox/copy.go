@@ -19,7 +19,7 @@ import (
 
 // ErrTmpFull is in the error of a copy into a sandbox whose /tmp is full
 // (its size is Spec.TmpBytes). It is errdefs.ErrResourceExhausted.
-var ErrTmpFull = errkind.New(errdefs.ErrResourceExhausted, "the sandbox's /tmp is full")
+var ErrTmpFull = errkind.New(errdefs.ErrResourceExhausted, "the sandbox's /tmp is full: resource exhausted")
 
 // CopyOptions bound a copy.
 type CopyOptions struct {

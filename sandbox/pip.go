@@ -23,7 +23,7 @@ func (m *Manager) wheelsEnv(online bool) []string {
 
 // ErrPip is in the error of a pip command that failed in a sandbox (a
 // preinstall, a wheel fetch); it is errdefs.ErrFailedPrecondition.
-var ErrPip = errkind.New(errdefs.ErrFailedPrecondition, "pip failed")
+var ErrPip = errkind.New(errdefs.ErrFailedPrecondition, "pip failed: failed precondition")
 
 // preinstall installs reqs in a new sandbox from the wheel cache alone
 // (--no-index, whatever the sandbox's network), for Spec.Pip.

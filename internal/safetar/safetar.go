@@ -52,7 +52,7 @@ type Options struct {
 }
 
 // ErrTooLarge is in the error of a stream past Options.MaxBytes.
-var ErrTooLarge = errkind.New(errdefs.ErrOutOfRange, "too large")
+var ErrTooLarge = errkind.New(errdefs.ErrOutOfRange, "too large: out of range")
 
 // Extract writes the tar stream r into the directory dir. Every component
 // of every entry's name is opened with O_NOFOLLOW: an entry that would go
