@@ -174,9 +174,10 @@ func (m *Manager) Close(ctx context.Context) error {
 }
 
 // Wait waits for the work that the Manager's calls left running in the
-// background: the removal of a resumed sandbox's checkpoint image, which
-// its first call need not wait for. A process that exits without waiting
-// leaves the image to the sandbox's next suspend, or to Reconcile.
+// background: the releases of RunOnce's sandboxes, and the removal of a
+// resumed sandbox's checkpoint image, which its first call need not wait
+// for. A process that exits without waiting leaves a sandbox to Reconcile,
+// and an image to the sandbox's next suspend, or to Reconcile.
 func (m *Manager) Wait() { m.bg.Wait() }
 
 // Root is the Manager's state root.
