@@ -12,6 +12,7 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/flmbox/flmbox/internal/flock"
 	"github.com/flmbox/flmbox/internal/procmem"
 	"github.com/flmbox/flmbox/sandbox/record"
 )
@@ -195,7 +196,7 @@ func (m *Manager) expire(ctx context.Context, key string) []string {
 		if time.Since(*rec.Pooled) < timeout {
 			continue
 		}
-		if m.removeIdle(ctx, rec, func(r *record.Record) bool { return time.Since(*r.Pooled) >= timeout }) {
+		if m.removeIdle(ctx, rec, false, func(r *record.Record) bool { return time.Since(*r.Pooled) >= timeout }) {
 			gone = append(gone, rec.Name)
 		}
 	}
@@ -203,9 +204,18 @@ func (m *Manager) expire(ctx context.Context, key string) []string {
 }
 
 // removeIdle removes the sandbox of rec if, under its lock, it is still
-// idle in its pool and ok says so; it reports whether it removed it.
-func (m *Manager) removeIdle(ctx context.Context, rec *record.Record, ok func(*record.Record) bool) bool {
-	l, err := tryLock(rec.Dir)
+// idle in its pool and ok says so; it reports whether it removed it. If
+// wait, it waits for the lock (an adoption at work: the adopter takes the
+// sandbox, or leaves it idle for this removal), else it leaves a locked
+// sandbox alone.
+func (m *Manager) removeIdle(ctx context.Context, rec *record.Record, wait bool, ok func(*record.Record) bool) bool {
+	var l *flock.Lock
+	var err error
+	if wait {
+		l, err = lock(ctx, rec.Dir)
+	} else {
+		l, err = tryLock(rec.Dir)
+	}
 	if err != nil {
 		return false // being adopted, or gone
 	}
@@ -362,7 +372,9 @@ func (m *Manager) DrainPools(ctx context.Context, o DrainOptions) ([]string, err
 	}
 	var gone []string
 	for _, rec := range m.pooled("") {
-		if match(rec.Image, rec.Manifest, rec.Shape) && m.removeIdle(ctx, rec, func(*record.Record) bool { return true }) {
+		// An adoption at work is waited for: one that fails leaves the
+		// sandbox idle in a pool that no longer has a size.
+		if match(rec.Image, rec.Manifest, rec.Shape) && m.removeIdle(ctx, rec, true, func(*record.Record) bool { return true }) {
 			gone = append(gone, rec.Name)
 		}
 	}
