@@ -123,3 +123,35 @@ func (s stdoutIO) Stdin() io.WriteCloser { return nil }
 func (s stdoutIO) Stdout() io.ReadCloser { return nil }
 func (s stdoutIO) Stderr() io.ReadCloser { return nil }
 func (s stdoutIO) Set(cmd *exec.Cmd)     { cmd.Stdout = s.w }
+
+// TestGoRuncAloneLosesWhatRunscSaid shows why the monitor keeps a call's
+// wait error and stderr: through go-runc's own monitor, a failed runsc
+// command's error is a string (its exit gone from the chain, its whole
+// output in the text), and State parses a warning on stderr as JSON.
+func TestGoRuncAloneLosesWhatRunscSaid(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "runsc")
+	script := "#!/bin/sh\necho 'W1 a warning' >&2\ncase \"$1\" in state) echo '{\"status\":\"running\"}'; exit 0 ;; esac\n" +
+		"echo 'loading container: not found' >&2\nexit 1\n"
+	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rc := &runc.Runc{Command: p, Setpgid: true}
+	err := rc.Kill(context.Background(), "id", 9, nil)
+	var ee *exec.ExitError
+	var re *runc.ExitError
+	if err == nil || errors.As(err, &ee) || errors.As(err, &re) || !strings.Contains(err.Error(), "W1 a warning\n") {
+		t.Errorf("go-runc's Kill: %q; it used to lose the exit and quote every line", err)
+	}
+	if _, err := rc.State(context.Background(), "id"); err == nil {
+		t.Error("go-runc's State read a warning and JSON as JSON")
+	}
+	out, err := Call(context.Background(), func(ctx context.Context) error { return rc.Kill(ctx, "id", 9, nil) })
+	if err == nil || !errors.As(out.Err, &ee) || ee.ExitCode() != 1 || !strings.HasSuffix(string(out.Stderr), "not found\n") {
+		t.Errorf("Call of Kill: %v, outcome %v %q", err, out.Err, out.Stderr)
+	}
+	var s *runc.Container
+	if _, err := Call(context.Background(), func(ctx context.Context) (err error) { s, err = rc.State(ctx, "id"); return err }); err != nil || s.Status != "running" {
+		t.Errorf("Call of State: %+v, %v", s, err)
+	}
+}
