@@ -14,6 +14,7 @@
 package runcmonitor
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -179,9 +180,11 @@ func take(cmd *exec.Cmd) *Outcome {
 // if locked), as go-runc's own monitor does, recording its wait's error.
 func start(cmd *exec.Cmd, out *Outcome, locked bool) (chan runc.Exit, error) {
 	setCancel(cmd)
-	if cmd.Stderr == nil || cmd.Stderr == cmd.Stdout {
+	if _, captured := cmd.Stdout.(*bytes.Buffer); captured && (cmd.Stderr == nil || cmd.Stderr == cmd.Stdout) {
 		// go-runc's own capture (both into one buffer, which it parses
 		// as JSON, or quotes whole in its error): stderr is kept apart.
+		// A command given files (runc.IO) keeps them: a pipe there would
+		// be held open by the sandbox a detached run leaves.
 		cmd.Stderr = (*stderrBuffer)(out)
 	}
 	out.Started = true

@@ -7,7 +7,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -155,3 +157,45 @@ func TestGoRuncAloneLosesWhatRunscSaid(t *testing.T) {
 		t.Errorf("Call of State: %+v, %v", s, err)
 	}
 }
+
+// TestDetachedChildKeepsItsFiles: a runsc run --detach hands its stdio, a
+// file, to the sandbox it leaves running; the call must not wait on it.
+func TestDetachedChildKeepsItsFiles(t *testing.T) {
+	dir := t.TempDir()
+	p, pids := filepath.Join(dir, "runsc"), filepath.Join(dir, "pids")
+	script := "#!/bin/sh\nsetsid sleep 1000 &\necho $! > " + pids + "\necho started\n"
+	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		b, _ := os.ReadFile(pids)
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	log, err := os.Create(filepath.Join(dir, "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	start := time.Now()
+	out, err := Call(context.Background(), func(ctx context.Context) error {
+		_, err := (&runc.Runc{Command: p, Setpgid: true, PdeathSignal: syscall.SIGKILL}).Run(ctx, "id", dir, &runc.CreateOpts{IO: fileIO{log}, Detach: true})
+		return err
+	})
+	if took := time.Since(start); err != nil || out.Err != nil || took >= WaitDelay {
+		t.Fatalf("Call of a detached run: %v, %v after %s", err, out.Err, took)
+	}
+	if b, _ := os.ReadFile(log.Name()); string(b) != "started\n" {
+		t.Errorf("log: %q", b)
+	}
+}
+
+// fileIO is a runc.IO that gives runsc one file as stdout and stderr.
+type fileIO struct{ f *os.File }
+
+func (o fileIO) Close() error          { return nil }
+func (o fileIO) Stdin() io.WriteCloser { return nil }
+func (o fileIO) Stdout() io.ReadCloser { return nil }
+func (o fileIO) Stderr() io.ReadCloser { return nil }
+func (o fileIO) Set(cmd *exec.Cmd)     { cmd.Stdout, cmd.Stderr = o.f, o.f }
