@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"os/exec"
 	"strconv"
 	"strings"
 
@@ -121,7 +120,6 @@ func (r *runner) measureLong(ctx context.Context, sb *sandbox.Sandbox) (Long, er
 func (r *runner) measureLongWork(ctx context.Context, sb *sandbox.Sandbox, bare string, w longWork) (LongWork, error) {
 	rep := LongWork{Work: w.what}
 	argv := []string{"python3", "-c", w.code}
-	user := fmt.Sprintf("--user=%d:%d", sandbox.UID, sandbox.GID)
 	methods := []struct {
 		times []float64
 		cpus  *int
@@ -138,14 +136,16 @@ func (r *runner) measureLongWork(ctx context.Context, sb *sandbox.Sandbox, bare 
 			return string(res.Stdout.Data), nil
 		}},
 		{cpus: new(int), run: func(ctx context.Context) (string, error) {
-			cmd, err := r.runscExec(ctx, sb, argv)
+			rc, err := sandboxRunc(sb)
 			if err != nil {
 				return "", err
 			}
-			return commandOutput(cmd)
+			_, out, _, err := r.runscExec(ctx, rc, sb.ID, argv)
+			return out, err
 		}},
 		{cpus: &rep.BareCPUs, run: func(ctx context.Context) (string, error) {
-			return commandOutput(r.rawRunsc(ctx, append([]string{"exec", user, bare}, argv...)...))
+			_, out, _, err := r.runscExec(ctx, r.rawRunc(), bare, argv)
+			return out, err
 		}},
 	}
 	names := []string{"flmbox call", "runsc exec", "bare runsc exec"}
@@ -174,16 +174,4 @@ func (r *runner) measureLongWork(ctx context.Context, sb *sandbox.Sandbox, bare 
 	}
 	rep.FlmboxMS, rep.RunscExecMS, rep.BareRunscMS = summarize(methods[0].times), summarize(methods[1].times), summarize(methods[2].times)
 	return rep, nil
-}
-
-// commandOutput runs cmd and returns its stdout, failing with the end of
-// its stderr unless it exits 0.
-func commandOutput(cmd *exec.Cmd) (string, error) {
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("%s: %w: %s", commandLine(cmd), err, lastLines(stderr.String(), 1))
-	}
-	return string(out), nil
 }

@@ -9,10 +9,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/flmbox/flmbox/internal/mountinfo"
@@ -53,6 +55,12 @@ type runner struct {
 	ref      string         // the image by index digest, in the loopback registry
 	img      *rootfs.Result // the image prewarmed in root
 	imageEnv []string       // its config's environment
+
+	rawProcess struct { // runsc exec's process (execProcess), made once
+		once sync.Once
+		p    *specs.Process
+		err  error
+	}
 }
 
 // newRunner checks what the bench needs and makes its private state root.

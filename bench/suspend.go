@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"time"
 
+	runc "github.com/containerd/go-runc"
+
 	"github.com/flmbox/flmbox/internal/procmem"
 )
 
@@ -84,29 +86,34 @@ func (r *runner) rawCheckpointRestore(ctx context.Context) (ckpt, restore time.D
 	if err := r.startRaw(ctx, id); err != nil {
 		return 0, 0, err
 	}
-	if _, err := timed(r.rawRunsc(ctx, "exec", id, "/bin/sh", "-c", fillTmp)); err != nil {
+	rc := r.rawRunc()
+	if _, _, _, err := r.runscExec(ctx, rc, id, []string{"/bin/sh", "-c", fillTmp}); err != nil {
 		return 0, 0, err
 	}
 	img := filepath.Join(r.rawDir(), id+".img")
 	defer os.RemoveAll(img)
-	if ckpt, err = timed(r.rawRunsc(ctx, "checkpoint", "--image-path", img, id)); err != nil {
+	if ckpt, err = rawCall(ctx, "runsc checkpoint "+id, "checkpoint", nil, func(ctx context.Context) error {
+		return rc.Checkpoint(ctx, id, &runc.CheckpointOpts{ImagePath: img})
+	}); err != nil {
 		return 0, 0, err
 	}
 	if err := r.deleteRaw(ctx, id); err != nil {
 		return 0, 0, err
 	}
-	logf, err := os.OpenFile(filepath.Join(r.rawDir(), id+".log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	logf, err := r.rawLog(id)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer logf.Close()
 	start := time.Now()
-	cmd := r.rawRunsc(ctx, "restore", "--detach", "--image-path", img, "--bundle", r.rawBundle(), id)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Run(); err != nil {
-		return 0, 0, commandFailed("runsc restore "+id, err, "see "+logf.Name())
+	what := "runsc restore " + id + " (see " + logf.Name() + ")"
+	if _, err := rawCall(ctx, what, "restore", nil, func(ctx context.Context) error {
+		_, err := rc.Restore(ctx, id, r.rawBundle(), &runc.RestoreOpts{CheckpointOpts: runc.CheckpointOpts{ImagePath: img}, IO: fileIO{logf}, Detach: true})
+		return err
+	}); err != nil {
+		return 0, 0, err
 	}
-	if _, err := checkedCommand(r.rawRunsc(ctx, append([]string{"exec", id}, pythonSnippet.argv...)...)); err != nil {
+	if _, _, err := r.checkedExec(ctx, rc, id, pythonSnippet.argv); err != nil {
 		return 0, 0, err
 	}
 	return ckpt, time.Since(start), nil

@@ -143,37 +143,26 @@ func checkBatchResult(what string, res []sandbox.BatchResult) error {
 	}
 }
 
-// runscExec returns runsc exec of argv in sb, with the sandbox's own runsc
-// root and global flags.
-func (r *runner) runscExec(ctx context.Context, sb *sandbox.Sandbox, argv []string) (*exec.Cmd, error) {
-	// As the snippets' user: the sandbox's first process, the agent, is root.
-	user := fmt.Sprintf("--user=%d:%d", sandbox.UID, sandbox.GID)
-	runsc, args, err := sb.RunscArgs(append([]string{"exec", user, sb.ID}, argv...)...)
-	if err != nil {
-		return nil, err
-	}
-	return exec.CommandContext(ctx, runsc, args...), nil
-}
-
 // strayKills is how many times timeRunscExec runs a runsc exec again that
 // the sandbox's agent killed.
 const strayKills = 2
 
-// timeRunscExec times runsc exec of argv in sb as checkedCommand does. The
-// process runsc exec starts is none of the agent's: once a call has ended,
-// the agent kills every process of its sandbox that is not its own
-// (snippet's strays, so that nothing a call left runs between calls), so
-// one that starts while the agent sweeps after the flmbox call measured
-// before it is killed (exit 137, SIGKILL): it is run again, its time not
-// counted.
+// timeRunscExec times runsc exec of argv in sb as checkedExec does, with
+// the sandbox's own runsc root and global flags, as its snippets' user
+// (the sandbox's first process, the agent, is root). The process runsc
+// exec starts is none of the agent's: once a call has ended, the agent
+// kills every process of its sandbox that is not its own (snippet's
+// strays, so that nothing a call left runs between calls), so one that
+// starts while the agent sweeps after the flmbox call measured before it
+// is killed (exit 137, SIGKILL): it is run again, its time not counted.
 func (r *runner) timeRunscExec(ctx context.Context, sb *sandbox.Sandbox, argv []string) (time.Duration, error) {
+	rc, err := sandboxRunc(sb)
+	if err != nil {
+		return 0, err
+	}
 	for try := 0; ; try++ {
-		cmd, err := r.runscExec(ctx, sb, argv)
-		if err != nil {
-			return 0, err
-		}
-		d, err := checkedCommand(cmd)
-		if err != nil && try < strayKills && ctx.Err() == nil && cmd.ProcessState != nil && cmd.ProcessState.ExitCode() == 128+int(unix.SIGKILL) {
+		d, code, err := r.checkedExec(ctx, rc, sb.ID, argv)
+		if err != nil && try < strayKills && ctx.Err() == nil && code == 128+int(unix.SIGKILL) {
 			continue
 		}
 		return d, err

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/containerd/errdefs"
+	runc "github.com/containerd/go-runc"
 	"golang.org/x/sys/unix"
 )
 
@@ -19,11 +20,14 @@ import (
 // without it a failed checkpoint kills it. gVisor cannot save a socket bound
 // on the host (--host-uds): whatever listens on one must close it first.
 func (r *Runtime) Checkpoint(ctx context.Context, c Container, imageDir string, leaveRunning bool) error {
-	args := []string{"--image-path", imageDir}
+	var actions []runc.CheckpointAction
 	if leaveRunning {
-		args = append(args, "--leave-running")
+		actions = append(actions, runc.LeaveRunning)
 	}
-	if _, err := r.command(c, "checkpoint", append(args, c.ID)...).run(ctx); err != nil {
+	err := r.call(ctx, "checkpoint", func(ctx context.Context) error {
+		return r.runc(c, false).Checkpoint(ctx, c.ID, &runc.CheckpointOpts{ImagePath: imageDir}, actions...)
+	})
+	if err != nil {
 		return fmt.Errorf("checkpoint container %s with runsc: %w", c.ID, err)
 	}
 	return nil
@@ -57,9 +61,12 @@ func (r *Runtime) Restore(ctx context.Context, c Container, bundle, imageDir str
 	if err != nil {
 		return 0, err
 	}
-	inv := r.command(c, "restore", "--image-path", imageDir, "--detach", "--pid-file", pidFile, "--bundle", dir, c.ID)
-	inv.stdio, inv.pdeath = log, true
-	if _, err := inv.run(ctx); err != nil {
+	err = r.call(ctx, "restore", func(ctx context.Context) error {
+		_, err := r.runc(c, true).Restore(ctx, c.ID, dir, &runc.RestoreOpts{
+			CheckpointOpts: runc.CheckpointOpts{ImagePath: imageDir}, IO: fileIO{log}, Detach: true, PidFile: pidFile})
+		return err
+	})
+	if err != nil {
 		r.cleanUp(ctx, c)
 		return 0, fmt.Errorf("restore container %s with runsc: %w%s", c.ID, err, panicOrTail(log.Name()))
 	}
@@ -87,7 +94,10 @@ func readPidFile(path string) (int, error) {
 
 // Signal sends sig to the container's first process (runsc kill).
 func (r *Runtime) Signal(ctx context.Context, c Container, sig unix.Signal) error {
-	if _, err := r.command(c, "kill", c.ID, strconv.Itoa(int(sig))).run(ctx); err != nil {
+	err := r.call(ctx, "kill", func(ctx context.Context) error {
+		return r.runc(c, false).Kill(ctx, c.ID, int(sig), nil)
+	})
+	if err != nil {
 		return fmt.Errorf("signal container %s with runsc: %w", c.ID, err)
 	}
 	return nil

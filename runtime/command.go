@@ -5,15 +5,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	goio "io"
 	"os"
 	"os/exec"
-	goruntime "runtime"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
+	runc "github.com/containerd/go-runc"
 	"golang.org/x/sys/unix"
+
+	"github.com/flmbox/flmbox/internal/runcmonitor"
 )
 
 // How long each runsc command may take before it is killed. A runsc command
@@ -40,11 +42,6 @@ var defaultBounds = map[string]time.Duration{
 // defaultBound bounds a runsc command that defaultBounds does not name.
 const defaultBound = 10 * time.Second
 
-// cancelDelay is how long a killed runsc's output pipes may stay open (held
-// by a process it started that escaped its process group) before the wait
-// for it gives up on them.
-const cancelDelay = 2 * time.Second
-
 // TimeoutError reports that a runsc command did not finish within its
 // bound and was killed, with every process of its process group. It
 // matches errdefs.ErrUnavailable and context.DeadlineExceeded.
@@ -64,79 +61,116 @@ func (e *TimeoutError) Unwrap() []error {
 	return []error{errdefs.ErrUnavailable, context.DeadlineExceeded}
 }
 
-// invocation is one runsc command.
-type invocation struct {
-	bin  string   // the runsc binary
-	sub  string   // the runsc command (run, kill...): its bound, and what errors say
-	args []string // every argument, global flags first
-	// stdio, if not nil, is the command's stdout and stderr (and, for run
-	// and restore, the container's first process's); else they are read.
-	stdio *os.File
-	// pdeath kills runsc if flmbox dies (run and restore: a runsc that
-	// outlived a killed caller could finish making a container after its
-	// caller's clean-up looked for it).
-	pdeath bool
-	// bound, if not zero, replaces the command's default bound.
-	bound time.Duration
+// runc returns go-runc's client for runsc commands on c: runsc's global
+// flags as Args gives them, runsc leading a process group of its own (which
+// runcmonitor kills whole when its command's context ends) and, with
+// pdeath, killed if flmbox dies (run and restore: a runsc that outlived a
+// killed caller could finish making a container after its caller's
+// clean-up looked for it; go-runc keeps the thread that forked it, which
+// the signal follows, locked until it is done).
+func (r *Runtime) runc(c Container, pdeath bool) *runc.Runc {
+	rc := &runc.Runc{Command: r.runsc, Root: r.root, ExtraArgs: globalFlags(c), Setpgid: true}
+	if pdeath {
+		rc.PdeathSignal = unix.SIGKILL
+	}
+	return rc
 }
 
-// run runs the invocation and returns what it printed on stdout. runsc runs
-// in a process group of its own, which is killed (SIGKILL) when ctx ends or
-// the command's bound passes: the error then matches ctx's error (and its
-// cause), or is a *TimeoutError. A runsc that fails says so with the end
-// of what it printed on stderr, and the *exec.ExitError in the chain.
-func (inv invocation) run(ctx context.Context) ([]byte, error) {
+// call runs f, a go-runc call that runs runsc command sub, with ctx bounded
+// by sub's bound (the Runtime's, else defaultBounds'): see bounded.
+func (r *Runtime) call(ctx context.Context, sub string, f func(ctx context.Context) error) error {
+	return bounded(ctx, sub, r.bounds[sub], f)
+}
+
+// bounded runs f, a go-runc call that runs runsc command sub, through
+// runcmonitor: runsc runs in a process group of its own, which is killed
+// (SIGKILL) when ctx ends or the command's bound passes (bound, if not
+// zero, else defaultBounds'). The error then matches ctx's error (and its
+// cause), or is a *TimeoutError. A runsc that fails says so with the line
+// of its stderr that says why, and the *exec.ExitError in the chain.
+func bounded(ctx context.Context, sub string, bound time.Duration, f func(ctx context.Context) error) error {
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("runsc %s: %w", inv.sub, ctxErr(ctx))
+		return fmt.Errorf("runsc %s: %w", sub, ctxErr(ctx))
 	}
-	bound := inv.bound
+	bound = boundOf(sub, bound)
+	cctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	out, err := runcmonitor.Call(cctx, f)
+	if err != nil && out.Started && out.Err == nil && ctx.Err() == nil {
+		// runsc succeeded; go-runc could not read what it printed.
+		return fmt.Errorf("runsc %s: read its output: %w: %w", sub, err, errdefs.ErrUnknown)
+	}
+	return classify(ctx, cctx, sub, bound, err, out.Err, out.Stderr)
+}
+
+// boundOf is runsc command sub's bound: bound if not zero, else its default.
+func boundOf(sub string, bound time.Duration) time.Duration {
 	if bound == 0 {
-		bound = defaultBounds[inv.sub]
+		bound = defaultBounds[sub]
 	}
 	if bound == 0 {
 		bound = defaultBound
 	}
+	return bound
+}
+
+// classify is the error of runsc command sub, run under cctx (ctx with its
+// bound): nil if it succeeded (err nil); ctx's error if ctx ended; a
+// *TimeoutError if the bound passed; else its wait's error (waitErr, an
+// *exec.ExitError if runsc ran and failed) with the line of stderr that
+// says why, or err.
+func classify(ctx, cctx context.Context, sub string, bound time.Duration, err, waitErr error, stderr []byte) error {
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return fmt.Errorf("runsc %s: %w", sub, ctxErr(ctx))
+	case cctx.Err() != nil:
+		return &TimeoutError{Command: sub, Bound: bound}
+	case waitErr == nil:
+		return fmt.Errorf("runsc %s: %w", sub, err)
+	}
+	if msg := lastLine(stderr); msg != "" {
+		return fmt.Errorf("runsc %s: %w: %s", sub, waitErr, msg)
+	}
+	return fmt.Errorf("runsc %s: %w", sub, waitErr)
+}
+
+// runOwn runs runsc with args, a command go-runc has no method for (sub:
+// --version, flags), bounded and killed with its process group as bounded
+// runs go-runc's (runcmonitor.Prepare). Its stdout and stderr go to stdio
+// if not nil; else it returns its stdout.
+func runOwn(ctx context.Context, runsc, sub string, stdio *os.File, args ...string) ([]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("runsc %s: %w", sub, ctxErr(ctx))
+	}
+	bound := boundOf(sub, 0)
 	cctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	cmd := exec.CommandContext(cctx, inv.bin, inv.args...)
-	cmd.Env = withoutEnv(os.Environ(), "NOTIFY_SOCKET") // runsc would talk to systemd
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error {
-		// The whole group: runsc's helpers, or a script's children.
-		err := unix.Kill(-cmd.Process.Pid, unix.SIGKILL)
-		if err == unix.ESRCH {
-			return os.ErrProcessDone
-		}
-		return err
-	}
-	cmd.WaitDelay = cancelDelay
+	cmd := exec.CommandContext(cctx, runsc, args...)
+	runcmonitor.Prepare(cmd)
 	var stdout, stderr bytes.Buffer
-	if inv.stdio != nil {
-		cmd.Stdout, cmd.Stderr = inv.stdio, inv.stdio
+	if stdio != nil {
+		cmd.Stdout, cmd.Stderr = stdio, stdio
 	} else {
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	}
-	if inv.pdeath {
-		// Pdeathsig follows the thread that forked runsc, not the
-		// process: that thread must live until runsc is done.
-		cmd.SysProcAttr.Pdeathsig = unix.SIGKILL
-		goruntime.LockOSThread()
-		defer goruntime.UnlockOSThread()
-	}
 	err := cmd.Run()
-	switch {
-	case err == nil:
-		return stdout.Bytes(), nil
-	case ctx.Err() != nil:
-		return nil, fmt.Errorf("runsc %s: %w", inv.sub, ctxErr(ctx))
-	case cctx.Err() != nil:
-		return nil, &TimeoutError{Command: inv.sub, Bound: bound}
+	if err := classify(ctx, cctx, sub, bound, err, err, stderr.Bytes()); err != nil {
+		return nil, err
 	}
-	if msg := lastLine(stderr.Bytes()); msg != "" {
-		return nil, fmt.Errorf("runsc %s: %w: %s", inv.sub, err, msg)
-	}
-	return nil, fmt.Errorf("runsc %s: %w", inv.sub, err)
+	return stdout.Bytes(), nil
 }
+
+// fileIO is a runc.IO that gives runsc (and, for run and restore, the
+// container's first process) one file as stdout and stderr, and no stdin.
+type fileIO struct{ f *os.File }
+
+func (io fileIO) Close() error            { return nil }
+func (io fileIO) Stdin() goio.WriteCloser { return nil }
+func (io fileIO) Stdout() goio.ReadCloser { return nil }
+func (io fileIO) Stderr() goio.ReadCloser { return nil }
+func (io fileIO) Set(cmd *exec.Cmd)       { cmd.Stdout, cmd.Stderr = io.f, io.f }
 
 // ctxErr is ctx's error, with its cause if that says more (which signal
 // interrupted flmbox), both in the chain.
@@ -167,25 +201,4 @@ func lastLine(b []byte) string {
 		l = l[len(l)-512:]
 	}
 	return l
-}
-
-// withoutEnv returns env without the variables names.
-func withoutEnv(env []string, names ...string) []string {
-	out := make([]string, 0, len(env))
-next:
-	for _, v := range env {
-		for _, n := range names {
-			if strings.HasPrefix(v, n+"=") {
-				continue next
-			}
-		}
-		out = append(out, v)
-	}
-	return out
-}
-
-// command returns the invocation of runsc command sub on c, with runsc's
-// global flags (Args) and the Runtime's bound for sub.
-func (r *Runtime) command(c Container, sub string, args ...string) invocation {
-	return invocation{bin: r.runsc, sub: sub, args: r.Args(c, append([]string{sub}, args...)...), bound: r.bounds[sub]}
 }

@@ -11,11 +11,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
+	runc "github.com/containerd/go-runc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -121,9 +121,11 @@ func (r *Runtime) Run(ctx context.Context, c Container, bundle string, spec *spe
 		return 0, err
 	}
 	defer unlock()
-	inv := r.command(c, "run", "--bundle", dir, "--detach", "--pid-file", pidFile, c.ID)
-	inv.stdio, inv.pdeath = log, true
-	if _, err := inv.run(ctx); err != nil {
+	err = r.call(ctx, "run", func(ctx context.Context) error {
+		_, err := r.runc(c, true).Run(ctx, c.ID, dir, &runc.CreateOpts{IO: fileIO{log}, PidFile: pidFile, Detach: true})
+		return err
+	})
+	if err != nil {
 		r.cleanUp(ctx, c)
 		return 0, fmt.Errorf("run container with runsc: %w%s", err, logTail(log.Name()))
 	}
@@ -252,21 +254,23 @@ func (r *Runtime) Alive(ctx context.Context, c Container) bool {
 // runsc command that hangs on the container may hold its lock), or ctx
 // ended; the container may well be alive.
 func (r *Runtime) Running(ctx context.Context, c Container) (bool, error) {
-	out, err := r.command(c, "state", c.ID).run(ctx)
+	s, err := r.state(ctx, c)
 	if notExist(err) {
 		return false, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("state of container %s: %w", c.ID, err)
 	}
-	var s struct {
-		Status string `json:"status"`
-		Pid    int    `json:"pid"`
-	}
-	if err := json.Unmarshal(out, &s); err != nil {
-		return false, fmt.Errorf("state of container %s: runsc state printed %q: %w", c.ID, truncate(out, 200), errdefs.ErrUnknown)
-	}
 	return s.Status == "running" && alive(s.Pid), nil
+}
+
+// state is runsc state of c.
+func (r *Runtime) state(ctx context.Context, c Container) (s *runc.Container, err error) {
+	err = r.call(ctx, "state", func(ctx context.Context) error {
+		s, err = r.runc(c, false).State(ctx, c.ID)
+		return err
+	})
+	return s, err
 }
 
 // notExist says whether err is runsc's failure on a container it does
@@ -274,13 +278,6 @@ func (r *Runtime) Running(ctx context.Context, c Container) (bool, error) {
 func notExist(err error) bool {
 	var ee *exec.ExitError
 	return errors.As(err, &ee) && (strings.Contains(err.Error(), "does not exist") || strings.Contains(err.Error(), "not found"))
-}
-
-func truncate(b []byte, n int) []byte {
-	if len(b) > n {
-		return b[:n]
-	}
-	return b
 }
 
 // alive reports whether process pid exists and is not a zombie (a killed
@@ -312,7 +309,9 @@ func (r *Runtime) Delete(ctx context.Context, c Container) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("delete container %s: %w", c.ID, ctxErr(ctx))
 	}
-	_, kerr := r.command(c, "kill", "--all", c.ID, strconv.Itoa(int(unix.SIGKILL))).run(ctx)
+	kerr := r.call(ctx, "kill", func(ctx context.Context) error {
+		return r.runc(c, false).Kill(ctx, c.ID, int(unix.SIGKILL), &runc.KillOpts{All: true})
+	})
 	var timeout *TimeoutError
 	switch {
 	case ctx.Err() != nil:
@@ -320,7 +319,9 @@ func (r *Runtime) Delete(ctx context.Context, c Container) error {
 	case errors.As(kerr, &timeout):
 		r.killProcesses(c.ID)
 	}
-	_, err := r.command(c, "delete", "--force", c.ID).run(ctx)
+	err := r.call(ctx, "delete", func(ctx context.Context) error {
+		return r.runc(c, false).Delete(ctx, c.ID, &runc.DeleteOpts{Force: true})
+	})
 	switch {
 	case err == nil || notExist(err):
 	case ctx.Err() != nil:
@@ -329,7 +330,7 @@ func (r *Runtime) Delete(ctx context.Context, c Container) error {
 		r.killProcesses(c.ID)
 		return fmt.Errorf("delete container %s with runsc: %w", c.ID, err)
 	default:
-		if _, serr := r.command(c, "state", c.ID).run(ctx); serr == nil {
+		if _, serr := r.state(ctx, c); serr == nil {
 			return fmt.Errorf("delete container %s with runsc: %w", c.ID, err) // runsc still knows it
 		}
 	}
@@ -359,16 +360,13 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 	if ids, ok := r.stateIDs(); ok {
 		return ids, nil
 	}
-	inv := invocation{bin: r.runsc, sub: "list", args: []string{"--root", r.root, "list", "--format=json"}, bound: r.bounds["list"]}
-	out, err := inv.run(ctx)
+	var cs []*runc.Container
+	err := r.call(ctx, "list", func(ctx context.Context) (err error) {
+		cs, err = (&runc.Runc{Command: r.runsc, Root: r.root, Setpgid: true}).List(ctx)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("list containers with runsc: %w", err)
-	}
-	var cs []struct {
-		ID string `json:"id"`
-	}
-	if err := json.Unmarshal(out, &cs); err != nil {
-		return nil, fmt.Errorf("list containers with runsc: runsc list printed %q: %w", truncate(out, 200), errdefs.ErrUnknown)
 	}
 	ids := make([]string, 0, len(cs))
 	for _, c := range cs {

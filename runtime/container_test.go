@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,10 +17,37 @@ func TestArgs(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("Args = %q, want %q", got, want)
 	}
-	inv := r.command(Container{ID: "flmbox-4567", Network: NetworkNone}, "delete", "--force", "flmbox-4567")
-	want = []string{"--root", "/var/lib/flmbox/runsc", "--network=none", "--host-uds=create", "delete", "--force", "flmbox-4567"}
-	if inv.bin != "runsc" || inv.sub != "delete" || !slices.Equal(inv.args, want) {
-		t.Fatalf("command: %s %q (%s), want %q", inv.bin, inv.args, inv.sub, want)
+}
+
+// TestRuncCommandLines: the runsc commands go-runc runs for the Runtime
+// have runsc's global flags as Args gives them, then the command's own.
+func TestRuncCommandLines(t *testing.T) {
+	dir := t.TempDir()
+	runsc, argv := filepath.Join(dir, "runsc"), filepath.Join(dir, "argv")
+	script := "#!/bin/sh\necho \"$*\" >> " + argv + "\n"
+	if err := os.WriteFile(runsc, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewRuntime(runsc, filepath.Join(dir, "root"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := Container{ID: "flmbox-4567", Network: NetworkNone}
+	if err := r.Delete(context.Background(), c); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Checkpoint(context.Background(), c, "/img", true); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(argv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	global := "--root " + r.root + " --network=none --host-uds=create "
+	want := []string{global + "kill --all flmbox-4567 9", global + "delete --force flmbox-4567",
+		global + "checkpoint --image-path /img --leave-running flmbox-4567"}
+	if got := strings.Split(strings.TrimSpace(string(b)), "\n"); !slices.Equal(got, want) {
+		t.Fatalf("runsc ran\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
 

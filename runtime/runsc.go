@@ -70,7 +70,9 @@ var defaultPlatformRE = regexp.MustCompile(`(?s)-platform string\s.*?\(default "
 // InspectRunsc runs `runsc --version` and `runsc flags`, each killed if it
 // does not finish in seconds.
 func InspectRunsc(ctx context.Context, runsc string) (*RunscInfo, error) {
-	out, err := invocation{bin: runsc, sub: "--version", args: []string{"--version"}}.run(ctx)
+	// go-runc's Version reads runc's words ("runc version"), and it has no
+	// flags: both run beside it, bounded as it runs runsc.
+	out, err := runOwn(ctx, runsc, "--version", nil, "--version")
 	if err != nil {
 		return nil, fmt.Errorf("run %s --version: %w", runsc, err)
 	}
@@ -90,7 +92,7 @@ func InspectRunsc(ctx context.Context, runsc string) (*RunscInfo, error) {
 	defer os.Remove(flags.Name())
 	defer flags.Close()
 	// Old releases print flags with an error status, some on stderr.
-	if _, err := (invocation{bin: runsc, sub: "flags", args: []string{"flags"}, stdio: flags}).run(ctx); err != nil && (ctx.Err() != nil || errors.As(err, new(*TimeoutError))) {
+	if _, err := runOwn(ctx, runsc, "flags", flags, "flags"); err != nil && (ctx.Err() != nil || errors.As(err, new(*TimeoutError))) {
 		return nil, fmt.Errorf("run %s flags: %w", runsc, err)
 	}
 	b, _ := os.ReadFile(flags.Name())
