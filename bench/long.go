@@ -136,7 +136,7 @@ func (r *runner) measureLongWork(ctx context.Context, sb *sandbox.Sandbox, bare 
 			return string(res.Stdout.Data), nil
 		}},
 		{cpus: new(int), run: func(ctx context.Context) (string, error) {
-			rc, err := sandboxRunc(sb)
+			rc, err := r.sandboxRunc(sb)
 			if err != nil {
 				return "", err
 			}

@@ -54,8 +54,8 @@ func (r *runner) rawRunc() *runc.Runc {
 
 // sandboxRunc is go-runc's client for runsc commands on sb, with the
 // sandbox's own runsc root and global flags.
-func sandboxRunc(sb *sandbox.Sandbox) (*runc.Runc, error) {
-	runsc, global, err := sb.RunscArgs()
+func (r *runner) sandboxRunc(sb *sandbox.Sandbox) (*runc.Runc, error) {
+	runsc, global, err := r.m.Plumbing().RunscArgs(sb)
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +110,7 @@ func (r *runner) writeRawBundle() error {
 
 // bareSpec is the raw containers' spec (sandbox.BareSpec).
 func (r *runner) bareSpec() (*specs.Spec, error) {
-	return sandbox.BareSpec(sandbox.Spec{Image: r.image}, r.img.Rootfs, r.imageEnv, "sleep", "infinity")
+	return r.m.Plumbing().BareSpec(sandbox.Spec{Image: r.image}, r.img.Rootfs, r.imageEnv, "sleep", "infinity")
 }
 
 // newRawID returns a runsc container ID. runsc matches IDs by prefix, so

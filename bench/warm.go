@@ -156,7 +156,7 @@ const strayKills = 2
 // starts while the agent sweeps after the flmbox call measured before it
 // is killed (exit 137, SIGKILL): it is run again, its time not counted.
 func (r *runner) timeRunscExec(ctx context.Context, sb *sandbox.Sandbox, argv []string) (time.Duration, error) {
-	rc, err := sandboxRunc(sb)
+	rc, err := r.sandboxRunc(sb)
 	if err != nil {
 		return 0, err
 	}

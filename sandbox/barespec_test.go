@@ -11,7 +11,7 @@ import (
 // TestBareSpec checks that the bare runsc baseline gets what a sandbox gets
 // by default: limits, /tmp, user, environment, no network.
 func TestBareSpec(t *testing.T) {
-	s, err := BareSpec(Spec{Image: "img"}, "/rootfs", []string{"PATH=/usr/bin", "PYTHONPATH=/opt"}, "sleep", "infinity")
+	s, err := bareSpec(Spec{Image: "img"}, "/rootfs", []string{"PATH=/usr/bin", "PYTHONPATH=/opt"}, "sleep", "infinity")
 	if err != nil {
 		t.Fatal(err)
 	}

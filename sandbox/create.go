@@ -238,13 +238,8 @@ func boundOpts(spec Spec) []runtime.SpecOpt {
 	return []runtime.SpecOpt{runtime.WithNetwork(runscNetwork(spec.Network)), runtime.WithLimits(runtimeLimits(spec.Limits))}
 }
 
-// BareSpec returns the OCI runtime spec of a bare runsc container that is
-// made as a sandbox of spec is (the unpacked image at rootfsDir read-only, a
-// /tmp, the sandbox's environment from the image's imageEnv, its network and
-// limits) but runs argv as the snippets' user instead of flmbox's agent, and
-// has none of the agent's mounts: the baseline that measurements of flmbox
-// compare a sandbox with.
-func BareSpec(spec Spec, rootfsDir string, imageEnv []string, argv ...string) (*specs.Spec, error) {
+// bareSpec is Plumbing.BareSpec.
+func bareSpec(spec Spec, rootfsDir string, imageEnv []string, argv ...string) (*specs.Spec, error) {
 	spec, err := spec.Normalize()
 	if err != nil {
 		return nil, err

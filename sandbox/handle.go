@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 
-	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox/record"
 )
 
@@ -69,16 +68,3 @@ func (sb *Sandbox) Release(ctx context.Context) error { return sb.m.release(ctx,
 // Remove stops the sandbox and removes everything it is made of
 // (Manager.Remove).
 func (sb *Sandbox) Remove(ctx context.Context) error { return sb.m.remove(ctx, sb.target()) }
-
-// RunscArgs returns the arguments of a runsc command on the sandbox:
-// runsc's global flags as flmbox passes them on every call of the sandbox,
-// then args; and the runsc binary. It is for tools and measurements that run
-// runsc themselves (runsc exec, with the sandbox's ID).
-func (sb *Sandbox) RunscArgs(args ...string) (runsc string, argv []string, err error) {
-	rt, err := sb.m.runtime()
-	if err != nil {
-		return "", nil, err
-	}
-	c := runtime.Container{ID: sb.ID, Network: runtime.Network(sb.Network), Platform: sb.Platform}
-	return rt.Runsc(), rt.Args(c, args...), nil
-}

@@ -106,7 +106,7 @@ func Open(root string, opts ...Option) (*Manager, error) {
 	if m.o.refiller == nil {
 		m.o.refiller = func(shape string) {
 			m.background(func(ctx context.Context) {
-				if err := m.Refill(ctx, shape); err != nil && ctx.Err() == nil {
+				if err := m.refillPool(ctx, shape); err != nil && ctx.Err() == nil {
 					m.o.warnf("%v", err)
 				}
 			})

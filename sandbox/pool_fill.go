@@ -19,7 +19,7 @@ import (
 
 // WithRefill sets how a pool is refilled when an Acquire leaves it below
 // its size: refill is called with the pool's shape and must return at once,
-// having started something that calls Manager.Refill(ctx, shape) — a
+// having started something that calls Plumbing.Refill(ctx, shape) — a
 // detached process, for a caller that exits soon after (the flmbox command
 // runs flmbox pool refill SHAPE). Default: a goroutine of this process,
 // which is lost if the process exits first (the next Acquire starts
@@ -33,12 +33,12 @@ func (o *options) refill(key string) {
 	}
 }
 
-// Refill makes new sandboxes for the pool of shape until it holds its size,
-// unless another refill of that pool is at work (then it returns nil at
-// once: at most one refill per pool at a time). The sandboxes are made two
-// at a time and belong to this process until they are parked, so that a
+// refillPool makes new sandboxes for the pool of shape until it holds its
+// size, unless another refill of that pool is at work (then it returns nil
+// at once: at most one refill per pool at a time). The sandboxes are made
+// two at a time and belong to this process until they are parked, so that a
 // refill killed midway leaves nothing to anyone but Reconcile.
-func (m *Manager) Refill(ctx context.Context, shape string) error {
+func (m *Manager) refillPool(ctx context.Context, shape string) error {
 	if err := m.open(); err != nil {
 		return err
 	}

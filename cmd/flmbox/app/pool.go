@@ -57,7 +57,7 @@ func poolRefillCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			return m.Refill(c.Context, c.Args().First())
+			return m.Plumbing().Refill(c.Context, c.Args().First())
 		},
 	}
 }
