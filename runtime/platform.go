@@ -8,13 +8,15 @@ import (
 	"strings"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/flmbox/flmbox/internal/errkind"
 	"golang.org/x/sys/unix"
 )
 
 // ErrPlatformUnsupported reports a gVisor platform that this host cannot
 // run (kvm without a usable /dev/kvm). It matches errdefs.ErrInvalidArgument:
 // another platform must be chosen.
-var ErrPlatformUnsupported error = &kindError{errdefs.ErrInvalidArgument}
+var ErrPlatformUnsupported = errkind.Of(errdefs.ErrInvalidArgument)
 
 // platformNames are gVisor's platforms, runsc's default first.
 var platformNames = []string{"systrap", "ptrace", "kvm"}

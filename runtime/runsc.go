@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/flmbox/flmbox/internal/errkind"
 )
 
 // RunscEnv is the environment variable that names the runsc binary.
@@ -21,20 +23,11 @@ var (
 	// ErrRunscNotFound reports that the runsc named does not exist (or
 	// cannot be examined), or that none is on PATH. It matches
 	// errdefs.ErrNotFound.
-	ErrRunscNotFound error = &kindError{errdefs.ErrNotFound}
+	ErrRunscNotFound = errkind.Of(errdefs.ErrNotFound)
 	// ErrRunscNotExecutable reports that the runsc named is a directory or
 	// has no execute permission. It matches errdefs.ErrInvalidArgument.
-	ErrRunscNotExecutable error = &kindError{errdefs.ErrInvalidArgument}
+	ErrRunscNotExecutable = errkind.Of(errdefs.ErrInvalidArgument)
 )
-
-// kindError is a sentinel of an errdefs kind. It is a pointer, so that two
-// sentinels of one kind are never equal (errdefs' WithMessage values are
-// equal when their kind and text are), and its text is its kind's, so that a
-// message that wraps it reads as one that wraps the kind ("...: not found").
-type kindError struct{ kind error }
-
-func (e *kindError) Error() string { return e.kind.Error() }
-func (e *kindError) Unwrap() error { return e.kind }
 
 // FindRunsc returns the runsc binary to use: path if it is not empty (the
 // CLI's --runsc or FLMBOX_RUNSC), else "runsc" on PATH. It fails with
