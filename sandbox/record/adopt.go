@@ -56,6 +56,9 @@ func (a Adoption) Adopt(ctx context.Context, rec *Record) (_ *Record, err error)
 	}
 	defer unlock()
 	if err := rec.Ping(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil, err // the caller's end: the sandbox stays idle
+		}
 		if a.Discard != nil {
 			a.warn(fmt.Errorf("removing idle sandbox %s of pool %s, whose agent does not answer: %w", rec.Name, rec.Shape, err))
 			a.Discard(ctx, rec)
@@ -88,7 +91,8 @@ func (a Adoption) Adopt(ctx context.Context, rec *Record) (_ *Record, err error)
 // took first, whose agent does not answer, or whose adoption failed
 // otherwise (told to a.Warn). It returns the record of the sandbox adopted
 // and whether it was the last one idle, or nil if it adopted none; its
-// error is a.Rename's errdefs.ErrAlreadyExists.
+// error is a.Rename's errdefs.ErrAlreadyExists, or ctx's end (the
+// sandboxes not taken stay idle).
 func (a Adoption) FromPool(ctx context.Context, root, key string) (_ *Record, last bool, err error) {
 	idle := Idle(root, key)
 	for i, rec := range idle {
@@ -96,7 +100,7 @@ func (a Adoption) FromPool(ctx context.Context, root, key string) (_ *Record, la
 		switch {
 		case errors.Is(err, errTaken):
 			continue
-		case errdefs.IsAlreadyExists(err):
+		case errdefs.IsAlreadyExists(err) || ctx.Err() != nil:
 			return nil, false, err
 		case err != nil:
 			a.warn(err)

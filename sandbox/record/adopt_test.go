@@ -73,6 +73,14 @@ func TestAdopt(t *testing.T) {
 	}
 	defer l.Unlock()
 
+	// A caller whose context ended takes nothing and discards nothing.
+	ended, cancel := context.WithCancel(t.Context())
+	cancel()
+	never := Adoption{Discard: func(_ context.Context, rec *Record) { t.Errorf("discarded %s for an ended context", rec.Name) }}
+	if got, _, err := never.FromPool(ended, root, "s"); got != nil || !errors.Is(err, context.Canceled) {
+		t.Errorf("FromPool with an ended context = %v, %v; want nothing, context.Canceled", got, err)
+	}
+
 	// Without Discard, one whose agent does not answer is left idle.
 	var warned []error
 	a := Adoption{Owned: true, Labels: map[string]string{"k": "v"}, Warn: func(err error) { warned = append(warned, err) }}
