@@ -1,14 +1,12 @@
 package sandbox
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
@@ -17,6 +15,7 @@ import (
 	"github.com/flmbox/flmbox/internal/errkind"
 	"golang.org/x/sys/unix"
 
+	"github.com/flmbox/flmbox/internal/privilege"
 	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/sandbox/record"
 )
@@ -27,17 +26,11 @@ import (
 // can only be removed. It is errdefs.ErrDataLoss.
 var ErrCheckpointDamaged = errkind.New(errdefs.ErrDataLoss, "its checkpoint is damaged")
 
-// capSysAdmin is CAP_SYS_ADMIN's bit: mounting a sandbox's run directory and
-// runsc's own sandboxing need it.
-const capSysAdmin = 21
-
 // checkPrivileges fails, with errdefs.ErrPermissionDenied and before
 // anything is made, unless this process can make sandboxes: runsc (as
 // flmbox runs it) and the run directory's tmpfs need root, with
-// CAP_SYS_ADMIN.
-func checkPrivileges(doing string) error {
-	return privilegeError(doing, os.Geteuid(), effectiveCaps())
-}
+// CAP_SYS_ADMIN (privilege.Check, the flmbox command's check too).
+func checkPrivileges(doing string) error { return privilege.Check(doing) }
 
 // createDoing is what making a sandbox named name (maybe "") is called in
 // an error.
@@ -46,38 +39,6 @@ func createDoing(name string) string {
 		return "create a sandbox"
 	}
 	return fmt.Sprintf("create sandbox %q", name)
-}
-
-// privilegeError is checkPrivileges for a process of euid whose effective
-// capabilities are caps.
-func privilegeError(doing string, euid int, caps uint64) error {
-	switch {
-	case euid != 0:
-		return fmt.Errorf("%s: flmbox needs root (it runs runsc and mounts as root); this process runs as uid %d: %w", doing, euid, errdefs.ErrPermissionDenied)
-	case caps&(1<<capSysAdmin) == 0:
-		return fmt.Errorf("%s: flmbox needs root with CAP_SYS_ADMIN, which this process lacks: %w", doing, errdefs.ErrPermissionDenied)
-	}
-	return nil
-}
-
-// effectiveCaps are this process's effective capabilities (CapEff in
-// /proc/self/status); all of them if they cannot be read, so that the
-// operation itself says what fails.
-func effectiveCaps() uint64 {
-	f, err := os.Open("/proc/self/status")
-	if err != nil {
-		return ^uint64(0)
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if v, ok := strings.CutPrefix(s.Text(), "CapEff:"); ok {
-			if caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64); err == nil {
-				return caps
-			}
-		}
-	}
-	return ^uint64(0)
 }
 
 // failure is an error as a person reads it: one line, what failed and

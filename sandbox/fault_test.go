@@ -307,29 +307,6 @@ func TestFailedSuspendLeavesItRunning(t *testing.T) {
 	}
 }
 
-// TestPrivileges: without root, or without CAP_SYS_ADMIN, the first words
-// say what flmbox needs.
-func TestPrivileges(t *testing.T) {
-	for _, tc := range []struct {
-		euid int
-		caps uint64
-		want string
-	}{
-		{0, ^uint64(0), ""},
-		{1000, ^uint64(0), `create sandbox "x": flmbox needs root`},
-		{1000, 0, `create sandbox "x": flmbox needs root`},
-		{0, ^uint64(0) &^ (1 << capSysAdmin), `create sandbox "x": flmbox needs root with CAP_SYS_ADMIN`},
-	} {
-		err := privilegeError(`create sandbox "x"`, tc.euid, tc.caps)
-		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("euid %d caps %x: %v", tc.euid, tc.caps, err)
-		case tc.want != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.want) || !errdefs.IsPermissionDenied(err)):
-			t.Errorf("euid %d caps %x: %v, want %q, permission denied", tc.euid, tc.caps, err, tc.want)
-		}
-	}
-}
-
 // TestSpecRefusesWhatCannotBeMet: limits the host cannot meet and mounts
 // that hand a sandbox the host are refused by the one validation of a Spec,
 // in one line naming the field.

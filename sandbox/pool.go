@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"time"
 
@@ -22,9 +21,6 @@ const poolPrefix = "pool-"
 // releaseTimeout bounds the reset (and the preinstalls) of a released
 // sandbox.
 const releaseTimeout = 2 * time.Minute
-
-// errTaken is adopt's failure when another process got the sandbox first.
-var errTaken = errors.New("taken")
 
 // Acquire returns a clean running sandbox made from spec: one adopted from
 // the pool of spec's shape if one is idle there, else a new one (Create).
@@ -57,24 +53,16 @@ func (m *Manager) Acquire(ctx context.Context, spec Spec) (*Sandbox, error) {
 		return nil, err
 	}
 	key := sh.key()
-	idle := m.pooled(key)
 	cfg := m.readPool(key)
-	for i, rec := range idle {
-		sb, err := m.adopt(ctx, rec, spec)
-		if errors.Is(err, errTaken) {
-			continue
-		}
-		if errdefs.IsAlreadyExists(err) {
-			return nil, err
-		}
-		if err != nil {
-			m.o.warnf("%v", err)
-			continue
-		}
-		if cfg != nil && i == len(idle)-1 {
+	rec, last, err := m.adoption(spec).FromPool(ctx, m.root, key)
+	if err != nil {
+		return nil, err
+	}
+	if rec != nil {
+		if cfg != nil && last {
 			m.o.refill(key) // it took the last one
 		}
-		return sb, nil
+		return m.sandbox(rec), nil
 	}
 	if cfg != nil && cfg.Size > 0 {
 		m.o.refill(key)
@@ -146,40 +134,26 @@ func (m *Manager) pooled(key string) []*record.Record { return record.Idle(m.roo
 // (record.All).
 func (m *Manager) records() []*record.Record { return record.All(m.root) }
 
-// adopt takes the idle pooled sandbox of rec for spec, under its lock. It
-// fails with errTaken if another process took it (or removed it) first.
-func (m *Manager) adopt(ctx context.Context, rec *record.Record, spec Spec) (_ *Sandbox, err error) {
-	rec, unlock := record.LockIdle(rec)
-	if rec == nil {
-		return nil, errTaken
-	}
-	defer unlock()
-	if err := rec.Ping(ctx); err != nil {
-		m.o.warnf("removing idle sandbox %s of pool %s, whose agent does not answer: %v", rec.Name, rec.Shape, err)
-		if err := m.destroy(ctx, rec); err != nil {
-			m.o.warnf("%v", err)
-		}
-		return nil, errTaken
-	}
-	rec.Pooled, rec.Owner, rec.Labels = nil, nil, maps.Clone(spec.Labels)
-	if spec.Ephemeral {
-		if rec.Owner, err = record.Self(); err != nil {
-			return nil, fmt.Errorf("acquire sandbox: %w", err)
-		}
+// adoption is how Acquire adopts an idle pooled sandbox for spec
+// (record.Adoption, which the flmbox command's pooled run --image uses
+// too): under spec's name if set, owned by this process if
+// spec.Ephemeral, with spec's labels; one whose agent does not answer, or
+// whose record cannot be written, is removed.
+func (m *Manager) adoption(spec Spec) record.Adoption {
+	a := record.Adoption{
+		Owned:  spec.Ephemeral,
+		Labels: spec.Labels,
+		Discard: func(ctx context.Context, rec *record.Record) {
+			if err := m.destroy(ctx, rec); err != nil {
+				m.o.warnf("%v", err)
+			}
+		},
+		Warn: func(err error) { m.o.warnf("%v", err) },
 	}
 	if spec.Name != "" {
-		if err := m.rename(rec, spec.Name); err != nil {
-			return nil, err
-		}
+		a.Rename = func(rec *record.Record) error { return m.rename(rec, spec.Name) }
 	}
-	if err := record.Write(rec); err != nil {
-		if derr := m.destroy(ctx, rec); derr != nil {
-			m.o.warnf("%v", derr)
-		}
-		return nil, err
-	}
-	rec.Touch()
-	return m.sandbox(rec), nil
+	return a
 }
 
 // rename moves the sandbox of rec (whose lock the caller holds: it follows

@@ -35,14 +35,14 @@ func parseBatchCall(args []string, lookupEnv func(string) (string, bool)) (*warm
 	return w, true
 }
 
-// withBatch adds --batch and --parallel to set.
-func withBatch(set flagSet) flagSet {
+// withBatch adds --batch and --parallel to flags.
+func withBatch(flags []runcmd.Flag) []runcmd.Flag {
 	for _, f := range runcmd.RunFlags {
 		if f.Name == "batch" || f.Name == "parallel" {
-			set[f.Name] = f
+			flags = append(flags, f)
 		}
 	}
-	return set
+	return flags
 }
 
 // setParallel sets --parallel to value, a decimal number; false otherwise

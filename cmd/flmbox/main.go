@@ -3,7 +3,7 @@
 //
 // This binary is small on purpose. A warm call, flmbox run --sandbox NAME,
 // is the hot path of an agent's worker, and starting the whole CLI (image
-// pulls over TLS, a registry, urfave/cli) costs about 2 ms per process: more
+// pulls over TLS, a registry, gRPC) costs milliseconds per process: more
 // than a shell snippet takes in a warm sandbox. So flmbox makes a plain warm
 // call itself (warm.go), serves a plain run --image from a warm pool
 // (pool.go), runs a batch in a running sandbox (batch.go), and execs flmbox-core, installed next to it, for every other

@@ -9,10 +9,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 
 	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
+	"github.com/flmbox/flmbox/internal/privilege"
 	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
@@ -25,10 +25,10 @@ const agentName = "flmbox-agent"
 // flmbox-core costs milliseconds to start (go-containerregistry, net/http,
 // gRPC): more than a pooled sandbox's whole answer. So when flmbox-core has
 // left a hint of this command line's shape (runcmd.PoolHintKey), the flmbox
-// command takes an idle sandbox of that shape as package sandbox's Acquire
-// does (under its directory's lock: still idle, its agent answering; the
-// record then names this process its owner, so that a kill leaves it to
-// Reconcile), makes the call and prints its result, starts the pool's
+// command takes an idle sandbox of that shape by package sandbox's Acquire's
+// own code (record.Adoption: under its directory's lock, still idle, its
+// agent answering; the record then names this process its owner, so that a
+// kill leaves it to Reconcile), makes the call and prints its result, starts the pool's
 // refill if it took the last one, and then execs flmbox-core to give the
 // sandbox back (`pool return`: reset into its pool, or removed), which
 // exits with the call's status as `run --image` does. Anything else (no
@@ -71,7 +71,7 @@ func (w *warmCall) globalArgs() []string {
 // caller must exec flmbox-core with back's command line.
 func (w *warmCall) runPooled(ctx context.Context, core string, stdout, stderr io.Writer) (back giveBack, ok bool) {
 	req, ok := w.request()
-	if !ok || os.Geteuid() != 0 || !hasSysAdmin() {
+	if !ok || privilege.Check("take a pooled sandbox") != nil {
 		return back, false // flmbox-core says why
 	}
 	self, err := os.Executable()
@@ -86,8 +86,11 @@ func (w *warmCall) runPooled(ctx context.Context, core string, stdout, stderr io
 	if shape == "" {
 		return back, false
 	}
-	rec, last := w.adopt(ctx, shape)
-	if rec == nil {
+	// As package sandbox's Acquire adopts for run --image (an ephemeral
+	// sandbox under its pool name), but one it cannot hand out is left to
+	// flmbox-core, which removes it: this binary runs no runsc.
+	rec, last, err := record.Adoption{Owned: true}.FromPool(ctx, w.root, shape)
+	if rec == nil || err != nil {
 		return back, false
 	}
 	back.name = rec.Name
@@ -96,42 +99,6 @@ func (w *warmCall) runPooled(ctx context.Context, core string, stdout, stderr io
 		w.refill(core, shape) // after the result: it would take CPU from the call
 	}
 	return back, true
-}
-
-// adopt takes an idle sandbox of shape, the most recently parked first, as
-// package sandbox's adopt does, and says whether it was the last one; nil
-// if it could take none (flmbox-core then removes those whose agent does
-// not answer, or makes a sandbox).
-func (w *warmCall) adopt(ctx context.Context, shape string) (_ *record.Record, last bool) {
-	idle := record.Idle(w.root, shape)
-	for i, rec := range idle {
-		if took := takeIdle(ctx, rec); took != nil {
-			return took, i == len(idle)-1
-		}
-	}
-	return nil, false
-}
-
-// takeIdle takes the idle pooled sandbox of rec under its lock: nil if
-// another process took it first, or its agent does not answer.
-func takeIdle(ctx context.Context, rec *record.Record) *record.Record {
-	rec, unlock := record.LockIdle(rec)
-	if rec == nil {
-		return nil
-	}
-	defer unlock()
-	if rec.Ping(ctx) != nil {
-		return nil
-	}
-	owner, err := record.Self()
-	if err != nil {
-		return nil
-	}
-	rec.Pooled, rec.Owner = nil, owner
-	if record.Write(rec) != nil {
-		return nil // the record is as it was: still idle
-	}
-	return rec // its call marks its last use
 }
 
 // refill starts `flmbox-core pool refill SHAPE` in the background, as
@@ -170,22 +137,6 @@ func (w *warmCall) call(ctx context.Context, rec *record.Record, req *wire.Reque
 		return runcmd.ExitFlmboxFailed, err.Error(), false
 	}
 	return code, msg, false
-}
-
-// hasSysAdmin says whether this process has CAP_SYS_ADMIN, which
-// flmbox-core requires of whoever takes a sandbox.
-func hasSysAdmin() bool {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return false
-	}
-	for line := range strings.Lines(string(b)) {
-		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
-			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-			return err == nil && caps&(1<<21) != 0
-		}
-	}
-	return false
 }
 
 // execArgs replaces this process with flmbox-core at core and args; it

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/urfave/cli/v2"
+
 	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
 	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
@@ -32,21 +34,15 @@ type warmCall struct {
 	env                  []string // -e K=V, the call's
 }
 
-// flagSet is what the warm-call parser knows of a table of flags: each
-// name and alias, whether it takes a value, and its flag.
-type flagSet map[string]runcmd.Flag
-
-// warmFlags returns the Warm flags of table by name and alias.
-func warmFlags(table []runcmd.Flag) flagSet {
-	set := flagSet{}
+// warmFlags are the flags of table marked Warm.
+func warmFlags(table []runcmd.Flag) []runcmd.Flag {
+	var out []runcmd.Flag
 	for _, f := range table {
 		if f.Warm {
-			for _, n := range f.Names() {
-				set[n] = f
-			}
+			out = append(out, f)
 		}
 	}
-	return set
+	return out
 }
 
 var (
@@ -56,25 +52,25 @@ var (
 	runBatchFlags   = withBatch(warmFlags(runcmd.RunFlags))
 )
 
-// withPooled adds to set the flags of a plain run --image: --image, and
+// withPooled adds to flags those of a plain run --image: --image, and
 // --tmp-size, whose value is taken as given (flmbox-core reads it).
-func withPooled(set flagSet) flagSet {
+func withPooled(flags []runcmd.Flag) []runcmd.Flag {
 	for _, f := range runcmd.RunFlags {
 		if f.Name == "image" {
-			set[f.Name] = f
+			flags = append(flags, f)
 		}
 	}
-	set["tmp-size"] = runcmd.Flag{Name: "tmp-size", Kind: runcmd.String}
-	return set
+	return append(flags, runcmd.Flag{Name: "tmp-size", Kind: runcmd.String})
 }
 
 // parseWarmCall recognizes the command lines that flmbox runs itself: run
 // --sandbox NAME with (-c CODE | FILE) and only the flags runcmd's tables
-// mark Warm, global ones before run, written as -f, --f, -f=V or --f=V,
-// run's flags before or after FILE, and "--" ending them, as flmbox-core
-// reads them. It returns false for anything else (other commands or flags,
-// code on stdin, help, a global flag set only through its environment
-// variable), which flmbox-core then runs. A Size is taken here only as a
+// mark Warm, global ones before run, run's before or after FILE, read by
+// the parser flmbox-core reads them with (urfave/cli, after
+// runcmd.HoistFlags). It returns false for anything else (other commands
+// or flags, a flag in two forms, code on stdin, help, a global flag set
+// only through its environment variable), which flmbox-core then runs or
+// refuses. A Size is taken here only as a
 // plain number of bytes; sizes such as 1MiB are flmbox-core's to parse.
 func parseWarmCall(args []string, lookupEnv func(string) (string, bool)) (*warmCall, bool) {
 	w, ok := parseRun(args, lookupEnv, runWarmFlags)
@@ -97,9 +93,13 @@ func parsePooledCall(args []string, lookupEnv func(string) (string, bool)) (*war
 	return w, true
 }
 
+// errNotWarm is the parse's failure for a command line that is not a run.
+var errNotWarm = errors.New("not a warm call")
+
 // parseRun reads a run command line whose run flags are all of known, as
-// parseWarmCall describes.
-func parseRun(args []string, lookupEnv func(string) (string, bool), known flagSet) (*warmCall, bool) {
+// parseWarmCall describes: with urfave/cli, as flmbox-core reads it
+// (runcmd.HoistFlags, then the parse), every value then checked by set.
+func parseRun(args []string, lookupEnv func(string) (string, bool), known []runcmd.Flag) (*warmCall, bool) {
 	w := &warmCall{}
 	for _, table := range [][]runcmd.Flag{runcmd.GlobalFlags, runcmd.RunFlags} {
 		for _, f := range table {
@@ -120,42 +120,26 @@ func parseRun(args []string, lookupEnv func(string) (string, bool), known flagSe
 			}
 		}
 	}
-	for {
-		if len(args) == 0 {
-			return nil, false
-		}
-		name, value, rest, ok := nextFlag(args, globalWarmFlags)
-		if !ok {
-			break
-		}
-		if !w.set(name, value) {
-			return nil, false
-		}
-		args = rest
-	}
-	if args[0] != "run" {
-		return nil, false
-	}
-	args = args[1:]
 	var positional []string
-	for len(args) > 0 {
-		if args[0] == "--" {
-			if len(positional) > 0 {
-				return nil, false // flmbox-core counts a "--" after FILE as an argument
-			}
-			positional = append(positional, args[1:]...)
-			break
-		}
-		if !strings.HasPrefix(args[0], "-") || args[0] == "-" {
-			positional = append(positional, args[0])
-			args = args[1:]
-			continue
-		}
-		name, value, rest, ok := nextFlag(args, known)
-		if !ok || !w.set(name, value) {
-			return nil, false
-		}
-		args = rest
+	ran := false
+	refuse := func(_ *cli.Context, err error, _ bool) error { return err }
+	app := &cli.App{
+		Name: "flmbox", HideHelp: true, HideHelpCommand: true, HideVersion: true,
+		Writer: io.Discard, ErrWriter: io.Discard, ExitErrHandler: func(*cli.Context, error) {}, OnUsageError: refuse,
+		DisableSliceFlagSeparator: true, // -e K=x,y is one value
+		Flags:                     cliFlags(globalWarmFlags),
+		Before:                    func(c *cli.Context) error { return w.read(c, globalWarmFlags) },
+		Action:                    func(*cli.Context) error { return errNotWarm }, // no command, or another
+		Commands: []*cli.Command{{
+			Name: "run", HideHelp: true, OnUsageError: refuse, Flags: cliFlags(known),
+			Action: func(c *cli.Context) error {
+				positional, ran = c.Args().Slice(), true
+				return w.read(c, known)
+			},
+		}},
+	}
+	if err := app.Run(runcmd.HoistFlags(app, append([]string{"flmbox"}, args...))); err != nil || !ran {
+		return nil, false
 	}
 	switch {
 	case w.root == "":
@@ -168,6 +152,47 @@ func parseRun(args []string, lookupEnv func(string) (string, bool), known flagSe
 		return nil, false
 	}
 	return w, true
+}
+
+// cliFlags are urfave/cli's flags for table as the warm-call parser reads
+// them: each value as written (set checks it), a list's values whole.
+func cliFlags(table []runcmd.Flag) []cli.Flag {
+	var out []cli.Flag
+	for _, f := range table {
+		switch f.Kind {
+		case runcmd.Bool:
+			out = append(out, &cli.BoolFlag{Name: f.Name, Aliases: f.Aliases})
+		case runcmd.List:
+			out = append(out, &cli.StringSliceFlag{Name: f.Name, Aliases: f.Aliases})
+		default:
+			out = append(out, &cli.StringFlag{Name: f.Name, Aliases: f.Aliases})
+		}
+	}
+	return out
+}
+
+// read sets the flags of table given on c's command line.
+func (w *warmCall) read(c *cli.Context, table []runcmd.Flag) error {
+	for _, f := range table {
+		if !c.IsSet(f.Name) {
+			continue
+		}
+		var values []string
+		switch f.Kind {
+		case runcmd.Bool:
+			values = []string{strconv.FormatBool(c.Bool(f.Name))}
+		case runcmd.List:
+			values = c.StringSlice(f.Name)
+		default:
+			values = []string{c.String(f.Name)}
+		}
+		for _, v := range values {
+			if !w.set(f.Name, v) {
+				return errNotWarm
+			}
+		}
+	}
+	return nil
 }
 
 // set sets the flag named name (not an alias) to value; false if value is
@@ -238,30 +263,6 @@ func (w *warmCall) set(name, value string) bool {
 		return false
 	}
 	return true
-}
-
-// nextFlag reads the flag at args[0] if it is one of known, with its value
-// ("true" for a boolean written alone), and returns its name (not an
-// alias) and the arguments after it.
-func nextFlag(args []string, known flagSet) (name, value string, rest []string, ok bool) {
-	a := args[0]
-	if !strings.HasPrefix(a, "-") || a == "-" || a == "--" {
-		return "", "", nil, false
-	}
-	name = strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-")
-	name, value, hasValue := strings.Cut(name, "=")
-	f, isKnown := known[name]
-	switch {
-	case !isKnown:
-		return "", "", nil, false
-	case hasValue:
-		return f.Name, value, args[1:], true
-	case f.Kind == runcmd.Bool:
-		return f.Name, "true", args[1:], true
-	case len(args) < 2:
-		return "", "", nil, false
-	}
-	return f.Name, args[1], args[2:], true
 }
 
 // run makes the call and prints its result as flmbox-core would. handled is

@@ -43,7 +43,7 @@ func runApp(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 // runWith runs app on args and returns the exit code, printing a failure to
 // stderr.
 func runWith(ctx context.Context, app *cli.App, args []string, stderr io.Writer) int {
-	err := app.RunContext(ctx, hoistFlags(app, args))
+	err := app.RunContext(ctx, runcmd.HoistFlags(app, args))
 	if err == nil {
 		return 0
 	}

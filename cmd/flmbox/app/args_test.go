@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd"
 )
 
 func TestHoistFlags(t *testing.T) {
@@ -21,7 +23,7 @@ func TestHoistFlags(t *testing.T) {
 		// A flag without its value does not take the argument before it.
 		{"flmbox prewarm IMG --platform", "flmbox prewarm --platform"},
 	} {
-		got := strings.Join(hoistFlags(app, strings.Fields(tc.in)), " ")
+		got := strings.Join(runcmd.HoistFlags(app, strings.Fields(tc.in)), " ")
 		if got != tc.want {
 			t.Errorf("%q: got %q, want %q", tc.in, got, tc.want)
 		}

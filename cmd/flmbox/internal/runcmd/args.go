@@ -1,4 +1,4 @@
-package app
+package runcmd
 
 import (
 	"strings"
@@ -6,12 +6,14 @@ import (
 	"github.com/urfave/cli/v2"
 )
 
-// hoistFlags moves a command's flags that follow its positional arguments to
+// HoistFlags moves a command's flags that follow its positional arguments to
 // before them. urfave/cli v2 stops parsing flags at the first positional
 // argument, while docker-style usage puts them anywhere:
 // `flmbox prewarm IMAGE --platform linux/arm64 --json`. A "--" ends the
-// flags, as usual; a lone "-" is a positional argument (stdin).
-func hoistFlags(app *cli.App, args []string) []string {
+// flags, as usual; a lone "-" is a positional argument (stdin). Both
+// binaries read their command lines so: flmbox-core's app, and the flmbox
+// command's warm calls.
+func HoistFlags(app *cli.App, args []string) []string {
 	if len(args) == 0 {
 		return args
 	}
