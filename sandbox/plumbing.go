@@ -17,6 +17,14 @@ type Plumbing struct{ m *Manager }
 // Plumbing returns the Manager's plumbing.
 func (m *Manager) Plumbing() Plumbing { return Plumbing{m: m} }
 
+// PoolKey returns the key of the shape of the sandboxes spec makes (Pool's
+// Shape, and their records') and whether a pool of that shape has
+// settings. The image is found in the cache (a digest reference needs
+// no registry) or pulled, as Acquire does.
+func (p Plumbing) PoolKey(ctx context.Context, spec Spec) (key string, pooled bool, err error) {
+	return p.m.poolKey(ctx, spec)
+}
+
 // Refill makes new sandboxes for the pool of shape until it holds its size,
 // unless another refill of that pool is at work (then it returns nil at
 // once: at most one refill per pool at a time). The sandboxes are made two

@@ -70,11 +70,8 @@ func (m *Manager) Acquire(ctx context.Context, spec Spec) (*Sandbox, error) {
 	return m.Create(ctx, spec)
 }
 
-// PoolKey returns the key of the shape of the sandboxes spec makes (Pool's
-// Shape, and their records') and whether a pool of that shape has
-// settings. The image is found in the cache (a digest reference needs
-// no registry) or pulled, as Acquire does.
-func (m *Manager) PoolKey(ctx context.Context, spec Spec) (key string, pooled bool, err error) {
+// poolKey is Plumbing.PoolKey.
+func (m *Manager) poolKey(ctx context.Context, spec Spec) (key string, pooled bool, err error) {
 	if spec, err = spec.withDefaults(m.root); err != nil {
 		return "", false, err
 	}

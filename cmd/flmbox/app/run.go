@@ -148,7 +148,7 @@ func writePoolHint(c *cli.Context, m *sandbox.Manager, spec sandbox.Spec) {
 	if err != nil {
 		return
 	}
-	key, pooled, err := m.PoolKey(c.Context, spec)
+	key, pooled, err := m.Plumbing().PoolKey(c.Context, spec)
 	if err != nil || !pooled {
 		return
 	}
