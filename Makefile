@@ -105,7 +105,7 @@ unit:
 # input's time); the test binary is still built in GOTMPDIR. An input that
 # finds new code is minimised for FUZZ_MINIMIZE runs at most: Go's default,
 # 60 s, spent the whole FUZZTIME minimising and the log said 0/sec.
-FUZZ_MINIMIZE ?= 100x
+FUZZ_MINIMIZE ?= 10x
 FUZZ_TMPDIR   ?= $(shell test -d /dev/shm -a -w /dev/shm && echo /dev/shm || echo $${TMPDIR:-/tmp})
 FUZZ          := GOTMPDIR=$${GOTMPDIR:-$${TMPDIR:-/tmp}} TMPDIR=$(FUZZ_TMPDIR) $(GO) test -run=NONE \
 	-fuzztime=$(FUZZTIME) -fuzzminimizetime=$(FUZZ_MINIMIZE)
