@@ -137,9 +137,32 @@ func FuzzUnpack(f *testing.F) {
 	for _, s := range fuzzSeeds() {
 		f.Add(encodeFuzzInput(f, s.layers))
 	}
+	// One tree serves input after input, emptied in between, while they
+	// pass: a fresh one per input costs more than most inputs do. An input
+	// that fails leaves its tree as it is and the next gets a new one.
+	base := f.TempDir()
+	var e *unpackEnv
+	f.Cleanup(func() {
+		if e != nil {
+			makeRemovable(e.root)
+		}
+	})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		flags, raw := decodeFuzzInput(data)
-		e := newUnpackEnv(t)
+		if e == nil {
+			dir, err := os.MkdirTemp(base, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			e = newUnpackEnvIn(t, dir)
+		} else {
+			e.emptyRoot(t)
+		}
+		defer func() {
+			if t.Failed() {
+				e = nil
+			}
+		}()
 		var layers [][]byte
 		for _, l := range raw {
 			if flags&fuzzExpand != 0 {
@@ -179,6 +202,21 @@ func FuzzUnpack(f *testing.F) {
 			t.Errorf("walk %s: %v", e.tmp, err)
 		}
 	})
+}
+
+// emptyRoot removes what the last input left in root.
+func (e *unpackEnv) emptyRoot(t *testing.T) {
+	t.Helper()
+	makeRemovable(e.root)
+	if err := os.RemoveAll(e.root); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(e.root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(e.root, 0o755); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestFuzzUnpackCorpus checks that testdata/fuzz/FuzzUnpack holds the seeds

@@ -70,7 +70,7 @@ func NewUnpacker(dir string, opts *UnpackOptions) (*Unpacker, error) {
 		return nil, fmt.Errorf("open unpack directory %s: %w", dir, err)
 	}
 	o := opts.withDefaults()
-	return &Unpacker{root: fd, opts: o, remaining: o.MaxBytes, buf: make([]byte, 1<<20),
+	return &Unpacker{root: fd, opts: o, remaining: o.MaxBytes,
 		uid: os.Geteuid(), gid: os.Getegid(), umask: processUmask(), dirFd: -1}, nil
 }
 
@@ -297,6 +297,19 @@ func (ls *layerState) setDir(p string, hdr *tar.Header) {
 	ls.dirs[p] = metaOf(hdr)
 }
 
+// growBuf makes the copy buffer fit a file of size bytes: 32 KiB, or 1 MiB
+// once a file is larger, so that a layer of small files does not pay for
+// clearing a large buffer.
+func (u *Unpacker) growBuf(size int64) {
+	n := 32 << 10
+	if size > int64(n) {
+		n = 1 << 20
+	}
+	if len(u.buf) < n {
+		u.buf = make([]byte, n)
+	}
+}
+
 func (u *Unpacker) writeFile(pfd int, base string, tr io.Reader, hdr *tar.Header) error {
 	// Sparse entries expand holes without reading the stream, so the bytes
 	// written are bounded on their own.
@@ -310,6 +323,7 @@ func (u *Unpacker) writeFile(pfd int, base string, tr io.Reader, hdr *tar.Header
 	}
 	f := os.NewFile(uintptr(fd), base)
 	defer f.Close()
+	u.growBuf(hdr.Size)
 	n, err := io.CopyBuffer(struct{ io.Writer }{f}, io.LimitReader(tr, hdr.Size), u.buf)
 	u.size += n
 	if err != nil {

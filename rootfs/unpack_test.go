@@ -185,7 +185,13 @@ type unpackEnv struct {
 
 func newUnpackEnv(tb testing.TB) *unpackEnv {
 	tb.Helper()
-	tmp, err := filepath.EvalSymlinks(tb.TempDir())
+	return newUnpackEnvIn(tb, tb.TempDir())
+}
+
+// newUnpackEnvIn is newUnpackEnv in dir, an empty directory.
+func newUnpackEnvIn(tb testing.TB, dir string) *unpackEnv {
+	tb.Helper()
+	tmp, err := filepath.EvalSymlinks(dir)
 	if err != nil {
 		tb.Fatal(err)
 	}

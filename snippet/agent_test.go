@@ -426,6 +426,7 @@ func TestServeOldClient(t *testing.T) {
 // request and never answers the interrupt; Call gives up after a few
 // seconds, without a result (and its caller's close kills the snippet).
 func TestCallInterruptedOldAgent(t *testing.T) {
+	t.Parallel() // it waits out the client's interrupt grace
 	path := filepath.Join(t.TempDir(), "agent.sock")
 	ln, err := net.Listen("unix", path)
 	if err != nil {

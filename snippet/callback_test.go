@@ -193,6 +193,7 @@ print(repr(s.recv(10)))`
 // TestCallbackEndsWithTheCall: a call that times out closes its forwarded
 // connections (the server reads EOF) and removes its socket.
 func TestCallbackEndsWithTheCall(t *testing.T) {
+	t.Parallel() // it waits out the call's timeout
 	srv := startToolServer(t)
 	a, socket := callbackAgent(t)
 	code := `import os, socket, time

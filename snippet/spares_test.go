@@ -337,6 +337,7 @@ func TestRunLeavesItsGroup(t *testing.T) {
 // timeout kills as a cancellation does), returns (run fails if it hangs),
 // and the next calls run.
 func TestZygoteStopped(t *testing.T) {
+	t.Parallel() // it waits out the zygote's deadline
 	a := testAgent(t)
 	a.Spares = true
 	warmUp(t, a)

@@ -106,7 +106,7 @@ func makeTree(t testing.TB, root string, large int) {
 // Top's.
 func TestRoundTrip(t *testing.T) {
 	src := filepath.Join(t.TempDir(), "tree")
-	makeTree(t, src, 16<<20+12345)
+	makeTree(t, src, 4*copyBytes+12345)
 	want := snapshot(t, src)
 	for _, tc := range []struct{ name, top, out string }{
 		{"same name", "", "tree"},

@@ -18,7 +18,7 @@ import (
 // place (start, middle, end, a partial last block), and its contents and
 // size are the stream's.
 func TestExtractSparse(t *testing.T) {
-	const size = 64 << 20
+	const size = 16 << 20 // 16 copy buffers
 	body := make([]byte, size)
 	copy(body[5<<20:], "middle")
 	copy(body[size-3:], "end")
@@ -66,8 +66,9 @@ func TestArchiveSparseRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	const size = 64 << 20 // 64 times the allocation allowed
 	f.WriteAt([]byte("head"), 0)
-	f.WriteAt([]byte("tail"), 1<<30-4)
+	f.WriteAt([]byte("tail"), size-4)
 	f.Close()
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(Archive(pw, filepath.Join(src, "sparse"), "sparse", 0)) }()
@@ -78,8 +79,8 @@ func TestArchiveSparseRoundTrip(t *testing.T) {
 	if err := unix.Stat(filepath.Join(dst, "sparse"), &st); err != nil {
 		t.Fatal(err)
 	}
-	if st.Size != 1<<30 || st.Blocks*512 > 1<<20 {
-		t.Errorf("extracted: %d bytes, %d allocated; want 1 GiB in holes", st.Size, st.Blocks*512)
+	if st.Size != size || st.Blocks*512 > 1<<20 {
+		t.Errorf("extracted: %d bytes, %d allocated; want %d bytes in holes", st.Size, st.Blocks*512, size)
 	}
 }
 

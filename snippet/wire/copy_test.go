@@ -294,6 +294,10 @@ func TestFrameWriter(t *testing.T) {
 		data[i] = byte(i * 7)
 	}
 	for _, chunk := range []int{1, 512, 32 << 10, maxFrame, maxFrame + 3, len(data)} {
+		data := data
+		if chunk == 1 {
+			data = data[:maxFrame+7] // a full frame and a part, a byte a write
+		}
 		var stream bytes.Buffer
 		fw := FrameWriter(&stream)
 		for p := data; len(p) > 0; {
