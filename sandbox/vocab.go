@@ -128,5 +128,9 @@ var (
 )
 
 // RunscTimeoutError is in the error of a runsc command that did not end
-// within its bound and was killed (runsc hung): errors.As finds it.
+// within its bound and was killed, with its process group (runsc hung):
+// errors.As finds it. Its fields are Command, the runsc command (run, kill,
+// delete, state...), and Bound, the time.Duration it was given; it matches
+// errdefs.ErrUnavailable and context.DeadlineExceeded. It is the runsc
+// driver's own type, which every error of runsc carries up unchanged.
 type RunscTimeoutError = runtime.TimeoutError
