@@ -4,5 +4,6 @@
 // both after HoistFlags), how run prints a result and chooses its exit
 // status, and the check that a binary one hands a command line to is of
 // its own build (SameBuild). It imports nothing heavier than package wire
-// and urfave/cli, so that the flmbox command starts in about 2 ms.
+// and urfave/cli, so that the flmbox command starts in milliseconds
+// (docs/PERFORMANCE.md, "The flmbox command's own pieces").
 package runcmd
