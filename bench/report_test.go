@@ -105,7 +105,7 @@ func sampleReport(retained bool, crane bool) *Report {
 	return rep
 }
 
-// TestJSONSchema checks issue 4's schema: every key, its type, and null
+// TestJSONSchema checks the report's schema: every key, its type, and null
 // exactly where the issue allows it.
 func TestJSONSchema(t *testing.T) {
 	for _, tc := range []struct{ retained, crane bool }{{false, true}, {true, false}} {
