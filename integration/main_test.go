@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -85,10 +86,41 @@ func setup(m *testing.M) int {
 		return fail("build flmbox: %v\n%s", err, out)
 	}
 	code := m.Run()
+	if r := sharedRegistry.reg; r != nil {
+		r.srv.Close()
+	}
+	// The tests stream what is large (outputs, copies, images): a test
+	// that held one whole shows here.
+	hwm, err := maxRSS()
+	if err != nil {
+		return fail("%v", err)
+	}
+	fmt.Fprintf(os.Stderr, "integration: the test process's max RSS was %d MiB\n", hwm>>20)
+	if hwm > maxTestRSS {
+		return fail("the test process's max RSS was %d MiB, over %d MiB", hwm>>20, maxTestRSS>>20)
+	}
 	if err := checkPrewarmed(); err != nil {
 		return fail("%v", err)
 	}
 	return code
+}
+
+// maxTestRSS bounds the test process's max RSS.
+const maxTestRSS = 2 << 30
+
+// maxRSS is this process's max RSS so far (VmHWM).
+func maxRSS() (int64, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, fmt.Errorf("no VmHWM in /proc/self/status")
 }
 
 // testRegistry serves the test image from an in-process registry on
@@ -105,9 +137,37 @@ type testRegistry struct {
 
 const repo = "flmbox/python"
 
-// startRegistry starts a registry holding the test image's index as
-// flmbox/python:3.12-slim, closed when the test ends.
+// sharedRegistry is the registry that the tests share, started by the
+// first startRegistry: the test image's blobs are held in memory once.
+var sharedRegistry struct {
+	once sync.Once
+	reg  *testRegistry
+	err  error
+}
+
+// startRegistry returns the registry the tests share, holding the test
+// image's index as flmbox/python:3.12-slim. A test that counts its
+// requests, tampers with its blobs or closes it starts one of its own
+// (ownRegistry).
 func startRegistry(t testing.TB) *testRegistry {
+	t.Helper()
+	r, err := theSharedRegistry()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// theSharedRegistry starts the registry the tests share on its first call
+// and returns it.
+func theSharedRegistry() (*testRegistry, error) {
+	sharedRegistry.once.Do(func() { sharedRegistry.reg, sharedRegistry.err = newRegistry() })
+	return sharedRegistry.reg, sharedRegistry.err
+}
+
+// ownRegistry starts a registry of the test's own holding the test image's
+// index as flmbox/python:3.12-slim, closed when the test ends.
+func ownRegistry(t testing.TB) *testRegistry {
 	t.Helper()
 	r, err := newRegistry()
 	if err != nil {
