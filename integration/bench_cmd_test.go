@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -27,8 +28,10 @@ func TestBenchQuickJSON(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
 	start := time.Now()
-	// Paced warm calls: every method waits 5 ms before each call.
-	res := flmbox(t, root, "bench", "--quick", "--json", "--pause", "5ms", "--image", benchImageRef())
+	// Paced warm calls: every method waits 5 ms before each call. Fewer
+	// pairs and calls than --quick's: each figure measured a few times.
+	res := flmbox(t, root, "bench", "--quick", "--json", "--pause", "5ms", "--image", benchImageRef(),
+		"--pairs", fmt.Sprint(benchPairs), "--rounds", fmt.Sprint(benchWarmRounds), "--calls", fmt.Sprint(benchCalls), "--warmup", "1")
 	if res.code != 0 {
 		t.Fatalf("exit %d\nstderr: %s", res.code, res.stderr)
 	}
@@ -52,12 +55,15 @@ func TestBenchQuickJSON(t *testing.T) {
 	assertBenchCleaned(t, root)
 }
 
+// TestBenchQuickJSON's --pairs, --rounds and --calls.
+const benchPairs, benchWarmRounds, benchCalls = 2, 1, 5
+
 // checkBenchReport checks the schema and that every figure is a real one.
 func checkBenchReport(t *testing.T, rep map[string]any) {
 	t.Helper()
 	j := jsonWalker{t: t}
 	for _, k := range []string{"fresh_ms", "retained_ms", "raw_runsc_ms", "fresh_inprocess_ms"} {
-		j.stats(rep, "allocation."+k, 3)
+		j.stats(rep, "allocation."+k, benchPairs)
 	}
 
 	warm, _ := rep["warm"].([]any)
@@ -74,8 +80,8 @@ func checkBenchReport(t *testing.T, rep map[string]any) {
 		if j.num(w, "p95_ms") < j.num(w, "median_ms") {
 			t.Errorf("warm %s/%s: p95 below the median", api, lang)
 		}
-		if n := j.num(w, "calls"); n != 2*10 {
-			t.Errorf("warm %s/%s: %v calls, want --quick's 2 rounds of 10", api, lang, n)
+		if n := j.num(w, "calls"); n != benchWarmRounds*benchCalls {
+			t.Errorf("warm %s/%s: %v calls, want %d rounds of %d", api, lang, n, benchWarmRounds, benchCalls)
 		}
 	}
 	if len(warm) != 4 || len(seen) != 4 {
@@ -83,7 +89,7 @@ func checkBenchReport(t *testing.T, rep map[string]any) {
 	}
 
 	for _, k := range []string{"enter_first_result_ms", "socket_ms", "enter_ms", "fresh_ms"} {
-		j.stats(rep, "instance."+k, 3)
+		j.stats(rep, "instance."+k, benchPairs)
 	}
 	iwarm, _ := j.get(rep, "instance.warm").([]any)
 	for i, lang := range []string{"python", "shell"} {
@@ -97,8 +103,8 @@ func checkBenchReport(t *testing.T, rep map[string]any) {
 		for _, k := range []string{"median_ms", "p95_ms", "cli_median_ms", "cli_p95_ms"} {
 			j.positive(iwarm[i], k)
 		}
-		if n := j.num(iwarm[i], "calls"); n != 2*10 {
-			t.Errorf("instance.warm[%d]: %v calls, want --quick's 2 rounds of 10", i, n)
+		if n := j.num(iwarm[i], "calls"); n != benchWarmRounds*benchCalls {
+			t.Errorf("instance.warm[%d]: %v calls, want %d rounds of %d", i, n, benchWarmRounds, benchCalls)
 		}
 	}
 
@@ -119,10 +125,11 @@ func checkBenchReport(t *testing.T, rep map[string]any) {
 		t.Errorf("prewarm.crane_tar_ms = %v without crane on PATH, want null", crane)
 	}
 
-	// Egress (issue 29): --quick's 3 pairs, 1 download and 2 runs of 50
-	// connects a side.
-	for k, n := range map[string]float64{"first_result_ms": 3, "none_first_result_ms": 3, "download_ms": 1, "host_download_ms": 1,
-		"host_network_download_ms": 1, "connect_ms": 100, "host_connect_ms": 100, "host_network_connect_ms": 100} {
+	// Egress: a first result each pair, --quick's 1 download and a run
+	// of its 50 connects a round, a side.
+	const connects = benchWarmRounds * 50
+	for k, n := range map[string]float64{"first_result_ms": benchPairs, "none_first_result_ms": benchPairs, "download_ms": 1, "host_download_ms": 1,
+		"host_network_download_ms": 1, "connect_ms": connects, "host_connect_ms": connects, "host_network_connect_ms": connects} {
 		j.stats(rep, "egress."+k, n)
 	}
 	for _, k := range []string{"download_mib_per_s", "host_download_mib_per_s", "host_network_download_mib_per_s", "connect_ms.p95"} {
@@ -132,12 +139,12 @@ func checkBenchReport(t *testing.T, rep map[string]any) {
 		t.Errorf("egress.download_bytes = %v, want 100 MiB", got)
 	}
 
-	// A long call (issue 39): --quick's 3 rounds of a loop timed by
-	// itself, as a call, by runsc exec and in bare runsc; the default
+	// A long call: a round a pair of a loop timed by itself, as a call,
+	// by runsc exec and in bare runsc; the default
 	// sandbox (--cpus 1) is shown one CPU, where bare runsc shows at least
 	// two. The test image has no numpy.
 	for _, k := range []string{"flmbox_ms", "runsc_exec_ms", "bare_runsc_ms"} {
-		j.stats(rep, "long.python."+k, 3)
+		j.stats(rep, "long.python."+k, benchPairs)
 	}
 	if cpus, bare := j.num(rep, "long.python.cpus"), j.num(rep, "long.python.bare_cpus"); cpus != 1 || bare < 2 {
 		t.Errorf("long.python: %v CPUs shown by flmbox, %v by bare runsc; want 1 and at least 2", cpus, bare)
