@@ -32,7 +32,7 @@ func TestCpFaults(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	faultSandbox(t, root, reg, "s", "--tmp-size", "256MiB")
+	createSandbox(t, root, reg, "s", "--tmp-size", "256MiB")
 	host := t.TempDir()
 	m, err := sandbox.Open(root, sandbox.WithRunsc(runscPath), sandbox.WithAgent(flmboxAgent))
 	if err != nil {
@@ -145,7 +145,7 @@ vfs = os.statvfs("/tmp")  # gVisor's st_blocks of a tmpfs file is its size: the 
 print(st.st_size, (vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize < (8 << 20), at(0, 4), at(%d, 6), at(%d, 4), f.read(1) == b"")
 `
 		want := "2147483648 True head middle tail True\n"
-		if res := faultRun(t, root, "s", fmt.Sprintf(check, size/2, size-4)); res.code != 0 || res.stdout != want {
+		if res := runIn(t, root, "s", fmt.Sprintf(check, size/2, size-4)); res.code != 0 || res.stdout != want {
 			t.Errorf("the sparse file copied in: exit %d, %q, want %q (stderr %q)", res.code, res.stdout, want, res.stderr)
 		}
 		// Out again: as sparse on the host.

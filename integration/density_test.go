@@ -37,8 +37,8 @@ func TestManySandboxes(t *testing.T) {
 		if i%2 == 1 {
 			flags = []string{"--lazy-spares"}
 		}
-		faultSandbox(t, root, reg, names[i], flags...)
-		ids[names[i]] = faultSandboxID(t, root, names[i])
+		createSandbox(t, root, reg, names[i], flags...)
+		ids[names[i]] = sandboxID(t, root, names[i])
 	}
 	// Each answers with its own hostname: its container ID's first 12
 	// characters, as docker's.
@@ -108,8 +108,8 @@ func TestIdleSandboxDropsItsZygote(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	faultSandbox(t, root, reg, "idle")
-	id := faultSandboxID(t, root, "idle")
+	createSandbox(t, root, reg, "idle")
+	id := sandboxID(t, root, "idle")
 	ppid := func() string {
 		return strings.TrimSpace(mustFlmbox(t, root, "run", "--sandbox", "idle", "-c", "import os; print(os.getppid())"))
 	}

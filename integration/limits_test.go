@@ -31,13 +31,13 @@ func TestLimitsManySmallFilesStopTheSnippetOnly(t *testing.T) {
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	const name = "files"
-	faultSandbox(t, root, reg, name, "--memory", fmt.Sprintf("%dMiB", sandbox.MinMemoryBytes>>20), "--tmp-size", "16MiB")
-	if res := faultRun(t, root, name, "open('/tmp/keep', 'w').write('kept')"); res.code != 0 {
+	createSandbox(t, root, reg, name, "--memory", fmt.Sprintf("%dMiB", sandbox.MinMemoryBytes>>20), "--tmp-size", "16MiB")
+	if res := runIn(t, root, name, "open('/tmp/keep', 'w').write('kept')"); res.code != 0 {
 		t.Fatalf("write /tmp/keep: exit %d stderr %q", res.code, res.stderr)
 	}
 	for round := range 2 {
 		dir := fmt.Sprintf("/tmp/d%d", round)
-		res := faultRun(t, root, name, fmt.Sprintf(`import os
+		res := runIn(t, root, name, fmt.Sprintf(`import os
 os.mkdir(%[1]q)
 for i in range(1_000_000):
     open(f"%[1]s/f{i}", "w").close()
@@ -50,13 +50,13 @@ for i in range(1_000_000):
 		}
 		// In the shell: os.listdir of the files would make Python
 		// grow while memory is short, and the watch kill it.
-		res = faultRun(t, root, name, fmt.Sprintf("echo $(ls -f %[1]s | wc -l) $(cat /tmp/keep) && rm -rf %[1]s", dir),
+		res = runIn(t, root, name, fmt.Sprintf("echo $(ls -f %[1]s | wc -l) $(cat /tmp/keep) && rm -rf %[1]s", dir),
 			"-l", "shell", "--timeout", "5m")
 		if res.code != 0 || !strings.HasSuffix(res.stdout, " kept\n") {
 			t.Fatalf("round %d: the sandbox or its /tmp did not survive: exit %d stdout %q stderr %q", round, res.code, res.stdout, res.stderr)
 		}
 		t.Logf("round %d: stopped (ENOSPC: %v) after %s files", round, enospc, strings.Fields(res.stdout)[0])
-		faultAlive(t, root, name)
+		checkAlive(t, root, name)
 	}
 }
 
@@ -95,18 +95,18 @@ func TestLimitsTooSmallAreRefused(t *testing.T) {
 		}
 	}
 	const name = "smallest"
-	faultSandbox(t, root, reg, name, "--pids", fmt.Sprint(sandbox.MinPids), "--memory", fmt.Sprintf("%dMiB", sandbox.MinMemoryBytes>>20),
+	createSandbox(t, root, reg, name, "--pids", fmt.Sprint(sandbox.MinPids), "--memory", fmt.Sprintf("%dMiB", sandbox.MinMemoryBytes>>20),
 		"--cpus", fmt.Sprint(sandbox.MinCPUs), "--tmp-size", fmt.Sprintf("%d", sandbox.MinTmpBytes))
-	faultAlive(t, root, name)
-	if res := faultRun(t, root, name, "echo ok", "-l", "shell"); res.code != 0 || res.stdout != "ok\n" {
+	checkAlive(t, root, name)
+	if res := runIn(t, root, name, "echo ok", "-l", "shell"); res.code != 0 || res.stdout != "ok\n" {
 		t.Fatalf("a shell call in the smallest sandbox: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
 	}
 	// A fork bomb meets RLIMIT_NPROC, never the host's pids cgroup, which
 	// would kill the whole sandbox.
-	if res := faultRun(t, root, name, "b(){ b|b& }; b & while :; do :; done", "-l", "shell", "--timeout", "3s"); res.code != 124 {
+	if res := runIn(t, root, name, "b(){ b|b& }; b & while :; do :; done", "-l", "shell", "--timeout", "3s"); res.code != 124 {
 		t.Fatalf("a fork bomb in the smallest sandbox: exit %d, want 124 (timeout)\n%s", res.code, res.stderr)
 	}
-	faultAlive(t, root, name)
+	checkAlive(t, root, name)
 	if n := sandboxPidsMax(t, root, name); n != 0 {
 		t.Fatalf("the smallest sandbox's pids cgroup refused %d tasks", n)
 	}

@@ -227,10 +227,8 @@ func TestPipcacheCreateWithPip(t *testing.T) {
 	if res.code != 125 || !strings.Contains(res.stderr, "No matching distribution found for flmbox-absent") || !strings.Contains(res.stderr, "pipcache add") {
 		t.Fatalf("--pip of a missing wheel: exit %d %q", res.code, res.stderr)
 	}
-	var sbs []struct{ Name string }
-	json.Unmarshal([]byte(mustFlmbox(t, root, "sandbox", "ls", "--json")), &sbs)
-	if len(sbs) != 1 || sbs[0].Name != "pre" {
-		t.Fatalf("sandboxes after a failed --pip: %v", sbs)
+	if sbs := sandboxLs(t, root); len(sbs) != 1 || sbs[0].Name != "pre" {
+		t.Fatalf("sandboxes after a failed --pip: %+v", sbs)
 	}
 	var imgs []struct{ Holders []string }
 	json.Unmarshal([]byte(mustFlmbox(t, root, "images", "ls", "--json")), &imgs)

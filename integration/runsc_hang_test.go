@@ -158,10 +158,8 @@ func firstLine(s string) string { return strings.SplitN(s, "\n", 2)[0] }
 // process of root's, once the real runsc's sandbox ls has reconciled it.
 func noSandboxes(t *testing.T, root string) {
 	t.Helper()
-	out := mustFlmbox(t, root, "sandbox", "ls", "--json")
-	var sbs []struct{ Name, State string }
-	if err := json.Unmarshal([]byte(out), &sbs); err != nil || len(sbs) != 0 {
-		t.Errorf("sandbox ls: %s (%v), want none", out, err)
+	if sbs := sandboxLs(t, root); len(sbs) != 0 {
+		t.Errorf("sandbox ls: %+v, want none", sbs)
 	}
 	waitNoProcesses(t, stateroot.Runsc(root))
 }

@@ -66,17 +66,6 @@ func runscProcesses(t *testing.T, id string) int {
 	return len(strings.Fields(string(out)))
 }
 
-// pollUntil checks cond every 50 ms until it holds, and fails the test
-// with what if it does not within d.
-func pollUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(d); !cond(); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", d, what)
-		}
-	}
-}
-
 // waitNoProcesses waits until no host process names id.
 func waitNoProcesses(t *testing.T, id string) {
 	t.Helper()

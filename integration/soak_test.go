@@ -37,8 +37,8 @@ func TestSoakHostileAndOrdinaryCalls(t *testing.T) {
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	const name = "soak"
-	faultSandbox(t, root, reg, name, "--memory", soakMemory, "--pids", soakPids, "--tmp-size", "16MiB")
-	if res := faultRun(t, root, name, "echo kept > /tmp/keep", "-l", "shell"); res.code != 0 {
+	createSandbox(t, root, reg, name, "--memory", soakMemory, "--pids", soakPids, "--tmp-size", "16MiB")
+	if res := runIn(t, root, name, "echo kept > /tmp/keep", "-l", "shell"); res.code != 0 {
 		t.Fatalf("write /tmp/keep: %+v", res)
 	}
 	hostile := []struct {
@@ -69,18 +69,18 @@ func TestSoakHostileAndOrdinaryCalls(t *testing.T) {
 	for i := range soakRounds * 3 * len(hostile) {
 		if i%3 == 2 {
 			h := hostile[(i/3)%len(hostile)]
-			res := faultRun(t, root, name, h.code, "-l", h.lang, "--timeout", h.timeout, "--max-output", "64KiB")
+			res := runIn(t, root, name, h.code, "-l", h.lang, "--timeout", h.timeout, "--max-output", "64KiB")
 			if res.code == 125 || res.code < 0 {
 				t.Fatalf("call %d, %s: flmbox failed: exit %d\n%s", i, h.name, res.code, res.stderr)
 			}
 			continue
 		}
 		o := ordinary[i%len(ordinary)]
-		if res := faultRun(t, root, name, o.code, "-l", o.lang); res.code != 0 || res.stdout != o.want {
+		if res := runIn(t, root, name, o.code, "-l", o.lang); res.code != 0 || res.stdout != o.want {
 			t.Fatalf("call %d, an ordinary one after %q: exit %d stdout %q stderr %q", i, hostile[((i/3)+len(hostile)-1)%len(hostile)].name, res.code, res.stdout, res.stderr)
 		}
 	}
-	if got := sandboxState(t, root, name); got != "running" {
+	if got := sandboxState(t, root, name, "--probe"); got != "running" {
 		t.Fatalf("after the soak sandbox ls says %q", got)
 	}
 	// The host's memory cgroup of the sandbox never hit its limit.
@@ -132,7 +132,7 @@ func sandboxCgroupEvents(t *testing.T, root, name, controller, v1, v2, key strin
 // in the unified one.
 func sandboxCgroupFile(t *testing.T, root, name, controller, v1, v2 string) string {
 	t.Helper()
-	id := faultSandboxID(t, root, name)
+	id := sandboxID(t, root, name)
 	out, err := exec.Command(runscPath, "--root", stateroot.Runsc(root), "state", id).Output()
 	if err != nil {
 		t.Fatalf("runsc state: %v", err)
