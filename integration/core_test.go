@@ -307,15 +307,18 @@ func TestCreateKilledAfterItsLease(t *testing.T) {
 		}
 		waitNoProcesses(t, id)
 		noCgroups(t, id)
-		if out := mustFlmbox(t, root, "images", "rm", image); !strings.Contains(out, "Deleted: ") {
-			t.Fatalf("images rm printed %q", out)
-		}
 		if out := mustFlmbox(t, root, "sandbox", "create", "--name", "same", "--image", image); out != "same\n" {
 			t.Fatalf("sandbox create printed %q", out)
 		}
 		checkAlive(t, root, "same")
 		if newID := sandboxID(t, root, "same"); newID == id {
 			t.Fatalf("the new sandbox has the killed one's container ID %s", id)
+		}
+		// Nothing of the killed create keeps the image once the new
+		// sandbox is gone.
+		mustFlmbox(t, root, "sandbox", "rm", "same")
+		if out := mustFlmbox(t, root, "images", "rm", image); !strings.Contains(out, "Deleted: ") {
+			t.Fatalf("images rm printed %q", out)
 		}
 	})
 

@@ -39,7 +39,22 @@ func newRuntime(t *testing.T) *runtime.Runtime {
 // and unmounts runsc's null-netns.
 func newManager(t *testing.T) (*sandbox.Manager, string) {
 	t.Helper()
+	return newManagerIn(t, t.TempDir())
+}
+
+// newPrewarmedManager is newManager in a copy of the root the test image
+// was prewarmed into (copyPrewarmed): a Create or a Prewarm of the image
+// from the shared registry unpacks nothing.
+func newPrewarmedManager(t *testing.T) (*sandbox.Manager, string) {
+	t.Helper()
 	root := t.TempDir()
+	copyPrewarmed(t, root)
+	return newManagerIn(t, root)
+}
+
+// newManagerIn is newManager in the state root root.
+func newManagerIn(t *testing.T, root string) (*sandbox.Manager, string) {
+	t.Helper()
 	m, err := sandbox.Open(root, sandbox.WithRunsc(runscPath), sandbox.WithAgent(flmboxAgent),
 		sandbox.WithWarnf(func(f string, a ...any) { t.Logf("warning: "+f, a...) }))
 	if err != nil {
@@ -158,7 +173,7 @@ func TestRuntimeRunAliveDelete(t *testing.T) {
 func TestManagerLifecycle(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
-	m, root := newManager(t)
+	m, root := newPrewarmedManager(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	image := reg.digestRef()
