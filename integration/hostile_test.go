@@ -269,6 +269,10 @@ func TestLastRemovalLeavesARemovableRoot(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := filepath.Join(t.TempDir(), "root")
+	if err := os.Mkdir(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	copyPrewarmed(t, root)
 	prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef())
 	createSandbox(t, root, reg, "a")
 	createSandbox(t, root, reg, "b")
