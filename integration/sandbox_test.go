@@ -94,7 +94,7 @@ func waitNoProcesses(t *testing.T, id string) {
 func TestRuntimeRunAliveDelete(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
-	res := prewarmJSON(t, t.TempDir(), "--platform", "linux/amd64", reg.digestRef())
+	res := prewarmJSON(t, sandboxRoot(t, reg), "--platform", "linux/amd64", reg.digestRef())
 	rt := newRuntime(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
