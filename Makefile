@@ -116,10 +116,13 @@ fuzz:
 # Integration tests need root, runsc and the test image; a missing piece fails them.
 # Tests that share nothing run TEST_PARALLEL at a time (their sandboxes mostly
 # wait); those that measure time or memory, or set the environment, run alone
-# first.
+# first. go test's output goes through slowest, which prints it as go test
+# would without -json and then the 15 slowest tests.
 TEST_PARALLEL ?= 4
 integration: deps runsc
-	$(GO) test -count=1 -tags integration -timeout 40m -parallel $(TEST_PARALLEL) ./integration/ ./internal/testrig/testimage/ ./sandbox/
+	$(GO) build -o bin/slowest ./internal/testrig/cmd/slowest
+	set -o pipefail; $(GO) test -json -count=1 -tags integration -timeout 40m -parallel $(TEST_PARALLEL) \
+		./integration/ ./internal/testrig/testimage/ ./sandbox/ | bin/slowest -n 15
 
 # Each stage in turn, its wall time said when it ends, then the total.
 TEST_STAGES := deps runsc vet unit fuzz integration

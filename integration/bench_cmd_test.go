@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -27,8 +28,11 @@ func TestBenchQuickJSON(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
 	start := time.Now()
-	// Paced warm calls: every method waits 5 ms before each call.
-	res := flmbox(t, root, "bench", "--quick", "--json", "--pause", "5ms", "--image", benchImageRef())
+	// Paced warm calls: every method waits 5 ms before each call. Fewer
+	// pairs and calls than --quick's: what is tested is the report's
+	// schema and that every figure is a measurement.
+	res := flmbox(t, root, "bench", "--quick", "--json", "--pause", "5ms", "--image", benchImageRef(),
+		"--pairs", fmt.Sprint(benchPairs), "--rounds", fmt.Sprint(benchWarmRounds), "--calls", fmt.Sprint(benchCalls), "--warmup", "1")
 	if res.code != 0 {
 		t.Fatalf("exit %d\nstderr: %s", res.code, res.stderr)
 	}
@@ -52,12 +56,15 @@ func TestBenchQuickJSON(t *testing.T) {
 	assertBenchCleaned(t, root)
 }
 
+// TestBenchQuickJSON's --pairs, --rounds and --calls.
+const benchPairs, benchWarmRounds, benchCalls = 1, 1, 5
+
 // checkBenchReport checks the schema and that every figure is a real one.
 func checkBenchReport(t *testing.T, rep map[string]any) {
 	t.Helper()
 	j := jsonWalker{t: t}
 	for _, k := range []string{"fresh_ms", "retained_ms", "raw_runsc_ms", "fresh_inprocess_ms"} {
-		j.stats(rep, "allocation."+k, 3)
+		j.stats(rep, "allocation."+k, benchPairs)
 	}
 
 	warm, _ := rep["warm"].([]any)
@@ -74,8 +81,8 @@ func checkBenchReport(t *testing.T, rep map[string]any) {
 		if j.num(w, "p95_ms") < j.num(w, "median_ms") {
 			t.Errorf("warm %s/%s: p95 below the median", api, lang)
 		}
-		if n := j.num(w, "calls"); n != 2*10 {
-			t.Errorf("warm %s/%s: %v calls, want --quick's 2 rounds of 10", api, lang, n)
+		if n := j.num(w, "calls"); n != benchWarmRounds*benchCalls {
+			t.Errorf("warm %s/%s: %v calls, want %d rounds of %d", api, lang, n, benchWarmRounds, benchCalls)
 		}
 	}
 	if len(warm) != 4 || len(seen) != 4 {
@@ -83,7 +90,7 @@ func checkBenchReport(t *testing.T, rep map[string]any) {
 	}
 
 	for _, k := range []string{"enter_first_result_ms", "socket_ms", "enter_ms", "fresh_ms"} {
-		j.stats(rep, "instance."+k, 3)
+		j.stats(rep, "instance."+k, benchPairs)
 	}
 	iwarm, _ := j.get(rep, "instance.warm").([]any)
 	for i, lang := range []string{"python", "shell"} {
@@ -97,8 +104,8 @@ func checkBenchReport(t *testing.T, rep map[string]any) {
 		for _, k := range []string{"median_ms", "p95_ms", "cli_median_ms", "cli_p95_ms"} {
 			j.positive(iwarm[i], k)
 		}
-		if n := j.num(iwarm[i], "calls"); n != 2*10 {
-			t.Errorf("instance.warm[%d]: %v calls, want --quick's 2 rounds of 10", i, n)
+		if n := j.num(iwarm[i], "calls"); n != benchWarmRounds*benchCalls {
+			t.Errorf("instance.warm[%d]: %v calls, want %d rounds of %d", i, n, benchWarmRounds, benchCalls)
 		}
 	}
 
@@ -119,10 +126,11 @@ func checkBenchReport(t *testing.T, rep map[string]any) {
 		t.Errorf("prewarm.crane_tar_ms = %v without crane on PATH, want null", crane)
 	}
 
-	// Egress (issue 29): --quick's 3 pairs, 1 download and 2 runs of 50
-	// connects a side.
-	for k, n := range map[string]float64{"first_result_ms": 3, "none_first_result_ms": 3, "download_ms": 1, "host_download_ms": 1,
-		"host_network_download_ms": 1, "connect_ms": 100, "host_connect_ms": 100, "host_network_connect_ms": 100} {
+	// Egress: a first result each pair, --quick's 1 download and a run
+	// of its 50 connects a round, a side.
+	const connects = benchWarmRounds * 50
+	for k, n := range map[string]float64{"first_result_ms": benchPairs, "none_first_result_ms": benchPairs, "download_ms": 1, "host_download_ms": 1,
+		"host_network_download_ms": 1, "connect_ms": connects, "host_connect_ms": connects, "host_network_connect_ms": connects} {
 		j.stats(rep, "egress."+k, n)
 	}
 	for _, k := range []string{"download_mib_per_s", "host_download_mib_per_s", "host_network_download_mib_per_s", "connect_ms.p95"} {
@@ -132,12 +140,12 @@ func checkBenchReport(t *testing.T, rep map[string]any) {
 		t.Errorf("egress.download_bytes = %v, want 100 MiB", got)
 	}
 
-	// A long call (issue 39): --quick's 3 rounds of a loop timed by
-	// itself, as a call, by runsc exec and in bare runsc; the default
+	// A long call: a round a pair of a loop timed by itself, as a call,
+	// by runsc exec and in bare runsc; the default
 	// sandbox (--cpus 1) is shown one CPU, where bare runsc shows at least
 	// two. The test image has no numpy.
 	for _, k := range []string{"flmbox_ms", "runsc_exec_ms", "bare_runsc_ms"} {
-		j.stats(rep, "long.python."+k, 3)
+		j.stats(rep, "long.python."+k, benchPairs)
 	}
 	if cpus, bare := j.num(rep, "long.python.cpus"), j.num(rep, "long.python.bare_cpus"); cpus != 1 || bare < 2 {
 		t.Errorf("long.python: %v CPUs shown by flmbox, %v by bare runsc; want 1 and at least 2", cpus, bare)
@@ -273,14 +281,15 @@ func assertBenchCleaned(t *testing.T, root string) {
 	}
 }
 
-// TestBenchDensity runs `flmbox bench --density 3 --density-suspended 3
-// --density-only --json`: three series (default spares, lazy spares,
-// suspended), each with its points at 1 and every tenth of 3, every
+// TestBenchDensity runs `flmbox bench --quick --density 2
+// --density-suspended 2 --density-only --json`: three series (default
+// spares, lazy spares, suspended), each with its points at 1 and 2, every
 // sandbox answering at the end, real figures, and nothing left behind.
 func TestBenchDensity(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
-	res := flmbox(t, root, "bench", "--density", "3", "--density-suspended", "3", "--density-only", "--json", "--image", benchImageRef())
+	const n = 2
+	res := flmbox(t, root, "bench", "--quick", "--density", fmt.Sprint(n), "--density-suspended", fmt.Sprint(n), "--density-only", "--json", "--image", benchImageRef())
 	if res.code != 0 {
 		t.Fatalf("exit %d\nstderr: %s", res.code, res.stderr)
 	}
@@ -291,17 +300,17 @@ func TestBenchDensity(t *testing.T) {
 		t.Fatalf("decode %q: %v", res.stdout, err)
 	}
 	j := jsonWalker{t: t}
-	if n := j.num(rep, "density.sandboxes"); n != 3 {
-		t.Errorf("density.sandboxes = %v", n)
+	if got := j.num(rep, "density.sandboxes"); got != n {
+		t.Errorf("density.sandboxes = %v", got)
 	}
-	if n := j.num(rep, "density.limits.max_sandboxes"); n < 3 {
-		t.Errorf("density.limits.max_sandboxes = %v", n)
+	if got := j.num(rep, "density.limits.max_sandboxes"); got < n {
+		t.Errorf("density.limits.max_sandboxes = %v", got)
 	}
 	series, _ := j.get(rep, "density.series").([]any)
 	var names []string
 	for _, s := range series {
 		names = append(names, j.str(s, "name"))
-		if c, na := j.num(s, "checked"), j.num(s, "not_answering"); c != 3 || na != 0 {
+		if c, na := j.num(s, "checked"), j.num(s, "not_answering"); c != n || na != 0 {
 			t.Errorf("series %s: %v checked, %v not answering", j.str(s, "name"), c, na)
 		}
 		points, _ := j.get(s, "points").([]any)
@@ -309,8 +318,8 @@ func TestBenchDensity(t *testing.T) {
 			t.Fatalf("series %s: %d points", j.str(s, "name"), len(points))
 		}
 		last := points[len(points)-1]
-		if n := j.num(last, "sandboxes"); n != 3 {
-			t.Errorf("series %s: last point at %v sandboxes", j.str(s, "name"), n)
+		if got := j.num(last, "sandboxes"); got != n {
+			t.Errorf("series %s: last point at %v sandboxes", j.str(s, "name"), got)
 		}
 		j.positive(last, "create_ms.median")
 		j.positive(last, "cli_list_ms.median")

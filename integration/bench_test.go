@@ -61,7 +61,7 @@ func BenchmarkPrewarm(b *testing.B) {
 	if err != nil {
 		b.Fatal("crane is not on PATH: make bench installs it")
 	}
-	reg := startRegistry(b)
+	reg := ownRegistry(b)
 	rounds := benchRounds(7)
 	work := b.TempDir()
 	craneRef := reg.host + "/" + repo + "@" + img.AMD64Digest.String()

@@ -231,7 +231,7 @@ func TestCallbackLimits(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	faultSandbox(t, root, reg, "cb")
+	createSandbox(t, root, reg, "cb")
 	srv := startToolServer(t, filepath.Join(shortDir(t), "tools.sock"), "host")
 
 	t.Run("51 connections", func(t *testing.T) {
@@ -382,7 +382,7 @@ func TestCallbackConcurrentCalls(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	faultSandbox(t, root, reg, "cb2")
+	createSandbox(t, root, reg, "cb2")
 	dir := shortDir(t)
 	srvs := map[string]*toolServer{"a": startToolServer(t, filepath.Join(dir, "a.sock"), "a"), "b": startToolServer(t, filepath.Join(dir, "b.sock"), "b")}
 	// Each call waits for the other at two barriers, so that both sockets

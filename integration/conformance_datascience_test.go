@@ -50,11 +50,13 @@ var dataScienceFull = []testModule{
 }
 
 // dataScienceShort are the data-science modules of the short list, about
-// 40 seconds with the variant's prewarm: a quick numpy module whose tests
-// write and map files in /tmp, and the workloads.
+// 20 seconds with the variant's prewarm: a quick numpy module whose tests
+// write and map files in /tmp, and the workloads whose Pythons start
+// others (multiprocessing's spawn and forkserver), draw or use BLAS;
+// sklearn_gridsearch_loky, the slowest, in the full list.
 var dataScienceShort = []testModule{
 	{name: "numpy.core.tests.test_memmap", suite: pytest},
-	{name: "workloads", suite: workloads},
+	{name: "workloads", suite: workloads, match: []string{"multiprocessing_spawn_pool", "multiprocessing_forkserver_pool", "matplotlib_savefig", "openblas_svd"}},
 }
 
 // pytestName is the dotted name of a test file of a library of the

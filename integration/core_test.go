@@ -218,21 +218,6 @@ func leases(t *testing.T, root string) []rootfs.Lease {
 	return ls
 }
 
-// sandboxNames are the sandboxes sandbox ls --json lists, with their states.
-func sandboxNames(t *testing.T, root string) map[string]string {
-	t.Helper()
-	var sbs []struct{ Name, State string }
-	out := mustFlmbox(t, root, "sandbox", "ls", "--json")
-	if err := json.Unmarshal([]byte(out), &sbs); err != nil {
-		t.Fatalf("sandbox ls --json printed %q: %v", out, err)
-	}
-	names := map[string]string{}
-	for _, sb := range sbs {
-		names[sb.Name] = sb.State
-	}
-	return names
-}
-
 // noCgroups fails the test if a host cgroup of container id is left
 // (runsc makes them at /sys/fs/cgroup/CONTROLLER/ID, or /sys/fs/cgroup/ID
 // under cgroup v2 alone).
@@ -294,7 +279,7 @@ func TestCreateKilledDuringRunscRun(t *testing.T) {
 	if out := mustFlmbox(t, root, "sandbox", "create", "--name", "half", "--image", image); out != "half\n" {
 		t.Fatalf("sandbox create printed %q", out)
 	}
-	faultAlive(t, root, "half")
+	checkAlive(t, root, "half")
 }
 
 // TestCreateKilledAfterItsLease: a sandbox create killed once it had
@@ -322,15 +307,18 @@ func TestCreateKilledAfterItsLease(t *testing.T) {
 		}
 		waitNoProcesses(t, id)
 		noCgroups(t, id)
-		if out := mustFlmbox(t, root, "images", "rm", image); !strings.Contains(out, "Deleted: ") {
-			t.Fatalf("images rm printed %q", out)
-		}
 		if out := mustFlmbox(t, root, "sandbox", "create", "--name", "same", "--image", image); out != "same\n" {
 			t.Fatalf("sandbox create printed %q", out)
 		}
-		faultAlive(t, root, "same")
-		if newID := faultSandboxID(t, root, "same"); newID == id {
+		checkAlive(t, root, "same")
+		if newID := sandboxID(t, root, "same"); newID == id {
 			t.Fatalf("the new sandbox has the killed one's container ID %s", id)
+		}
+		// Nothing of the killed create keeps the image once the new
+		// sandbox is gone.
+		mustFlmbox(t, root, "sandbox", "rm", "same")
+		if out := mustFlmbox(t, root, "images", "rm", image); !strings.Contains(out, "Deleted: ") {
+			t.Fatalf("images rm printed %q", out)
 		}
 	})
 
@@ -342,14 +330,14 @@ func TestCreateKilledAfterItsLease(t *testing.T) {
 		}
 		waitNoProcesses(t, id)
 		noCgroups(t, id)
-		faultAlive(t, root, "same")
-		if newID := faultSandboxID(t, root, "same"); newID == id {
+		checkAlive(t, root, "same")
+		if newID := sandboxID(t, root, "same"); newID == id {
 			t.Fatalf("the new sandbox has the killed one's container ID %s", id)
 		}
 		if names := sandboxNames(t, root); len(names) != 1 || names["same"] != "running" {
 			t.Fatalf("sandbox ls: %v", names)
 		}
-		if ls := leases(t, root); len(ls) != 1 || ls[0].Holder != "same."+faultSandboxID(t, root, "same") {
+		if ls := leases(t, root); len(ls) != 1 || ls[0].Holder != "same."+sandboxID(t, root, "same") {
 			t.Fatalf("leases: %+v", ls)
 		}
 	})

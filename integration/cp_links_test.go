@@ -76,10 +76,10 @@ func TestCpHostileLinks(t *testing.T) {
 	if runAfter := hostListing(t, hostRunDir); runAfter != runBefore {
 		t.Errorf("the agent's socket directory changed:\nbefore %s\nafter  %s", runBefore, runAfter)
 	}
-	if state := sandboxState(t, root, "s"); state != "running" {
+	if state := sandboxState(t, root, "s", "--probe"); state != "running" {
 		t.Errorf("sandbox ls says %s, want running", state)
 	}
-	faultAlive(t, root, "s")
+	checkAlive(t, root, "s")
 }
 
 // hostListing lists the host directory p: names, modes and sizes.

@@ -29,5 +29,5 @@ func TestCpMaxSizeOnTheHost(t *testing.T) {
 	if out := shell(t, root, "s", "ls -A /tmp/in | wc -l"); out != "0\n" {
 		t.Errorf("a refused copy wrote in the sandbox: %q entries", out)
 	}
-	faultAlive(t, root, "s")
+	checkAlive(t, root, "s")
 }

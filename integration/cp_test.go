@@ -101,7 +101,7 @@ func cpRefused(t *testing.T, root string, stdin []byte, want string, args ...str
 // failing the test unless it exits 0.
 func shell(t *testing.T, root, name, code string) string {
 	t.Helper()
-	res := faultRun(t, root, name, code, "-l", "shell")
+	res := runIn(t, root, name, code, "-l", "shell")
 	if res.code != 0 {
 		t.Fatalf("snippet %q: exit %d\nstdout: %s\nstderr: %s", code, res.code, res.stdout, res.stderr)
 	}
@@ -114,7 +114,7 @@ func cpSandbox(t *testing.T) string {
 	t.Helper()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	faultSandbox(t, root, reg, "s")
+	createSandbox(t, root, reg, "s")
 	return root
 }
 
@@ -162,7 +162,7 @@ type treeNode struct {
 // sandboxTree lists the tree at p in sandbox name.
 func sandboxTree(t *testing.T, root, name, p string) map[string]treeNode {
 	t.Helper()
-	res := faultRun(t, root, name, fmt.Sprintf(treeListing, p))
+	res := runIn(t, root, name, fmt.Sprintf(treeListing, p))
 	var tree map[string]treeNode
 	if res.code != 0 || json.Unmarshal([]byte(res.stdout), &tree) != nil {
 		t.Fatalf("list %s in the sandbox: exit %d\nstdout: %s\nstderr: %s", p, res.code, res.stdout, res.stderr)

@@ -228,7 +228,7 @@ func egressSuspend(t *testing.T, w *networld.World, root string) {
 	want := map[string]func(string) bool{"allowed": egressIs("ok:hello allowed.test from 198.51.100.10:80"), "other": egressNXDomain, "other ip": egressFailed}
 	egressCheck(t, egressProbes(t, w, root, []string{"--sandbox", "suspend"}, probes), want)
 	mustFlmboxIn(t, w, root, "sandbox", "suspend", "suspend")
-	var sbs []suspendInfo
+	var sbs []sandboxEntry
 	if err := json.Unmarshal([]byte(mustFlmboxIn(t, w, root, "sandbox", "ls", "--json")), &sbs); err != nil {
 		t.Fatal(err)
 	}

@@ -71,7 +71,7 @@ func TestEgressCreateKilled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if procs := resolverProcs(t, root); len(procs) > 0 || !slices.ContainsFunc(ts, func(x *nftables.Table) bool { return x.Name == faultSandboxID(t, root, "suspended") }) {
+	if procs := resolverProcs(t, root); len(procs) > 0 || !slices.ContainsFunc(ts, func(x *nftables.Table) bool { return x.Name == sandboxID(t, root, "suspended") }) {
 		t.Fatalf("a suspended egress sandbox: want its table and no resolver: resolver %v, the router's tables %v", procs, ts)
 	}
 	mustFlmboxIn(t, w, root, "sandbox", "rm", "suspended")
@@ -420,7 +420,7 @@ func TestEgressFlushedTableFailsClosed(t *testing.T) {
 	// The sandbox's own table flushed, in the router: its resolver takes
 	// its link down at once.
 	c := routerNftables(t, w)
-	c.FlushTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: faultSandboxID(t, root, "ft")})
+	c.FlushTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: sandboxID(t, root, "ft")})
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -684,7 +684,7 @@ print("sent")
 	service := egressPort(w.ListenWorker(t, "tcp", "0.0.0.0:0")) // a service of the worker's, on every address
 	killResolver(t, root, "flmbox-resolver")
 	c := routerNftables(t, w)
-	c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: faultSandboxID(t, root, "dead")})
+	c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: sandboxID(t, root, "dead")})
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
 	}

@@ -30,30 +30,6 @@ import (
 // call, leaks over many calls, and sandbox names, all against the real runsc
 // through the flmbox CLI.
 
-// faultSandbox creates a persistent sandbox called name in root from the test
-// image, with extra create flags.
-func faultSandbox(t *testing.T, root string, reg *testRegistry, name string, flags ...string) {
-	t.Helper()
-	args := append([]string{"sandbox", "create", "--name", name, "--image", reg.digestRef()}, flags...)
-	if got := strings.TrimSpace(mustFlmbox(t, root, args...)); got != name {
-		t.Fatalf("sandbox create printed %q, want %q", got, name)
-	}
-}
-
-// faultRun runs code in sandbox name: flmbox run --sandbox name ARGS... -c code.
-func faultRun(t *testing.T, root, name, code string, args ...string) result {
-	t.Helper()
-	return flmbox(t, root, append(append([]string{"run", "--sandbox", name}, args...), "-c", code)...)
-}
-
-// faultAlive fails the test unless the sandbox still answers a Python call.
-func faultAlive(t *testing.T, root, name string) {
-	t.Helper()
-	if res := faultRun(t, root, name, "print('alive')"); res.code != 0 || res.stdout != "alive\n" {
-		t.Fatalf("the sandbox no longer answers: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
-	}
-}
-
 // faultListProcs prints the processes of the sandbox other than the agent
 // (PID 1), its zygote, its spares and the listing itself, one "PID cmdline"
 // a line. The agent, its zygote and its Python spares run as root, snippets
@@ -86,7 +62,7 @@ func faultNoSnippetProcesses(t *testing.T, root, name string) {
 	t.Helper()
 	var left string
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		res := faultRun(t, root, name, faultListProcs)
+		res := runIn(t, root, name, faultListProcs)
 		if res.code != 0 {
 			t.Fatalf("list the sandbox's processes: exit %d %q", res.code, res.stderr)
 		}
@@ -98,20 +74,6 @@ func faultNoSnippetProcesses(t *testing.T, root, name string) {
 		}
 	}
 	t.Fatalf("processes left in the sandbox after the call:\n%s", left)
-}
-
-// faultSandboxID is the runsc container ID of sandbox name.
-func faultSandboxID(t *testing.T, root, name string) string {
-	t.Helper()
-	var sb struct{ ID string }
-	b, err := os.ReadFile(filepath.Join(stateroot.Sandbox(root, name), "sandbox.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, &sb); err != nil || sb.ID == "" {
-		t.Fatalf("sandbox.json of %s: %q: %v", name, b, err)
-	}
-	return sb.ID
 }
 
 // faultAgentPaths returns, from sandbox name's OCI spec, the agent binary
@@ -207,12 +169,12 @@ func TestFaultsRunawayCodeIsStopped(t *testing.T) {
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	const name = "runaway"
-	faultSandbox(t, root, reg, name, "--tmp-size", "64MiB")
-	faultAlive(t, root, name)
+	createSandbox(t, root, reg, name, "--tmp-size", "64MiB")
+	checkAlive(t, root, name)
 
 	t.Run("infinite loop", func(t *testing.T) {
 		start := time.Now()
-		res := faultRun(t, root, name, "while True: pass", "--timeout", "2s")
+		res := runIn(t, root, name, "while True: pass", "--timeout", "2s")
 		took := time.Since(start)
 		if res.code != 124 || !strings.Contains(res.stderr, "timed out") {
 			t.Fatalf("exit %d stderr %q, want 124 and a timeout message", res.code, res.stderr)
@@ -221,7 +183,7 @@ func TestFaultsRunawayCodeIsStopped(t *testing.T) {
 			t.Errorf("a 2s timeout stopped the call after %s", took)
 		}
 		t.Logf("stopped after %s", took.Round(time.Millisecond))
-		faultAlive(t, root, name)
+		checkAlive(t, root, name)
 		faultNoSnippetProcesses(t, root, name)
 	})
 
@@ -229,11 +191,11 @@ func TestFaultsRunawayCodeIsStopped(t *testing.T) {
 	// agent's) is not reached by the group kill: it is killed by its pid.
 	t.Run("infinite loop that left its process group", func(t *testing.T) {
 		for range 2 { // the first Python call is a python3 of its own, the next a zygote's child
-			res := faultRun(t, root, name, "import os\nos.setpgid(0, os.getpgid(os.getppid()))\nwhile True: pass", "--timeout", "1s")
+			res := runIn(t, root, name, "import os\nos.setpgid(0, os.getpgid(os.getppid()))\nwhile True: pass", "--timeout", "1s")
 			if res.code != 124 || !strings.Contains(res.stderr, "timed out") {
 				t.Fatalf("exit %d stderr %q, want 124 and a timeout message", res.code, res.stderr)
 			}
-			faultAlive(t, root, name)
+			checkAlive(t, root, name)
 			faultNoSnippetProcesses(t, root, name)
 		}
 	})
@@ -241,18 +203,18 @@ func TestFaultsRunawayCodeIsStopped(t *testing.T) {
 	t.Run("sleep left behind", func(t *testing.T) {
 		// A call that waited for its background process would hit the
 		// default timeout instead: exit 124.
-		res := faultRun(t, root, name, "sleep 1000 & echo started", "-l", "shell")
+		res := runIn(t, root, name, "sleep 1000 & echo started", "-l", "shell")
 		if res.code != 0 || res.stdout != "started\n" {
 			t.Fatalf("exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
 		}
-		faultAlive(t, root, name)
+		checkAlive(t, root, name)
 		faultNoSnippetProcesses(t, root, name) // no "sleep 1000"
 	})
 
 	// Out of the group kill's reach, they are killed once no call runs. The
 	// calls wait until their daemons have left the group.
 	t.Run("daemons left behind", func(t *testing.T) {
-		res := faultRun(t, root, name, `rm -f /tmp/d1 /tmp/d2
+		res := runIn(t, root, name, `rm -f /tmp/d1 /tmp/d2
 setsid sh -c 'touch /tmp/d1; exec sleep 1000' &
 setsid sh -c 'touch /tmp/d2; while :; do :; done' &
 until [ -e /tmp/d1 ] && [ -e /tmp/d2 ]; do sleep 0.01; done
@@ -262,7 +224,7 @@ echo started`, "-l", "shell")
 		}
 		faultNoSnippetProcesses(t, root, name)
 		for range 2 { // and again, with the spares the sweep left
-			res = faultRun(t, root, name, `import os, time
+			res = runIn(t, root, name, `import os, time
 r, w = os.pipe()
 if os.fork() == 0:
     os.setsid()
@@ -279,7 +241,7 @@ print(os.read(r, 2).decode())`)
 		}
 		// A child that a snippet gives the zygote, where its spares are
 		// (clone with CLONE_PARENT): a stray all the same.
-		res = faultRun(t, root, name, `import ctypes, os, time
+		res = runIn(t, root, name, `import ctypes, os, time
 r, w = os.pipe()
 if ctypes.CDLL(None).syscall(56, 0x8000 | 17, 0, 0, 0, 0) == 0:
     os.setsid()
@@ -291,7 +253,7 @@ print(os.read(r, 16).decode() == str(os.getppid()))`)
 			t.Fatalf("want the daemon to be the zygote's child: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
 		}
 		faultNoSnippetProcesses(t, root, name)
-		faultAlive(t, root, name)
+		checkAlive(t, root, name)
 	})
 
 	t.Run("fork bomb", func(t *testing.T) {
@@ -299,7 +261,7 @@ print(os.read(r, 16).decode() == str(os.getppid()))`)
 		// limit is reached, and the call ends. (They exec: a forked
 		// Python costs some 5 MiB under gVisor, and 255 of them would
 		// run out of memory first.)
-		res := faultRun(t, root, name, `
+		res := runIn(t, root, name, `
 import os
 n = 0
 try:
@@ -314,7 +276,7 @@ except OSError as e:
 			t.Fatalf("python fork loop: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
 		}
 		t.Logf("python: %s", strings.TrimSpace(res.stdout))
-		faultAlive(t, root, name)
+		checkAlive(t, root, name)
 		faultNoSnippetProcesses(t, root, name)
 
 		// The classic shell bomb (dash spells it without ':'), kept running
@@ -322,17 +284,17 @@ except OSError as e:
 		// bomb fills the process limit, then loops in builtins: a fork that
 		// failed later would end it (dash exits 2 on "Cannot fork").
 		start := time.Now()
-		res = faultRun(t, root, name, "b(){ b|b& }; b & while :; do :; done", "-l", "shell", "--timeout", "3s")
+		res = runIn(t, root, name, "b(){ b|b& }; b & while :; do :; done", "-l", "shell", "--timeout", "3s")
 		if res.code != 124 || !strings.Contains(res.stderr, "timed out") {
 			t.Fatalf("shell fork bomb: exit %d stderr %q, want 124 and a timeout message", res.code, res.stderr)
 		}
 		t.Logf("shell: exit %d after %s", res.code, time.Since(start).Round(time.Millisecond))
-		faultAlive(t, root, name)
+		checkAlive(t, root, name)
 		faultNoSnippetProcesses(t, root, name)
 	})
 
 	t.Run("memory hog", func(t *testing.T) {
-		res := faultRun(t, root, name, `
+		res := runIn(t, root, name, `
 chunks = []
 while True:
     chunks.append(bytearray(16 << 20))
@@ -340,7 +302,7 @@ while True:
 		if res.code != 137 || !strings.Contains(res.stderr, "running out of memory") {
 			t.Fatalf("exit %d stderr %q, want 137 and the memory watch's note", res.code, res.stderr)
 		}
-		faultAlive(t, root, name)
+		checkAlive(t, root, name)
 		faultNoSnippetProcesses(t, root, name)
 	})
 
@@ -349,7 +311,7 @@ while True:
 	// memory cgroup killed the whole sandbox, /tmp and all.
 	t.Run("memory hog with several processes and a full tmp", func(t *testing.T) {
 		const small = "small-memory"
-		faultSandbox(t, root, reg, small, "--memory", "256MiB", "--tmp-size", "256MiB")
+		createSandbox(t, root, reg, small, "--memory", "256MiB", "--tmp-size", "256MiB")
 		defer flmbox(t, root, "sandbox", "rm", small)
 		// Two processes of 80 MiB each that hold their memory once they
 		// have it, so that both are at their
@@ -370,7 +332,7 @@ for i in range(2):
 for i in range(2):
     os.wait()
 `
-		res := faultRun(t, root, small, `
+		res := runIn(t, root, small, `
 with open('/tmp/keep', 'wb') as f:
     for i in range(120):
         f.write(b'k' * (1 << 20))
@@ -379,7 +341,7 @@ print('wrote /tmp/keep', flush=True)
 		if res.code != 137 || res.stdout != "wrote /tmp/keep\n" || !strings.Contains(res.stderr, "running out of memory") {
 			t.Fatalf("exit %d stdout %q stderr %q, want 137 and the snippet killed out of memory", res.code, res.stdout, res.stderr)
 		}
-		res = faultRun(t, root, small, "import os; print(os.path.getsize('/tmp/keep'))", "--json")
+		res = runIn(t, root, small, "import os; print(os.path.getsize('/tmp/keep'))", "--json")
 		var j struct {
 			ExitCode  int    `json:"exit_code"`
 			Stdout    string `json:"stdout"`
@@ -400,7 +362,7 @@ print('wrote /tmp/keep', flush=True)
 		if r := results[1]; r.ExitCode != 0 || r.Stdout != "next\n" {
 			t.Errorf("the next element: %+v", r)
 		}
-		faultAlive(t, root, small)
+		checkAlive(t, root, small)
 	})
 
 	t.Run("filling tmp", func(t *testing.T) {
@@ -415,7 +377,7 @@ print('wrote /tmp/keep', flush=True)
 		}
 		sbDir := stateroot.Sandbox(root, name)
 		before := faultDirBytes(t, sbDir)
-		res := faultRun(t, root, name, fmt.Sprintf("dd if=/dev/zero of=/tmp/%[1]s bs=1M 2>&1; stat -c %%s /tmp/%[1]s", fill), "-l", "shell")
+		res := runIn(t, root, name, fmt.Sprintf("dd if=/dev/zero of=/tmp/%[1]s bs=1M 2>&1; stat -c %%s /tmp/%[1]s", fill), "-l", "shell")
 		if !strings.Contains(res.stdout, "No space left on device") {
 			t.Fatalf("dd: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
 		}
@@ -424,7 +386,7 @@ print('wrote /tmp/keep', flush=True)
 		if size <= 0 || size > 64<<20 {
 			t.Fatalf("/tmp/%s is %d bytes with --tmp-size 64MiB", fill, size)
 		}
-		res = faultRun(t, root, name, fmt.Sprintf(`
+		res = runIn(t, root, name, fmt.Sprintf(`
 import errno
 try:
     with open('/tmp/%s', 'wb') as f:
@@ -436,7 +398,7 @@ except OSError as e:
 		if res.code != 0 || res.stdout != "ENOSPC\n" {
 			t.Fatalf("python: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
 		}
-		faultAlive(t, root, name) // even with /tmp full
+		checkAlive(t, root, name) // even with /tmp full
 		for _, f := range []string{fill, fill2} {
 			if _, err := os.Lstat(filepath.Join("/tmp", f)); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("the sandbox's /tmp/%s is on the host's /tmp: %v", f, err)
@@ -445,17 +407,19 @@ except OSError as e:
 		if after := faultDirBytes(t, sbDir); after-before > 8<<20 {
 			t.Errorf("the sandbox's host directory grew by %d bytes while /tmp filled", after-before)
 		}
-		res = faultRun(t, root, name, fmt.Sprintf("rm /tmp/%s /tmp/%s && echo ok > /tmp/ok && cat /tmp/ok", fill, fill2), "-l", "shell")
+		res = runIn(t, root, name, fmt.Sprintf("rm /tmp/%s /tmp/%s && echo ok > /tmp/ok && cat /tmp/ok", fill, fill2), "-l", "shell")
 		if res.code != 0 || res.stdout != "ok\n" {
 			t.Fatalf("after rm: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
 		}
-		faultAlive(t, root, name)
+		checkAlive(t, root, name)
 	})
 
+	// Four times what flmbox may hold: output it kept whole would show in
+	// its max RSS.
 	t.Run("flood of output", func(t *testing.T) {
-		const total = 1 << 30
+		const total, maxRSS = 256 << 20, 64 << 20
 		agentRSS := func() int64 {
-			res := faultRun(t, root, name, "grep VmRSS /proc/1/status", "-l", "shell")
+			res := runIn(t, root, name, "grep VmRSS /proc/1/status", "-l", "shell")
 			f := strings.Fields(res.stdout)
 			if len(f) != 3 {
 				t.Fatalf("agent's VmRSS: %q %q", res.stdout, res.stderr)
@@ -471,7 +435,7 @@ except OSError as e:
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		start := time.Now()
-		maxRSS, err := faultMaxRSS(t, cmd)
+		rss, err := faultMaxRSS(t, cmd)
 		if err != nil {
 			t.Fatalf("flmbox run: %v\n%s", err, stderr.String())
 		}
@@ -495,16 +459,16 @@ except OSError as e:
 			!strings.HasPrefix(j.Stdout, "y\ny\n") || !strings.HasSuffix(j.StdoutTail, "y\ny\n") {
 			t.Errorf("stdout is %d bytes, stdout_tail %d (want %d each, only the snippet's bytes)", len(j.Stdout), len(j.StdoutTail), wire.DefaultMaxOutput/2)
 		}
-		if maxRSS > 200<<20 {
-			t.Errorf("flmbox's max RSS was %d MiB while 1 GiB of output went by", maxRSS>>20)
+		if rss > maxRSS {
+			t.Errorf("flmbox's max RSS was %d MiB while %d MiB of output went by", rss>>20, total>>20)
 		}
 		rssAfter := agentRSS()
 		if rssAfter-rssBefore > 64<<20 {
 			t.Errorf("the agent's RSS grew from %d to %d MiB", rssBefore>>20, rssAfter>>20)
 		}
-		t.Logf("1 GiB in %s; flmbox max RSS %d MiB; JSON %d bytes; agent RSS %d -> %d MiB",
-			took.Round(time.Millisecond), maxRSS>>20, stdout.Len(), rssBefore>>20, rssAfter>>20)
-		faultAlive(t, root, name)
+		t.Logf("%d MiB in %s; flmbox max RSS %d MiB; JSON %d bytes; agent RSS %d -> %d MiB",
+			total>>20, took.Round(time.Millisecond), rss>>20, stdout.Len(), rssBefore>>20, rssAfter>>20)
+		checkAlive(t, root, name)
 	})
 }
 
@@ -515,7 +479,7 @@ func TestFaultsIsolation(t *testing.T) {
 	const secret = "flmbox-secret-7f3a9c"
 	t.Setenv("FLMBOX_SECRET_TEST", secret) // flmbox's own environment, from create on
 	const name = "iso"
-	faultSandbox(t, root, reg, name)
+	createSandbox(t, root, reg, name)
 
 	t.Run("root filesystem is read-only", func(t *testing.T) {
 		var spec struct{ Root struct{ Path string } }
@@ -528,7 +492,7 @@ func TestFaultsIsolation(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res := faultRun(t, root, name, `
+		res := runIn(t, root, name, `
 import errno
 for p in ['/usr/x', '/var/tmp/x', '/x', '/etc/x', '/usr/bin/python3']:
     try:
@@ -552,14 +516,14 @@ for p in ['/usr/x', '/var/tmp/x', '/x', '/etc/x', '/usr/bin/python3']:
 		}
 		// The agent's own binary, bind-mounted from the host: not writable
 		// (gVisor may say ENOENT for a read-only file mount), and unchanged.
-		res = faultRun(t, root, name, fmt.Sprintf("open(%q, 'ab').write(b'x')", agentBin))
+		res = runIn(t, root, name, fmt.Sprintf("open(%q, 'ab').write(b'x')", agentBin))
 		if res.code == 0 {
 			t.Errorf("a snippet appended to the agent's binary %s", agentBin)
 		}
 		if binAfter, _ := os.ReadFile(flmboxAgent); !bytes.Equal(binAfter, binBefore) {
 			t.Errorf("the host's flmbox-agent binary changed")
 		}
-		res = faultRun(t, root, name, "touch /usr/y", "-l", "shell")
+		res = runIn(t, root, name, "touch /usr/y", "-l", "shell")
 		if res.code == 0 || !(strings.Contains(res.stderr, "Read-only file system") || strings.Contains(res.stderr, "Permission denied")) {
 			t.Errorf("touch /usr/y: exit %d %q", res.code, res.stderr)
 		}
@@ -570,18 +534,18 @@ for p in ['/usr/x', '/var/tmp/x', '/x', '/etc/x', '/usr/bin/python3']:
 		if err := os.WriteFile(hostFile, []byte(secret+"\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		res := faultRun(t, root, name, "cat "+hostFile, "-l", "shell")
+		res := runIn(t, root, name, "cat "+hostFile, "-l", "shell")
 		if res.code == 0 || strings.Contains(res.stdout+res.stderr, secret) {
 			t.Errorf("cat %s: exit %d stdout %q stderr %q", hostFile, res.code, res.stdout, res.stderr)
 		}
-		res = faultRun(t, root, name, fmt.Sprintf("print(open(%q).read())", hostFile))
+		res = runIn(t, root, name, fmt.Sprintf("print(open(%q).read())", hostFile))
 		if res.code == 0 || strings.Contains(res.stdout+res.stderr, secret) {
 			t.Errorf("python open: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
 		}
 	})
 
 	t.Run("flmbox's environment is invisible", func(t *testing.T) {
-		res := faultRun(t, root, name, "env; cat /proc/1/environ | tr '\\0' '\\n'", "-l", "shell")
+		res := runIn(t, root, name, "env; cat /proc/1/environ | tr '\\0' '\\n'", "-l", "shell")
 		if res.code != 0 || !strings.Contains(res.stdout, "HOME=/tmp") {
 			t.Fatalf("exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
 		}
@@ -591,7 +555,7 @@ for p in ['/usr/x', '/var/tmp/x', '/x', '/etc/x', '/usr/bin/python3']:
 	})
 
 	t.Run("unprivileged user without capabilities", func(t *testing.T) {
-		res := faultRun(t, root, name, "grep -E '^(Uid|Gid|CapInh|CapPrm|CapEff|CapAmb|NoNewPrivs):' /proc/self/status", "-l", "shell")
+		res := runIn(t, root, name, "grep -E '^(Uid|Gid|CapInh|CapPrm|CapEff|CapAmb|NoNewPrivs):' /proc/self/status", "-l", "shell")
 		st := map[string]string{}
 		for _, line := range strings.Split(strings.TrimSpace(res.stdout), "\n") {
 			k, v, _ := strings.Cut(line, ":")
@@ -616,7 +580,7 @@ for p in ['/usr/x', '/var/tmp/x', '/x', '/etc/x', '/usr/bin/python3']:
 	// another socket. The next call must work.
 	t.Run("agent socket directory", func(t *testing.T) {
 		_, runDir, hostRunDir := faultAgentPaths(t, root, name)
-		res := faultRun(t, root, name, fmt.Sprintf("head -c 1048576 /dev/zero > %s/planted; echo $?", runDir), "-l", "shell")
+		res := runIn(t, root, name, fmt.Sprintf("head -c 1048576 /dev/zero > %s/planted; echo $?", runDir), "-l", "shell")
 		var fs unix.Statfs_t
 		if err := unix.Statfs(hostRunDir, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
 			t.Errorf("the host side of the agent's directory %s is not a tmpfs of its own (%v)", hostRunDir, err)
@@ -647,11 +611,11 @@ for p in ['/usr/x', '/var/tmp/x', '/x', '/etc/x', '/usr/bin/python3']:
 				conn.Close()
 			}
 		}()
-		res = faultRun(t, root, name, fmt.Sprintf("rm -f %[1]s/agent.sock && ln -s %[2]s %[1]s/agent.sock; echo $?", runDir, hostSock), "-l", "shell")
+		res = runIn(t, root, name, fmt.Sprintf("rm -f %[1]s/agent.sock && ln -s %[2]s %[1]s/agent.sock; echo $?", runDir, hostSock), "-l", "shell")
 		if !strings.Contains(res.stderr, "Permission denied") || strings.TrimSpace(res.stdout) == "0" {
 			t.Errorf("a snippet replaced the agent's socket: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
 		}
-		res = faultRun(t, root, name, "print('alive')")
+		res = runIn(t, root, name, "print('alive')")
 		// flmbox has exited; a connection it made to the host socket is
 		// queued, if not yet counted. Connect after it: the listener accepts
 		// in order, and closes this connection once it has counted it, so
@@ -681,7 +645,7 @@ func TestFaultsEachCallIsANewProcess(t *testing.T) {
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	const name = "calls"
-	faultSandbox(t, root, reg, name)
+	createSandbox(t, root, reg, name)
 	for _, step := range []struct {
 		what, lang, code, stdout string
 		code2                    int
@@ -693,7 +657,7 @@ func TestFaultsEachCallIsANewProcess(t *testing.T) {
 		{"tmp file written", "shell", "echo kept > /tmp/kept.txt", "", 0},
 		{"tmp file kept", "python", "print(open('/tmp/kept.txt').read(), end='')", "kept\n", 0},
 	} {
-		res := faultRun(t, root, name, step.code, "-l", step.lang)
+		res := runIn(t, root, name, step.code, "-l", step.lang)
 		if res.code != step.code2 || res.stdout != step.stdout {
 			t.Errorf("%s: exit %d stdout %q stderr %q, want exit %d stdout %q", step.what, res.code, res.stdout, res.stderr, step.code2, step.stdout)
 		}
@@ -701,7 +665,7 @@ func TestFaultsEachCallIsANewProcess(t *testing.T) {
 			t.Errorf("%s: stderr %q", step.what, res.stderr)
 		}
 	}
-	pid := func() string { return faultRun(t, root, name, "import os; print(os.getpid())").stdout }
+	pid := func() string { return runIn(t, root, name, "import os; print(os.getpid())").stdout }
 	if a, b := pid(), pid(); a == b {
 		t.Errorf("two calls ran in the same process %s", a)
 	}
@@ -719,8 +683,8 @@ func TestFaultsNoLeaks(t *testing.T) {
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	const name = "leaks"
-	faultSandbox(t, root, reg, name)
-	id := faultSandboxID(t, root, name)
+	createSandbox(t, root, reg, name)
+	id := sandboxID(t, root, name)
 	_, _, hostRunDir := faultAgentPaths(t, root, name)
 	socket := filepath.Join(hostRunDir, "agent.sock")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -810,7 +774,7 @@ func TestFaultsSandboxNames(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	faultSandbox(t, root, reg, "taken")
+	createSandbox(t, root, reg, "taken")
 	ls := func() string { // names and states: last_used moves with every call
 		var sbs []struct{ Name, Image, State string }
 		out := mustFlmbox(t, root, "sandbox", "ls", "--json")
@@ -847,7 +811,7 @@ func TestFaultsSandboxNames(t *testing.T) {
 	if after := entries(); strings.Join(after, "\n") != strings.Join(entriesBefore, "\n") {
 		t.Errorf("the state root changed:\nbefore %v\nafter  %v", entriesBefore, after)
 	}
-	faultAlive(t, root, "taken")
+	checkAlive(t, root, "taken")
 
 	// The refused duplicate must leave the first sandbox's lease on its image:
 	// the image is still in use and cannot be removed from under it.
@@ -880,9 +844,9 @@ func TestFaultsStartupCodeInTmpNeverRunsUnlimited(t *testing.T) {
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	const name = "startup"
-	faultSandbox(t, root, reg, name)
+	createSandbox(t, root, reg, name)
 	for i := 0; i < 2; i++ { // the second Python call starts the zygote
-		faultAlive(t, root, name)
+		checkAlive(t, root, name)
 	}
 	plant := `
 import os, sys
@@ -896,19 +860,19 @@ parent = open('/proc/%d/cmdline' % os.getppid()).read()
 print('zygote' if '_flmbox_zygote' in parent else 'not a zygote child', flush=True)
 os.kill(os.getppid(), 9)
 `
-	if res := faultRun(t, root, name, plant); res.stdout != "zygote\n" {
+	if res := runIn(t, root, name, plant); res.stdout != "zygote\n" {
 		t.Fatalf("planting: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
 	}
 	// The next calls start a new zygote; then the startup code may only run
 	// where a snippet runs python3 itself, under the snippet's limits.
 	for i := 0; i < 2; i++ {
-		res := faultRun(t, root, name, "import sys; print(sys.path)")
+		res := runIn(t, root, name, "import sys; print(sys.path)")
 		want := "['', '/tmp/site-packages', '/usr/lib/python311.zip', '/usr/lib/python3.11', '/usr/lib/python3.11/lib-dynload', '/tmp/.local/lib/python3.11/site-packages', '/usr/local/lib/python3.11/dist-packages', '/usr/lib/python3/dist-packages']\n"
 		if res.code != 0 || res.stdout != want {
 			t.Fatalf("call %d after the zygote died: exit %d stdout %q stderr %q, want sys.path %q", i, res.code, res.stdout, res.stderr, want)
 		}
 	}
-	res := faultRun(t, root, name, "python3 -c pass; ls /tmp | grep '^ran-'", "-l", "shell")
+	res := runIn(t, root, name, "python3 -c pass; ls /tmp | grep '^ran-'", "-l", "shell")
 	// ran-MODULE-PID-NPROC: only the snippets' own Pythons, all limited: the
 	// .pth file (module site) in the two calls' and in the python3 of the
 	// shell, the sitecustomize on PYTHONPATH in that python3 only.

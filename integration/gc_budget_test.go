@@ -48,10 +48,10 @@ func gcLongCall(t *testing.T, root, name string) (wait func() (string, error)) {
 	go func() { done <- cmd.Wait() }()
 	t.Cleanup(func() { cmd.Process.Kill(); <-done })
 	pollUntil(t, time.Minute, "the long call in "+name+" to start", func() bool {
-		return faultRun(t, root, name, "test -e /tmp/started", "-l", "shell").code == 0
+		return runIn(t, root, name, "test -e /tmp/started", "-l", "shell").code == 0
 	})
 	return func() (string, error) {
-		if res := faultRun(t, root, name, "touch /tmp/go", "-l", "shell"); res.code != 0 {
+		if res := runIn(t, root, name, "touch /tmp/go", "-l", "shell"); res.code != 0 {
 			t.Fatalf("end the long call in %s: exit %d %q", name, res.code, res.stderr)
 		}
 		select {
@@ -75,14 +75,14 @@ func TestSandboxGCBudget(t *testing.T) {
 	root := sandboxRoot(t, reg)
 	names := []string{"a", "b", "c", "d"}
 	for _, n := range names {
-		faultSandbox(t, root, reg, n, "--lazy-spares")
+		createSandbox(t, root, reg, n, "--lazy-spares")
 	}
 	// use calls the sandboxes in order: the first is then the least
 	// recently used.
 	use := func(ns ...string) {
 		t.Helper()
 		for _, n := range ns {
-			if res := faultRun(t, root, n, "true", "-l", "shell"); res.code != 0 {
+			if res := runIn(t, root, n, "true", "-l", "shell"); res.code != 0 {
 				t.Fatalf("call %s: exit %d %q", n, res.code, res.stderr)
 			}
 		}
@@ -211,8 +211,8 @@ func TestSandboxGCLeavesACallAlone(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	faultSandbox(t, root, reg, "busy", "--lazy-spares")
-	faultSandbox(t, root, reg, "idle", "--lazy-spares")
+	createSandbox(t, root, reg, "busy", "--lazy-spares")
+	createSandbox(t, root, reg, "idle", "--lazy-spares")
 	wait := gcLongCall(t, root, "busy")
 	time.Sleep(1500 * time.Millisecond) // both idle for longer than 1s by their last call's start
 	for _, args := range [][]string{{"--dry-run", "--remove-idle", "1s"}, {"--suspend-idle", "1s"}, {"--remove-idle", "1s"}} {

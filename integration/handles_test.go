@@ -29,6 +29,7 @@ func TestStaleHandlesNeverReachTheNextHolder(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := t.TempDir()
+	copyPrewarmed(t, root)
 	// No refill: the pool's one sandbox must be the one released.
 	m, err := sandbox.Open(root, sandbox.WithRunsc(runscPath), sandbox.WithAgent(flmboxAgent), sandbox.WithRefill(func(string) {}),
 		sandbox.WithWarnf(func(f string, a ...any) { t.Logf("warning: "+f, a...) }))

@@ -292,7 +292,7 @@ print(first, web_search("after")["data"]["web"][0]["title"])
 	// token of one never reaches the next, and a wrong one is refused.
 	t.Run("a token per execution", func(t *testing.T) {
 		t.Parallel()
-		faultSandbox(t, root, reg, "hermes")
+		createSandbox(t, root, reg, "hermes")
 		script := `import os
 from hermes_tools import web_search
 print(os.environ["HERMES_RPC_TOKEN"], web_search("x").get("error", "ok"))
@@ -321,7 +321,7 @@ print(os.environ["HERMES_RPC_TOKEN"], web_search("x").get("error", "ok"))
 // runsc ID (flmbox-HEX).
 func hostname(t *testing.T, root, name string) string {
 	t.Helper()
-	return strings.TrimPrefix(faultSandboxID(t, root, name), "flmbox-")[:12]
+	return strings.TrimPrefix(sandboxID(t, root, name), "flmbox-")[:12]
 }
 
 // TestRunInputs: what a client such as Hermes' execute_code gives a call
@@ -332,7 +332,7 @@ func TestRunInputs(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	faultSandbox(t, root, reg, "inputs")
+	createSandbox(t, root, reg, "inputs")
 	mustFlmbox(t, root, "pool", "fill", reg.digestRef(), "--size", "1")
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "pkg", "sub"), 0o755); err != nil {
@@ -366,7 +366,7 @@ print(sys.stdin.read().upper(), VALUE, os.environ.get("JOB_TOKEN"), os.path.base
 	}
 	// The call's environment and stdin are gone in the next call; the copy
 	// stays in the persistent sandbox.
-	res := faultRun(t, root, "inputs", `import os, sys; print(os.environ.get("JOB_TOKEN"), repr(sys.stdin.read()), os.path.exists("/tmp/pkg/sub/mod.py"))`)
+	res := runIn(t, root, "inputs", `import os, sys; print(os.environ.get("JOB_TOKEN"), repr(sys.stdin.read()), os.path.exists("/tmp/pkg/sub/mod.py"))`)
 	if want := "None '' True\n"; res.stdout != want || res.code != 0 {
 		t.Errorf("the next call: exit %d, stdout %q (want %q), stderr %q", res.code, res.stdout, want, res.stderr)
 	}

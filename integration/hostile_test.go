@@ -4,7 +4,6 @@ package integration
 
 import (
 	"bufio"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -28,11 +27,11 @@ func TestHostileSnippetsCannotStopTheAgent(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	faultSandbox(t, root, reg, "k3")
-	if res := faultRun(t, root, "k3", "echo kept > /tmp/keep", "-l", "shell"); res.code != 0 {
+	createSandbox(t, root, reg, "k3")
+	if res := runIn(t, root, "k3", "echo kept > /tmp/keep", "-l", "shell"); res.code != 0 {
 		t.Fatalf("write /tmp/keep: %+v", res)
 	}
-	faultAlive(t, root, "k3") // a second Python call: the zygote runs from here on
+	checkAlive(t, root, "k3") // a second Python call: the zygote runs from here on
 	const zygote = `
 import os
 def zygote():
@@ -118,36 +117,19 @@ for p in spares():
 print('done')`, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res := faultRun(t, root, "k3", tc.code, "-l", tc.lang, "--timeout", "20s")
+			res := runIn(t, root, "k3", tc.code, "-l", tc.lang, "--timeout", "20s")
 			if strings.Contains(res.stdout, "WORKED") || strings.Count(res.stdout, "refused") != tc.refused {
 				t.Errorf("exit %d\nstdout: %s\nstderr: %s", res.code, res.stdout, res.stderr)
 			}
-			faultAlive(t, root, "k3")
-			if res := faultRun(t, root, "k3", "cat /tmp/keep", "-l", "shell"); res.code != 0 || res.stdout != "kept\n" {
+			checkAlive(t, root, "k3")
+			if res := runIn(t, root, "k3", "cat /tmp/keep", "-l", "shell"); res.code != 0 || res.stdout != "kept\n" {
 				t.Fatalf("/tmp after the attack: %+v", res)
 			}
 		})
 	}
-	if got := sandboxState(t, root, "k3"); got != "running" {
+	if got := sandboxState(t, root, "k3", "--probe"); got != "running" {
 		t.Fatalf("sandbox ls says %q, want running", got)
 	}
-}
-
-// sandboxState is sandbox name's state as sandbox ls --probe --json says
-// (its agent pinged).
-func sandboxState(t *testing.T, root, name string) string {
-	t.Helper()
-	var sbs []struct{ Name, State string }
-	if err := json.Unmarshal([]byte(mustFlmbox(t, root, "sandbox", "ls", "--probe", "--json")), &sbs); err != nil {
-		t.Fatal(err)
-	}
-	for _, sb := range sbs {
-		if sb.Name == name {
-			return sb.State
-		}
-	}
-	t.Fatalf("sandbox ls --probe does not list %s", name)
-	return ""
 }
 
 // agentAttempts is Python that tries every way into the agent from inside:
@@ -194,8 +176,8 @@ func TestHostileSnippetsCannotReachTheAgentSocket(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	faultSandbox(t, root, reg, "reach")
-	res := faultRun(t, root, "reach", agentAttempts)
+	createSandbox(t, root, reg, "reach")
+	res := runIn(t, root, "reach", agentAttempts)
 	if res.code != 0 || strings.Contains(res.stdout, "CONNECTED") || strings.Contains(res.stdout, "WORKED") ||
 		!strings.Contains(res.stdout, "path refused\n") || !strings.Contains(res.stdout, "fds refused\n") ||
 		!strings.Contains(res.stdout, "\nclean\n") {
@@ -208,11 +190,11 @@ func TestHostileSnippetsCannotReachTheAgentSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	code := fmt.Sprintf("cat > /tmp/attempts.py <<'EOF'\n%sEOF\nsetsid sh -c 'python3 /tmp/attempts.py > /tmp/attempts.out; sleep 1000' &\nsleep 1000", agentAttempts)
-	if res := faultRun(t, root, "reach", code, "-l", "shell", "--timeout", "5s"); res.code != 124 {
+	if res := runIn(t, root, "reach", code, "-l", "shell", "--timeout", "5s"); res.code != 124 {
 		t.Fatalf("the call that tries from a setsid process: exit %d, want 124 (timeout)\n%s%s", res.code, res.stdout, res.stderr)
 	}
 	faultNoSnippetProcesses(t, root, "reach")
-	res = faultRun(t, root, "reach", "cat /tmp/attempts.out; test ! -e /tmp/pwned && echo no-pwned", "-l", "shell")
+	res = runIn(t, root, "reach", "cat /tmp/attempts.out; test ! -e /tmp/pwned && echo no-pwned", "-l", "shell")
 	if strings.Contains(res.stdout, "CONNECTED") || !strings.Contains(res.stdout, "path refused") || !strings.Contains(res.stdout, "no-pwned") {
 		t.Fatalf("from the setsid process: %+v", res)
 	}
@@ -235,34 +217,19 @@ func TestUnresponsiveSandbox(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	faultSandbox(t, root, reg, "wedged")
-	id := faultSandboxID(t, root, "wedged")
+	createSandbox(t, root, reg, "wedged")
+	id := sandboxID(t, root, "wedged")
 	runscOn(t, root, "kill", id, "SIGSTOP")
 	waitState(t, root, "wedged", "unresponsive") // the signal is delivered asynchronously
 	// The call's own timeout (10 minutes) is not what ends it: its
 	// watchdog is.
-	res := faultRun(t, root, "wedged", "print(1)", "--timeout", "10m")
+	res := runIn(t, root, "wedged", "print(1)", "--timeout", "10m")
 	if res.code != 125 || !strings.Contains(res.stderr, "unresponsive") {
 		t.Fatalf("a call to the stopped sandbox: %+v", res)
 	}
 	runscOn(t, root, "kill", id, "SIGCONT")
 	waitState(t, root, "wedged", "running")
-	faultAlive(t, root, "wedged")
-}
-
-// waitState waits (a minute at most) until sandbox ls says sandbox name is
-// in state want.
-func waitState(t *testing.T, root, name, want string) {
-	t.Helper()
-	var got string
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
-		if got = sandboxState(t, root, name); got == want || time.Now().After(deadline) {
-			break
-		}
-	}
-	if got != want {
-		t.Fatalf("sandbox ls says %q, want %s", got, want)
-	}
+	checkAlive(t, root, "wedged")
 }
 
 // TestCallToARemovedSandbox removes a sandbox while a call runs in it: the
@@ -271,7 +238,7 @@ func TestCallToARemovedSandbox(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	faultSandbox(t, root, reg, "gone")
+	createSandbox(t, root, reg, "gone")
 	cmd := exec.Command(flmboxBin, "--root", root, "--runsc", runscPath, "run", "--sandbox", "gone", "--timeout", "5m",
 		"-c", "open('/tmp/started', 'w').close()\nimport time\ntime.sleep(300)")
 	var stderr strings.Builder
@@ -281,7 +248,7 @@ func TestCallToARemovedSandbox(t *testing.T) {
 	}
 	defer cmd.Process.Kill()
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-		if res := faultRun(t, root, "gone", "test -e /tmp/started", "-l", "shell"); res.code == 0 {
+		if res := runIn(t, root, "gone", "test -e /tmp/started", "-l", "shell"); res.code == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -302,14 +269,18 @@ func TestLastRemovalLeavesARemovableRoot(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := filepath.Join(t.TempDir(), "root")
+	if err := os.Mkdir(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	copyPrewarmed(t, root)
 	prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef())
-	faultSandbox(t, root, reg, "a")
-	faultSandbox(t, root, reg, "b")
+	createSandbox(t, root, reg, "a")
+	createSandbox(t, root, reg, "b")
 	if mounts := mountsUnder(t, root); len(mounts) == 0 {
 		t.Fatal("no mount under the root with two sandboxes: the test sees nothing")
 	}
 	mustFlmbox(t, root, "sandbox", "rm", "a")
-	faultAlive(t, root, "b") // the other sandbox's network namespace is still there
+	checkAlive(t, root, "b") // the other sandbox's network namespace is still there
 	mustFlmbox(t, root, "sandbox", "rm", "b")
 	mustFlmbox(t, root, "run", "--image", reg.digestRef(), "-c", "print(1)") // and once more, one-shot
 	if mounts := mountsUnder(t, root); len(mounts) > 0 {

@@ -166,7 +166,7 @@ func TestInstanceOverFlameProtocol(t *testing.T) {
 	for n := range sandboxNames(t, root) {
 		name = n
 	}
-	for deadline := time.Now().Add(time.Minute); faultRun(t, root, name, "test -e /tmp/started", "-l", "shell").code != 0; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); runIn(t, root, name, "test -e /tmp/started", "-l", "shell").code != 0; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the task did not start within a minute")
 		}
@@ -261,12 +261,12 @@ func TestInstanceSandboxDies(t *testing.T) {
 			Input: []byte(script("shell", "touch /tmp/started; sleep 100"))})
 		running <- res
 	}()
-	for deadline := time.Now().Add(time.Minute); faultRun(t, root, name, "test -e /tmp/started", "-l", "shell").code != 0; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); runIn(t, root, name, "test -e /tmp/started", "-l", "shell").code != 0; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the task did not start within a minute")
 		}
 	}
-	runscOn(t, root, "kill", faultSandboxID(t, root, name), "SIGKILL") // its agent, and so its gVisor sandbox
+	runscOn(t, root, "kill", sandboxID(t, root, name), "SIGKILL") // its agent, and so its gVisor sandbox
 	select {
 	case res := <-running:
 		if res == nil || res.ReturnCode == 0 || !strings.Contains(res.GetMessage(), "dead") {

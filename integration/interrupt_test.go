@@ -134,9 +134,7 @@ func TestRunInterrupted(t *testing.T) {
 
 	// run --image: the fresh sandbox is removed all the same.
 	fresh := func() string {
-		var sbs []struct{ Name string }
-		json.Unmarshal([]byte(mustFlmbox(t, root, "sandbox", "ls", "--json")), &sbs)
-		for _, sb := range sbs {
+		for _, sb := range sandboxLs(t, root) {
 			if sb.Name != "work" {
 				return sb.Name
 			}

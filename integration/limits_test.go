@@ -22,45 +22,41 @@ import (
 // 128 MiB sandbox killed by the host's memory cgroup, /tmp and all. Now the
 // snippet is stopped by the memory watch, which counts each file's inode
 // (oom_killed, 137; or ENOSPC, were the inodes bounded), and the sandbox and
-// its /tmp live on, for the smallest --memory flmbox accepts and for the
-// default; a plain rm -rf then empties the directory. The loop stops early:
-// a million files would take minutes under gVisor.
+// its /tmp live on, with the smallest --memory flmbox accepts, where the
+// watch has the least room; a plain rm -rf then empties the directory, and
+// the next such snippet is stopped the same way. The loop stops early: a
+// million files would take minutes under gVisor.
 func TestLimitsManySmallFilesStopTheSnippetOnly(t *testing.T) {
 	// Not parallel: the agent's memory watch must stop the snippet before the host's cgroup does.
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	for _, mem := range []string{fmt.Sprintf("%dMiB", sandbox.MinMemoryBytes>>20), "512MiB"} {
-		t.Run(mem, func(t *testing.T) {
-			name := "files-" + strings.ToLower(mem)
-			faultSandbox(t, root, reg, name, "--memory", mem, "--tmp-size", "16MiB")
-			defer flmbox(t, root, "sandbox", "rm", name)
-			if res := faultRun(t, root, name, "open('/tmp/keep', 'w').write('kept')"); res.code != 0 {
-				t.Fatalf("write /tmp/keep: exit %d stderr %q", res.code, res.stderr)
-			}
-			for _, n := range []int{100_000, 1_000_000} {
-				dir := fmt.Sprintf("/tmp/d%d", n)
-				res := faultRun(t, root, name, fmt.Sprintf(`import os
+	const name = "files"
+	createSandbox(t, root, reg, name, "--memory", fmt.Sprintf("%dMiB", sandbox.MinMemoryBytes>>20), "--tmp-size", "16MiB")
+	if res := runIn(t, root, name, "open('/tmp/keep', 'w').write('kept')"); res.code != 0 {
+		t.Fatalf("write /tmp/keep: exit %d stderr %q", res.code, res.stderr)
+	}
+	for round := range 2 {
+		dir := fmt.Sprintf("/tmp/d%d", round)
+		res := runIn(t, root, name, fmt.Sprintf(`import os
 os.mkdir(%[1]q)
-for i in range(%[2]d):
+for i in range(1_000_000):
     open(f"%[1]s/f{i}", "w").close()
-`, dir, n), "--timeout", "5m")
-				enospc := res.code == 1 && strings.Contains(res.stderr, "No space left on device")
-				oom := res.code == 137 && strings.Contains(res.stderr, "running out of memory")
-				if !enospc && !oom {
-					t.Fatalf("%d files: exit %d stdout %q stderr %q, want the snippet stopped: ENOSPC, or 137 out of memory",
-						n, res.code, res.stdout, res.stderr)
-				}
-				// In the shell: os.listdir of the files would make Python
-				// grow while memory is short, and the watch kill it.
-				res = faultRun(t, root, name, fmt.Sprintf("echo $(ls -f %[1]s | wc -l) $(cat /tmp/keep) && rm -rf %[1]s", dir),
-					"-l", "shell", "--timeout", "5m")
-				if res.code != 0 || !strings.HasSuffix(res.stdout, " kept\n") {
-					t.Fatalf("after %d files: the sandbox or its /tmp did not survive: exit %d stdout %q stderr %q", n, res.code, res.stdout, res.stderr)
-				}
-				t.Logf("%d files: stopped (ENOSPC: %v) after %s files", n, enospc, strings.Fields(res.stdout)[0])
-				faultAlive(t, root, name)
-			}
-		})
+`, dir), "--timeout", "5m")
+		enospc := res.code == 1 && strings.Contains(res.stderr, "No space left on device")
+		oom := res.code == 137 && strings.Contains(res.stderr, "running out of memory")
+		if !enospc && !oom {
+			t.Fatalf("round %d: exit %d stdout %q stderr %q, want the snippet stopped: ENOSPC, or 137 out of memory",
+				round, res.code, res.stdout, res.stderr)
+		}
+		// In the shell: os.listdir of the files would make Python
+		// grow while memory is short, and the watch kill it.
+		res = runIn(t, root, name, fmt.Sprintf("echo $(ls -f %[1]s | wc -l) $(cat /tmp/keep) && rm -rf %[1]s", dir),
+			"-l", "shell", "--timeout", "5m")
+		if res.code != 0 || !strings.HasSuffix(res.stdout, " kept\n") {
+			t.Fatalf("round %d: the sandbox or its /tmp did not survive: exit %d stdout %q stderr %q", round, res.code, res.stdout, res.stderr)
+		}
+		t.Logf("round %d: stopped (ENOSPC: %v) after %s files", round, enospc, strings.Fields(res.stdout)[0])
+		checkAlive(t, root, name)
 	}
 }
 
@@ -99,18 +95,18 @@ func TestLimitsTooSmallAreRefused(t *testing.T) {
 		}
 	}
 	const name = "smallest"
-	faultSandbox(t, root, reg, name, "--pids", fmt.Sprint(sandbox.MinPids), "--memory", fmt.Sprintf("%dMiB", sandbox.MinMemoryBytes>>20),
+	createSandbox(t, root, reg, name, "--pids", fmt.Sprint(sandbox.MinPids), "--memory", fmt.Sprintf("%dMiB", sandbox.MinMemoryBytes>>20),
 		"--cpus", fmt.Sprint(sandbox.MinCPUs), "--tmp-size", fmt.Sprintf("%d", sandbox.MinTmpBytes))
-	faultAlive(t, root, name)
-	if res := faultRun(t, root, name, "echo ok", "-l", "shell"); res.code != 0 || res.stdout != "ok\n" {
+	checkAlive(t, root, name)
+	if res := runIn(t, root, name, "echo ok", "-l", "shell"); res.code != 0 || res.stdout != "ok\n" {
 		t.Fatalf("a shell call in the smallest sandbox: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
 	}
 	// A fork bomb meets RLIMIT_NPROC, never the host's pids cgroup, which
 	// would kill the whole sandbox.
-	if res := faultRun(t, root, name, "b(){ b|b& }; b & while :; do :; done", "-l", "shell", "--timeout", "3s"); res.code != 124 {
+	if res := runIn(t, root, name, "b(){ b|b& }; b & while :; do :; done", "-l", "shell", "--timeout", "3s"); res.code != 124 {
 		t.Fatalf("a fork bomb in the smallest sandbox: exit %d, want 124 (timeout)\n%s", res.code, res.stderr)
 	}
-	faultAlive(t, root, name)
+	checkAlive(t, root, name)
 	if n := sandboxPidsMax(t, root, name); n != 0 {
 		t.Fatalf("the smallest sandbox's pids cgroup refused %d tasks", n)
 	}

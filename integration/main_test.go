@@ -3,10 +3,7 @@
 package integration
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -15,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -85,10 +83,41 @@ func setup(m *testing.M) int {
 		return fail("build flmbox: %v\n%s", err, out)
 	}
 	code := m.Run()
+	if r := sharedRegistry.reg; r != nil {
+		r.srv.Close()
+	}
+	// The tests stream what is large (outputs, copies, images): a test
+	// that held one whole shows here.
+	hwm, err := maxRSS()
+	if err != nil {
+		return fail("%v", err)
+	}
+	fmt.Fprintf(os.Stderr, "integration: the test process's max RSS was %d MiB\n", hwm>>20)
+	if hwm > maxTestRSS {
+		return fail("the test process's max RSS was %d MiB, over %d MiB", hwm>>20, maxTestRSS>>20)
+	}
 	if err := checkPrewarmed(); err != nil {
 		return fail("%v", err)
 	}
 	return code
+}
+
+// maxTestRSS bounds the test process's max RSS.
+const maxTestRSS = 2 << 30
+
+// maxRSS is this process's max RSS so far (VmHWM).
+func maxRSS() (int64, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, fmt.Errorf("no VmHWM in /proc/self/status")
 }
 
 // testRegistry serves the test image from an in-process registry on
@@ -105,9 +134,37 @@ type testRegistry struct {
 
 const repo = "flmbox/python"
 
-// startRegistry starts a registry holding the test image's index as
-// flmbox/python:3.12-slim, closed when the test ends.
+// sharedRegistry is the registry that the tests share, started by the
+// first startRegistry: the test image's blobs are held in memory once.
+var sharedRegistry struct {
+	once sync.Once
+	reg  *testRegistry
+	err  error
+}
+
+// startRegistry returns the registry the tests share, holding the test
+// image's index as flmbox/python:3.12-slim. A test that counts its
+// requests, tampers with its blobs or closes it starts one of its own
+// (ownRegistry).
 func startRegistry(t testing.TB) *testRegistry {
+	t.Helper()
+	r, err := theSharedRegistry()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// theSharedRegistry starts the registry the tests share on its first call
+// and returns it.
+func theSharedRegistry() (*testRegistry, error) {
+	sharedRegistry.once.Do(func() { sharedRegistry.reg, sharedRegistry.err = newRegistry() })
+	return sharedRegistry.reg, sharedRegistry.err
+}
+
+// ownRegistry starts a registry of the test's own holding the test image's
+// index as flmbox/python:3.12-slim, closed when the test ends.
+func ownRegistry(t testing.TB) *testRegistry {
 	t.Helper()
 	r, err := newRegistry()
 	if err != nil {
@@ -159,81 +216,4 @@ func newRegistry() (*testRegistry, error) {
 func (r *testRegistry) tagRef() string { return r.host + "/" + repo + ":3.12-slim" }
 func (r *testRegistry) digestRef() string {
 	return r.host + "/" + repo + "@" + img.IndexDigest.String()
-}
-
-// result is a finished flmbox process.
-type result struct {
-	stdout, stderr string
-	code           int
-}
-
-// flmbox runs the flmbox binary with --root root.
-func flmbox(t testing.TB, root string, args ...string) result {
-	t.Helper()
-	return runFlmbox(t, flmboxBin, root, args...)
-}
-
-// runFlmbox runs bin, a flmbox binary, with --root root and the tests' runsc.
-func runFlmbox(t testing.TB, bin, root string, args ...string) result {
-	t.Helper()
-	return runFlmboxIn(t, bin, "", root, args...)
-}
-
-// runFlmboxIn is runFlmbox in the working directory dir ("": the test's).
-func runFlmboxIn(t testing.TB, bin, dir, root string, args ...string) result {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, append([]string{"--root", root, "--runsc", runscPath}, args...)...)
-	cmd.Dir = dir
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	res := result{stdout: stdout.String(), stderr: stderr.String()}
-	var ee *exec.ExitError
-	switch {
-	case errors.As(err, &ee):
-		res.code = ee.ExitCode()
-	case err != nil:
-		t.Fatalf("run %s %v in %q: %v", bin, args, dir, err)
-	}
-	return res
-}
-
-// mustFlmbox runs flmbox and fails the test unless it exits 0.
-// batchElement is one element of flmbox run --batch's output.
-type batchElement struct {
-	ExitCode     int      `json:"exit_code"`
-	Stdout       string   `json:"stdout"`
-	Stderr       string   `json:"stderr"`
-	StdoutBase64 string   `json:"stdout_base64"`
-	StderrBase64 string   `json:"stderr_base64"`
-	TimedOut     *bool    `json:"timed_out"`
-	OOMKilled    *bool    `json:"oom_killed"`
-	DurationMS   *float64 `json:"duration_ms"`
-}
-
-// runBatch runs flmbox run --batch on input (JSON) with args, and returns
-// its n elements; it fails the test unless flmbox printed n of them.
-func runBatch(t testing.TB, root string, input []byte, n int, args ...string) []batchElement {
-	t.Helper()
-	batch := filepath.Join(t.TempDir(), "batch.json")
-	if err := os.WriteFile(batch, input, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	out := mustFlmbox(t, root, append([]string{"run", "--batch", batch}, args...)...)
-	var results []batchElement
-	if err := json.Unmarshal([]byte(out), &results); err != nil || len(results) != n {
-		t.Fatalf("batch printed %q: %v", out, err)
-	}
-	return results
-}
-
-func mustFlmbox(t testing.TB, root string, args ...string) string {
-	t.Helper()
-	res := flmbox(t, root, args...)
-	if res.code != 0 {
-		t.Fatalf("flmbox %v: exit %d\nstdout: %s\nstderr: %s", args, res.code, res.stdout, res.stderr)
-	}
-	return res.stdout
 }

@@ -44,14 +44,9 @@ func killedOwner(t *testing.T, root string, args ...string) *record.Record {
 		kill()
 		t.Fatalf("sandbox %s's owner is %+v, want flmbox's pid %d", rec.Name, rec.Owner, cmd.Process.Pid)
 	}
-	var sbs []struct {
-		Name     string
-		OwnerPID int `json:"owner_pid"`
-	}
-	if ls := mustFlmbox(t, root, "sandbox", "ls", "--json"); json.Unmarshal([]byte(ls), &sbs) != nil || len(sbs) != 1 ||
-		sbs[0].Name != rec.Name || sbs[0].OwnerPID != cmd.Process.Pid {
+	if sbs := sandboxLs(t, root); len(sbs) != 1 || sbs[0].Name != rec.Name || sbs[0].OwnerPID != cmd.Process.Pid {
 		kill()
-		t.Fatalf("sandbox ls while flmbox (pid %d) runs: %s", cmd.Process.Pid, ls)
+		t.Fatalf("sandbox ls while flmbox (pid %d) runs: %+v", cmd.Process.Pid, sbs)
 	}
 	kill()
 	t.Logf("killed flmbox (pid %d) while its snippet ran in %s; %d host processes of %s remain",

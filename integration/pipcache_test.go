@@ -45,7 +45,8 @@ func cacheListing(t *testing.T, root string) string {
 // TestPipcacheOfflineInstall: a wheel added to the cache installs with pip
 // in a --network none sandbox (whose Debian Python is "externally
 // managed"), the next call imports it, a fresh sandbox does not have it, and
-// what the cache lacks fails at once with pip's message.
+// what the cache lacks fails at once with pip's message. The cache is a
+// read-only mount, and nothing a snippet tries changes it on the host.
 func TestPipcacheOfflineInstall(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
@@ -57,6 +58,7 @@ func TestPipcacheOfflineInstall(t *testing.T) {
 	}
 	mustFlmbox(t, root, "pipcache", "add", writeTestWheel(t, t.TempDir(), "flmbox-offline", "1.0"))
 	mustFlmbox(t, root, "sandbox", "create", "--name", "work", "--image", reg.digestRef())
+	t.Run("read-only", func(t *testing.T) { pipcacheReadOnly(t, root, "work", wheeltest.Filename("flmbox-offline", "1.0")) })
 
 	out := mustFlmbox(t, root, "run", "--sandbox", "work", "-l", "shell", "-c", "python3 -m pip install flmbox-offline")
 	if !strings.Contains(out, "Successfully installed flmbox-offline-1.0") {
@@ -94,44 +96,6 @@ func TestPipcacheOfflineInstall(t *testing.T) {
 	if res.code == 0 || !strings.Contains(res.stderr, "No matching distribution found for flmbox-absent") ||
 		strings.Contains(res.stdout+res.stderr, "Retrying") || strings.Contains(res.stdout+res.stderr, "NewConnectionError") {
 		t.Fatalf("installing what the cache lacks: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
-	}
-}
-
-// TestPipcacheIsReadOnlyInSandboxes: the cache is a read-only mount, and
-// nothing a snippet tries changes it on the host.
-func TestPipcacheIsReadOnlyInSandboxes(t *testing.T) {
-	t.Parallel()
-	reg := startRegistry(t)
-	root := sandboxRoot(t, reg)
-	mustFlmbox(t, root, "pipcache", "add", writeTestWheel(t, t.TempDir(), "flmbox-ro", "1.0"))
-	before := cacheListing(t, root)
-	mustFlmbox(t, root, "sandbox", "create", "--name", "ro", "--image", reg.digestRef())
-	out := mustFlmbox(t, root, "run", "--sandbox", "ro", "-l", "shell", "-c", `
-grep ' /dev/.flmbox/wheels ' /proc/self/mountinfo
-w=/dev/.flmbox/wheels
-f=$w/flmbox_ro-1.0-py3-none-any.whl
-for try in "touch $w/new.whl" "rm -f $f" "mv $f $w/x.whl" "ln $f $w/l.whl" "chmod 777 $f" "truncate -s 0 $f" "mkdir $w/d" "sh -c 'echo x >> $f'"; do
-	if sh -c "$try" 2>/dev/null; then echo "WROTE: $try"; fi
-done
-python3 - <<'PY'
-import os
-for path, flags in (("/dev/.flmbox/wheels/flmbox_ro-1.0-py3-none-any.whl", os.O_WRONLY), ("/dev/.flmbox/wheels/py.whl", os.O_WRONLY | os.O_CREAT)):
-    try:
-        os.open(path, flags)
-        print("WROTE:", path)
-    except OSError as e:
-        print("refused:", e.strerror)
-PY
-`)
-	if strings.Contains(out, "WROTE") {
-		t.Errorf("a snippet wrote the cache:\n%s", out)
-	}
-	mount, _, _ := strings.Cut(out, "\n")
-	if fields := strings.Fields(mount); len(fields) < 6 || !strings.HasPrefix(fields[5], "ro") {
-		t.Errorf("the cache is not mounted read-only: %q", mount)
-	}
-	if after := cacheListing(t, root); after != before {
-		t.Errorf("the cache changed on the host:\nbefore\n%s\nafter\n%s", before, after)
 	}
 }
 
@@ -227,10 +191,8 @@ func TestPipcacheCreateWithPip(t *testing.T) {
 	if res.code != 125 || !strings.Contains(res.stderr, "No matching distribution found for flmbox-absent") || !strings.Contains(res.stderr, "pipcache add") {
 		t.Fatalf("--pip of a missing wheel: exit %d %q", res.code, res.stderr)
 	}
-	var sbs []struct{ Name string }
-	json.Unmarshal([]byte(mustFlmbox(t, root, "sandbox", "ls", "--json")), &sbs)
-	if len(sbs) != 1 || sbs[0].Name != "pre" {
-		t.Fatalf("sandboxes after a failed --pip: %v", sbs)
+	if sbs := sandboxLs(t, root); len(sbs) != 1 || sbs[0].Name != "pre" {
+		t.Fatalf("sandboxes after a failed --pip: %+v", sbs)
 	}
 	var imgs []struct{ Holders []string }
 	json.Unmarshal([]byte(mustFlmbox(t, root, "images", "ls", "--json")), &imgs)
@@ -282,5 +244,39 @@ func TestPipcacheAddRefusesBadWheels(t *testing.T) {
 	}
 	if left, _ := os.ReadDir(filepath.Join(stateroot.Pipcache(root), "tmp")); len(left) != 0 {
 		t.Fatalf("refused imports left %v", left)
+	}
+}
+
+// pipcacheReadOnly checks that the cache, holding wheel, is mounted
+// read-only in sandbox name, and that nothing a snippet tries changes it
+// on the host.
+func pipcacheReadOnly(t *testing.T, root, name, wheel string) {
+	before := cacheListing(t, root)
+	out := mustFlmbox(t, root, "run", "--sandbox", name, "-l", "shell", "-c", `
+grep ' /dev/.flmbox/wheels ' /proc/self/mountinfo
+w=/dev/.flmbox/wheels
+f=$w/`+wheel+`
+for try in "touch $w/new.whl" "rm -f $f" "mv $f $w/x.whl" "ln $f $w/l.whl" "chmod 777 $f" "truncate -s 0 $f" "mkdir $w/d" "sh -c 'echo x >> $f'"; do
+	if sh -c "$try" 2>/dev/null; then echo "WROTE: $try"; fi
+done
+python3 - <<'PY'
+import os
+for path, flags in (("/dev/.flmbox/wheels/`+wheel+`", os.O_WRONLY), ("/dev/.flmbox/wheels/py.whl", os.O_WRONLY | os.O_CREAT)):
+    try:
+        os.open(path, flags)
+        print("WROTE:", path)
+    except OSError as e:
+        print("refused:", e.strerror)
+PY
+`)
+	if strings.Contains(out, "WROTE") {
+		t.Errorf("a snippet wrote the cache:\n%s", out)
+	}
+	mount, _, _ := strings.Cut(out, "\n")
+	if fields := strings.Fields(mount); len(fields) < 6 || !strings.HasPrefix(fields[5], "ro") {
+		t.Errorf("the cache is not mounted read-only: %q", mount)
+	}
+	if after := cacheListing(t, root); after != before {
+		t.Errorf("the cache changed on the host:\nbefore\n%s\nafter\n%s", before, after)
 	}
 }

@@ -37,15 +37,6 @@ type poolEntry struct {
 	RefillError string   `json:"refill_error"`
 }
 
-// sandboxEntry is an element of sandbox ls --json.
-type sandboxEntry struct {
-	Name     string `json:"name"`
-	State    string `json:"state"`
-	ID       string `json:"id"`
-	Shape    string `json:"shape"`
-	OwnerPID int    `json:"owner_pid"`
-}
-
 // poolLs runs pool ls --json (which removes expired idle sandboxes).
 func poolLs(t *testing.T, root string) []poolEntry {
 	t.Helper()
@@ -55,29 +46,6 @@ func poolLs(t *testing.T, root string) []poolEntry {
 		t.Fatalf("pool ls --json printed %q: %v", out, err)
 	}
 	return ps
-}
-
-// sandboxLs runs sandbox ls --json (which reconciles).
-func sandboxLs(t *testing.T, root string) []sandboxEntry {
-	t.Helper()
-	var sbs []sandboxEntry
-	out := mustFlmbox(t, root, "sandbox", "ls", "--json")
-	if err := json.Unmarshal([]byte(out), &sbs); err != nil {
-		t.Fatalf("sandbox ls --json printed %q: %v", out, err)
-	}
-	return sbs
-}
-
-// sandboxID is the runsc container ID of sandbox name, as sandbox ls says.
-func sandboxID(t *testing.T, root, name string) string {
-	t.Helper()
-	for _, sb := range sandboxLs(t, root) {
-		if sb.Name == name {
-			return sb.ID
-		}
-	}
-	t.Fatalf("sandbox ls does not list %s", name)
-	return ""
 }
 
 // fillPool runs pool fill IMAGE --size size ARGS... and returns the pool
@@ -325,7 +293,7 @@ print(bmod.WHO, json.dumps([1]))`)
 	if got := sandboxID(t, root, "probe"); got != id {
 		t.Errorf("sandbox create made runsc container %s, want the pool's %s", got, id)
 	}
-	if res := faultRun(t, root, "probe", bootID); res.code != 0 || strings.TrimSpace(res.stdout) != b.View["boot_id"] {
+	if res := runIn(t, root, "probe", bootID); res.code != 0 || strings.TrimSpace(res.stdout) != b.View["boot_id"] {
 		t.Errorf("the pool's sandbox has boot ID %q (exit %d, %s), the users had %v", res.stdout, res.code, res.stderr, b.View["boot_id"])
 	}
 	mustFlmbox(t, root, "sandbox", "rm", "probe")
@@ -375,7 +343,7 @@ func TestPoolAcquireRace(t *testing.T) {
 			name := strings.TrimSpace(outs[i].String())
 			names = append(names, name)
 			ids = append(ids, sandboxID(t, root, name))
-			if res := faultRun(t, root, name, "print('ran')"); res.code != 0 || res.stdout != "ran\n" {
+			if res := runIn(t, root, name, "print('ran')"); res.code != 0 || res.stdout != "ran\n" {
 				t.Errorf("round %d: call %s: exit %d %q %q", round, name, res.code, res.stdout, res.stderr)
 			}
 		}
@@ -524,7 +492,7 @@ func TestPoolBatch(t *testing.T) {
 	release := holdRefill(t, root, p.Shape)
 	for _, name := range []string{"probe1", "probe2"} {
 		mustFlmbox(t, root, "sandbox", "create", "--image", image, "--name", name)
-		res := faultRun(t, root, name, bootID)
+		res := runIn(t, root, name, bootID)
 		if res.code != 0 {
 			t.Fatalf("boot ID of %s: exit %d %s", name, res.code, res.stderr)
 		}
@@ -650,7 +618,7 @@ func TestPoolSandboxCreateRm(t *testing.T) {
 	// size.
 	release := holdRefill(t, root, p.Shape)
 
-	if res := faultRun(t, root, p.Idle[0], "print('idle')"); res.code != 125 || res.stdout != "" || !strings.Contains(res.stderr, "idle in a pool") {
+	if res := runIn(t, root, p.Idle[0], "print('idle')"); res.code != 125 || res.stdout != "" || !strings.Contains(res.stderr, "idle in a pool") {
 		t.Errorf("run --sandbox %s, idle in the pool: exit %d\nstdout: %s\nstderr: %s", p.Idle[0], res.code, res.stdout, res.stderr)
 	}
 	if out := strings.TrimSpace(mustFlmbox(t, root, "sandbox", "create", "--image", image, "--name", "work")); out != "work" {
@@ -668,14 +636,14 @@ func TestPoolSandboxCreateRm(t *testing.T) {
 	if ps := poolLs(t, root); len(ps) != 1 || len(ps[0].Idle) != 0 {
 		t.Errorf("pool ls with its sandbox adopted: %+v", ps)
 	}
-	if res := faultRun(t, root, p.Idle[0], "print('old name')"); res.code != 125 {
+	if res := runIn(t, root, p.Idle[0], "print('old name')"); res.code != 125 {
 		t.Errorf("run --sandbox %s, its old name: exit %d %s", p.Idle[0], res.code, res.stderr)
 	}
-	if res := faultRun(t, root, "work", "open('/tmp/mine', 'w').write('work'); print(open('/tmp/mine').read())"); res.code != 0 || res.stdout != "work\n" {
+	if res := runIn(t, root, "work", "open('/tmp/mine', 'w').write('work'); print(open('/tmp/mine').read())"); res.code != 0 || res.stdout != "work\n" {
 		t.Fatalf("run --sandbox work: exit %d\nstdout: %s\nstderr: %s", res.code, res.stdout, res.stderr)
 	}
 	mustFlmbox(t, root, "sandbox", "release", "work")
-	if res := faultRun(t, root, "work", "print(1)"); res.code != 125 || !strings.Contains(res.stderr, `no sandbox "work"`) {
+	if res := runIn(t, root, "work", "print(1)"); res.code != 125 || !strings.Contains(res.stderr, `no sandbox "work"`) {
 		t.Errorf("run --sandbox work after sandbox release: exit %d %s", res.code, res.stderr)
 	}
 	ps := poolLs(t, root)
@@ -686,7 +654,7 @@ func TestPoolSandboxCreateRm(t *testing.T) {
 	if !strings.HasPrefix(idle, "pool-") || idle == p.Idle[0] || sandboxID(t, root, idle) != id {
 		t.Errorf("the pool holds %s (%s), want runsc container %s under a new pool name (not %s)", idle, sandboxID(t, root, idle), id, p.Idle[0])
 	}
-	res := faultRun(t, root, idle, "print('idle')")
+	res := runIn(t, root, idle, "print('idle')")
 	if res.code != 125 || res.stdout != "" || !strings.Contains(res.stderr, "idle in a pool") {
 		t.Errorf("run --sandbox %s, idle in the pool: exit %d\nstdout: %s\nstderr: %s", idle, res.code, res.stdout, res.stderr)
 	}
@@ -757,7 +725,7 @@ func TestPoolIdleRefusalAdvice(t *testing.T) {
 	root := poolRoot(t, reg)
 	p := fillPool(t, root, reg.digestRef(), 1)
 	idle := p.Idle[0]
-	res := faultRun(t, root, idle, "print('idle')")
+	res := runIn(t, root, idle, "print('idle')")
 	if res.code != 125 || !strings.Contains(res.stderr, "idle in a pool") {
 		t.Fatalf("run --sandbox %s, idle in the pool: exit %d\nstdout: %s\nstderr: %s", idle, res.code, res.stdout, res.stderr)
 	}

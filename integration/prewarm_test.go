@@ -50,7 +50,7 @@ func prewarmJSON(t *testing.T, root string, args ...string) rootfs.Result {
 
 func TestPrewarmFromRegistryIsExactAndCached(t *testing.T) {
 	t.Parallel()
-	reg := startRegistry(t)
+	reg := ownRegistry(t)
 	root := t.TempDir()
 	res := prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef())
 	if res.Cached || res.IndexDigest != img.IndexDigest.String() || res.ManifestDigest != img.AMD64Digest.String() ||
@@ -237,7 +237,7 @@ func fileHash(p string) [32]byte {
 
 func TestPrewarmRegistryDownAfterPrewarm(t *testing.T) {
 	t.Parallel()
-	reg := startRegistry(t)
+	reg := ownRegistry(t)
 	root := t.TempDir()
 	first := prewarmJSON(t, root, reg.digestRef())
 	tagged := prewarmJSON(t, root, reg.tagRef())
@@ -293,7 +293,7 @@ func TestPrewarmArm64AndLayout(t *testing.T) {
 
 func TestPrewarmCorruptLayerLeavesNothing(t *testing.T) {
 	t.Parallel()
-	reg := startRegistry(t)
+	reg := ownRegistry(t)
 	m, _ := img.Index.Image(img.AMD64Digest)
 	layers, _ := m.Layers()
 	d, _ := layers[0].Digest()
@@ -352,7 +352,7 @@ func assertNoEntries(t *testing.T, root string) {
 
 func TestEightConcurrentPrewarmsDownloadOnce(t *testing.T) {
 	t.Parallel()
-	reg := startRegistry(t)
+	reg := ownRegistry(t)
 	root := t.TempDir()
 	const n = 8
 	var wg sync.WaitGroup

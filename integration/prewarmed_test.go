@@ -21,8 +21,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// prewarmed is a state root where the test image was prewarmed once, from a
-// registry of its own: sandboxRoot copies it rather than unpack the image
+// prewarmed is a state root where the test image was prewarmed once, from
+// the shared registry: sandboxRoot copies it rather than unpack the image
 // again for every test (some 5 s of a 2-CPU machine's time each).
 var prewarmed struct {
 	once  sync.Once
@@ -98,13 +98,12 @@ func treeDigest(dir string) (string, error) {
 }
 
 // prewarmInto prewarms the test image's linux/amd64 manifest into the state
-// root root, from a registry by index digest, as sandboxRoot always did.
+// root root, from the shared registry by index digest.
 func prewarmInto(root string) error {
-	reg, err := newRegistry()
+	reg, err := theSharedRegistry()
 	if err != nil {
 		return err
 	}
-	defer reg.srv.Close()
 	out, err := exec.Command(flmboxBin, "--root", root, "--runsc", runscPath,
 		"prewarm", "--json", "--platform", "linux/amd64", reg.digestRef()).Output()
 	if err != nil {

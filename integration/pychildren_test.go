@@ -32,10 +32,10 @@ func TestPythonChildrenAreOrdinary(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	faultSandbox(t, root, reg, "mp")
+	createSandbox(t, root, reg, "mp")
 	want := "spawn 0 0 65534\nforkserver 0 0 65534\n"
 	for i, args := range [][]string{nil, nil, nil, {"--reset"}} { // a python3, the zygote's children, a reset's python3
-		res := faultRun(t, root, "mp", mpFlags, args...)
+		res := runIn(t, root, "mp", mpFlags, args...)
 		if res.code != 0 || res.stdout != want || strings.Contains(res.stderr, "resource_tracker") || res.stderr != "" {
 			t.Fatalf("call %d %v: exit %d stdout %q stderr %q, want %q", i, args, res.code, res.stdout, res.stderr, want)
 		}
@@ -59,9 +59,9 @@ func TestLeakedSharedMemoryIsRemoved(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	faultSandbox(t, root, reg, "shm")
+	createSandbox(t, root, reg, "shm")
 	for i := 0; i < 3; i++ {
-		res := faultRun(t, root, "shm", "from multiprocessing import shared_memory\n"+
+		res := runIn(t, root, "shm", "from multiprocessing import shared_memory\n"+
 			"s = shared_memory.SharedMemory(create=True, size=1 << 20)\ns.buf[0] = 1\nprint(s.name)\n")
 		name := strings.TrimSpace(res.stdout)
 		if res.code != 0 || !strings.HasPrefix(name, "psm_") {
@@ -106,17 +106,17 @@ func TestPlantedUserSiteNeverRunsAsRoot(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	faultSandbox(t, root, reg, "plant")
-	faultAlive(t, root, "plant")
+	createSandbox(t, root, reg, "plant")
+	checkAlive(t, root, "plant")
 	for round := 0; round < 2; round++ {
 		// The first call after a reset plants; the zygote starts after it,
 		// then the python3 that the next reset takes (the reserve).
-		res := faultRun(t, root, "plant", plantUserSite, "--reset")
+		res := runIn(t, root, "plant", plantUserSite, "--reset")
 		if res.code != 0 || res.stdout != "planted\n" {
 			t.Fatalf("round %d: planting: exit %d stdout %q stderr %q", round, res.code, res.stdout, res.stderr)
 		}
 		for i := 0; i < 3; i++ {
-			res := faultRun(t, root, "plant", "import os, sys\nprint(sys.path[5], sorted(f.split('-')[1] for f in os.listdir('/tmp') if f.startswith('ran-')))\n"+
+			res := runIn(t, root, "plant", "import os, sys\nprint(sys.path[5], sorted(f.split('-')[1] for f in os.listdir('/tmp') if f.startswith('ran-')))\n"+
 				"parent = open('/proc/%d/cmdline' % os.getppid()).read()\nprint('zygote' if '_flmbox_zygote' in parent else 'python3')")
 			if res.code != 0 || res.stdout != "/tmp/.local/lib/python3.11/site-packages ['65534']\nzygote\n" {
 				t.Fatalf("round %d, call %d after planting: exit %d stdout %q stderr %q", round, i, res.code, res.stdout, res.stderr)

@@ -87,7 +87,7 @@ func TestJSONSaysWhyASnippetWasKilled(t *testing.T) {
 	// Not parallel: the agent's memory watch must stop the snippet before the host's cgroup does.
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	faultSandbox(t, root, reg, "json-kill", "--memory", "256MiB")
+	createSandbox(t, root, reg, "json-kill", "--memory", "256MiB")
 	var j struct {
 		ExitCode  int    `json:"exit_code"`
 		Stdout    string `json:"stdout"`
@@ -95,7 +95,7 @@ func TestJSONSaysWhyASnippetWasKilled(t *testing.T) {
 		OOMKilled bool   `json:"oom_killed"`
 		TimedOut  bool   `json:"timed_out"`
 	}
-	res := faultRun(t, root, "json-kill", `
+	res := runIn(t, root, "json-kill", `
 import sys
 print('growing', flush=True)
 print('on stderr', file=sys.stderr, flush=True)
@@ -110,10 +110,10 @@ while True:
 	if res.code != 137 || j.ExitCode != 137 || !j.OOMKilled || j.Stdout != "growing\n" || j.Stderr != "on stderr\n"+oomNote || res.stderr != "" {
 		t.Fatalf("out of memory: exit %d, object %+v, stderr %q", res.code, j, res.stderr)
 	}
-	faultAlive(t, root, "json-kill")
+	checkAlive(t, root, "json-kill")
 
 	j.Stderr = ""
-	res = faultRun(t, root, "json-kill", "sleep 60", "--json", "-l", "shell", "--timeout", "1.5s")
+	res = runIn(t, root, "json-kill", "sleep 60", "--json", "-l", "shell", "--timeout", "1.5s")
 	if err := json.Unmarshal([]byte(res.stdout), &j); err != nil {
 		t.Fatalf("run --json printed %q (stderr %q): %v", res.stdout, res.stderr, err)
 	}

@@ -55,11 +55,11 @@ func TestResetReturnsASandboxToNew(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	faultSandbox(t, root, reg, "reuse")
-	if res := faultRun(t, root, "reuse", messCode); res.code != 0 || res.stdout != "messy\n" {
+	createSandbox(t, root, reg, "reuse")
+	if res := runIn(t, root, "reuse", messCode); res.code != 0 || res.stdout != "messy\n" {
 		t.Fatalf("mess: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
-	res := faultRun(t, root, "reuse", checkClean)
+	res := runIn(t, root, "reuse", checkClean)
 	for _, want := range []string{"'locked'", "'top'", "'shm-file'", "'shm'", "'sem'", "'msg'"} {
 		if !strings.Contains(res.stdout, want) {
 			t.Fatalf("without --reset, %s should be left: %s%s", want, res.stdout, res.stderr)
@@ -68,12 +68,12 @@ func TestResetReturnsASandboxToNew(t *testing.T) {
 	if strings.Contains(res.stdout, "'sleep ") {
 		t.Fatalf("the daemon outlived its call: %s%s", res.stdout, res.stderr)
 	}
-	res = faultRun(t, root, "reuse", checkClean, "--reset")
+	res = runIn(t, root, "reuse", checkClean, "--reset")
 	if res.code != 0 || res.stdout != "left: []\n" {
 		t.Fatalf("after --reset: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
 	// The sandbox works on, with both languages.
-	if res := faultRun(t, root, "reuse", "echo ok", "--language", "shell"); res.stdout != "ok\n" {
+	if res := runIn(t, root, "reuse", "echo ok", "--language", "shell"); res.stdout != "ok\n" {
 		t.Fatalf("after the reset: %+v", res)
 	}
 	if res := flmbox(t, root, "run", "--image", reg.digestRef(), "--reset", "-c", "print(1)"); res.code != 125 || !strings.Contains(res.stderr, "--reset takes --sandbox") {
@@ -87,7 +87,7 @@ func TestResetSocketDirectorySealed(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	faultSandbox(t, root, reg, "sealed")
+	createSandbox(t, root, reg, "sealed")
 	_, runDir, _ := faultAgentPaths(t, root, "sealed")
 	code := fmt.Sprintf(`import os, socket
 d = %q
@@ -102,11 +102,11 @@ for what, f in [('create', lambda: open(d + '/x', 'w')), ('rename', lambda: os.r
     except OSError as e:
         print(what, 'refused')
 `, runDir)
-	res := faultRun(t, root, "sealed", code)
+	res := runIn(t, root, "sealed", code)
 	if res.code != 0 || strings.Contains(res.stdout, "worked") || strings.Count(res.stdout, "refused") != 6 {
 		t.Fatalf("exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
-	if res := faultRun(t, root, "sealed", "print('agent ok')"); res.stdout != "agent ok\n" {
+	if res := runIn(t, root, "sealed", "print('agent ok')"); res.stdout != "agent ok\n" {
 		t.Fatalf("the agent after the attempts: %+v", res)
 	}
 }

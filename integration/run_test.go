@@ -15,57 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/sandbox/record"
 )
-
-// sandboxRoot returns a state root with the test image prewarmed from reg,
-// and removes every sandbox in it (and runsc's mounts) when the test ends.
-// Its cached tree's files are hard links to those of a root prewarmed once
-// for all tests (copyRoot), and the prewarm from reg is a cache hit.
-func sandboxRoot(t *testing.T, reg *testRegistry) string {
-	t.Helper()
-	root := t.TempDir()
-	copyPrewarmed(t, root)
-	if res := prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef()); !res.Cached {
-		t.Fatalf("the copy of the prewarmed root is not a cache hit: %+v", res)
-	}
-	return cleanedRoot(t, root)
-}
-
-// unpackedSandboxRoot is sandboxRoot where the prewarm unpacks a tree of
-// the root's own, for a test that looks at the tree's every inode (a hard
-// link shared with other roots changes its link count when they come and
-// go).
-func unpackedSandboxRoot(t *testing.T, reg *testRegistry) string {
-	t.Helper()
-	root := t.TempDir()
-	prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef())
-	return cleanedRoot(t, root)
-}
-
-// cleanedRoot removes every sandbox in root (and runsc's mounts) when the
-// test ends, and returns root.
-func cleanedRoot(t *testing.T, root string) string {
-	t.Helper()
-	t.Cleanup(func() {
-		out := flmbox(t, root, "sandbox", "ls", "--json")
-		var sbs []struct{ Name string }
-		json.Unmarshal([]byte(out.stdout), &sbs)
-		for _, sb := range sbs {
-			flmbox(t, root, "sandbox", "rm", sb.Name)
-		}
-		// Exactly one mount: two would mean flmbox leaked one.
-		if err := unix.Unmount(filepath.Join(stateroot.Runsc(root), "null-netns"), unix.MNT_DETACH); err == nil {
-			if unix.Unmount(filepath.Join(stateroot.Runsc(root), "null-netns"), unix.MNT_DETACH) == nil {
-				t.Error("runsc's null-netns was mounted twice")
-			}
-		}
-	})
-	return root
-}
 
 // rootfsListing lists the top of the cached rootfs of the test image and
 // the root directory's mtime: sandboxes must never change the shared tree.
@@ -283,7 +235,7 @@ func TestBatchSaysWhyASnippetWasKilled(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	faultSandbox(t, root, reg, "batch-kill")
+	createSandbox(t, root, reg, "batch-kill")
 	// The timeout is long enough for the snippet to print first, even on a
 	// loaded machine; the sleep is far past it.
 	in := `{"language": "python", "timeout": 30, "codes": [{"code": "import time\nprint('started', flush=True)\ntime.sleep(60)", "timeout": 3}, "print('next')"]}`
@@ -305,7 +257,7 @@ func TestBatchKeepsWhatSingleRunsKeep(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	faultSandbox(t, root, reg, "batch-fields")
+	createSandbox(t, root, reg, "batch-fields")
 	in := `{"timeout": "20s", "codes": [
 		{"language": "python", "code": "import sys; sys.stdout.buffer.write(b'\\xff\\xfeok'); sys.stderr.buffer.write(b'\\x80')"},
 		{"code": "sleep 60", "timeout": "1.5s"},

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -31,11 +32,15 @@ type hangRunsc struct {
 	mark                  string // the sleep's argument, to find it
 }
 
+// hangRunscs numbers the fake runscs, so that each sleeps for a time of
+// its own: its mark.
+var hangRunscs atomic.Int64
+
 func newHangRunsc(t *testing.T) *hangRunsc {
 	t.Helper()
 	dir := t.TempDir()
 	h := &hangRunsc{path: filepath.Join(dir, "runsc"), hangFile: filepath.Join(dir, "hang"), calls: filepath.Join(dir, "calls"),
-		mark: fmt.Sprintf("%d.27", 3600+os.Getpid()%1000)}
+		mark: fmt.Sprintf("%d.%d", 3600+os.Getpid()%1000, 100+hangRunscs.Add(1))}
 	script := fmt.Sprintf(`#!/bin/sh
 echo "$*" >> %[1]s
 hang=$(cat %[2]s 2>/dev/null)
@@ -89,10 +94,11 @@ func (h *hangRunsc) processes() []string {
 	return out
 }
 
-// noneLeft fails the test if a fake runsc process is left.
+// noneLeft fails the test if a fake runsc process is left (once killed
+// ones are reaped).
 func (h *hangRunsc) noneLeft(t *testing.T) {
 	t.Helper()
-	for deadline := time.Now().Add(2 * time.Second); len(h.processes()) > 0; time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); len(h.processes()) > 0; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("fake runsc processes left: %q", h.processes())
 		}
@@ -152,16 +158,17 @@ func firstLine(s string) string { return strings.SplitN(s, "\n", 2)[0] }
 // process of root's, once the real runsc's sandbox ls has reconciled it.
 func noSandboxes(t *testing.T, root string) {
 	t.Helper()
-	out := mustFlmbox(t, root, "sandbox", "ls", "--json")
-	var sbs []struct{ Name, State string }
-	if err := json.Unmarshal([]byte(out), &sbs); err != nil || len(sbs) != 0 {
-		t.Errorf("sandbox ls: %s (%v), want none", out, err)
+	if sbs := sandboxLs(t, root); len(sbs) != 0 {
+		t.Errorf("sandbox ls: %+v, want none", sbs)
 	}
 	waitNoProcesses(t, stateroot.Runsc(root))
 }
 
+// TestRunscHang runs beside other tests: its bounds are well above what
+// they test (25 s for runsc kill's 10 s, 6 s for a removal's 2 s grace),
+// room for their load, and a fake runsc sleeps on a mark of its own.
 func TestRunscHang(t *testing.T) {
-	// Not parallel: it bounds how long commands take.
+	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	h := newHangRunsc(t)

@@ -24,7 +24,7 @@ import (
 func TestCachedRootfsRunsUnderRunsc(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
-	root := t.TempDir()
+	root := sandboxRoot(t, reg)
 	res := prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef())
 
 	const code = `

@@ -84,7 +84,7 @@ func faultsRootClean(t *testing.T, m *sandbox.Manager, root string, names ...str
 func TestSandboxFaultsLeaveNothing(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
-	m, root := newManager(t)
+	m, root := newPrewarmedManager(t)
 	ctx := context.Background()
 	if _, err := m.Images(); err != nil {
 		t.Fatal(err)
@@ -237,7 +237,7 @@ func TestSandboxFaultsNonRoot(t *testing.T) {
 func TestSandboxFaultsGetList(t *testing.T) {
 	// Not parallel: it bounds how long calls take, in milliseconds.
 	reg := startRegistry(t)
-	m, _ := newManager(t)
+	m, _ := newPrewarmedManager(t)
 	ctx := context.Background()
 	if _, err := m.Create(ctx, sandbox.Spec{Name: "gl", Image: reg.digestRef()}); err != nil {
 		t.Fatal(err)

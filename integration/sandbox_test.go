@@ -39,7 +39,22 @@ func newRuntime(t *testing.T) *runtime.Runtime {
 // and unmounts runsc's null-netns.
 func newManager(t *testing.T) (*sandbox.Manager, string) {
 	t.Helper()
+	return newManagerIn(t, t.TempDir())
+}
+
+// newPrewarmedManager is newManager in a copy of the root the test image
+// was prewarmed into (copyPrewarmed): a Create or a Prewarm of the image
+// from the shared registry unpacks nothing.
+func newPrewarmedManager(t *testing.T) (*sandbox.Manager, string) {
+	t.Helper()
 	root := t.TempDir()
+	copyPrewarmed(t, root)
+	return newManagerIn(t, root)
+}
+
+// newManagerIn is newManager in the state root root.
+func newManagerIn(t *testing.T, root string) (*sandbox.Manager, string) {
+	t.Helper()
 	m, err := sandbox.Open(root, sandbox.WithRunsc(runscPath), sandbox.WithAgent(flmboxAgent),
 		sandbox.WithWarnf(func(f string, a ...any) { t.Logf("warning: "+f, a...) }))
 	if err != nil {
@@ -66,17 +81,6 @@ func runscProcesses(t *testing.T, id string) int {
 	return len(strings.Fields(string(out)))
 }
 
-// pollUntil checks cond every 50 ms until it holds, and fails the test
-// with what if it does not within d.
-func pollUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(d); !cond(); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", d, what)
-		}
-	}
-}
-
 // waitNoProcesses waits until no host process names id.
 func waitNoProcesses(t *testing.T, id string) {
 	t.Helper()
@@ -90,7 +94,7 @@ func waitNoProcesses(t *testing.T, id string) {
 func TestRuntimeRunAliveDelete(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
-	res := prewarmJSON(t, t.TempDir(), "--platform", "linux/amd64", reg.digestRef())
+	res := prewarmJSON(t, sandboxRoot(t, reg), "--platform", "linux/amd64", reg.digestRef())
 	rt := newRuntime(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -169,7 +173,7 @@ func TestRuntimeRunAliveDelete(t *testing.T) {
 func TestManagerLifecycle(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
-	m, root := newManager(t)
+	m, root := newPrewarmedManager(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	image := reg.digestRef()

@@ -47,8 +47,8 @@ func TestSandboxShowsWhatItWasGiven(t *testing.T) {
 		{"two", "2", "1GiB", "2 2 2 2 1048576\n", (1 << 30) + (256 << 20)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			faultSandbox(t, root, reg, tc.name, "--cpus", tc.cpus, "--memory", tc.memory)
-			if res := faultRun(t, root, tc.name, showCode); res.code != 0 || res.stdout != tc.want {
+			createSandbox(t, root, reg, tc.name, "--cpus", tc.cpus, "--memory", tc.memory)
+			if res := runIn(t, root, tc.name, showCode); res.code != 0 || res.stdout != tc.want {
 				t.Fatalf("--cpus %s --memory %s shows (CPUs: os, affinity, cpuinfo, nproc; MemTotal kB) %q, want %q; stderr %s",
 					tc.cpus, tc.memory, res.stdout, tc.want, res.stderr)
 			}
@@ -63,7 +63,7 @@ func TestSandboxShowsWhatItWasGiven(t *testing.T) {
 	// Where the watch kills, MemAvailable is a fraction of MemTotal (with
 	// MemTotal its cgroup's 768 MiB, a 512 MiB sandbox was killed with 287
 	// MiB "available").
-	res := faultRun(t, root, "one", `
+	res := runIn(t, root, "one", `
 import sys
 chunks = []
 while True:
@@ -81,7 +81,7 @@ while True:
 
 	// Resumed, it shows the same.
 	mustFlmbox(t, root, "sandbox", "suspend", "one")
-	if res := faultRun(t, root, "one", showCode); res.code != 0 || res.stdout != "1 1 1 1 524288\n" {
+	if res := runIn(t, root, "one", showCode); res.code != 0 || res.stdout != "1 1 1 1 524288\n" {
 		t.Fatalf("resumed, the sandbox shows %q, want %q; stderr %s", res.stdout, "1 1 1 1 524288\n", res.stderr)
 	}
 	if limit := readTrimmed(t, sandboxCgroupFile(t, root, "one", "memory", "memory.limit_in_bytes", "memory.max")); limit != strconv.Itoa(768<<20) {

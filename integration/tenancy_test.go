@@ -235,7 +235,7 @@ type tenantView struct {
 
 func checkTenant(t *testing.T, root, name string, args ...string) tenantView {
 	t.Helper()
-	res := faultRun(t, root, name, tenantCheck, args...)
+	res := runIn(t, root, name, tenantCheck, args...)
 	var v tenantView
 	if err := json.Unmarshal([]byte(res.stdout), &v); err != nil || res.code != 0 {
 		t.Fatalf("check %s %v: exit %d: %v\nstdout: %s\nstderr: %s", name, args, res.code, err, res.stdout, res.stderr)
@@ -260,21 +260,21 @@ func TestTenancyResetLeavesNothing(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	faultSandbox(t, root, reg, "tenant")
-	faultSandbox(t, root, reg, "new")
-	id := faultSandboxID(t, root, "tenant")
+	createSandbox(t, root, reg, "tenant")
+	createSandbox(t, root, reg, "new")
+	id := sandboxID(t, root, "tenant")
 
 	// User A.
-	if res := faultRun(t, root, "tenant", tenantAttempts); res.code != 0 || res.stdout != "not refused: []\nwritable ['/tmp', '/dev/shm']\n" {
+	if res := runIn(t, root, "tenant", tenantAttempts); res.code != 0 || res.stdout != "not refused: []\nwritable ['/tmp', '/dev/shm']\n" {
 		t.Fatalf("attempts: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
-	res := faultRun(t, root, "tenant", tenantMess)
+	res := runIn(t, root, "tenant", tenantMess)
 	if res.code != 0 || !strings.HasPrefix(res.stdout, "keyring refused\ndaemon ") {
 		t.Fatalf("user A: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
 	// Spares and the zygote of A's calls, which the reset must replace.
-	faultRun(t, root, "tenant", "print(1)")
-	faultRun(t, root, "tenant", "echo 1", "-l", "shell")
+	runIn(t, root, "tenant", "print(1)")
+	runIn(t, root, "tenant", "echo 1", "-l", "shell")
 	a := checkTenant(t, root, "tenant")
 	for _, want := range []string{"/tmp/.cache", "/tmp/.fifo", "/tmp/.hidden", "/tmp/.hidden-dir", "/tmp/.local", "/tmp/.locked-by-daemon",
 		"/tmp/.sock", "/tmp/json.py", "/tmp/link", "/tmp/locked", "/tmp/mnt", "/tmp/site-packages", "/tmp/top",
@@ -290,9 +290,9 @@ func TestTenancyResetLeavesNothing(t *testing.T) {
 	if len(b.Left) != 0 {
 		t.Errorf("after the reset, user B finds %q", b.Left)
 	}
-	if b.AgentStart != a.AgentStart || faultSandboxID(t, root, "tenant") != id {
+	if b.AgentStart != a.AgentStart || sandboxID(t, root, "tenant") != id {
 		t.Errorf("not the same sandbox: the agent started at %s, then %s; runsc container %s, then %s",
-			a.AgentStart, b.AgentStart, id, faultSandboxID(t, root, "tenant"))
+			a.AgentStart, b.AgentStart, id, sandboxID(t, root, "tenant"))
 	}
 	n := checkTenant(t, root, "new")
 	if len(n.Left) != 0 {
@@ -310,7 +310,7 @@ open('/tmp/site-packages/bmod/__init__.py', 'w').write('WHO = "B"\n')
 import bmod, json
 print(bmod.WHO, json.dumps([1]))
 `
-	if res := faultRun(t, root, "tenant", own); res.code != 0 || res.stdout != "B [1]\n" {
+	if res := runIn(t, root, "tenant", own); res.code != 0 || res.stdout != "B [1]\n" {
 		t.Errorf("user B's package: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
 }
@@ -324,7 +324,7 @@ func TestTenancyResetRefusesStrandedSockets(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	faultSandbox(t, root, reg, "stranded")
+	createSandbox(t, root, reg, "stranded")
 	cycle := `import array, socket
 listener = socket.socket(socket.AF_UNIX)
 listener.bind(b'\0tenant-cycle')
@@ -333,17 +333,17 @@ a, b = socket.socketpair()
 a.sendmsg([b'x'], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [listener.fileno(), b.fileno()]))])
 print('cycle')
 `
-	if res := faultRun(t, root, "stranded", cycle); res.code != 0 || res.stdout != "cycle\n" {
+	if res := runIn(t, root, "stranded", cycle); res.code != 0 || res.stdout != "cycle\n" {
 		t.Fatalf("cycle: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
 	for range 2 {
-		res := faultRun(t, root, "stranded", "print('ran')", "--reset")
+		res := runIn(t, root, "stranded", "print('ran')", "--reset")
 		if res.code == 0 || res.stdout != "" || !strings.Contains(res.stderr, "held by no process") || !strings.Contains(res.stderr, "unix @tenant-cycle") {
 			t.Fatalf("reset with a cycle in flight: exit %d\nstdout: %s\nstderr: %s", res.code, res.stdout, res.stderr)
 		}
 	}
-	faultAlive(t, root, "stranded")
-	if state := sandboxState(t, root, "stranded"); state != "running" {
+	checkAlive(t, root, "stranded")
+	if state := sandboxState(t, root, "stranded", "--probe"); state != "running" {
 		t.Errorf("the sandbox is %s", state)
 	}
 }

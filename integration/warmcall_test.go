@@ -20,7 +20,7 @@ func TestWarmCallsWithoutCore(t *testing.T) {
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	const name = "warm"
-	faultSandbox(t, root, reg, name)
+	createSandbox(t, root, reg, name)
 
 	alone := filepath.Join(t.TempDir(), "flmbox")
 	b, err := os.ReadFile(flmboxBin)
