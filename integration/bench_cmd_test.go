@@ -21,7 +21,7 @@ import (
 func benchImageRef() string { return "oci-layout:" + img.LayoutPath + "@" + img.IndexDigest.String() }
 
 // TestBenchQuickJSON runs `flmbox bench --quick --json` and checks that it
-// prints exactly one object with issue 4's schema, every figure filled from
+// prints exactly one object with the report's schema, every figure filled from
 // a real measurement, and that it leaves nothing behind. Speed is logged,
 // never asserted.
 func TestBenchQuickJSON(t *testing.T) {

@@ -14,7 +14,7 @@ import (
 	"github.com/flmbox/flmbox/internal/testrig/testimage"
 )
 
-// The data-science part of the conformance suite (issue 39): numpy's and
+// The data-science part of the conformance suite: numpy's and
 // pandas' own tests, run by pytest, and a data-science agent's workloads
 // (workloads.py), in the test image's variant with Debian's numpy, pandas,
 // scipy, scikit-learn, matplotlib, OpenBLAS and pytest

@@ -135,8 +135,8 @@ func (m testModule) limits() sandbox.Limits {
 	return l
 }
 
-// conformanceFull is what make conformance runs: CPython's modules of issue
-// 25, then the data-science modules of issue 39.
+// conformanceFull is what make conformance runs: CPython's modules, then
+// the data-science modules.
 var conformanceFull = slices.Concat(regrFull, dataScienceFull)
 
 // conformanceShort is what make test runs.
@@ -190,7 +190,7 @@ const multiprocessingMemory = 3 << 30
 // regrShort are the CPython modules of the short list, about a minute: a
 // module of each kind (processes, threads, signals, files, sockets, the
 // interpreter's environment), among them every module where flmbox
-// differed before issue 25's fixes; of the longer ones, the classes where
+// differed once (docs/CONFORMANCE.md); of the longer ones, the classes where
 // it differed and a few of their kind.
 var regrShort = []testModule{
 	{name: "test_atexit"},

@@ -22,7 +22,7 @@ import (
 	"github.com/flmbox/flmbox/sandbox"
 )
 
-// TestCpFaults: the rows of issue 27 about flmbox cp, in one sandbox whose
+// TestCpFaults: the fault rows about flmbox cp, in one sandbox whose
 // /tmp is 256 MiB. Only regular files, directories and links are copied
 // (a FIFO or a device is refused by name, each way); a sparse file of 512 MiB
 // stays sparse each way and fits in that /tmp; a copy that fills /tmp fails

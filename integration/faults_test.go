@@ -26,7 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Faults and bad input (issue 3): runaway code, isolation, one process per
+// Faults and bad input: runaway code, isolation, one process per
 // call, leaks over many calls, and sandbox names, all against the real runsc
 // through the flmbox CLI.
 

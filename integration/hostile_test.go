@@ -17,7 +17,7 @@ import (
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
-// Hostile snippets (issue 12): what a snippet may try against its own
+// Hostile snippets: what a snippet may try against its own
 // sandbox's agent, and what a user may do to a sandbox while it works.
 
 // TestHostileSnippetsCannotStopTheAgent tries every way a snippet has to

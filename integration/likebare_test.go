@@ -14,7 +14,7 @@ import (
 	"github.com/flmbox/flmbox/internal/stateroot"
 )
 
-// Code runs as under bare gVisor (issue 25): the limits flmbox adds measure
+// Code runs as under bare gVisor: the limits flmbox adds measure
 // what they say (--memory what is used, not address space; --pids processes
 // and threads, all calls together), and a sandbox has a container's /etc and
 // environment.

@@ -14,7 +14,7 @@ import (
 	"github.com/flmbox/flmbox/sandbox"
 )
 
-// Limits (issue 12): what a sandbox's limits promise, and limits too small
+// Limits: what a sandbox's limits promise, and limits too small
 // for a sandbox.
 
 // Many small files in /tmp: their metadata is gVisor's own memory, which

@@ -208,7 +208,7 @@ func checkOnlyPooled(t *testing.T, root string, want int) map[string]string {
 // unchanged by resets.
 const bootID = `print(open('/proc/sys/kernel/random/boot_id').read().strip())`
 
-// TestPoolTenancy is issue 15's tenancy test across the pool: user A's run
+// TestPoolTenancy is the tenancy test across the pool: user A's run
 // --image leaves everything tenantMess leaves (files in /tmp, hidden and
 // locked ones, /dev/shm, System V and POSIX IPC, a setsid daemon, a
 // pip-installed package, a sitecustomize.py and a .pth) and sees it; user

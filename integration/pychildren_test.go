@@ -10,7 +10,7 @@ import (
 
 // Python's children: what a snippet's Python starts is an ordinary python3,
 // and what Python leaves to its resource tracker is cleaned up as on a bare
-// machine (issue 39).
+// machine.
 
 // mpFlags prints, for a worker of each of multiprocessing's start methods
 // that fork nothing of the snippet's own interpreter, its sys.flags.no_site

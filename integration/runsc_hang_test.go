@@ -19,7 +19,7 @@ import (
 	"github.com/flmbox/flmbox/internal/stateroot"
 )
 
-// Every runsc command flmbox runs is bounded and interruptible (issue 27):
+// Every runsc command flmbox runs is bounded and interruptible:
 // flmbox driven through a runsc that hangs on one command (a script that
 // sleeps, so that no test depends on the host's KVM), and kvm refused on a
 // host without a usable /dev/kvm.

@@ -21,7 +21,7 @@ total = [l.split()[1] for l in open('/proc/meminfo') if l.startswith('MemTotal:'
 print(os.cpu_count(), len(os.sched_getaffinity(0)), cpuinfo, nproc, total)
 `
 
-// TestSandboxShowsWhatItWasGiven (issue 39): a sandbox shows ceil(--cpus)
+// TestSandboxShowsWhatItWasGiven: a sandbox shows ceil(--cpus)
 // CPUs (os.cpu_count(), sched_getaffinity, /proc/cpuinfo, nproc), so that
 // thread pools size themselves right, and --memory as MemTotal, whose
 // MemAvailable is near zero where the memory watch kills; also once

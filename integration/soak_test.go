@@ -23,7 +23,7 @@ const soakMemory, soakPids = "256MiB", "64"
 const soakRounds = 2
 
 // TestSoakHostileAndOrdinaryCalls makes calls on one small sandbox, a
-// hostile snippet (of issue 3's fault list and others) every third call,
+// hostile snippet (of the fault list and others) every third call,
 // ordinary ones between, each hostile one soakRounds times (90 calls). Not
 // among them: several processes growing at full speed at once, which can
 // still outrun the memory watch (see docs/ARCHITECTURE.md, "the promise and

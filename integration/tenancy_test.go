@@ -11,7 +11,7 @@ import (
 )
 
 // Tenancy: a sandbox that one user leaves and a reset hands to another
-// (issue 15's warm pool). See "What a sandbox can hold, and how a reset
+// (the warm pool). See "What a sandbox can hold, and how a reset
 // clears it" in docs/ARCHITECTURE.md.
 
 // tenantMess is user A: it leaves, in every form found, what could outlive
@@ -243,7 +243,7 @@ func checkTenant(t *testing.T, root, name string, args ...string) tenantView {
 	return v
 }
 
-// TestTenancyResetLeavesNothing is issue 15's tenancy test on a sandbox of
+// TestTenancyResetLeavesNothing is the tenancy test on a sandbox of
 // its own: user A leaves files in /tmp (hidden ones, a locked directory, a
 // file locked by a daemon), in /dev/shm (a POSIX semaphore), System V and
 // POSIX IPC objects, a setsid daemon holding an abstract name, a port, a

@@ -18,7 +18,7 @@ var dataSciencePackages = []string{
 	"python3-pytest",
 	"python3-hypothesis",
 	// numpy's and scipy's BLAS: Debian's default is the reference BLAS
-	// (libblas3); the SVD figures are OpenBLAS's threads.
+	// (libblas3); the SVD figures of docs/PERFORMANCE.md are OpenBLAS's threads.
 	"libopenblas0-pthread",
 }
 
