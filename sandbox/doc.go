@@ -15,21 +15,23 @@
 // calls hold), so a stale handle never reaches the next holder. The
 // Manager has the same operations by name, for a caller that holds only
 // the name (whichever sandbox holds it now),
-// and finds sandboxes (Get, List: records only; Probe: liveness; GC: suspend
-// or remove the idle ones; Wait for what a resume left in the background;
-// Close, when done with the Manager, stops and waits for what it started in
-// the background, such as its pools' refills).
-// Acquire and Release take sandboxes from a warm pool per shape and give
-// them back reset (FillPool, Pools, DrainPools). RunOnce runs one snippet in
-// a fresh sandbox; Batch runs up to MaxBatch independent snippets, in fresh
-// sandboxes or side by side in one. Reconcile undoes what a killed flmbox
+// and finds sandboxes (Get, List: records only, changing nothing; Probe:
+// liveness, as new descriptions; Sandbox.Info: one handle's sandbox afresh;
+// GC: suspend or remove the idle ones; Wait for what calls left in the
+// background; Close, when done with the Manager, stops and waits for what it
+// started in the background, such as its pools' refills). Acquire and
+// Release take sandboxes from a warm pool per shape and give them back reset
+// (FillPool, Pools, DrainPools). RunOnce runs one snippet in a fresh sandbox
+// and answers before the sandbox is given back; Batch runs up to MaxBatch
+// independent snippets, in fresh sandboxes or side by side in one. Reconcile undoes what a killed flmbox
 // process left half made, and removes the sandboxes of a process that made
 // them for itself (Spec.Ephemeral: RunOnce's, Batch's) once it is gone.
 //
-// The package speaks its own vocabulary: a Spec (checked once, by
-// Normalize), its Limits and Network, a Request and its Result, the
-// languages Python and Shell, and the errors a caller tests for (ErrDead,
-// ErrSuspended, ErrInterrupted, ...). A caller imports sandbox, and rootfs
+// The package speaks its own vocabulary, in types of its own: a Spec
+// (checked once, by Normalize), its Limits, Network and Egress, a Request and
+// its Result, the languages Python and Shell, and the errors a caller tests
+// for (ErrDead, ErrSuspended, ErrInterrupted, *NotRunError, ...); what only
+// flmbox's own fronts need is apart, on Plumbing. A caller imports sandbox, and rootfs
 // for images or pipcache for wheels, never runtime, snippet or record.
 // Doctor checks that a host can run sandboxes.
 //
