@@ -121,16 +121,6 @@ func newRawID() string {
 	return "bench-" + hex.EncodeToString(b)
 }
 
-// fileIO is a runc.IO that gives runsc (and the container's first process)
-// one file as stdout and stderr.
-type fileIO struct{ f *os.File }
-
-func (o fileIO) Close() error          { return nil }
-func (o fileIO) Stdin() io.WriteCloser { return nil }
-func (o fileIO) Stdout() io.ReadCloser { return nil }
-func (o fileIO) Stderr() io.ReadCloser { return nil }
-func (o fileIO) Set(cmd *exec.Cmd)     { cmd.Stdout, cmd.Stderr = o.f, o.f }
-
 // bufIO is a runc.IO that captures stdout and stderr apart.
 type bufIO struct{ stdout, stderr *bytes.Buffer }
 
@@ -157,7 +147,7 @@ func (r *runner) startRaw(ctx context.Context, id string) error {
 	rc := r.rawRunc()
 	what := "runsc create " + id + " (see " + logf.Name() + ")"
 	if _, err := rawCall(ctx, what, "create", nil, func(ctx context.Context) error {
-		return rc.Create(ctx, id, r.rawBundle(), &runc.CreateOpts{IO: fileIO{logf}})
+		return rc.Create(ctx, id, r.rawBundle(), &runc.CreateOpts{IO: runcmonitor.FileIO{F: logf}})
 	}); err != nil {
 		return err
 	}

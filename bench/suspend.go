@@ -10,6 +10,7 @@ import (
 	runc "github.com/containerd/go-runc"
 
 	"github.com/flmbox/flmbox/internal/procmem"
+	"github.com/flmbox/flmbox/internal/runcmonitor"
 )
 
 // suspendTmpBytes is what the suspended sandbox holds in /tmp.
@@ -108,7 +109,7 @@ func (r *runner) rawCheckpointRestore(ctx context.Context) (ckpt, restore time.D
 	start := time.Now()
 	what := "runsc restore " + id + " (see " + logf.Name() + ")"
 	if _, err := rawCall(ctx, what, "restore", nil, func(ctx context.Context) error {
-		_, err := rc.Restore(ctx, id, r.rawBundle(), &runc.RestoreOpts{CheckpointOpts: runc.CheckpointOpts{ImagePath: img}, IO: fileIO{logf}, Detach: true})
+		_, err := rc.Restore(ctx, id, r.rawBundle(), &runc.RestoreOpts{CheckpointOpts: runc.CheckpointOpts{ImagePath: img}, IO: runcmonitor.FileIO{F: logf}, Detach: true})
 		return err
 	}); err != nil {
 		return 0, 0, err

@@ -10,6 +10,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	runc "github.com/containerd/go-runc"
+
+	"github.com/flmbox/flmbox/internal/runcmonitor"
 	"golang.org/x/sys/unix"
 )
 
@@ -63,7 +65,7 @@ func (r *Runtime) Restore(ctx context.Context, c Container, bundle, imageDir str
 	}
 	err = r.call(ctx, "restore", func(ctx context.Context) error {
 		_, err := r.runc(c, true).Restore(ctx, c.ID, dir, &runc.RestoreOpts{
-			CheckpointOpts: runc.CheckpointOpts{ImagePath: imageDir}, IO: fileIO{log}, Detach: true, PidFile: pidFile})
+			CheckpointOpts: runc.CheckpointOpts{ImagePath: imageDir}, IO: runcmonitor.FileIO{F: log}, Detach: true, PidFile: pidFile})
 		return err
 	})
 	if err != nil {

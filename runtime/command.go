@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	goio "io"
 	"os"
 	"os/exec"
 	"strings"
@@ -161,16 +160,6 @@ func runOwn(ctx context.Context, runsc, sub string, stdio *os.File, args ...stri
 	}
 	return stdout.Bytes(), nil
 }
-
-// fileIO is a runc.IO that gives runsc (and, for run and restore, the
-// container's first process) one file as stdout and stderr, and no stdin.
-type fileIO struct{ f *os.File }
-
-func (io fileIO) Close() error            { return nil }
-func (io fileIO) Stdin() goio.WriteCloser { return nil }
-func (io fileIO) Stdout() goio.ReadCloser { return nil }
-func (io fileIO) Stderr() goio.ReadCloser { return nil }
-func (io fileIO) Set(cmd *exec.Cmd)       { cmd.Stdout, cmd.Stderr = io.f, io.f }
 
 // ctxErr is ctx's error, with its cause if that says more (which signal
 // interrupted flmbox), both in the chain.

@@ -16,6 +16,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	runc "github.com/containerd/go-runc"
+
+	"github.com/flmbox/flmbox/internal/runcmonitor"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -122,7 +124,7 @@ func (r *Runtime) Run(ctx context.Context, c Container, bundle string, spec *spe
 	}
 	defer unlock()
 	err = r.call(ctx, "run", func(ctx context.Context) error {
-		_, err := r.runc(c, true).Run(ctx, c.ID, dir, &runc.CreateOpts{IO: fileIO{log}, PidFile: pidFile, Detach: true})
+		_, err := r.runc(c, true).Run(ctx, c.ID, dir, &runc.CreateOpts{IO: runcmonitor.FileIO{F: log}, PidFile: pidFile, Detach: true})
 		return err
 	})
 	if err != nil {

@@ -17,7 +17,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
+	goio "io"
 	"os"
 	"os/exec"
 	goruntime "runtime"
@@ -31,6 +31,8 @@ import (
 	"github.com/containerd/errdefs"
 	runc "github.com/containerd/go-runc"
 	"golang.org/x/sys/unix"
+
+	"github.com/flmbox/flmbox/internal/errkind"
 )
 
 // WaitDelay is how long a killed runsc's output pipes may stay open (held
@@ -47,7 +49,7 @@ const tagEnv = "FLMBOX_RUNSC_CALL"
 // monitor (runc.Monitor was replaced after it was set): nothing bounded it
 // or would have killed its process group.
 // It matches errdefs.ErrInternal.
-var ErrNotMonitored = fmt.Errorf("go-runc's Monitor is not flmbox's, so runsc ran unbounded: %w", errdefs.ErrInternal)
+var ErrNotMonitored = errkind.New(errdefs.ErrInternal, "go-runc's Monitor is not flmbox's, so runsc ran unbounded: internal")
 
 // Outcome is what one runsc command of a Call did.
 type Outcome struct {
@@ -220,6 +222,18 @@ func start(cmd *exec.Cmd, out *Outcome, locked bool) (chan runc.Exit, error) {
 	ours.Store(cmd, struct{}{})
 	return ec, nil
 }
+
+// FileIO is a runc.IO that gives runsc (and, for a command that starts a
+// container, the container's first process) one file as stdout and stderr,
+// and no stdin: a file, not a pipe, which a detached container would hold
+// open.
+type FileIO struct{ F *os.File }
+
+func (o FileIO) Close() error            { return nil }
+func (o FileIO) Stdin() goio.WriteCloser { return nil }
+func (o FileIO) Stdout() goio.ReadCloser { return nil }
+func (o FileIO) Stderr() goio.ReadCloser { return nil }
+func (o FileIO) Set(cmd *exec.Cmd)       { cmd.Stdout, cmd.Stderr = o.F, o.F }
 
 // stderrBuffer writes into its Outcome's Stderr.
 type stderrBuffer Outcome

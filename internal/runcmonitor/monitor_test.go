@@ -180,7 +180,7 @@ func TestDetachedChildKeepsItsFiles(t *testing.T) {
 	defer log.Close()
 	start := time.Now()
 	out, err := Call(context.Background(), func(ctx context.Context) error {
-		_, err := (&runc.Runc{Command: p, Setpgid: true, PdeathSignal: syscall.SIGKILL}).Run(ctx, "id", dir, &runc.CreateOpts{IO: fileIO{log}, Detach: true})
+		_, err := (&runc.Runc{Command: p, Setpgid: true, PdeathSignal: syscall.SIGKILL}).Run(ctx, "id", dir, &runc.CreateOpts{IO: FileIO{F: log}, Detach: true})
 		return err
 	})
 	if took := time.Since(start); err != nil || out.Err != nil || took >= WaitDelay {
@@ -190,12 +190,3 @@ func TestDetachedChildKeepsItsFiles(t *testing.T) {
 		t.Errorf("log: %q", b)
 	}
 }
-
-// fileIO is a runc.IO that gives runsc one file as stdout and stderr.
-type fileIO struct{ f *os.File }
-
-func (o fileIO) Close() error          { return nil }
-func (o fileIO) Stdin() io.WriteCloser { return nil }
-func (o fileIO) Stdout() io.ReadCloser { return nil }
-func (o fileIO) Stderr() io.ReadCloser { return nil }
-func (o fileIO) Set(cmd *exec.Cmd)     { cmd.Stdout, cmd.Stderr = o.f, o.f }
