@@ -231,38 +231,26 @@ func TestSandboxFaultsNonRoot(t *testing.T) {
 	}
 }
 
-// TestSandboxFaultsGetList: Get and List of a running sandbox cost what
-// reading records costs (in process, no runsc, no ping), and Probe says it
-// is running.
+// TestSandboxFaultsGetList: Get and List describe a running sandbox as
+// running, and so does Probe, which asks its agent. That Get and List run
+// nothing (no runsc, no ping) is TestGetAndListRunNothing's, with a runsc
+// that hangs; what they cost is flmbox bench's ("records").
 func TestSandboxFaultsGetList(t *testing.T) {
-	// Not parallel: it bounds how long calls take, in milliseconds.
+	t.Parallel()
 	reg := startRegistry(t)
 	m, _ := newPrewarmedManager(t)
 	ctx := context.Background()
 	if _, err := m.Create(ctx, sandbox.Spec{Name: "gl", Image: reg.digestRef()}); err != nil {
 		t.Fatal(err)
 	}
-	var get, list []time.Duration
-	for range 20 {
-		start := time.Now()
-		if _, err := m.Get(ctx, "gl"); err != nil {
-			t.Fatal(err)
-		}
-		get = append(get, time.Since(start))
-		start = time.Now()
-		sbs, err := m.List(ctx)
-		if err != nil || len(sbs) != 1 {
-			t.Fatalf("List: %v, %v", sbs, err)
-		}
-		list = append(list, time.Since(start))
+	sb, err := m.Get(ctx, "gl")
+	if err != nil || sb.State != sandbox.StateRunning {
+		t.Fatalf("Get: %+v, %v", sb, err)
 	}
-	slices.Sort(get)
-	slices.Sort(list)
-	t.Logf("Get: median %s; List of 1: median %s", get[10], list[10])
-	if get[10] > 2*time.Millisecond || list[10] > 5*time.Millisecond {
-		t.Errorf("Get median %s (want ≤ 2 ms), List median %s (want ≤ 5 ms)", get[10], list[10])
+	sbs, err := m.List(ctx)
+	if err != nil || len(sbs) != 1 || sbs[0].State != sandbox.StateRunning {
+		t.Fatalf("List: %v, %v", sbs, err)
 	}
-	sbs, _ := m.List(ctx)
 	sbs = m.Probe(ctx, sbs...)
 	if sbs[0].State != sandbox.StateRunning {
 		t.Errorf("probed: %s, want running", sbs[0].State)
