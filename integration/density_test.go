@@ -85,7 +85,7 @@ func TestManySandboxes(t *testing.T) {
 	if ls := leases(t, root); len(ls) != 0 {
 		t.Errorf("image leases left: %+v", ls)
 	}
-	if mounts := mountsUnder(t, root); len(mounts) > 0 {
+	if mounts := flmboxMounts(t, root); len(mounts) > 0 {
 		t.Errorf("mounts left under the root: %v", mounts)
 	}
 	for _, id := range ids {

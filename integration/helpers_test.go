@@ -104,8 +104,8 @@ func mustFlmbox(t testing.TB, root string, args ...string) string {
 
 // sandboxRoot returns a state root with the test image prewarmed from reg,
 // and removes every sandbox in it (and runsc's mounts) when the test ends.
-// Its cached tree's files are hard links to those of a root prewarmed once
-// for all tests (copyRoot), and the prewarm from reg is a cache hit.
+// Its cached tree is that of a root prewarmed once for all tests, mounted
+// read-only (copyRoot), and the prewarm from reg is a cache hit.
 func sandboxRoot(t *testing.T, reg *testRegistry) string {
 	t.Helper()
 	root := t.TempDir()
@@ -117,9 +117,8 @@ func sandboxRoot(t *testing.T, reg *testRegistry) string {
 }
 
 // unpackedSandboxRoot is sandboxRoot where the prewarm unpacks a tree of
-// the root's own, for a test that looks at the tree's every inode (a hard
-// link shared with other roots changes its link count when they come and
-// go).
+// the root's own, for a test that looks at what a prewarm makes or removes
+// the image (sandboxRoot's tree is read-only).
 func unpackedSandboxRoot(t *testing.T, reg *testRegistry) string {
 	t.Helper()
 	root := t.TempDir()

@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
@@ -276,38 +275,21 @@ func TestLastRemovalLeavesARemovableRoot(t *testing.T) {
 	prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef())
 	createSandbox(t, root, reg, "a")
 	createSandbox(t, root, reg, "b")
-	if mounts := mountsUnder(t, root); len(mounts) == 0 {
+	if mounts := flmboxMounts(t, root); len(mounts) == 0 {
 		t.Fatal("no mount under the root with two sandboxes: the test sees nothing")
 	}
 	mustFlmbox(t, root, "sandbox", "rm", "a")
 	checkAlive(t, root, "b") // the other sandbox's network namespace is still there
 	mustFlmbox(t, root, "sandbox", "rm", "b")
 	mustFlmbox(t, root, "run", "--image", reg.digestRef(), "-c", "print(1)") // and once more, one-shot
-	if mounts := mountsUnder(t, root); len(mounts) > 0 {
+	if mounts := flmboxMounts(t, root); len(mounts) > 0 {
 		t.Fatalf("mounts left under the root: %v", mounts)
 	}
 	if left, _ := filepath.Glob(filepath.Join(stateroot.Runsc(root), "[^.]*")); len(left) > 0 {
 		t.Errorf("left in runsc's state directory: %v", left) // but its lock file
 	}
+	releaseTrees(t, root)
 	if err := os.RemoveAll(root); err != nil {
 		t.Fatalf("rm -rf the root: %v", err)
 	}
-}
-
-// mountsUnder lists the mount points at or below dir.
-func mountsUnder(t *testing.T, dir string) []string {
-	t.Helper()
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var out []string
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if fields := strings.Fields(s.Text()); len(fields) > 4 && (fields[4] == dir || strings.HasPrefix(fields[4], dir+"/")) {
-			out = append(out, fields[4])
-		}
-	}
-	return out
 }

@@ -4,6 +4,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -11,11 +12,14 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -49,7 +53,41 @@ var (
 // races the memory watch, or sets the environment) says why on its first
 // line: go test runs such tests before the parallel ones, one at a time.
 func TestMain(m *testing.M) {
+	if os.Getenv(privateMountsEnv) == "" {
+		os.Exit(inPrivateMounts())
+	}
 	os.Exit(setup(m))
+}
+
+// privateMountsEnv marks the test process that runs in a mount namespace of
+// its own (inPrivateMounts).
+const privateMountsEnv = "FLMBOX_INTEGRATION_PRIVATE_MOUNTS"
+
+// inPrivateMounts runs the tests in a child in a mount namespace of its own
+// (private propagation) and returns its exit code: the test roots' bind
+// mounts (copyRoot), and whatever a failed test leaves mounted, go with it
+// even when the process dies on a panic or a timeout.
+func inPrivateMounts() int {
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "integration: the integration tests need root: run make test as root")
+		return 1
+	}
+	cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), privateMountsEnv+"=1")
+	// Go makes the new namespace's mounts private before the exec.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
+	signal.Ignore(os.Interrupt, syscall.SIGTERM) // the child gets them too, and says what it was doing
+	goruntime.LockOSThread()                     // Pdeathsig follows the thread that started the child
+	if err := cmd.Run(); err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) && ee.ExitCode() >= 0 {
+			return ee.ExitCode()
+		}
+		fmt.Fprintf(os.Stderr, "integration: run the tests in a mount namespace of their own: %v\n", err)
+		return 1
+	}
+	return 0
 }
 
 func setup(m *testing.M) int {

@@ -13,12 +13,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/flmbox/flmbox/internal/mountinfo"
 )
 
 // prewarmed is a state root where the test image was prewarmed once, from
@@ -122,18 +125,25 @@ func prewarmInto(root string) error {
 
 // copyRoot makes dst, an empty directory, a copy of the state root src:
 // every directory, symlink and file with its mode, owner and times, where
-// the files of the cached trees (images/rootfs/HEX/rootfs/...) are hard
-// links to src's, as the trees are only ever read (a sandbox mounts its
-// tree read-only; removing an entry unlinks the copy's names alone). Every
-// other file (records, locks, aliases) is a copy of its own, so that no
-// lock, record or time is shared between two roots.
-func copyRoot(src, dst string) error {
+// the cached trees (images/rootfs/HEX/rootfs) are src's, mounted read-only
+// (a sandbox mounts its tree read-only too), and returns those mounts.
+// Every other file (records, locks, aliases) is a copy of its own, so that
+// no lock, record or time is shared between two roots. A test that removes
+// an image cannot remove its tree: it prewarms a root of its own
+// (unpackedSandboxRoot).
+func copyRoot(src, dst string) (mounts []string, err error) {
 	type dirTimes struct {
 		path string
 		st   *syscall.Stat_t
 	}
 	var dirs []dirTimes
-	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+	defer func() {
+		if err != nil {
+			unmountAll(mounts)
+			mounts = nil
+		}
+	}()
+	err = filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -148,6 +158,17 @@ func copyRoot(src, dst string) error {
 		}
 		st := fi.Sys().(*syscall.Stat_t)
 		switch mode := fi.Mode(); {
+		case mode.IsDir() && isCachedTree(rel):
+			// The tree whole, read-only: a mount point shows the mounted
+			// directory's mode, owner and times.
+			if err := os.Mkdir(target, 0o700); err != nil {
+				return err
+			}
+			if err := bindReadOnly(p, target); err != nil {
+				return err
+			}
+			mounts = append(mounts, target)
+			return fs.SkipDir
 		case mode.IsDir():
 			if rel != "." {
 				if err := os.Mkdir(target, 0o700); err != nil {
@@ -166,8 +187,6 @@ func copyRoot(src, dst string) error {
 			if err := os.Symlink(link, target); err != nil {
 				return err
 			}
-		case mode.IsRegular() && inCachedTree(rel):
-			return os.Link(p, target) // keeps owner, mode and times
 		case mode.IsRegular():
 			if err := copyFile(p, target, mode); err != nil {
 				return err
@@ -190,22 +209,46 @@ func copyRoot(src, dst string) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("copy the state root %s: %w", src, err)
+		return mounts, fmt.Errorf("copy the state root %s: %w", src, err)
 	}
 	// A directory's times last: making its entries changed them.
 	for i := len(dirs) - 1; i >= 0; i-- {
 		if err := setTimes(dirs[i].path, dirs[i].st); err != nil {
-			return fmt.Errorf("copy the state root %s: %w", src, err)
+			return mounts, fmt.Errorf("copy the state root %s: %w", src, err)
 		}
+	}
+	return mounts, nil
+}
+
+// isCachedTree reports whether rel, a path in a state root, is the unpacked
+// tree of a cached image (images/rootfs/HEX/rootfs).
+func isCachedTree(rel string) bool {
+	parts := strings.Split(rel, string(filepath.Separator))
+	return len(parts) == 4 && parts[0] == "images" && parts[1] == "rootfs" && parts[3] == "rootfs"
+}
+
+// bindReadOnly mounts directory src on target, read-only.
+func bindReadOnly(src, target string) error {
+	if err := unix.Mount(src, target, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s on %s: %w", src, target, err)
+	}
+	if err := unix.Mount("", target, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+		unix.Unmount(target, unix.MNT_DETACH)
+		return fmt.Errorf("make %s read-only: %w", target, err)
 	}
 	return nil
 }
 
-// inCachedTree reports whether rel, a path in a state root, is in the
-// unpacked tree of a cached image (below images/rootfs/HEX/rootfs).
-func inCachedTree(rel string) bool {
-	parts := strings.Split(rel, string(filepath.Separator))
-	return len(parts) > 4 && parts[0] == "images" && parts[1] == "rootfs" && parts[3] == "rootfs"
+// unmountAll unmounts what copyRoot mounted; a sandbox that still uses a
+// tree keeps it until it goes (MNT_DETACH).
+func unmountAll(mounts []string) error {
+	var errs []error
+	for _, m := range mounts {
+		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func copyFile(src, dst string, mode fs.FileMode) error {
@@ -239,7 +282,49 @@ func copyPrewarmed(t *testing.T, root string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := copyRoot(src, root); err != nil {
+	if _, err := copyRoot(src, root); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { releaseTrees(t, root) })
+}
+
+// releaseTrees unmounts the trees that copyRoot mounted under root, where
+// they are now (a removed image's tree moves to the trash).
+func releaseTrees(t testing.TB, root string) {
+	t.Helper()
+	mounts, err := mountinfo.Under(root)
+	if err == nil {
+		err = unmountAll(slices.DeleteFunc(mounts, func(p string) bool { return !isPrewarmedTree(p) }))
+	}
+	if err != nil {
+		t.Error(err)
+	}
+}
+
+// flmboxMounts lists the mount points at or below dir but the trees that
+// copyRoot mounted: what flmbox and runsc mounted.
+func flmboxMounts(t testing.TB, dir string) []string {
+	t.Helper()
+	mounts, err := mountinfo.Under(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.DeleteFunc(mounts, isPrewarmedTree)
+}
+
+// isPrewarmedTree reports whether the mount point p shows a cached tree of
+// the prewarmed root.
+func isPrewarmedTree(p string) bool {
+	var st unix.Stat_t
+	if prewarmed.root == "" || unix.Stat(p, &st) != nil {
+		return false
+	}
+	trees, _ := filepath.Glob(filepath.Join(prewarmed.root, "images", "rootfs", "*", "rootfs"))
+	for _, tree := range trees {
+		var tst unix.Stat_t
+		if unix.Stat(tree, &tst) == nil && tst.Dev == st.Dev && tst.Ino == st.Ino {
+			return true
+		}
+	}
+	return false
 }

@@ -17,7 +17,6 @@ import (
 
 	"github.com/containerd/errdefs"
 
-	"github.com/flmbox/flmbox/internal/mountinfo"
 	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox"
@@ -47,8 +46,7 @@ func faultsRootClean(t *testing.T, m *sandbox.Manager, root string, names ...str
 	if err != nil || len(leases) != len(names) {
 		t.Errorf("image leases %+v (%v), want %d", leases, err, len(names))
 	}
-	mounts, _ := mountinfo.Under(root)
-	for _, mt := range mounts {
+	for _, mt := range flmboxMounts(t, root) {
 		if filepath.Base(mt) == "null-netns" || slices.Contains(names, filepath.Base(filepath.Dir(mt))) {
 			continue
 		}

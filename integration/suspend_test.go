@@ -297,7 +297,7 @@ func TestSuspendDemo1Reboot(t *testing.T) {
 		if err := os.RemoveAll(stateroot.Runsc(root)); err != nil {
 			t.Fatal(err)
 		}
-		if mounts := mountsUnder(t, root); len(mounts) != 0 {
+		if mounts := flmboxMounts(t, root); len(mounts) != 0 {
 			t.Fatalf("mounts under the root of a suspended sandbox: %q", mounts)
 		}
 		if st := sandboxState(t, root, "demo"); st != "suspended" {
@@ -874,7 +874,7 @@ func TestResumeDamagedImage(t *testing.T) {
 			if n := suspendRunscCount(t, root, id); n != 0 {
 				t.Fatalf("runsc knows the suspended sandbox's container %s after a failed resume", id)
 			}
-			if mounts := mountsUnder(t, stateroot.Sandbox(root, name)); len(mounts) != 0 {
+			if mounts := flmboxMounts(t, stateroot.Sandbox(root, name)); len(mounts) != 0 {
 				t.Fatalf("mounts left under the sandbox after a failed resume: %q", mounts)
 			}
 			res = flmbox(t, root, "run", "--sandbox", name, "-c", "print(1)")
