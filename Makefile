@@ -11,7 +11,7 @@ RUNSC_VERSION := v0.0.0-20260905035102-160fafc42237
 RUNSC_BIN     := /usr/local/bin/runsc
 FLMBOX        := bin/flmbox
 FLMBOX_ROOT   ?= /var/lib/flmbox
-FUZZTIME      ?= 20s
+FUZZTIME      ?= 8s
 # urfave/cli without its man-page and markdown generators (0.4 ms of every start)
 GOTAGS        := urfave_cli_no_docs
 # A hash of the source, stamped into every binary: flmbox checks that the

@@ -48,12 +48,22 @@ type cbResult struct {
 // test unless flmbox exits with code.
 func cbRun(t *testing.T, root string, code int, args ...string) cbResult {
 	t.Helper()
-	res := flmbox(t, root, append([]string{"run", "--json"}, args...)...)
-	var out cbResult
-	if err := json.Unmarshal([]byte(res.stdout), &out); err != nil || res.code != code {
-		t.Fatalf("flmbox run %v: exit %d (want %d), %v\nstdout: %s\nstderr: %s", args, res.code, code, err, res.stdout, res.stderr)
+	return cbStart(t, root, code, args...)()
+}
+
+// cbStart is cbRun that returns at once, with a function that waits.
+func cbStart(t *testing.T, root string, code int, args ...string) (wait func() cbResult) {
+	t.Helper()
+	run := startFlmbox(t, root, append([]string{"run", "--json"}, args...)...)
+	return func() cbResult {
+		t.Helper()
+		res := run()
+		var out cbResult
+		if err := json.Unmarshal([]byte(res.stdout), &out); err != nil || res.code != code {
+			t.Fatalf("flmbox run %v: exit %d (want %d), %v\nstdout: %s\nstderr: %s", args, res.code, code, err, res.stdout, res.stderr)
+		}
+		return out
 	}
-	return out
 }
 
 // refused says whether call() returned what a snippet sees of a

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -45,22 +46,52 @@ func runFlmbox(t testing.TB, bin, root string, args ...string) result {
 // runFlmboxIn is runFlmbox in the working directory dir ("": the test's).
 func runFlmboxIn(t testing.TB, bin, dir, root string, args ...string) result {
 	t.Helper()
+	return startFlmboxIn(t, bin, dir, root, args...)()
+}
+
+// startFlmbox starts flmbox with --root root and returns a function that
+// waits for it and returns what it did: a command that mostly waits runs
+// beside the test's next steps. It is killed when the test ends unwaited.
+func startFlmbox(t testing.TB, root string, args ...string) (wait func() result) {
+	t.Helper()
+	return startFlmboxIn(t, flmboxBin, "", root, args...)
+}
+
+// startFlmboxIn is startFlmbox of bin in the working directory dir; the
+// command has 10 minutes.
+func startFlmboxIn(t testing.TB, bin, dir, root string, args ...string) (wait func() result) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, append([]string{"--root", root, "--runsc", runscPath}, args...)...)
 	cmd.Dir = dir
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	res := result{stdout: stdout.String(), stderr: stderr.String()}
-	var ee *exec.ExitError
-	switch {
-	case errors.As(err, &ee):
-		res.code = ee.ExitCode()
-	case err != nil:
+	if err := cmd.Start(); err != nil {
+		cancel()
 		t.Fatalf("run %s %v in %q: %v", bin, args, dir, err)
 	}
-	return res
+	var once sync.Once
+	var err error
+	finish := func() {
+		once.Do(func() {
+			err = cmd.Wait()
+			cancel()
+		})
+	}
+	t.Cleanup(func() { cancel(); finish() })
+	return func() result {
+		t.Helper()
+		finish()
+		res := result{stdout: stdout.String(), stderr: stderr.String()}
+		var ee *exec.ExitError
+		switch {
+		case errors.As(err, &ee):
+			res.code = ee.ExitCode()
+		case err != nil:
+			t.Fatalf("run %s %v in %q: %v", bin, args, dir, err)
+		}
+		return res
+	}
 }
 
 // batchElement is one element of flmbox run --batch's output.

@@ -192,6 +192,13 @@ func hermesExecute(t *testing.T, root string, srv *hermesServer, script string, 
 // hermesExecuteToken is hermesExecute with token in HERMES_RPC_TOKEN.
 func hermesExecuteToken(t *testing.T, root string, srv *hermesServer, token, script string, where ...string) cbResult {
 	t.Helper()
+	return hermesStart(t, root, srv, token, script, where...)()
+}
+
+// hermesStart is hermesExecuteToken that returns at once, with a function
+// that waits.
+func hermesStart(t *testing.T, root string, srv *hermesServer, token, script string, where ...string) (wait func() cbResult) {
+	t.Helper()
 	dir := t.TempDir()
 	tools, path := filepath.Join(dir, "hermes_tools.py"), filepath.Join(dir, "script.py")
 	if err := os.WriteFile(tools, []byte(hermesTools), 0o644); err != nil {
@@ -202,7 +209,7 @@ func hermesExecuteToken(t *testing.T, root string, srv *hermesServer, token, scr
 	}
 	args := append(where, "--copy", tools+":/tmp/hermes_tools.py", "--callback", srv.path, "--callback-env", "HERMES_RPC_SOCKET",
 		"-e", "HERMES_RPC_TOKEN="+token, "--timeout", "300s", path)
-	return cbRun(t, root, 0, args...)
+	return cbStart(t, root, 0, args...)
 }
 
 func TestHermesExecuteCode(t *testing.T) {
@@ -211,11 +218,26 @@ func TestHermesExecuteCode(t *testing.T) {
 	root := sandboxRoot(t, reg)
 	image := []string{"--image", reg.digestRef()}
 
+	// A tool that takes 65 s, and a script silent for 65 s between two
+	// calls: the connection stays (no idle cut shorter than the call's
+	// own timeout). They wait while the other cases run, and are checked
+	// last.
+	slowSrv := startHermesServer(t, "token-slow-tool")
+	slowTool := hermesStart(t, root, slowSrv, slowSrv.token, `from hermes_tools import terminal, web_search
+print(terminal("sleep 65")["output"], web_search("after")["data"]["web"][0]["title"])
+`, image...)
+	idleSrv := startHermesServer(t, "token-idle")
+	idle := hermesStart(t, root, idleSrv, idleSrv.token, `import time
+from hermes_tools import web_search
+first = web_search("before")["data"]["web"][0]["title"]
+time.sleep(65)
+print(first, web_search("after")["data"]["web"][0]["title"])
+`, image...)
+
 	// One connection, 50 tool calls: 20 answers of 1 MB each (20 MB in
 	// all), then 30 small ones; the 51st call is refused in-band by the
 	// server's own limit, on the same connection.
 	t.Run("50 calls, 20 MB of answers", func(t *testing.T) {
-		t.Parallel()
 		srv := startHermesServer(t, "token-50-calls")
 		res := hermesExecute(t, root, srv, `import sys
 from hermes_tools import read_file, web_search
@@ -239,7 +261,6 @@ print(ok, len(sizes), found[-1], last.get("error", "").split(" (")[0], __file__.
 	// Eight threads share the one connection, taking turns under the
 	// module's lock; each gets its own answers.
 	t.Run("8 threads, one connection", func(t *testing.T) {
-		t.Parallel()
 		srv := startHermesServer(t, "token-threads")
 		res := hermesExecute(t, root, srv, `import threading
 from hermes_tools import web_search
@@ -260,38 +281,10 @@ print(len(bad))
 		}
 	})
 
-	// A tool that takes 65 s, and a script silent for 65 s between two
-	// calls: the connection stays (no idle cut shorter than the call's
-	// own timeout).
-	t.Run("a tool of 65 s", func(t *testing.T) {
-		t.Parallel()
-		srv := startHermesServer(t, "token-slow-tool")
-		res := hermesExecute(t, root, srv, `from hermes_tools import terminal, web_search
-print(terminal("sleep 65")["output"], web_search("after")["data"]["web"][0]["title"])
-`, image...)
-		if res.Stdout != "ran sleep 65 about after\n" || res.ExitCode != 0 || res.Callbacks == nil || res.Callbacks.Connections != 1 {
-			t.Errorf("exit %d, stdout %q, stderr %q, callbacks %+v", res.ExitCode, res.Stdout, res.Stderr, res.Callbacks)
-		}
-	})
-	t.Run("idle 65 s between calls", func(t *testing.T) {
-		t.Parallel()
-		srv := startHermesServer(t, "token-idle")
-		res := hermesExecute(t, root, srv, `import time
-from hermes_tools import web_search
-first = web_search("before")["data"]["web"][0]["title"]
-time.sleep(65)
-print(first, web_search("after")["data"]["web"][0]["title"])
-`, image...)
-		if res.Stdout != "about before about after\n" || res.ExitCode != 0 || res.Callbacks == nil || res.Callbacks.Connections != 1 {
-			t.Errorf("exit %d, stdout %q, stderr %q, callbacks %+v", res.ExitCode, res.Stdout, res.Stderr, res.Callbacks)
-		}
-	})
-
 	// In a persistent sandbox, each execution has its own token (its
 	// call's environment, -e with --sandbox) and its own server; the
 	// token of one never reaches the next, and a wrong one is refused.
 	t.Run("a token per execution", func(t *testing.T) {
-		t.Parallel()
 		createSandbox(t, root, reg, "hermes")
 		script := `import os
 from hermes_tools import web_search
@@ -315,6 +308,13 @@ print(os.environ["HERMES_RPC_TOKEN"], web_search("x").get("error", "ok"))
 			t.Errorf("the next call sees HERMES_RPC_TOKEN: exit %d, stdout %q, stderr %q", out.code, out.stdout, out.stderr)
 		}
 	})
+
+	if res := slowTool(); res.Stdout != "ran sleep 65 about after\n" || res.ExitCode != 0 || res.Callbacks == nil || res.Callbacks.Connections != 1 {
+		t.Errorf("a tool of 65 s: exit %d, stdout %q, stderr %q, callbacks %+v", res.ExitCode, res.Stdout, res.Stderr, res.Callbacks)
+	}
+	if res := idle(); res.Stdout != "about before about after\n" || res.ExitCode != 0 || res.Callbacks == nil || res.Callbacks.Connections != 1 {
+		t.Errorf("idle 65 s between calls: exit %d, stdout %q, stderr %q, callbacks %+v", res.ExitCode, res.Stdout, res.Stderr, res.Callbacks)
+	}
 }
 
 // hostname is sandbox name's host name: the first 12 hex digits of its
