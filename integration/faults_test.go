@@ -165,12 +165,8 @@ func faultDirBytes(t *testing.T, dir string) int64 {
 }
 
 func TestFaultsRunawayCodeIsStopped(t *testing.T) {
-	// Not parallel: its memory hogs race the agent's memory watch, which other tests' load slows.
-	reg := startRegistry(t)
-	root := sandboxRoot(t, reg)
-	const name = "runaway"
-	createSandbox(t, root, reg, name, "--tmp-size", "64MiB")
-	checkAlive(t, root, name)
+	t.Parallel()
+	root, _, name := runawaySandbox(t)
 
 	t.Run("infinite loop", func(t *testing.T) {
 		start := time.Now()
@@ -293,78 +289,6 @@ except OSError as e:
 		faultNoSnippetProcesses(t, root, name)
 	})
 
-	t.Run("memory hog", func(t *testing.T) {
-		res := runIn(t, root, name, `
-chunks = []
-while True:
-    chunks.append(bytearray(16 << 20))
-`)
-		if res.code != 137 || !strings.Contains(res.stderr, "running out of memory") {
-			t.Fatalf("exit %d stderr %q, want 137 and the memory watch's note", res.code, res.stderr)
-		}
-		checkAlive(t, root, name)
-		faultNoSnippetProcesses(t, root, name)
-	})
-
-	// Several processes, each well under the sandbox's memory, and files
-	// in /tmp together over it: without the agent's memory watch the host's
-	// memory cgroup killed the whole sandbox, /tmp and all.
-	t.Run("memory hog with several processes and a full tmp", func(t *testing.T) {
-		const small = "small-memory"
-		createSandbox(t, root, reg, small, "--memory", "256MiB", "--tmp-size", "256MiB")
-		defer flmbox(t, root, "sandbox", "rm", small)
-		// Two processes of 80 MiB each that hold their memory once they
-		// have it, so that both are at their
-		// peak together however the machine schedules them (a child that
-		// exited before the other grew left nothing to kill under load).
-		// Only the memory watch ends them: without it, the timeout would.
-		const grow = `
-import os, time
-for i in range(2):
-    if os.fork() == 0:
-        chunks = []
-        while len(chunks) < 5:
-            chunks.append(bytearray(16 << 20))
-            for j in range(0, len(chunks[-1]), 4096):
-                chunks[-1][j] = 1
-        while True:
-            time.sleep(1)
-for i in range(2):
-    os.wait()
-`
-		res := runIn(t, root, small, `
-with open('/tmp/keep', 'wb') as f:
-    for i in range(120):
-        f.write(b'k' * (1 << 20))
-print('wrote /tmp/keep', flush=True)
-`+grow, "--timeout", "2m")
-		if res.code != 137 || res.stdout != "wrote /tmp/keep\n" || !strings.Contains(res.stderr, "running out of memory") {
-			t.Fatalf("exit %d stdout %q stderr %q, want 137 and the snippet killed out of memory", res.code, res.stdout, res.stderr)
-		}
-		res = runIn(t, root, small, "import os; print(os.path.getsize('/tmp/keep'))", "--json")
-		var j struct {
-			ExitCode  int    `json:"exit_code"`
-			Stdout    string `json:"stdout"`
-			OOMKilled bool   `json:"oom_killed"`
-		}
-		if err := json.Unmarshal([]byte(res.stdout), &j); err != nil || j.ExitCode != 0 || j.OOMKilled || j.Stdout != "125829120\n" {
-			t.Fatalf("the sandbox or its /tmp did not survive: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
-		}
-		faultNoSnippetProcesses(t, root, small)
-
-		// The same processes as a batch element, /tmp still full: the
-		// element says why it was killed, and the next one runs.
-		in, _ := json.Marshal(map[string]any{"codes": []string{grow, "print('next')"}})
-		results := runBatch(t, root, in, 2, "--sandbox", small, "--parallel", "1")
-		if r := results[0]; r.ExitCode != 137 || r.Stdout != "" || !strings.Contains(r.Stderr, "running out of memory") {
-			t.Errorf("the element out of memory: %+v", r)
-		}
-		if r := results[1]; r.ExitCode != 0 || r.Stdout != "next\n" {
-			t.Errorf("the next element: %+v", r)
-		}
-		checkAlive(t, root, small)
-	})
-
 	t.Run("filling tmp", func(t *testing.T) {
 		// Names of the test's own: the sandbox's /tmp must not be the
 		// host's, where they would then appear.
@@ -469,6 +393,98 @@ except OSError as e:
 		t.Logf("%d MiB in %s; flmbox max RSS %d MiB; JSON %d bytes; agent RSS %d -> %d MiB",
 			total>>20, took.Round(time.Millisecond), rss>>20, stdout.Len(), rssBefore>>20, rssAfter>>20)
 		checkAlive(t, root, name)
+	})
+}
+
+// runawaySandbox creates a sandbox for runaway code, with a /tmp of 64 MiB,
+// in a root of its own.
+func runawaySandbox(t *testing.T) (root string, reg *testRegistry, name string) {
+	t.Helper()
+	reg = startRegistry(t)
+	root = sandboxRoot(t, reg)
+	name = "runaway"
+	createSandbox(t, root, reg, name, "--tmp-size", "64MiB")
+	checkAlive(t, root, name)
+	return root, reg, name
+}
+
+// TestFaultsMemoryHogsAreStopped: the agent's memory watch stops a snippet
+// that grows past the sandbox's memory, alone or in several processes, and
+// the sandbox and its /tmp live on.
+func TestFaultsMemoryHogsAreStopped(t *testing.T) {
+	// Not parallel: its memory hogs race the agent's memory watch, which other tests' load slows.
+	root, reg, name := runawaySandbox(t)
+
+	t.Run("memory hog", func(t *testing.T) {
+		res := runIn(t, root, name, `
+chunks = []
+while True:
+    chunks.append(bytearray(16 << 20))
+`)
+		if res.code != 137 || !strings.Contains(res.stderr, "running out of memory") {
+			t.Fatalf("exit %d stderr %q, want 137 and the memory watch's note", res.code, res.stderr)
+		}
+		checkAlive(t, root, name)
+		faultNoSnippetProcesses(t, root, name)
+	})
+
+	// Several processes, each well under the sandbox's memory, and files
+	// in /tmp together over it: without the agent's memory watch the host's
+	// memory cgroup killed the whole sandbox, /tmp and all.
+	t.Run("memory hog with several processes and a full tmp", func(t *testing.T) {
+		const small = "small-memory"
+		createSandbox(t, root, reg, small, "--memory", "256MiB", "--tmp-size", "256MiB")
+		defer flmbox(t, root, "sandbox", "rm", small)
+		// Two processes of 80 MiB each that hold their memory once they
+		// have it, so that both are at their
+		// peak together however the machine schedules them (a child that
+		// exited before the other grew left nothing to kill under load).
+		// Only the memory watch ends them: without it, the timeout would.
+		const grow = `
+import os, time
+for i in range(2):
+    if os.fork() == 0:
+        chunks = []
+        while len(chunks) < 5:
+            chunks.append(bytearray(16 << 20))
+            for j in range(0, len(chunks[-1]), 4096):
+                chunks[-1][j] = 1
+        while True:
+            time.sleep(1)
+for i in range(2):
+    os.wait()
+`
+		res := runIn(t, root, small, `
+with open('/tmp/keep', 'wb') as f:
+    for i in range(120):
+        f.write(b'k' * (1 << 20))
+print('wrote /tmp/keep', flush=True)
+`+grow, "--timeout", "2m")
+		if res.code != 137 || res.stdout != "wrote /tmp/keep\n" || !strings.Contains(res.stderr, "running out of memory") {
+			t.Fatalf("exit %d stdout %q stderr %q, want 137 and the snippet killed out of memory", res.code, res.stdout, res.stderr)
+		}
+		res = runIn(t, root, small, "import os; print(os.path.getsize('/tmp/keep'))", "--json")
+		var j struct {
+			ExitCode  int    `json:"exit_code"`
+			Stdout    string `json:"stdout"`
+			OOMKilled bool   `json:"oom_killed"`
+		}
+		if err := json.Unmarshal([]byte(res.stdout), &j); err != nil || j.ExitCode != 0 || j.OOMKilled || j.Stdout != "125829120\n" {
+			t.Fatalf("the sandbox or its /tmp did not survive: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
+		}
+		faultNoSnippetProcesses(t, root, small)
+
+		// The same processes as a batch element, /tmp still full: the
+		// element says why it was killed, and the next one runs.
+		in, _ := json.Marshal(map[string]any{"codes": []string{grow, "print('next')"}})
+		results := runBatch(t, root, in, 2, "--sandbox", small, "--parallel", "1")
+		if r := results[0]; r.ExitCode != 137 || r.Stdout != "" || !strings.Contains(r.Stderr, "running out of memory") {
+			t.Errorf("the element out of memory: %+v", r)
+		}
+		if r := results[1]; r.ExitCode != 0 || r.Stdout != "next\n" {
+			t.Errorf("the next element: %+v", r)
+		}
+		checkAlive(t, root, small)
 	})
 }
 

@@ -173,7 +173,7 @@ func TestRuntimeRunAliveDelete(t *testing.T) {
 func TestManagerLifecycle(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
-	m, root := newPrewarmedManager(t)
+	m, root := newManager(t) // it removes the image: its create unpacks a tree of its own
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	image := reg.digestRef()
