@@ -258,11 +258,12 @@ func TestConformance(t *testing.T) {
 	modules := conformanceModules(t)
 	sides := map[testimage.Options]*conformance{} // by variant, made when first needed
 	// Every variant is prewarmed from the start, each into a root of its
-	// own, while the first variant's modules run.
+	// own: the first variant's at once, the others' with the CPU time the
+	// first variant's modules leave (nice).
 	roots := map[testimage.Options]*variantRoot{}
 	for _, m := range modules {
 		if roots[m.image()] == nil {
-			roots[m.image()] = prewarmVariant(m.image(), t.TempDir())
+			roots[m.image()] = prewarmVariant(m.image(), t.TempDir(), len(roots) > 0)
 		}
 	}
 	defer func() {
@@ -326,8 +327,8 @@ type variantRoot struct {
 
 // prewarmVariant builds the variant of the test image that opts select
 // (once per machine, then cached) and prewarms it into root, in the
-// background.
-func prewarmVariant(opts testimage.Options, root string) *variantRoot {
+// background (niced: niceCommand).
+func prewarmVariant(opts testimage.Options, root string, niced bool) *variantRoot {
 	r := &variantRoot{root: root, done: make(chan struct{})}
 	go func() {
 		defer close(r.done)
@@ -338,7 +339,7 @@ func prewarmVariant(opts testimage.Options, root string) *variantRoot {
 			r.err = fmt.Errorf("build the test image's variant %+v: %w", opts, r.err)
 			return
 		}
-		out, err := exec.CommandContext(ctx, flmboxBin, "--root", root, "--runsc", runscPath, "prewarm", "--platform", "linux/amd64",
+		out, err := niceCommand(ctx, niced, flmboxBin, "--root", root, "--runsc", runscPath, "prewarm", "--platform", "linux/amd64",
 			fmt.Sprintf("oci-layout:%s@%s", r.variant.LayoutPath, r.variant.IndexDigest)).CombinedOutput()
 		if err != nil {
 			r.err = fmt.Errorf("prewarm the test image's variant %+v: %w\n%s", opts, err, out)

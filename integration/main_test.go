@@ -126,7 +126,7 @@ func setup(m *testing.M) int {
 	var early sync.WaitGroup
 	flag.Parse()
 	if f := flag.Lookup("test.run"); f == nil || f.Value.String() == "" {
-		early.Go(func() { prewarmedRoot() })
+		early.Go(func() { prewarmShared(true) })
 	}
 	code := m.Run()
 	early.Wait()
