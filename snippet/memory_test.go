@@ -143,6 +143,7 @@ func waitWatchIdle(t *testing.T, a *Agent) {
 // is killed and reported out of memory, in both languages, with what it
 // printed before.
 func TestMemoryWatchKillsGrowingSnippet(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ lang, code string }{
 		{wire.LanguageShell, "echo started; touch started; sleep 20 & sleep 20"},
 		{wire.LanguagePython, "import time\nprint('started', flush=True)\nopen('started', 'w').close()\ntime.sleep(20)"},
@@ -178,6 +179,7 @@ func TestMemoryWatchKillsGrowingSnippet(t *testing.T) {
 // memory already short and does not use more (beyond a tolerance) runs to its
 // end, so that a /tmp that fills the sandbox can still be emptied.
 func TestMemoryWatchSparesSnippetsThatDoNotGrow(t *testing.T) {
+	t.Parallel()
 	mem := newFakeMemInfo(t, 400<<20)
 	a := &Agent{Dir: t.TempDir(), MemInfo: string(mem)}
 	done := startRun(a, request(wire.LanguageShell, untilFile("plenty")+"echo plenty"))
@@ -215,6 +217,7 @@ func TestMemoryWatchSparesSnippetsThatDoNotGrow(t *testing.T) {
 // out, the one whose processes hold more memory is killed, and the other,
 // blamed only for what it uses after that, runs to its end.
 func TestMemoryWatchKillsTheBiggest(t *testing.T) {
+	t.Parallel()
 	mem := newFakeMemInfo(t, 400<<20)
 	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), MemInfo: string(mem)}
 	small := startRun(a, request(wire.LanguageShell, untilFile("small.go")+"echo small"))
@@ -239,7 +242,7 @@ func TestMemoryWatchKillsTheBiggest(t *testing.T) {
 // TestMemoryWatchCountsFiles: in gVisor a file's metadata is memory that
 // /proc/meminfo does not show; the watch counts InodeBytes for each inode
 // used in CleanDirs, so that a snippet making empty files is killed like one
-// that allocates.
+// that allocates. Not parallel: it replaces usedInodes.
 func TestMemoryWatchCountsFiles(t *testing.T) {
 	var inodes atomic.Int64
 	usedInodes = func(string) int64 { return inodes.Load() }
@@ -264,6 +267,7 @@ func TestMemoryWatchCountsFiles(t *testing.T) {
 // made the call look as if it grew, and a clean-up call after a snippet
 // killed for memory was killed too. While memory is short, no spare starts.
 func TestMemoryWatchKillsSparesFirst(t *testing.T) {
+	t.Parallel()
 	mem := newFakeMemInfo(t, 400<<20)
 	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), MemInfo: string(mem), Spares: true}
 	t.Cleanup(func() { a.Close() })
@@ -301,6 +305,7 @@ func TestMemoryWatchKillsSparesFirst(t *testing.T) {
 // above the budget), the watch kills once the budget is nearly used, while
 // MemTotal still has room.
 func TestMemoryWatchBudget(t *testing.T) {
+	t.Parallel()
 	mem := newFakeMemInfo(t, 400<<20) // 112 MiB used
 	a := &Agent{Dir: t.TempDir(), MemInfo: string(mem), MemoryBudget: 256 << 20}
 	done := startRun(a, request(wire.LanguageShell, "sleep 20"))
@@ -316,6 +321,7 @@ func TestMemoryWatchBudget(t *testing.T) {
 // TestMemoryWatchUnreadableFile: a missing file turns the watch into a no-op,
 // never a failed call.
 func TestMemoryWatchUnreadableFile(t *testing.T) {
+	t.Parallel()
 	a := &Agent{Dir: t.TempDir(), MemInfo: filepath.Join(t.TempDir(), "missing")}
 	done := startRun(a, request(wire.LanguageShell, untilFile("go")+"echo ok"))
 	waitWatched(t, a, 1, false)
@@ -328,6 +334,7 @@ func TestMemoryWatchUnreadableFile(t *testing.T) {
 }
 
 func TestReadMemInfo(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, data   string
 		total, avail int64
@@ -357,6 +364,7 @@ func TestReadMemInfo(t *testing.T) {
 }
 
 func TestMemReserve(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ total, want int64 }{
 		{64 << 20, 16 << 20},
 		{512 << 20, 32 << 20},
@@ -374,6 +382,7 @@ func TestMemReserve(t *testing.T) {
 // growing processes): a snippet whose processes grow meanwhile is seen by
 // their resident memory, and killed.
 func TestMemoryWatchCountsGrowthMemInfoDoesNotShowYet(t *testing.T) {
+	t.Parallel()
 	mem := newFakeMemInfo(t, 20<<20) // short: the reserve of 512 MiB is 32 MiB; and it never changes
 	a := &Agent{Dir: t.TempDir(), MemInfo: string(mem)}
 	done := startRun(a, request(wire.LanguagePython, "import os, time\n"+
@@ -393,6 +402,7 @@ func TestMemoryWatchCountsGrowthMemInfoDoesNotShowYet(t *testing.T) {
 // sooner as what is left nears twice the reserve (at memGrowthRate for each
 // CPU), never sooner than memPoll above it, every memPollShort below it.
 func TestMemInterval(t *testing.T) {
+	t.Parallel()
 	const mib = 1 << 20
 	reserve := memReserve(512 * mib) // 32 MiB
 	for _, c := range []struct {
@@ -436,6 +446,7 @@ func TestMemInterval(t *testing.T) {
 // again at offset 0 (procfs makes it anew); another file is opened for each
 // read, so that a test's file replaced by a rename is read anew.
 func TestReadMemInfoKeepsProcOpen(t *testing.T) {
+	t.Parallel()
 	a := &Agent{MemInfo: "/proc/meminfo"}
 	for range 2 {
 		if total, avail, ok := a.readMemInfo(); !ok || total <= 0 || avail <= 0 {
@@ -462,7 +473,8 @@ func TestReadMemInfoKeepsProcOpen(t *testing.T) {
 // the host sees the sandbox's memory grow (wire.Request.MemoryNudges) has
 // the watch read when nudged, through the call's connection, and by the
 // clock only every memPollNudged while memory is not short: here never, so
-// only the nudge can have the growing snippet killed.
+// only the nudge can have the growing snippet killed. Not parallel: it
+// changes memPollNudged and memUnseenRate.
 func TestMemoryWatchReadsWhenNudged(t *testing.T) {
 	defer func(d time.Duration, r int64) { memPollNudged, memUnseenRate = d, r }(memPollNudged, memUnseenRate)
 	memPollNudged, memUnseenRate = time.Hour, 1 // no read by the clock for nudged calls
@@ -507,7 +519,8 @@ func TestMemoryWatchReadsWhenNudged(t *testing.T) {
 
 // TestMemoryWatchReadsByTheClockForClientsThatDoNotNudge: a call whose
 // client does not nudge has the watch read by the clock, next to one that
-// does (whose reads alone would wait memPollNudged, an hour here).
+// does (whose reads alone would wait memPollNudged, an hour here). Not
+// parallel: it changes memPollNudged and memUnseenRate.
 func TestMemoryWatchReadsByTheClockForClientsThatDoNotNudge(t *testing.T) {
 	defer func(d time.Duration, r int64) { memPollNudged, memUnseenRate = d, r }(memPollNudged, memUnseenRate)
 	memPollNudged, memUnseenRate = time.Hour, 1 // no read by the clock for nudged calls
