@@ -616,11 +616,14 @@ g.write('global')
 holder.f = open('module.txt', 'w')
 holder.f.write('module')
 atexit.register(lambda: print('atexit ran'))
+printed = threading.Event()
 def late():
+    printed.wait()
     time.sleep(0.2)
     print('thread ran')
 threading.Thread(target=late).start()
 ` + mainPrint + `
+printed.set()
 sys.exit(4)
 `
 	res := run(t, a, request(wire.LanguagePython, code))
