@@ -13,6 +13,10 @@ import (
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
+// The tests of the watch that run snippets do not run in parallel: each
+// waits for the watch to read and act before its snippet's timeout (guard),
+// which a test process crowded by other tests on a loaded machine missed.
+
 // fakeMemInfo is a /proc/meminfo file of a 512 MiB sandbox whose
 // MemAvailable the test sets.
 type fakeMemInfo string
@@ -143,7 +147,6 @@ func waitWatchIdle(t *testing.T, a *Agent) {
 // is killed and reported out of memory, in both languages, with what it
 // printed before.
 func TestMemoryWatchKillsGrowingSnippet(t *testing.T) {
-	t.Parallel()
 	for _, tc := range []struct{ lang, code string }{
 		{wire.LanguageShell, "echo started; touch started; sleep 20 & sleep 20"},
 		{wire.LanguagePython, "import time\nprint('started', flush=True)\nopen('started', 'w').close()\ntime.sleep(20)"},
@@ -179,7 +182,6 @@ func TestMemoryWatchKillsGrowingSnippet(t *testing.T) {
 // memory already short and does not use more (beyond a tolerance) runs to its
 // end, so that a /tmp that fills the sandbox can still be emptied.
 func TestMemoryWatchSparesSnippetsThatDoNotGrow(t *testing.T) {
-	t.Parallel()
 	mem := newFakeMemInfo(t, 400<<20)
 	a := &Agent{Dir: t.TempDir(), MemInfo: string(mem)}
 	done := startRun(a, request(wire.LanguageShell, untilFile("plenty")+"echo plenty"))
@@ -217,7 +219,6 @@ func TestMemoryWatchSparesSnippetsThatDoNotGrow(t *testing.T) {
 // out, the one whose processes hold more memory is killed, and the other,
 // blamed only for what it uses after that, runs to its end.
 func TestMemoryWatchKillsTheBiggest(t *testing.T) {
-	t.Parallel()
 	mem := newFakeMemInfo(t, 400<<20)
 	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), MemInfo: string(mem)}
 	small := startRun(a, request(wire.LanguageShell, untilFile("small.go")+"echo small"))
@@ -267,7 +268,6 @@ func TestMemoryWatchCountsFiles(t *testing.T) {
 // made the call look as if it grew, and a clean-up call after a snippet
 // killed for memory was killed too. While memory is short, no spare starts.
 func TestMemoryWatchKillsSparesFirst(t *testing.T) {
-	t.Parallel()
 	mem := newFakeMemInfo(t, 400<<20)
 	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), MemInfo: string(mem), Spares: true}
 	t.Cleanup(func() { a.Close() })
@@ -305,7 +305,6 @@ func TestMemoryWatchKillsSparesFirst(t *testing.T) {
 // above the budget), the watch kills once the budget is nearly used, while
 // MemTotal still has room.
 func TestMemoryWatchBudget(t *testing.T) {
-	t.Parallel()
 	mem := newFakeMemInfo(t, 400<<20) // 112 MiB used
 	a := &Agent{Dir: t.TempDir(), MemInfo: string(mem), MemoryBudget: 256 << 20}
 	done := startRun(a, request(wire.LanguageShell, "sleep 20"))
@@ -321,7 +320,6 @@ func TestMemoryWatchBudget(t *testing.T) {
 // TestMemoryWatchUnreadableFile: a missing file turns the watch into a no-op,
 // never a failed call.
 func TestMemoryWatchUnreadableFile(t *testing.T) {
-	t.Parallel()
 	a := &Agent{Dir: t.TempDir(), MemInfo: filepath.Join(t.TempDir(), "missing")}
 	done := startRun(a, request(wire.LanguageShell, untilFile("go")+"echo ok"))
 	waitWatched(t, a, 1, false)
@@ -382,7 +380,6 @@ func TestMemReserve(t *testing.T) {
 // growing processes): a snippet whose processes grow meanwhile is seen by
 // their resident memory, and killed.
 func TestMemoryWatchCountsGrowthMemInfoDoesNotShowYet(t *testing.T) {
-	t.Parallel()
 	mem := newFakeMemInfo(t, 20<<20) // short: the reserve of 512 MiB is 32 MiB; and it never changes
 	a := &Agent{Dir: t.TempDir(), MemInfo: string(mem)}
 	done := startRun(a, request(wire.LanguagePython, "import os, time\n"+
