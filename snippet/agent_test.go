@@ -311,14 +311,19 @@ func TestCallVersionMismatch(t *testing.T) {
 func TestCallAgentNotAnswering(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	// A socket nobody listens on any more.
+	// A socket nobody listens on: bound, never listening, closed. (A
+	// listener closed would still accept while a child that a test running
+	// in parallel forks holds it, until its exec.)
 	stale := filepath.Join(dir, "stale.sock")
-	ln, err := net.Listen("unix", stale)
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln.(*net.UnixListener).SetUnlinkOnClose(false)
-	ln.Close()
+	err = unix.Bind(fd, &unix.SockaddrUnix{Name: stale})
+	unix.Close(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct{ name, socket, want string }{
 		{"no socket", filepath.Join(dir, "missing.sock"), "no such file or directory"},
 		{"stale socket", stale, "connection refused"},
