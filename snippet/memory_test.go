@@ -13,9 +13,9 @@ import (
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
-// The tests of the watch that run snippets do not run in parallel: each
-// waits for the watch to read and act before its snippet's timeout (guard),
-// which a test process crowded by other tests on a loaded machine missed.
+// Not parallel: the tests of the watch that run snippets. Each waits for the
+// watch to read and act before its snippet's timeout (guard), which a test
+// process crowded by other tests on a loaded machine missed.
 
 // fakeMemInfo is a /proc/meminfo file of a 512 MiB sandbox whose
 // MemAvailable the test sets.
