@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,6 +45,14 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	// The tests mostly wait for processes and timers, not for a CPU: unless
+	// -test.parallel says otherwise, four run at once for each CPU, not one.
+	flag.Parse()
+	parallelSet := false
+	flag.Visit(func(f *flag.Flag) { parallelSet = parallelSet || f.Name == "test.parallel" })
+	if !parallelSet {
+		flag.Set("test.parallel", strconv.Itoa(4*runtime.GOMAXPROCS(0)))
+	}
 	os.Exit(m.Run())
 }
 
@@ -74,28 +84,29 @@ type helper struct {
 }
 
 // startHelper runs the test binary as an agent; uid, when not 0, is the
-// user it runs as (the test must then be root).
-func startHelper(t *testing.T, subreaper bool, uid int) *helper {
+// user it runs as (the test must then be root); env is added to its
+// environment (helperSparesEnv=1, ...).
+func startHelper(t *testing.T, subreaper bool, uid int, env ...string) *helper {
 	t.Helper()
-	// A directory every user can use, for the binary, the socket and the
-	// snippets.
+	// A directory every user can use, for the socket and the snippets, and
+	// for the binary when the helper runs as another user.
 	base, err := os.MkdirTemp("", "flmbox-snippet-test-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(base) })
 	os.Chmod(base, 0o777)
-	exe, err := os.Executable()
+	bin, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := filepath.Join(base, "snippet.test")
-	data, err := os.ReadFile(exe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, data, 0o755); err != nil {
-		t.Fatal(err)
+	if uid != 0 {
+		data, err := os.ReadFile(bin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bin = filepath.Join(base, "snippet.test")
+		writeExecutable(t, bin, data)
 	}
 	h := &helper{socket: filepath.Join(base, "agent.sock"), dir: filepath.Join(base, "tmp")}
 	if err := os.Mkdir(h.dir, 0o777); err != nil {
@@ -104,6 +115,7 @@ func startHelper(t *testing.T, subreaper bool, uid int) *helper {
 	os.Chmod(h.dir, 0o777)
 	h.cmd = exec.Command(bin, "-test.run=^$")
 	h.cmd.Env = append(os.Environ(), helperSocketEnv+"="+h.socket, helperDirEnv+"="+h.dir)
+	h.cmd.Env = append(h.cmd.Env, env...)
 	if subreaper {
 		h.cmd.Env = append(h.cmd.Env, helperSubreaperEnv+"=1")
 	}
@@ -129,6 +141,18 @@ func startHelper(t *testing.T, subreaper bool, uid int) *helper {
 		if time.Now().After(deadline) {
 			t.Fatalf("the helper agent did not listen: %v", err)
 		}
+	}
+}
+
+// writeExecutable writes a program to path. No process starts meanwhile:
+// a child forked by a test running in parallel, before its exec, would hold
+// the file open for writing, and executing it would then fail with ETXTBSY.
+func writeExecutable(t *testing.T, path string, data []byte) {
+	t.Helper()
+	syscall.ForkLock.RLock() // forks take it for writing
+	defer syscall.ForkLock.RUnlock()
+	if err := os.WriteFile(path, data, 0o755); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -165,6 +189,7 @@ func call(t *testing.T, socket string, req *wire.Request) *wire.Result {
 }
 
 func TestServeCall(t *testing.T) {
+	t.Parallel()
 	socket := serve(t, testAgent(t))
 	for _, tc := range []struct {
 		name   string
@@ -194,6 +219,7 @@ func TestServeCall(t *testing.T) {
 // TestServeConcurrent shows that the agent runs calls at once: each snippet
 // waits until all of them have started.
 func TestServeConcurrent(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	socket := serve(t, a)
 	const n = 6
@@ -253,6 +279,7 @@ func serveUnix(t *testing.T, path string, handle func(net.Conn)) {
 }
 
 func TestCallVersionMismatch(t *testing.T) {
+	t.Parallel()
 	other := wire.ProtocolVersion + 1
 	// A newer agent: its result may not even parse as ours.
 	socket := fakeAgent(t, fmt.Sprintf(`{"version": %d, "exit_code": "something else", "error": "whatever"}`, other))
@@ -282,15 +309,21 @@ func TestCallVersionMismatch(t *testing.T) {
 }
 
 func TestCallAgentNotAnswering(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
-	// A socket nobody listens on any more.
+	// A socket nobody listens on: bound, never listening, closed. (A
+	// listener closed would still accept while a child that a test running
+	// in parallel forks holds it, until its exec.)
 	stale := filepath.Join(dir, "stale.sock")
-	ln, err := net.Listen("unix", stale)
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln.(*net.UnixListener).SetUnlinkOnClose(false)
-	ln.Close()
+	err = unix.Bind(fd, &unix.SockaddrUnix{Name: stale})
+	unix.Close(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct{ name, socket, want string }{
 		{"no socket", filepath.Join(dir, "missing.sock"), "no such file or directory"},
 		{"stale socket", stale, "connection refused"},
@@ -309,6 +342,7 @@ func TestCallAgentNotAnswering(t *testing.T) {
 }
 
 func TestCallBadAnswers(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ name, answer, want string }{
 		{"not JSON", "hello", "read the answer: invalid character"},
 		{"too long", `{"version": 1, "error": "` + strings.Repeat("x", 4<<20) + `"}`, "read the agent's answer: over"},
@@ -323,6 +357,7 @@ func TestCallBadAnswers(t *testing.T) {
 }
 
 func TestCallValidates(t *testing.T) {
+	t.Parallel()
 	_, err := wire.Call(context.Background(), "/no/such/socket", request("ruby", "puts 1"))
 	if !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("Call = %v", err)
@@ -332,6 +367,7 @@ func TestCallValidates(t *testing.T) {
 // TestCallCancelKillsSnippet: a client that gives up closes the connection,
 // and the agent kills the snippet instead of letting it run to its timeout.
 func TestCallCancelKillsSnippet(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	socket := serve(t, a)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -361,6 +397,7 @@ func TestCallCancelKillsSnippet(t *testing.T) {
 // snippet: the agent kills it and answers with what it printed so far, and
 // Call returns that with an error matching ErrInterrupted and the cause.
 func TestCallInterrupted(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	socket := serve(t, a)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -402,6 +439,7 @@ func TestCallInterrupted(t *testing.T) {
 // connection after its request; the agent runs the snippet to its end all
 // the same, and only a full hangup kills it.
 func TestServeOldClient(t *testing.T) {
+	t.Parallel()
 	socket := serve(t, testAgent(t))
 	conn, err := net.Dial("unix", socket)
 	if err != nil {
@@ -426,7 +464,7 @@ func TestServeOldClient(t *testing.T) {
 // request and never answers the interrupt; Call gives up after a few
 // seconds, without a result (and its caller's close kills the snippet).
 func TestCallInterruptedOldAgent(t *testing.T) {
-	t.Parallel() // it waits out the client's interrupt grace
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "agent.sock")
 	ln, err := net.Listen("unix", path)
 	if err != nil {
@@ -460,6 +498,7 @@ func TestCallInterruptedOldAgent(t *testing.T) {
 // TestServeStops: cancelling Serve's context kills the running snippets,
 // answers their clients and returns.
 func TestServeStops(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "agent.sock")
 	ln, err := net.Listen("unix", path)
 	if err != nil {
@@ -529,6 +568,7 @@ func childrenOf(t *testing.T, ppid int) map[int]string {
 // a sandbox is: the background processes that the kernel reparents to it and
 // that it kills must not stay as zombies.
 func TestServeReapsOrphans(t *testing.T) {
+	t.Parallel()
 	h := startHelper(t, true, 0)
 	for i := 0; i < 5; i++ {
 		call(t, h.socket, request(wire.LanguageShell, "sleep 1000 & sleep 1000 & sh -c 'sleep 1000 &' ; echo $!"))
@@ -550,6 +590,7 @@ func TestServeReapsOrphans(t *testing.T) {
 // TestRunForkBomb runs a fork bomb as an unprivileged user (root ignores
 // RLIMIT_NPROC): fork fails past the limit and the next call works.
 func TestRunForkBomb(t *testing.T) {
+	t.Parallel()
 	uid := 0
 	if os.Geteuid() == 0 {
 		uid = 65534 // the sandbox's user
@@ -610,6 +651,7 @@ func (l *failingListener) Accept() (net.Conn, error) {
 // TestServeListenerFails: Serve returns the listener's error after the
 // calls in flight were killed and answered.
 func TestServeListenerFails(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "agent.sock")
 	ln, err := net.Listen("unix", path)
 	if err != nil {
@@ -637,6 +679,7 @@ func TestServeListenerFails(t *testing.T) {
 
 // TestCallPing: wire.Call takes a ping, which the agent answers at once.
 func TestCallPing(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	if res := call(t, serve(t, a), wire.PingRequest()); res.ExitCode != 0 || res.Error != "" {
 		t.Fatalf("ping: %s", dump(res))
@@ -646,6 +689,7 @@ func TestCallPing(t *testing.T) {
 // TestIdleTrim checks that the agent returns its free memory once, a
 // while after the last of calls back to back, and not while one runs.
 func TestIdleTrim(t *testing.T) {
+	t.Parallel()
 	var trims atomic.Int32
 	a := testAgent(t)
 	a.freeOSMemory = func() { trims.Add(1) }

@@ -57,8 +57,8 @@ func callbackCall(t *testing.T, socket, server string, req *wire.Request) *wire.
 }
 
 func callbackAgent(t *testing.T) (*Agent, string) {
-	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), CallbackDir: filepath.Join(t.TempDir(), "cb"), Spares: testSpares}
-	if testSpares {
+	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), CallbackDir: filepath.Join(t.TempDir(), "cb"), Spares: withSpares(t)}
+	if a.Spares {
 		warmUp(t, a)
 	}
 	return a, serve(t, a)
@@ -94,6 +94,7 @@ func refusedOutput(out string) bool {
 }
 
 func TestCallback(t *testing.T) {
+	t.Parallel()
 	srv := startToolServer(t)
 	_, socket := callbackAgent(t)
 	for _, lang := range []string{wire.LanguagePython, wire.LanguageShell} {
@@ -138,6 +139,7 @@ print(''.join(out), end='')`
 }
 
 func TestCallbackLimits(t *testing.T) {
+	t.Parallel()
 	srv := startToolServer(t)
 	_, socket := callbackAgent(t)
 	code := talk + "print([talk('%d' % i) for i in range(4)])"
@@ -193,7 +195,7 @@ print(repr(s.recv(10)))`
 // TestCallbackEndsWithTheCall: a call that times out closes its forwarded
 // connections (the server reads EOF) and removes its socket.
 func TestCallbackEndsWithTheCall(t *testing.T) {
-	t.Parallel() // it waits out the call's timeout
+	t.Parallel()
 	srv := startToolServer(t)
 	a, socket := callbackAgent(t)
 	code := `import os, socket, time
@@ -223,6 +225,7 @@ time.sleep(100)`
 // TestCallbackOnlyTheCall: two calls at once each reach only their own
 // server; a process of one call connecting to the other's socket is refused.
 func TestCallbackOnlyTheCall(t *testing.T) {
+	t.Parallel()
 	_, socket := callbackAgent(t)
 	one, two := startToolServer(t), startToolServer(t)
 	dir := t.TempDir()
@@ -264,6 +267,7 @@ while not os.path.exists(other + '.done'):
 // refuses a call with a callback, saying so; one whose directory others
 // can write too refuses it as well.
 func TestCallbackRefusedWithoutDir(t *testing.T) {
+	t.Parallel()
 	srv := startToolServer(t)
 	a := &Agent{Python: hostPython(t), Dir: t.TempDir()}
 	socket := serve(t, a)
@@ -286,6 +290,7 @@ func TestCallbackRefusedWithoutDir(t *testing.T) {
 // that sends nothing (its standby connection is woken without the
 // snippet's bytes).
 func TestCallbackServerFirst(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "banner.sock")
 	serveUnix(t, path, func(c net.Conn) {
 		fmt.Fprintf(c, "hello from the host\n")
@@ -309,7 +314,8 @@ for i in range(3):
 // and the server reads EOF on each, with framed standby connections (used
 // again: far fewer attached than connections) and with an agent of before
 // them (replaced as they are taken; a direction that ends last closes
-// both).
+// both). Not parallel: how many standbys are used again depends on how
+// loaded the machine is.
 func TestCallbackBackToBack(t *testing.T) {
 	for _, framed := range []bool{true, false} {
 		t.Run(fmt.Sprintf("framed=%v", framed), func(t *testing.T) { testCallbackBackToBack(t, framed) })
@@ -372,6 +378,7 @@ for i in range(%d):
 // TestCallbackOldAgent: an agent that ignores the request's callback (of
 // before callbacks) fails the call, rather than running it without one.
 func TestCallbackOldAgent(t *testing.T) {
+	t.Parallel()
 	socket := fakeAgent(t, fmt.Sprintf(`{"version": %d, "exit_code": 0, "stdout": {"data": ""}, "stderr": {"data": ""}}`, wire.ProtocolVersion))
 	req := request(wire.LanguageShell, "true", func(r *wire.Request) {
 		r.Callback = &wire.Callback{}
@@ -385,6 +392,7 @@ func TestCallbackOldAgent(t *testing.T) {
 // TestCallbackStuckWriteIsIdle: a snippet that stops reading while the
 // server sends is cut after the idle time, not at the call's end.
 func TestCallbackStuckWriteIsIdle(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "flood.sock")
 	serveUnix(t, path, func(c net.Conn) {
@@ -417,6 +425,7 @@ print('cut')`
 // TestCallbackDirNotInCleanDirs: a callback directory that snippets could
 // write to is refused.
 func TestCallbackDirNotInCleanDirs(t *testing.T) {
+	t.Parallel()
 	srv := startToolServer(t)
 	tmp := t.TempDir()
 	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), CleanDirs: []string{tmp}, CallbackDir: filepath.Join(tmp, "cb")}
@@ -430,6 +439,7 @@ func TestCallbackDirNotInCleanDirs(t *testing.T) {
 // package net's do: bytes, EOF, a deadline, a failed write, and a read
 // that does not wait.
 func TestRawConn(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, "s"), Net: "unix"})
 	if err != nil {
@@ -496,12 +506,13 @@ func TestRawConn(t *testing.T) {
 		t.Fatalf("readNow at EOF: %d, %v, %v; want 0, io.EOF, true", n, err, ok)
 	}
 
+	// A write to a closed peer fails, at once or at the next, once the
+	// peer's socket is released: a child that a test running in parallel
+	// forks meanwhile holds it until its exec.
 	peer.Close()
 	var werr error
-	for range 100 { // a write to a closed peer fails, at once or at the next
-		if _, werr = conn.Write([]byte("x")); werr != nil {
-			break
-		}
+	for deadline := time.Now().Add(guard); werr == nil && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		_, werr = conn.Write([]byte("x"))
 	}
 	if werr == nil {
 		t.Fatal("writes to a closed peer did not fail")

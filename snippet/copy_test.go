@@ -21,6 +21,7 @@ import (
 // TestCopyKind: the kinds a copy's helper reports, which the client maps
 // to errdefs kinds.
 func TestCopyKind(t *testing.T) {
+	t.Parallel()
 	missing := safetar.Archive(io.Discard, filepath.Join(t.TempDir(), "nosuch"), "nosuch", 0)
 	special := safetar.Archive(io.Discard, "/dev/null", "null", 0)
 	for _, tc := range []struct {
@@ -46,6 +47,7 @@ func TestCopyKind(t *testing.T) {
 // TestCopyInNoPartialFile: a copy into a directory whose stream is cut in
 // the middle of a file leaves no part of it, nor a temporary file.
 func TestCopyInNoPartialFile(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)

@@ -25,6 +25,7 @@ const leakShm = "from multiprocessing import shared_memory\n" +
 // at once, it left it in /dev/shm. So in a python3 of the agent's and in a
 // zygote's child, and the next call runs meanwhile.
 func TestLingerLetsTheResourceTrackerClean(t *testing.T) {
+	t.Parallel()
 	if _, err := os.Stat("/dev/shm"); err != nil {
 		t.Skip("no /dev/shm here")
 	}
@@ -67,6 +68,7 @@ func TestLingerLetsTheResourceTrackerClean(t *testing.T) {
 // (setsid) and holds its output pipes does not hold the group's grace: it
 // ends once the group is empty, and the call's answer never waited for it.
 func TestLingerEndsWithTheGroup(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	res := run(t, a, request(wire.LanguagePython, "import subprocess\nprint(subprocess.Popen(['sleep', '1000'], start_new_session=True).pid)"))
 	ps := pids(t, res)

@@ -13,6 +13,10 @@ import (
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
+// Not parallel: the tests of the watch that run snippets. Each waits for the
+// watch to read and act before its snippet's timeout (guard), which a test
+// process crowded by other tests on a loaded machine missed.
+
 // fakeMemInfo is a /proc/meminfo file of a 512 MiB sandbox whose
 // MemAvailable the test sets.
 type fakeMemInfo string
@@ -239,7 +243,7 @@ func TestMemoryWatchKillsTheBiggest(t *testing.T) {
 // TestMemoryWatchCountsFiles: in gVisor a file's metadata is memory that
 // /proc/meminfo does not show; the watch counts InodeBytes for each inode
 // used in CleanDirs, so that a snippet making empty files is killed like one
-// that allocates.
+// that allocates. Not parallel: it replaces usedInodes.
 func TestMemoryWatchCountsFiles(t *testing.T) {
 	var inodes atomic.Int64
 	usedInodes = func(string) int64 { return inodes.Load() }
@@ -328,6 +332,7 @@ func TestMemoryWatchUnreadableFile(t *testing.T) {
 }
 
 func TestReadMemInfo(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, data   string
 		total, avail int64
@@ -357,6 +362,7 @@ func TestReadMemInfo(t *testing.T) {
 }
 
 func TestMemReserve(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ total, want int64 }{
 		{64 << 20, 16 << 20},
 		{512 << 20, 32 << 20},
@@ -393,6 +399,7 @@ func TestMemoryWatchCountsGrowthMemInfoDoesNotShowYet(t *testing.T) {
 // sooner as what is left nears twice the reserve (at memGrowthRate for each
 // CPU), never sooner than memPoll above it, every memPollShort below it.
 func TestMemInterval(t *testing.T) {
+	t.Parallel()
 	const mib = 1 << 20
 	reserve := memReserve(512 * mib) // 32 MiB
 	for _, c := range []struct {
@@ -436,6 +443,7 @@ func TestMemInterval(t *testing.T) {
 // again at offset 0 (procfs makes it anew); another file is opened for each
 // read, so that a test's file replaced by a rename is read anew.
 func TestReadMemInfoKeepsProcOpen(t *testing.T) {
+	t.Parallel()
 	a := &Agent{MemInfo: "/proc/meminfo"}
 	for range 2 {
 		if total, avail, ok := a.readMemInfo(); !ok || total <= 0 || avail <= 0 {
@@ -462,7 +470,8 @@ func TestReadMemInfoKeepsProcOpen(t *testing.T) {
 // the host sees the sandbox's memory grow (wire.Request.MemoryNudges) has
 // the watch read when nudged, through the call's connection, and by the
 // clock only every memPollNudged while memory is not short: here never, so
-// only the nudge can have the growing snippet killed.
+// only the nudge can have the growing snippet killed. Not parallel: it
+// changes memPollNudged and memUnseenRate.
 func TestMemoryWatchReadsWhenNudged(t *testing.T) {
 	defer func(d time.Duration, r int64) { memPollNudged, memUnseenRate = d, r }(memPollNudged, memUnseenRate)
 	memPollNudged, memUnseenRate = time.Hour, 1 // no read by the clock for nudged calls
@@ -507,7 +516,8 @@ func TestMemoryWatchReadsWhenNudged(t *testing.T) {
 
 // TestMemoryWatchReadsByTheClockForClientsThatDoNotNudge: a call whose
 // client does not nudge has the watch read by the clock, next to one that
-// does (whose reads alone would wait memPollNudged, an hour here).
+// does (whose reads alone would wait memPollNudged, an hour here). Not
+// parallel: it changes memPollNudged and memUnseenRate.
 func TestMemoryWatchReadsByTheClockForClientsThatDoNotNudge(t *testing.T) {
 	defer func(d time.Duration, r int64) { memPollNudged, memUnseenRate = d, r }(memPollNudged, memUnseenRate)
 	memPollNudged, memUnseenRate = time.Hour, 1 // no read by the clock for nudged calls

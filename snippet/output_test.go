@@ -7,6 +7,7 @@ import (
 )
 
 func TestCapture(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		max    int64
@@ -51,6 +52,7 @@ func TestCapture(t *testing.T) {
 // TestCaptureRandom compares the capture with a reference that keeps
 // everything, for random write sizes.
 func TestCaptureRandom(t *testing.T) {
+	t.Parallel()
 	r := rand.New(rand.NewPCG(1, 2))
 	for i := 0; i < 500; i++ {
 		max := int64(r.IntN(64) + 1)

@@ -21,9 +21,8 @@ import (
 // and spares behind; a call with Reset finds an empty directory and none of
 // those processes.
 func TestReset(t *testing.T) {
-	t.Setenv(helperSparesEnv, "1")
-	t.Setenv(helperKeepStraysEnv, "1")
-	h := startHelper(t, true, 0)
+	t.Parallel()
+	h := startHelper(t, true, 0, helperSparesEnv+"=1", helperKeepStraysEnv+"=1")
 	// A directory outside, which a reset that followed symlinks would empty.
 	outside := t.TempDir()
 	kept := filepath.Join(outside, "kept")
@@ -72,10 +71,10 @@ os.chmod('locked', 0o500)
 }
 
 // TestResetWaitsForCalls checks that a reset waits for a running call
-// instead of killing it. The agent runs in the test (its reset kills the
-// test's other child processes: there are none), which sees when the reset
-// waits: it holds the calls' lock for writing, and a writer waiting makes
-// TryRLock fail.
+// instead of killing it. The agent runs in the test, which sees when the
+// reset waits: it holds the calls' lock for writing, and a writer waiting
+// makes TryRLock fail. Not parallel: the reset kills every child process of
+// the test's, those of the other tests too.
 func TestResetWaitsForCalls(t *testing.T) {
 	a := testAgent(t)
 	a.CleanDirs = []string{a.Dir}
@@ -105,8 +104,8 @@ func TestResetWaitsForCalls(t *testing.T) {
 // exited shows as a zombie while its other threads run; a reset kills it
 // (the sweep of strays is off, as when calls overlap).
 func TestResetKillsAProcessWithoutItsMainThread(t *testing.T) {
-	t.Setenv(helperKeepStraysEnv, "1")
-	h := startHelper(t, true, 0)
+	t.Parallel()
+	h := startHelper(t, true, 0, helperKeepStraysEnv+"=1")
 	// The child leaves the snippet's group, starts a thread that writes
 	// alive.txt every 50 ms, and ends its main thread; the snippet prints
 	// the child's pid once the thread runs.
@@ -179,9 +178,8 @@ func threadsOf(pid int) (state string, threads int) {
 // new. The sweep of strays is off, so that the reset is what kills the
 // daemon.
 func TestResetLeavesNoFilesLocksOrNames(t *testing.T) {
-	t.Setenv(helperSparesEnv, "1")
-	t.Setenv(helperKeepStraysEnv, "1")
-	h := startHelper(t, true, 0)
+	t.Parallel()
+	h := startHelper(t, true, 0, helperSparesEnv+"=1", helperKeepStraysEnv+"=1")
 	name := fmt.Sprintf("flmbox-reset-test-%d-%d", os.Getpid(), time.Now().UnixNano())
 	mess := fmt.Sprintf(`import fcntl, os, socket, time
 for d in ['site-packages/planted', '.cache/pip/http', '.hidden-dir']:
@@ -248,6 +246,7 @@ print('sitecustomize ran' if 'PLANTED' in os.environ else 'no sitecustomize')
 // process holds: every socket that /proc/net lists but that is not a
 // descriptor of the agent's.
 func TestStrandedSockets(t *testing.T) {
+	t.Parallel()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -306,7 +305,9 @@ func TestStrandedSockets(t *testing.T) {
 // started as the Python spare: one it starts as it begins the first time
 // (the spare was the zygote's), then the reserve that the agent keeps
 // beside the zygote's spares once a reset has run. The zygote and its spare
-// are gone, and the call after the reset runs in that python3.
+// are gone, and the call after the reset runs in that python3. Not
+// parallel: the agent runs in the test, and its resets kill every child
+// process of the test's.
 func TestResetKeepsAPython3Spare(t *testing.T) {
 	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), Spares: true}
 	a.CleanDirs = []string{a.Dir}
@@ -365,6 +366,7 @@ func TestResetKeepsAPython3Spare(t *testing.T) {
 // resets nothing, copies nothing; the current one and requests of no
 // hand-out (by name) run.
 func TestStaleHandOutsAreRefused(t *testing.T) {
+	t.Parallel()
 	h := startHelper(t, true, 0)
 	as := func(handOut string, f ...func(*wire.Request)) func(*wire.Request) {
 		return func(r *wire.Request) {

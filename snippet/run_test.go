@@ -38,15 +38,20 @@ func hostPython(t testing.TB) string {
 	return p
 }
 
-// testSpares makes testAgent return agents with spares and a running
-// zygote (TestSpares sets it).
-var testSpares bool
+// withSpares says whether t runs under TestSpares, which runs the tests of
+// Run again with agents that have spares and a running zygote. It is the
+// test's name, not a package variable, so that those tests run in parallel
+// with and without spares.
+func withSpares(t testing.TB) bool {
+	return strings.HasPrefix(t.Name(), "TestSpares/")
+}
 
-// testAgent returns an agent that runs snippets in a fresh directory.
+// testAgent returns an agent that runs snippets in a fresh directory, with
+// spares and a running zygote under TestSpares.
 func testAgent(t testing.TB) *Agent {
 	t.Helper()
-	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), Spares: testSpares}
-	if testSpares {
+	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), Spares: withSpares(t)}
+	if a.Spares {
 		warmUp(t, a)
 	}
 	return a
@@ -88,6 +93,7 @@ func dump(res *wire.Result) string {
 }
 
 func TestRunPrints(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	for _, tc := range []struct {
 		name, lang, code, stdout, stderr string
@@ -112,6 +118,7 @@ func TestRunPrints(t *testing.T) {
 }
 
 func TestRunExitCodes(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	for _, tc := range []struct {
 		name, lang, code string
@@ -138,6 +145,7 @@ func TestRunExitCodes(t *testing.T) {
 }
 
 func TestRunPythonTraceback(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	for _, tc := range []struct {
 		name, code string
@@ -179,6 +187,7 @@ func TestRunPythonTraceback(t *testing.T) {
 // it: in __main__, with the working directory on sys.path, nothing of the
 // bootstrap left, and the gate closed.
 func TestRunPythonLikeDashC(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	if err := os.WriteFile(filepath.Join(a.Dir, "helper.py"), []byte("VALUE = 42\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -205,6 +214,7 @@ print(type(pickle.loads(pickle.dumps(Point()))).__name__)
 }
 
 func TestRunShellDetails(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	// $0, the working directory, the gate closed, line numbers unchanged.
 	res := run(t, a, request(wire.LanguageShell, "echo \"$0 $(pwd)\"\nif [ -e /proc/$$/fd/3 ]; then echo gate open; else echo gate closed; fi\nnosuchcommand-flmbox"))
@@ -217,6 +227,7 @@ func TestRunShellDetails(t *testing.T) {
 }
 
 func TestRunStdinAtEOF(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	for _, tc := range []struct{ name, lang, code, want string }{
 		{"shell cat", wire.LanguageShell, "cat; echo done", "done\n"},
@@ -231,6 +242,7 @@ func TestRunStdinAtEOF(t *testing.T) {
 }
 
 func TestRunStdin(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	big := strings.Repeat("0123456789abcdef", 1<<16) // 1 MiB: more than a pipe holds
 	for _, tc := range []struct{ name, lang, code, stdin, want string }{
@@ -255,7 +267,8 @@ func TestRunStdin(t *testing.T) {
 }
 
 func TestRunCallEnv(t *testing.T) {
-	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), Env: []string{"PATH=/usr/bin:/bin", "A=sandbox", "B=sandbox"}, Spares: testSpares}
+	t.Parallel()
+	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), Env: []string{"PATH=/usr/bin:/bin", "A=sandbox", "B=sandbox"}, Spares: withSpares(t)}
 	t.Cleanup(func() { a.Close() })
 	env := []string{"B=call", "C=first", "C=call"}
 	for _, tc := range []struct{ lang, code string }{
@@ -278,14 +291,13 @@ func TestRunCallEnv(t *testing.T) {
 }
 
 func TestRunInterpreter(t *testing.T) {
+	t.Parallel()
 	bin := t.TempDir()
 	python := hostPython(t)
 	// Another Python: a wrapper of the host's that says it ran.
 	wrapper := "#!/bin/sh\nFLMBOX_VIA=python3.99 exec " + python + " \"$@\"\n"
-	if err := os.WriteFile(filepath.Join(bin, "python3.99"), []byte(wrapper), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	a := &Agent{Python: python, Dir: t.TempDir(), Env: []string{"PATH=" + bin + ":/usr/bin:/bin"}, Spares: testSpares}
+	writeExecutable(t, filepath.Join(bin, "python3.99"), []byte(wrapper))
+	a := &Agent{Python: python, Dir: t.TempDir(), Env: []string{"PATH=" + bin + ":/usr/bin:/bin"}, Spares: withSpares(t)}
 	t.Cleanup(func() { a.Close() })
 	for _, tc := range []struct{ name, lang, interp, code, want string }{
 		{"python3.99", wire.LanguagePython, "python3.99", "import os, sys; print(sys.argv[0], os.environ.get('FLMBOX_VIA'))", "-c python3.99\n"},
@@ -324,6 +336,7 @@ func TestRunInterpreter(t *testing.T) {
 // TestRunFile: a call with a File runs its code as a file of that name, as
 // python3 FILE and sh FILE do, in a directory that goes with the call.
 func TestRunFile(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	file := func(name string) func(*wire.Request) { return func(r *wire.Request) { r.File = name } }
 	code := "import sys\nprint(__file__ == sys.argv[0], open(__file__).read().endswith('\\n1 / 0\\n'), __file__)\n1 / 0\n"
@@ -367,6 +380,7 @@ func TestRunFile(t *testing.T) {
 }
 
 func TestRunEnvAndDir(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	a := &Agent{Python: hostPython(t), Dir: dir, Env: []string{"PATH=/usr/bin:/bin", "FLMBOX_TEST=yes"}}
 	res := run(t, a, request(wire.LanguageShell, "echo \"$FLMBOX_TEST $(pwd)\""))
@@ -376,6 +390,7 @@ func TestRunEnvAndDir(t *testing.T) {
 }
 
 func TestRunTimeout(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	for _, tc := range []struct{ name, lang, code string }{
 		{"sleep", wire.LanguageShell, "sleep 100"},
@@ -450,6 +465,7 @@ func pids(t *testing.T, res *wire.Result) []int {
 const printGrace = 2 * time.Second
 
 func TestRunKillsLeftovers(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	for _, tc := range []struct {
 		name, lang, code string
@@ -486,6 +502,7 @@ func TestRunKillsLeftovers(t *testing.T) {
 // survives the call (documented), but holding the output pipes does not make
 // the call hang.
 func TestRunEscapedProcess(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	res := run(t, a, request(wire.LanguagePython, "import subprocess\nprint(subprocess.Popen(['sleep', '1000'], start_new_session=True).pid)\nprint('bye')"))
 	ps := pids(t, &wire.Result{Stdout: wire.Output{Data: bytes.TrimSuffix(res.Stdout.Data, []byte("bye\n"))}})
@@ -498,6 +515,7 @@ func TestRunEscapedProcess(t *testing.T) {
 }
 
 func TestRunOutputCaps(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	res := run(t, a, request(wire.LanguageShell, "printf 0123456789abcdefghij; printf ABCDEFGHIJ >&2", func(r *wire.Request) { r.MaxOutput = 10 }))
 	if got, want := res.Stdout, (wire.Output{Data: []byte("01234"), Tail: []byte("fghij"), Total: 20, Truncated: true}); !bytes.Equal(got.Data, want.Data) || !bytes.Equal(got.Tail, want.Tail) || got.Total != want.Total || !got.Truncated {
@@ -517,7 +535,8 @@ func TestRunOutputCaps(t *testing.T) {
 }
 
 // TestRunHugeOutput prints 256 MiB on each stream, eight times the heap it
-// may use: the agent keeps the caps and its memory stays flat.
+// may use: the agent keeps the caps and its memory stays flat. Not
+// parallel: it measures the heap of the whole test process.
 func TestRunHugeOutput(t *testing.T) {
 	if testing.Short() {
 		t.Skip("prints 512 MiB")
@@ -556,6 +575,7 @@ func TestRunHugeOutput(t *testing.T) {
 }
 
 func TestRunNonUTF8(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	res := run(t, a, request(wire.LanguageShell, `printf '\377\376\000abc\200'; printf '\351t\351' >&2`))
 	if !bytes.Equal(res.Stdout.Data, []byte("\xff\xfe\x00abc\x80")) || !bytes.Equal(res.Stderr.Data, []byte("\xe9t\xe9")) {
@@ -568,6 +588,7 @@ func TestRunNonUTF8(t *testing.T) {
 }
 
 func TestRunLargeCode(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	// Python code of nearly 1 MiB goes through the gate.
 	code := strings.Repeat("x = 1  # padding padding padding padding\n", (wire.MaxCodeSize-100)/41) + "print('end', x)\n"
@@ -593,6 +614,7 @@ func limitsOf(t *testing.T, text string) map[string]string {
 }
 
 func TestRunLimitsApplied(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	limits := wire.Limits{Procs: 123, FileBytes: 5 << 20}
 	var as unix.Rlimit
@@ -639,6 +661,7 @@ func limitsText(l unix.Rlimit) string {
 }
 
 func TestRunFileSizeLimit(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	limit := func(r *wire.Request) { r.Limits.FileBytes = 1 << 20 }
 	res := run(t, a, request(wire.LanguageShell, "head -c 2000000 /dev/zero > big; echo $?; wc -c < big", limit))
@@ -652,6 +675,7 @@ func TestRunFileSizeLimit(t *testing.T) {
 }
 
 func TestRunBadRequests(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	for _, tc := range []struct {
 		name string
@@ -682,6 +706,7 @@ func TestRunBadRequests(t *testing.T) {
 }
 
 func TestRunCancelled(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	ctx, cancel := context.WithCancelCause(context.Background())
 	pidFile := filepath.Join(a.Dir, "pid")
@@ -717,6 +742,7 @@ func TestRunCancelled(t *testing.T) {
 // TestRunConcurrent runs snippets at once on one agent; each gets its own
 // output.
 func TestRunConcurrent(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	const n = 8
 	results := make([]*wire.Result, n)

@@ -42,10 +42,10 @@ func waitSpare(t *testing.T, a *Agent, lang string) {
 }
 
 // TestSpares runs the tests of Run again with spares, Python processes
-// forked by the zygote and shell code read from stdin.
+// forked by the zygote and shell code read from stdin: testAgent knows them
+// by their name (withSpares).
 func TestSpares(t *testing.T) {
-	testSpares = true
-	t.Cleanup(func() { testSpares = false })
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		f    func(*testing.T)
@@ -102,6 +102,7 @@ func pidOf(t *testing.T, a *Agent, lang string) (pid, ppid int) {
 // in a process of its own, and that Python processes come from the zygote
 // once it runs.
 func TestSparesNewProcessEachCall(t *testing.T) {
+	t.Parallel()
 	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), Spares: true}
 	defer a.Close()
 	seen := map[int]bool{}
@@ -130,8 +131,9 @@ func TestSparesNewProcessEachCall(t *testing.T) {
 // TestSparesState checks that nothing of one call reaches the next through
 // a spare: variables, imports, the working directory, environment changes.
 func TestSparesState(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
-	a.Spares, testSpares = true, false
+	a.Spares = true
 	warmUp(t, a)
 	run(t, a, request(wire.LanguagePython, "import os, json\nos.environ['LEAK'] = '1'\nos.chdir('/')\nLEAKED = 1"))
 	waitSpare(t, a, wire.LanguagePython) // the next call takes it
@@ -151,6 +153,7 @@ func TestSparesState(t *testing.T) {
 // TestSparesOtherLimits checks that a request whose limits differ from the
 // spare's gets its own process with its own limits.
 func TestSparesOtherLimits(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	a.Spares = true
 	warmUp(t, a)
@@ -171,6 +174,7 @@ func TestSparesOtherLimits(t *testing.T) {
 // TestZygoteDies checks that a zygote killed between calls is replaced, and
 // that a call whose process the zygote was running fails clearly.
 func TestZygoteDies(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	a.Spares = true
 	warmUp(t, a)
@@ -231,6 +235,7 @@ func TestZygoteDies(t *testing.T) {
 // TestZygoteExit checks that a zygote's child, which leaves with os._exit,
 // still does at exit what a program can see of python3's exit.
 func TestZygoteExit(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	a.Spares = true
 	warmUp(t, a)
@@ -245,6 +250,7 @@ func TestZygoteExit(t *testing.T) {
 // TestSparesSeeNewPathDirectories checks that a directory of sys.path made
 // after a spare started (pip's /tmp/site-packages) imports in the next call.
 func TestSparesSeeNewPathDirectories(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	site := filepath.Join(dir, "site-packages")
 	a := &Agent{Python: hostPython(t), Dir: dir, Spares: true, Env: append(os.Environ(), "PYTHONPATH="+site)}
@@ -265,6 +271,7 @@ func TestSparesSeeNewPathDirectories(t *testing.T) {
 // TestZygoteIgnoresSnippetModules checks that modules left in the working
 // directory do not run in the zygote when it starts.
 func TestZygoteIgnoresSnippetModules(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	for _, m := range []string{"resource", "select", "gc"} {
 		if err := os.WriteFile(filepath.Join(dir, m+".py"), []byte("import time\ntime.sleep(60)\n"), 0o644); err != nil {
@@ -316,6 +323,7 @@ func cancelWhenFile(t *testing.T, dir, name string) context.Context {
 // cancellation does (proc.kill); the cancellation comes once the snippet
 // has left its group, where a timeout could come before.
 func TestRunLeavesItsGroup(t *testing.T) {
+	t.Parallel()
 	for _, spares := range []bool{false, true} {
 		a := &Agent{Python: hostPython(t), Dir: t.TempDir(), Spares: spares}
 		if spares {
@@ -337,7 +345,7 @@ func TestRunLeavesItsGroup(t *testing.T) {
 // timeout kills as a cancellation does), returns (run fails if it hangs),
 // and the next calls run.
 func TestZygoteStopped(t *testing.T) {
-	t.Parallel() // it waits out the zygote's deadline
+	t.Parallel()
 	a := testAgent(t)
 	a.Spares = true
 	warmUp(t, a)
@@ -364,6 +372,7 @@ func TestZygoteStopped(t *testing.T) {
 // with the user site (its .pth file, usercustomize), and sys.path is
 // python3's.
 func TestStartupCodeOfSnippetsNeverRuns(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	sitePackages := filepath.Join(dir, "site-packages")
 	marker := filepath.Join(dir, "ran")
@@ -471,6 +480,7 @@ func TestStartupCodeOfSnippetsNeverRuns(t *testing.T) {
 // other child's, and that must not be taken for a broken zygote (which
 // failed the call running at the time).
 func TestZygoteReportsAChildItWasGiven(t *testing.T) {
+	t.Parallel()
 	running := &proc{done: make(chan struct{})}
 	z := &zygote{forks: map[int]*zygoteFork{}, procs: map[int]*proc{42: running}}
 	if err := z.handle([]string{"X", "46", "9"}); err != nil {
@@ -491,6 +501,8 @@ func TestZygoteReportsAChildItWasGiven(t *testing.T) {
 // TestLazySpares checks that with LazySpares the agent starts no process
 // before the first call of each language, runs that call in a process of
 // its own, and keeps spares (and the zygote) from then on, as without it.
+// Not parallel: the agent runs in the test, and its reset kills every child
+// process of the test's.
 func TestLazySpares(t *testing.T) {
 	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), Spares: true, LazySpares: true}
 	socket := serve(t, a)
@@ -555,6 +567,7 @@ func TestLazySpares(t *testing.T) {
 // Serve's first Python call then takes (a python3, child of the agent); with
 // LazySpares it starts nothing.
 func TestStartSpares(t *testing.T) {
+	t.Parallel()
 	a := &Agent{Python: hostPython(t), Dir: t.TempDir(), Spares: true}
 	a.StartSpares()
 	a.mu.Lock()
@@ -603,11 +616,14 @@ g.write('global')
 holder.f = open('module.txt', 'w')
 holder.f.write('module')
 atexit.register(lambda: print('atexit ran'))
+printed = threading.Event()
 def late():
+    printed.wait()
     time.sleep(0.2)
     print('thread ran')
 threading.Thread(target=late).start()
 ` + mainPrint + `
+printed.set()
 sys.exit(4)
 `
 	res := run(t, a, request(wire.LanguagePython, code))
@@ -625,6 +641,7 @@ sys.exit(4)
 // first call, or calls without spares) also leaves with the bootstrap's fast
 // exit, and does at exit what a program can see of python3's exit.
 func TestPython3Exit(t *testing.T) {
+	t.Parallel()
 	for _, spares := range []bool{false, true} {
 		a := testAgent(t)
 		a.Spares = spares
@@ -641,6 +658,7 @@ func TestPython3Exit(t *testing.T) {
 // and the shell's spare (nothing with LazySpares), and that the next calls
 // start them again; and that it runs once no call came for SpareIdle.
 func TestSpareIdle(t *testing.T) {
+	t.Parallel()
 	for _, lazy := range []bool{false, true} {
 		t.Run(fmt.Sprintf("lazy=%v", lazy), func(t *testing.T) {
 			a := &Agent{Python: hostPython(t), Dir: t.TempDir(), Spares: true, LazySpares: lazy, SpareIdle: -1}
@@ -718,6 +736,7 @@ func waitNewAgentSpares(t *testing.T, a *Agent) {
 // snippet's code comes (PYTHONPATH's /tmp/site-packages in a new sandbox)
 // imports once the code makes it, in a python3 and in a zygote's child.
 func TestSnippetMakesItsPath(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	a := &Agent{Python: hostPython(t), Dir: dir, Spares: true,
 		Env: []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir, "PYTHONPATH=" + filepath.Join(dir, "sp")}}

@@ -14,6 +14,7 @@ import (
 )
 
 func TestStrays(t *testing.T) {
+	t.Parallel()
 	// 10 is the agent: 11 its zygote and 12 its shell spare; 13 the zygote's
 	// spare; 14 was reparented to it (setsid and double fork), 15 is 14's
 	// child, 16 a child of a spare, 19 a child that a snippet gave the
@@ -61,8 +62,8 @@ func TestStrays(t *testing.T) {
 // and the spares of both languages, started before, live on and run the
 // next calls.
 func TestStraysAreKilledAfterTheCall(t *testing.T) {
-	t.Setenv(helperSparesEnv, "1")
-	h := startHelper(t, true, 0)
+	t.Parallel()
+	h := startHelper(t, true, 0, helperSparesEnv+"=1")
 	agent := h.cmd.Process.Pid
 	daemon := pyDaemon + "print(os.getpid(), os.getppid())\n"
 	// The calls wait until their daemons have left the group: those that

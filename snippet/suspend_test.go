@@ -7,7 +7,8 @@ import (
 
 // TestSuspendWaitsForACallsEnd: a suspend sent right after a call's answer
 // meets that call's stray sweep holding the calls' lock; it waits for it
-// (no snippet runs), but refuses at once while a snippet runs.
+// (no snippet runs), but refuses at once while a snippet runs. Not
+// parallel: "at once" is timed.
 func TestSuspendWaitsForACallsEnd(t *testing.T) {
 	a := &Agent{}
 	a.calls.Lock() // a sweep at work
