@@ -95,9 +95,11 @@ vet:
 	$(GO) vet -tags integration ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 
-# The race detector needs cgo (gcc is on the machine).
+# The race detector needs cgo (gcc is on the machine). Four packages at a
+# time, not one for each CPU: linking race-instrumented test binaries and
+# tests that wait for processes leave the CPUs half idle at two.
 unit:
-	CGO_ENABLED=1 $(GO) test -race -count=1 ./...
+	CGO_ENABLED=1 $(GO) test -race -count=1 -p 4 ./...
 
 # Each fuzz target mutates its seeds for FUZZTIME. An input makes and removes
 # a small tree, so the tests' temporary directories go to a tmpfs when there

@@ -348,6 +348,16 @@ func prewarmVariant(opts testimage.Options, root string, niced bool) *variantRoo
 	return r
 }
 
+// niceCommand is exec.CommandContext, run by nice -n 19 if niced:
+// background work that takes the CPU time the tests leave rather than slow
+// them.
+func niceCommand(ctx context.Context, niced bool, name string, args ...string) *exec.Cmd {
+	if niced {
+		name, args = "nice", append([]string{"-n", "19", name}, args...)
+	}
+	return exec.CommandContext(ctx, name, args...)
+}
+
 // newConformance prepares both sides on the variant of the test image
 // that vr was prewarmed with.
 func newConformance(t *testing.T, opts testimage.Options, vr *variantRoot) *conformance {

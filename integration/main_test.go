@@ -5,7 +5,6 @@ package integration
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log"
@@ -121,15 +120,7 @@ func setup(m *testing.M) int {
 	if out, err := build.CombinedOutput(); err != nil {
 		return fail("build flmbox: %v\n%s", err, out)
 	}
-	// In a run of every test, the root that sandboxRoot copies is
-	// prewarmed while the first tests, which run alone, leave a CPU idle.
-	var early sync.WaitGroup
-	flag.Parse()
-	if f := flag.Lookup("test.run"); f == nil || f.Value.String() == "" {
-		early.Go(func() { prewarmShared(true) })
-	}
 	code := m.Run()
-	early.Wait()
 	if r := sharedRegistry.reg; r != nil {
 		r.srv.Close()
 	}

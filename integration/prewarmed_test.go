@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -37,14 +36,10 @@ var prewarmed struct {
 
 // prewarmedRoot returns the state root that the test image was prewarmed
 // into, prewarming it on the first call. Tests never use it: they use a copy.
-func prewarmedRoot() (string, error) { return prewarmShared(false) }
-
-// prewarmShared is prewarmedRoot where the prewarm, if this call makes it,
-// is niced: in the background, it takes the CPU time other work leaves.
-func prewarmShared(niced bool) (string, error) {
+func prewarmedRoot() (string, error) {
 	prewarmed.once.Do(func() {
 		prewarmed.root = filepath.Join(workDir, "prewarmed")
-		if prewarmed.err = prewarmInto(prewarmed.root, niced); prewarmed.err == nil {
+		if prewarmed.err = prewarmInto(prewarmed.root); prewarmed.err == nil {
 			prewarmed.state, prewarmed.err = treeDigest(filepath.Join(prewarmed.root, "images", "rootfs"))
 		}
 	})
@@ -106,13 +101,13 @@ func treeDigest(dir string) (string, error) {
 }
 
 // prewarmInto prewarms the test image's linux/amd64 manifest into the state
-// root root, from the shared registry by index digest (niced: niceCommand).
-func prewarmInto(root string, niced bool) error {
+// root root, from the shared registry by index digest.
+func prewarmInto(root string) error {
 	reg, err := theSharedRegistry()
 	if err != nil {
 		return err
 	}
-	out, err := niceCommand(context.Background(), niced, flmboxBin, "--root", root, "--runsc", runscPath,
+	out, err := exec.Command(flmboxBin, "--root", root, "--runsc", runscPath,
 		"prewarm", "--json", "--platform", "linux/amd64", reg.digestRef()).Output()
 	if err != nil {
 		var stderr []byte
@@ -126,16 +121,6 @@ func prewarmInto(root string, niced bool) error {
 		return fmt.Errorf("prewarm the test image printed %q: %v", out, err)
 	}
 	return nil
-}
-
-// niceCommand is exec.CommandContext, run by nice -n 19 if niced:
-// background work that takes the CPU time the tests leave rather than slow
-// them.
-func niceCommand(ctx context.Context, niced bool, name string, args ...string) *exec.Cmd {
-	if niced {
-		name, args = "nice", append([]string{"-n", "19", name}, args...)
-	}
-	return exec.CommandContext(ctx, name, args...)
 }
 
 // copyRoot makes dst, an empty directory, a copy of the state root src:

@@ -23,8 +23,8 @@ const soakMemory, soakPids = "256MiB", "64"
 const soakRounds = 2
 
 // TestSoakHostileAndOrdinaryCalls makes calls on one small sandbox, a
-// hostile snippet (of the fault list and others) every third call,
-// ordinary ones between, each hostile one soakRounds times (90 calls). Not
+// hostile snippet (of the fault list and others) every second call, an
+// ordinary one between, each hostile one soakRounds times (60 calls). Not
 // among them: several processes growing at full speed at once, which can
 // still outrun the memory watch (see docs/ARCHITECTURE.md, "the promise and
 // its limits"; four forked hogs lost the sandbox once in two make test runs
@@ -66,18 +66,21 @@ func TestSoakHostileAndOrdinaryCalls(t *testing.T) {
 		{"python", "print(sum(range(1000)))", "499500\n"},
 		{"shell", "cat /tmp/keep", "kept\n"},
 	}
-	for i := range soakRounds * 3 * len(hostile) {
-		if i%3 == 2 {
-			h := hostile[(i/3)%len(hostile)]
+	// An ordinary call after each hostile one, Python and shell in turn:
+	// as len(hostile) is odd, each hostile call is followed by both kinds
+	// over the two rounds.
+	for i := range soakRounds * 2 * len(hostile) {
+		if i%2 == 1 {
+			h := hostile[(i/2)%len(hostile)]
 			res := runIn(t, root, name, h.code, "-l", h.lang, "--timeout", h.timeout, "--max-output", "64KiB")
 			if res.code == 125 || res.code < 0 {
 				t.Fatalf("call %d, %s: flmbox failed: exit %d\n%s", i, h.name, res.code, res.stderr)
 			}
 			continue
 		}
-		o := ordinary[i%len(ordinary)]
+		o := ordinary[(i/2)%len(ordinary)]
 		if res := runIn(t, root, name, o.code, "-l", o.lang); res.code != 0 || res.stdout != o.want {
-			t.Fatalf("call %d, an ordinary one after %q: exit %d stdout %q stderr %q", i, hostile[((i/3)+len(hostile)-1)%len(hostile)].name, res.code, res.stdout, res.stderr)
+			t.Fatalf("call %d, an ordinary one after %q: exit %d stdout %q stderr %q", i, hostile[((i/2)+len(hostile)-1)%len(hostile)].name, res.code, res.stdout, res.stderr)
 		}
 	}
 	if got := sandboxState(t, root, name, "--probe"); got != "running" {
