@@ -294,7 +294,7 @@ func TestCreateKilledAfterItsLease(t *testing.T) {
 	image := reg.digestRef()
 
 	t.Run("ls first", func(t *testing.T) {
-		root := unpackedSandboxRoot(t, reg) // it removes the image
+		root := removableSandboxRoot(t, reg)
 		id := killedCreate(t, root, image, "same")
 		if names := sandboxNames(t, root); len(names) != 0 {
 			t.Fatalf("sandbox ls after the killed create: %v", names)

@@ -66,12 +66,8 @@ func flmboxWithinEnv(t *testing.T, d time.Duration, root string, env []string, s
 	if ctx.Err() != nil {
 		t.Fatalf("flmbox %q hangs: killed after %s\nstderr: %s", args, d, stderr.String())
 	}
-	res := result{stdout: stdout.String(), stderr: stderr.String()}
-	var ee *exec.ExitError
-	switch {
-	case errors.As(err, &ee):
-		res.code = ee.ExitCode()
-	case err != nil:
+	res, err := finished(&stdout, &stderr, err)
+	if err != nil {
 		t.Fatalf("run flmbox %q: %v", args, err)
 	}
 	return res

@@ -82,16 +82,23 @@ func startFlmboxIn(t testing.TB, bin, dir, root string, args ...string) (wait fu
 	return func() result {
 		t.Helper()
 		finish()
-		res := result{stdout: stdout.String(), stderr: stderr.String()}
-		var ee *exec.ExitError
-		switch {
-		case errors.As(err, &ee):
-			res.code = ee.ExitCode()
-		case err != nil:
+		res, err := finished(&stdout, &stderr, err)
+		if err != nil {
 			t.Fatalf("run %s %v in %q: %v", bin, args, dir, err)
 		}
 		return res
 	}
+}
+
+// finished is what a process whose Run or Wait returned err did: its
+// output, and its exit code if it ran; err if it did not.
+func finished(stdout, stderr *bytes.Buffer, err error) (result, error) {
+	res := result{stdout: stdout.String(), stderr: stderr.String()}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		res.code, err = ee.ExitCode(), nil
+	}
+	return res, err
 }
 
 // batchElement is one element of flmbox run --batch's output.
@@ -147,9 +154,20 @@ func sandboxRoot(t *testing.T, reg *testRegistry) string {
 	return cleanedRoot(t, root)
 }
 
+// removableSandboxRoot is sandboxRoot for a test that removes the image
+// (sandboxRoot's tree is read-only): linkPrewarmed.
+func removableSandboxRoot(t *testing.T, reg *testRegistry) string {
+	t.Helper()
+	root := t.TempDir()
+	linkPrewarmed(t, root)
+	if res := prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef()); !res.Cached {
+		t.Fatalf("the copy of the prewarmed root is not a cache hit: %+v", res)
+	}
+	return cleanedRoot(t, root)
+}
+
 // unpackedSandboxRoot is sandboxRoot where the prewarm unpacks a tree of
-// the root's own, for a test that looks at what a prewarm makes or removes
-// the image (sandboxRoot's tree is read-only).
+// the root's own, for a test that looks at what a prewarm makes.
 func unpackedSandboxRoot(t *testing.T, reg *testRegistry) string {
 	t.Helper()
 	root := t.TempDir()

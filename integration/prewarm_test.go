@@ -425,7 +425,7 @@ func TestPrewarmKilledAnyMomentRecovers(t *testing.T) {
 func TestImagesLsRmGCWithLease(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
-	root := unpackedSandboxRoot(t, reg) // it removes the image
+	root := removableSandboxRoot(t, reg)
 	res := prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef())
 	ls := mustFlmbox(t, root, "images", "ls")
 	if !strings.Contains(ls, res.ManifestDigest[7:19]) || !strings.Contains(ls, img.IndexDigest.String()) {

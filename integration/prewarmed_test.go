@@ -126,12 +126,13 @@ func prewarmInto(root string) error {
 // copyRoot makes dst, an empty directory, a copy of the state root src:
 // every directory, symlink and file with its mode, owner and times, where
 // the cached trees (images/rootfs/HEX/rootfs) are src's, mounted read-only
-// (a sandbox mounts its tree read-only too), and returns those mounts.
+// (a sandbox mounts its tree read-only too), and returns those mounts; with
+// linkTrees, the trees are copies whose files are hard links to src's.
 // Every other file (records, locks, aliases) is a copy of its own, so that
 // no lock, record or time is shared between two roots. A test that removes
 // an image cannot remove its tree: it prewarms a root of its own
 // (unpackedSandboxRoot).
-func copyRoot(src, dst string) (mounts []string, err error) {
+func copyRoot(src, dst string, linkTrees bool) (mounts []string, err error) {
 	type dirTimes struct {
 		path string
 		st   *syscall.Stat_t
@@ -158,7 +159,7 @@ func copyRoot(src, dst string) (mounts []string, err error) {
 		}
 		st := fi.Sys().(*syscall.Stat_t)
 		switch mode := fi.Mode(); {
-		case mode.IsDir() && isCachedTree(rel):
+		case mode.IsDir() && isCachedTree(rel) && !linkTrees:
 			// The tree whole, read-only: a mount point shows the mounted
 			// directory's mode, owner and times.
 			if err := os.Mkdir(target, 0o700); err != nil {
@@ -187,6 +188,8 @@ func copyRoot(src, dst string) (mounts []string, err error) {
 			if err := os.Symlink(link, target); err != nil {
 				return err
 			}
+		case mode.IsRegular() && linkTrees && inCachedTree(rel):
+			return os.Link(p, target) // keeps owner, mode and times
 		case mode.IsRegular():
 			if err := copyFile(p, target, mode); err != nil {
 				return err
@@ -225,6 +228,13 @@ func copyRoot(src, dst string) (mounts []string, err error) {
 func isCachedTree(rel string) bool {
 	parts := strings.Split(rel, string(filepath.Separator))
 	return len(parts) == 4 && parts[0] == "images" && parts[1] == "rootfs" && parts[3] == "rootfs"
+}
+
+// inCachedTree reports whether rel, a path in a state root, is below the
+// unpacked tree of a cached image.
+func inCachedTree(rel string) bool {
+	parts := strings.Split(rel, string(filepath.Separator))
+	return len(parts) > 4 && isCachedTree(filepath.Join(parts[:4]...))
 }
 
 // bindReadOnly mounts directory src on target, read-only.
@@ -282,10 +292,24 @@ func copyPrewarmed(t *testing.T, root string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := copyRoot(src, root); err != nil {
+	if _, err := copyRoot(src, root, false); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { releaseTrees(t, root) })
+}
+
+// linkPrewarmed is copyPrewarmed for a test that removes the image: the
+// tree is a copy whose files are hard links to the prewarmed root's
+// (removing them unlinks the copy's names alone), slower to make.
+func linkPrewarmed(t *testing.T, root string) {
+	t.Helper()
+	src, err := prewarmedRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := copyRoot(src, root, true); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // releaseTrees unmounts the trees that copyRoot mounted under root, where

@@ -173,7 +173,9 @@ func TestRuntimeRunAliveDelete(t *testing.T) {
 func TestManagerLifecycle(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
-	m, root := newManager(t) // it removes the image: its create unpacks a tree of its own
+	root := t.TempDir()
+	linkPrewarmed(t, root) // it removes the image
+	m, _ := newManagerIn(t, root)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	image := reg.digestRef()
