@@ -129,9 +129,9 @@ func prewarmInto(root string) error {
 // (a sandbox mounts its tree read-only too), and returns those mounts; with
 // linkTrees, the trees are copies whose files are hard links to src's.
 // Every other file (records, locks, aliases) is a copy of its own, so that
-// no lock, record or time is shared between two roots. A test that removes
-// an image cannot remove its tree: it prewarms a root of its own
-// (unpackedSandboxRoot).
+// no lock, record or time is shared between two roots. A mounted tree
+// cannot be removed: a test that removes the image links
+// (removableSandboxRoot).
 func copyRoot(src, dst string, linkTrees bool) (mounts []string, err error) {
 	type dirTimes struct {
 		path string
