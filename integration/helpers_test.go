@@ -143,23 +143,25 @@ func mustFlmbox(t testing.TB, root string, args ...string) string {
 // sandboxRoot returns a state root with the test image prewarmed from reg,
 // and removes every sandbox in it (and runsc's mounts) when the test ends.
 // Its cached tree is that of a root prewarmed once for all tests, mounted
-// read-only (copyRoot), and the prewarm from reg is a cache hit.
+// read-only (copyPrewarmed), and the prewarm from reg is a cache hit.
 func sandboxRoot(t *testing.T, reg *testRegistry) string {
 	t.Helper()
-	root := t.TempDir()
-	copyPrewarmed(t, root)
-	if res := prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef()); !res.Cached {
-		t.Fatalf("the copy of the prewarmed root is not a cache hit: %+v", res)
-	}
-	return cleanedRoot(t, root)
+	return prewarmedSandboxRoot(t, reg, false)
 }
 
 // removableSandboxRoot is sandboxRoot for a test that removes the image
 // (sandboxRoot's tree is read-only): linkPrewarmed.
 func removableSandboxRoot(t *testing.T, reg *testRegistry) string {
 	t.Helper()
+	return prewarmedSandboxRoot(t, reg, true)
+}
+
+// prewarmedSandboxRoot is sandboxRoot, its tree linked (linkTrees) or
+// mounted.
+func prewarmedSandboxRoot(t *testing.T, reg *testRegistry, linkTrees bool) string {
+	t.Helper()
 	root := t.TempDir()
-	linkPrewarmed(t, root)
+	fromPrewarmed(t, root, linkTrees)
 	if res := prewarmJSON(t, root, "--platform", "linux/amd64", reg.digestRef()); !res.Cached {
 		t.Fatalf("the copy of the prewarmed root is not a cache hit: %+v", res)
 	}

@@ -53,6 +53,10 @@ var (
 // races the memory watch, or sets the environment) says why on its first
 // line: go test runs such tests before the parallel ones, one at a time.
 func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "integration: the integration tests need root: run make test as root")
+		os.Exit(1)
+	}
 	if os.Getenv(privateMountsEnv) == "" {
 		os.Exit(inPrivateMounts())
 	}
@@ -68,10 +72,6 @@ const privateMountsEnv = "FLMBOX_INTEGRATION_PRIVATE_MOUNTS"
 // mounts (copyRoot), and whatever a failed test leaves mounted, go with it
 // even when the process dies on a panic or a timeout.
 func inPrivateMounts() int {
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "integration: the integration tests need root: run make test as root")
-		return 1
-	}
 	cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(), privateMountsEnv+"=1")
@@ -94,9 +94,6 @@ func setup(m *testing.M) int {
 	fail := func(format string, args ...any) int {
 		fmt.Fprintf(os.Stderr, "integration: "+format+"\n", args...)
 		return 1
-	}
-	if os.Geteuid() != 0 {
-		return fail("the integration tests need root: run make test as root")
 	}
 	var err error
 	if runscPath, err = runtime.FindRunsc(os.Getenv(runtime.RunscEnv)); err != nil {

@@ -126,25 +126,19 @@ func prewarmInto(root string) error {
 // copyRoot makes dst, an empty directory, a copy of the state root src:
 // every directory, symlink and file with its mode, owner and times, where
 // the cached trees (images/rootfs/HEX/rootfs) are src's, mounted read-only
-// (a sandbox mounts its tree read-only too), and returns those mounts; with
-// linkTrees, the trees are copies whose files are hard links to src's.
+// (a sandbox mounts its tree read-only too); with linkTrees, the trees are
+// copies whose files are hard links to src's.
 // Every other file (records, locks, aliases) is a copy of its own, so that
 // no lock, record or time is shared between two roots. A mounted tree
 // cannot be removed: a test that removes the image links
 // (removableSandboxRoot).
-func copyRoot(src, dst string, linkTrees bool) (mounts []string, err error) {
+func copyRoot(src, dst string, linkTrees bool) error {
 	type dirTimes struct {
 		path string
 		st   *syscall.Stat_t
 	}
 	var dirs []dirTimes
-	defer func() {
-		if err != nil {
-			unmountAll(mounts)
-			mounts = nil
-		}
-	}()
-	err = filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -168,7 +162,6 @@ func copyRoot(src, dst string, linkTrees bool) (mounts []string, err error) {
 			if err := bindReadOnly(p, target); err != nil {
 				return err
 			}
-			mounts = append(mounts, target)
 			return fs.SkipDir
 		case mode.IsDir():
 			if rel != "." {
@@ -212,15 +205,15 @@ func copyRoot(src, dst string, linkTrees bool) (mounts []string, err error) {
 		return nil
 	})
 	if err != nil {
-		return mounts, fmt.Errorf("copy the state root %s: %w", src, err)
+		return fmt.Errorf("copy the state root %s: %w", src, err)
 	}
 	// A directory's times last: making its entries changed them.
 	for i := len(dirs) - 1; i >= 0; i-- {
 		if err := setTimes(dirs[i].path, dirs[i].st); err != nil {
-			return mounts, fmt.Errorf("copy the state root %s: %w", src, err)
+			return fmt.Errorf("copy the state root %s: %w", src, err)
 		}
 	}
-	return mounts, nil
+	return nil
 }
 
 // isCachedTree reports whether rel, a path in a state root, is the unpacked
@@ -249,18 +242,6 @@ func bindReadOnly(src, target string) error {
 	return nil
 }
 
-// unmountAll unmounts what copyRoot mounted; a sandbox that still uses a
-// tree keeps it until it goes (MNT_DETACH).
-func unmountAll(mounts []string) error {
-	var errs []error
-	for _, m := range mounts {
-		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
 func copyFile(src, dst string, mode fs.FileMode) error {
 	in, err := os.Open(src)
 	if err != nil {
@@ -285,17 +266,11 @@ func setTimes(p string, st *syscall.Stat_t) error {
 }
 
 // copyPrewarmed makes root, an empty directory, a copy of the root that
-// the test image was prewarmed into.
+// the test image was prewarmed into, its tree mounted read-only until the
+// test ends.
 func copyPrewarmed(t *testing.T, root string) {
 	t.Helper()
-	src, err := prewarmedRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := copyRoot(src, root, false); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { releaseTrees(t, root) })
+	fromPrewarmed(t, root, false)
 }
 
 // linkPrewarmed is copyPrewarmed for a test that removes the image: the
@@ -303,25 +278,38 @@ func copyPrewarmed(t *testing.T, root string) {
 // (removing them unlinks the copy's names alone), slower to make.
 func linkPrewarmed(t *testing.T, root string) {
 	t.Helper()
+	fromPrewarmed(t, root, true)
+}
+
+// fromPrewarmed is copyRoot of the prewarmed root into root.
+func fromPrewarmed(t *testing.T, root string, linkTrees bool) {
+	t.Helper()
 	src, err := prewarmedRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := copyRoot(src, root, true); err != nil {
+	t.Cleanup(func() { releaseTrees(t, root) })
+	if err := copyRoot(src, root, linkTrees); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // releaseTrees unmounts the trees that copyRoot mounted under root, where
-// they are now (a removed image's tree moves to the trash).
+// they are now (a removed image's tree moves to the trash); a sandbox that
+// still uses one keeps it until it goes (MNT_DETACH).
 func releaseTrees(t testing.TB, root string) {
 	t.Helper()
 	mounts, err := mountinfo.Under(root)
-	if err == nil {
-		err = unmountAll(slices.DeleteFunc(mounts, func(p string) bool { return !isPrewarmedTree(p) }))
-	}
 	if err != nil {
 		t.Error(err)
+	}
+	for _, m := range mounts {
+		if !isPrewarmedTree(m) {
+			continue
+		}
+		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", m, err)
+		}
 	}
 }
 
