@@ -119,9 +119,7 @@ done
 exit $rc
 `, runscPath, mark, mark, mark)
 	p := filepath.Join(t.TempDir(), "runsc")
-	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	writeExecutable(t, p, []byte(script))
 	return p
 }
 

@@ -543,9 +543,7 @@ func TestMissingAgent(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(dir, filepath.Base(bin)), data, 0o755); err != nil {
-			t.Fatal(err)
-		}
+		writeExecutable(t, filepath.Join(dir, filepath.Base(bin)), data)
 	}
 	reg := startRegistry(t)
 	root := t.TempDir()

@@ -51,9 +51,7 @@ if [ -n "$hang" ]; then
 fi
 exec %[4]s "$@"
 `, h.calls, h.hangFile, h.mark, runscPath)
-	if err := os.WriteFile(h.path, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	writeExecutable(t, h.path, []byte(script))
 	return h
 }
 

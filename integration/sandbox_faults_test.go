@@ -96,9 +96,7 @@ func TestSandboxFaultsLeaveNothing(t *testing.T) {
 	// whose run waits 5 s first, on the same root, with a ctx of 1 s.
 	slow := filepath.Join(t.TempDir(), "runsc")
 	script := "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = run ] && sleep 5; done\nexec " + runscPath + " \"$@\"\n"
-	if err := os.WriteFile(slow, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	writeExecutable(t, slow, []byte(script))
 	ms, err := sandbox.Open(root, sandbox.WithRunsc(slow), sandbox.WithAgent(flmboxAgent))
 	if err != nil {
 		t.Fatal(err)
@@ -198,9 +196,7 @@ func TestSandboxFaultsNonRoot(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(dir, filepath.Base(b)), data, 0o755); err != nil {
-			t.Fatal(err)
-		}
+		writeExecutable(t, filepath.Join(dir, filepath.Base(b)), data)
 	}
 	root := filepath.Join(dir, "root")
 	if err := os.Mkdir(root, 0o700); err != nil {

@@ -201,9 +201,7 @@ rc=$?
 if [ "$hook" = after ]; then touch "$HOOK_MARK"; exec sleep 600; fi
 exit $rc
 `
-	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	writeExecutable(t, p, []byte(script))
 	return p
 }
 

@@ -27,9 +27,7 @@ func TestWarmCallsWithoutCore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(alone, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	writeExecutable(t, alone, b)
 	run := func(bin string, args ...string) result {
 		t.Helper()
 		return runFlmbox(t, bin, root, args...)
@@ -145,9 +143,7 @@ func TestCoreOfAnotherBuild(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(dir, filepath.Base(bin)), b, 0o755); err != nil {
-			t.Fatal(err)
-		}
+		writeExecutable(t, filepath.Join(dir, filepath.Base(bin)), b)
 	}
 	build := exec.Command("go", "build", "-tags", "urfave_cli_no_docs", "-ldflags",
 		"-X github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd.Build=another", "-o", dir+"/", "../cmd/flmbox-core")
@@ -164,9 +160,7 @@ func TestCoreOfAnotherBuild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "flmbox-core"), b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	writeExecutable(t, filepath.Join(dir, "flmbox-core"), b)
 	if res := runFlmbox(t, filepath.Join(dir, "flmbox"), t.TempDir(), "sandbox", "ls"); res.code != 0 {
 		t.Fatalf("flmbox with its own flmbox-core: exit %d, stderr %q", res.code, res.stderr)
 	}
