@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/flmbox/flmbox/internal/stateroot"
+	"github.com/flmbox/flmbox/internal/testrig/testprog"
 	"github.com/flmbox/flmbox/rootfs"
 )
 
@@ -119,7 +120,7 @@ done
 exit $rc
 `, runscPath, mark, mark, mark)
 	p := filepath.Join(t.TempDir(), "runsc")
-	writeExecutable(t, p, []byte(script))
+	testprog.Write(t, p, []byte(script))
 	return p
 }
 

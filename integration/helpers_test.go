@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -88,19 +87,6 @@ func startFlmboxIn(t testing.TB, bin, dir, root string, args ...string) (wait fu
 			t.Fatalf("run %s %v in %q: %v", bin, args, dir, err)
 		}
 		return res
-	}
-}
-
-// writeExecutable writes a program to path. No process starts meanwhile: a
-// child that a test running in parallel forks would hold the file open for
-// writing until its exec, and running the program would then fail with
-// "text file busy".
-func writeExecutable(t testing.TB, path string, data []byte) {
-	t.Helper()
-	syscall.ForkLock.RLock() // forks take it for writing
-	defer syscall.ForkLock.RUnlock()
-	if err := os.WriteFile(path, data, 0o755); err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 
 	"github.com/flmbox/flmbox/internal/stateroot"
 	"github.com/flmbox/flmbox/internal/testrig/testimage"
+	"github.com/flmbox/flmbox/internal/testrig/testprog"
 	"github.com/flmbox/flmbox/rootfs"
 )
 
@@ -543,7 +544,7 @@ func TestMissingAgent(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		writeExecutable(t, filepath.Join(dir, filepath.Base(bin)), data)
+		testprog.Write(t, filepath.Join(dir, filepath.Base(bin)), data)
 	}
 	reg := startRegistry(t)
 	root := t.TempDir()

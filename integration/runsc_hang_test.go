@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/flmbox/flmbox/internal/stateroot"
+	"github.com/flmbox/flmbox/internal/testrig/testprog"
 )
 
 // Every runsc command flmbox runs is bounded and interruptible:
@@ -51,7 +52,7 @@ if [ -n "$hang" ]; then
 fi
 exec %[4]s "$@"
 `, h.calls, h.hangFile, h.mark, runscPath)
-	writeExecutable(t, h.path, []byte(script))
+	testprog.Write(t, h.path, []byte(script))
 	return h
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/flmbox/flmbox/internal/stateroot"
+	"github.com/flmbox/flmbox/internal/testrig/testprog"
 	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox"
 )
@@ -96,7 +97,7 @@ func TestSandboxFaultsLeaveNothing(t *testing.T) {
 	// whose run waits 5 s first, on the same root, with a ctx of 1 s.
 	slow := filepath.Join(t.TempDir(), "runsc")
 	script := "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = run ] && sleep 5; done\nexec " + runscPath + " \"$@\"\n"
-	writeExecutable(t, slow, []byte(script))
+	testprog.Write(t, slow, []byte(script))
 	ms, err := sandbox.Open(root, sandbox.WithRunsc(slow), sandbox.WithAgent(flmboxAgent))
 	if err != nil {
 		t.Fatal(err)
@@ -196,7 +197,7 @@ func TestSandboxFaultsNonRoot(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		writeExecutable(t, filepath.Join(dir, filepath.Base(b)), data)
+		testprog.Write(t, filepath.Join(dir, filepath.Base(b)), data)
 	}
 	root := filepath.Join(dir, "root")
 	if err := os.Mkdir(root, 0o700); err != nil {

@@ -62,12 +62,17 @@ func TestSandboxShowsWhatItWasGiven(t *testing.T) {
 
 	// Where the watch kills, MemAvailable is a fraction of MemTotal (with
 	// MemTotal its cgroup's 768 MiB, a 512 MiB sandbox was killed with 287
-	// MiB "available").
+	// MiB "available"; right, the watch kills with its reserve, 32 MiB,
+	// left). gVisor refreshes /proc/meminfo only every so often, so the
+	// snippet's last reading can lag what the watch saw by a few chunks on
+	// a busy machine (it read 134 MiB once): the snippet paces itself, and
+	// the bound lies between the two.
 	res := runIn(t, root, "one", `
-import sys
+import time
 chunks = []
 while True:
     chunks.append(bytearray(8 << 20))
+    time.sleep(0.005)
     avail = [l.split()[1] for l in open('/proc/meminfo') if l.startswith('MemAvailable:')][0]
     print(avail, flush=True)
 `, "--timeout", "1m")
@@ -75,8 +80,8 @@ while True:
 	if res.code != 137 || len(lines) == 0 {
 		t.Fatalf("a growing snippet: exit %d, stdout %q, stderr %s; want killed for memory", res.code, res.stdout, res.stderr)
 	}
-	if kb, _ := strconv.Atoi(lines[len(lines)-1]); kb > 128<<10 {
-		t.Errorf("MemAvailable was %d kB at the watch's kill, want at most a quarter of 512 MiB", kb)
+	if kb, _ := strconv.Atoi(lines[len(lines)-1]); kb > 192<<10 {
+		t.Errorf("MemAvailable was %d kB at the watch's kill, want at most 192 MiB of 512", kb)
 	}
 
 	// Resumed, it shows the same.

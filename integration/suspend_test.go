@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/flmbox/flmbox/internal/stateroot"
+	"github.com/flmbox/flmbox/internal/testrig/testprog"
 )
 
 // Suspend and resume (flmbox sandbox suspend, resume and gc) against the
@@ -201,7 +202,7 @@ rc=$?
 if [ "$hook" = after ]; then touch "$HOOK_MARK"; exec sleep 600; fi
 exit $rc
 `
-	writeExecutable(t, p, []byte(script))
+	testprog.Write(t, p, []byte(script))
 	return p
 }
 

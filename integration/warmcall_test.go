@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/flmbox/flmbox/internal/testrig/testprog"
 )
 
 // TestWarmCallsWithoutCore: flmbox makes warm calls itself, without
@@ -27,7 +29,7 @@ func TestWarmCallsWithoutCore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeExecutable(t, alone, b)
+	testprog.Write(t, alone, b)
 	run := func(bin string, args ...string) result {
 		t.Helper()
 		return runFlmbox(t, bin, root, args...)
@@ -143,7 +145,7 @@ func TestCoreOfAnotherBuild(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		writeExecutable(t, filepath.Join(dir, filepath.Base(bin)), b)
+		testprog.Write(t, filepath.Join(dir, filepath.Base(bin)), b)
 	}
 	build := exec.Command("go", "build", "-tags", "urfave_cli_no_docs", "-ldflags",
 		"-X github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd.Build=another", "-o", dir+"/", "../cmd/flmbox-core")
@@ -160,7 +162,7 @@ func TestCoreOfAnotherBuild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeExecutable(t, filepath.Join(dir, "flmbox-core"), b)
+	testprog.Write(t, filepath.Join(dir, "flmbox-core"), b)
 	if res := runFlmbox(t, filepath.Join(dir, "flmbox"), t.TempDir(), "sandbox", "ls"); res.code != 0 {
 		t.Fatalf("flmbox with its own flmbox-core: exit %d, stderr %q", res.code, res.stderr)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/flmbox/flmbox/internal/testrig/testprog"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -34,9 +35,7 @@ case " $* " in
 esac
 printf '%%s' '%s'
 `, f.pids, hang, out)
-	if err := os.WriteFile(f.path, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testprog.Write(t, f.path, []byte(script))
 	return f
 }
 
@@ -198,9 +197,7 @@ func TestRunscFailureSaysWhy(t *testing.T) {
 	dir := t.TempDir()
 	runsc := filepath.Join(dir, "runsc")
 	script := "#!/bin/sh\necho 'W1203 a warning' >&2\necho 'loading container: container does not exist' >&2\nexit 1\n"
-	if err := os.WriteFile(runsc, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testprog.Write(t, runsc, []byte(script))
 	r, err := NewRuntime(runsc, filepath.Join(dir, "root"))
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/flmbox/flmbox/internal/testrig/testprog"
 )
 
 func TestArgs(t *testing.T) {
@@ -25,9 +27,7 @@ func TestRuncCommandLines(t *testing.T) {
 	dir := t.TempDir()
 	runsc, argv := filepath.Join(dir, "runsc"), filepath.Join(dir, "argv")
 	script := "#!/bin/sh\necho \"$*\" >> " + argv + "\n"
-	if err := os.WriteFile(runsc, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testprog.Write(t, runsc, []byte(script))
 	r, err := NewRuntime(runsc, filepath.Join(dir, "root"))
 	if err != nil {
 		t.Fatal(err)

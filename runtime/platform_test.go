@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	"github.com/flmbox/flmbox/internal/testrig/testprog"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -67,9 +68,7 @@ func TestKVMIsRefusedWithoutDevKVM(t *testing.T) {
 			// Run and Restore refuse it before runsc runs.
 			ran := filepath.Join(dir, "ran")
 			runsc := filepath.Join(dir, "runsc")
-			if err := os.WriteFile(runsc, []byte("#!/bin/sh\ntouch "+ran+"\n"), 0o755); err != nil {
-				t.Fatal(err)
-			}
+			testprog.Write(t, runsc, []byte("#!/bin/sh\ntouch "+ran+"\n"))
 			r, err := NewRuntime(runsc, filepath.Join(dir, "root"))
 			if err != nil {
 				t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/flmbox/flmbox/internal/mountinfo"
 	"github.com/flmbox/flmbox/internal/stateroot"
+	"github.com/flmbox/flmbox/internal/testrig/testprog"
 	"github.com/flmbox/flmbox/runtime"
 	"github.com/flmbox/flmbox/sandbox/record"
 )
@@ -47,9 +48,7 @@ func fakeRunsc(t *testing.T, cmd, script string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "runsc")
 	body := "#!/bin/sh\nfor a; do [ \"$a\" = " + cmd + " ] && { " + script + "\n}; done\nexit 0\n"
-	if err := os.WriteFile(p, []byte(body), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testprog.Write(t, p, []byte(body))
 	return p
 }
 
@@ -115,9 +114,7 @@ func needRoot(t *testing.T) {
 func agentForTests(t *testing.T) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), AgentName)
-	if err := os.WriteFile(p, []byte("#!/bin/sh\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testprog.Write(t, p, []byte("#!/bin/sh\n"))
 	return p
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/flmbox/flmbox/internal/stateroot"
+	"github.com/flmbox/flmbox/internal/testrig/testprog"
 	"github.com/flmbox/flmbox/sandbox/record"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
@@ -363,7 +364,7 @@ func TestCallRefuses(t *testing.T) {
 func TestAgent(t *testing.T) {
 	dir := t.TempDir()
 	exe := filepath.Join(dir, AgentName)
-	os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755)
+	testprog.Write(t, exe, []byte("#!/bin/sh\n"))
 	plain := filepath.Join(dir, "plain")
 	os.WriteFile(plain, nil, 0o644)
 	for _, tc := range []struct {

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/flmbox/flmbox/internal/testrig/testprog"
 	"github.com/flmbox/flmbox/snippet/wire"
 	"golang.org/x/sys/unix"
 )
@@ -106,7 +107,7 @@ func startHelper(t *testing.T, subreaper bool, uid int, env ...string) *helper {
 			t.Fatal(err)
 		}
 		bin = filepath.Join(base, "snippet.test")
-		writeExecutable(t, bin, data)
+		testprog.Write(t, bin, data)
 	}
 	h := &helper{socket: filepath.Join(base, "agent.sock"), dir: filepath.Join(base, "tmp")}
 	if err := os.Mkdir(h.dir, 0o777); err != nil {
@@ -141,18 +142,6 @@ func startHelper(t *testing.T, subreaper bool, uid int, env ...string) *helper {
 		if time.Now().After(deadline) {
 			t.Fatalf("the helper agent did not listen: %v", err)
 		}
-	}
-}
-
-// writeExecutable writes a program to path. No process starts meanwhile:
-// a child forked by a test running in parallel, before its exec, would hold
-// the file open for writing, and executing it would then fail with ETXTBSY.
-func writeExecutable(t *testing.T, path string, data []byte) {
-	t.Helper()
-	syscall.ForkLock.RLock() // forks take it for writing
-	defer syscall.ForkLock.RUnlock()
-	if err := os.WriteFile(path, data, 0o755); err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/flmbox/flmbox/internal/testrig/testprog"
 	"github.com/flmbox/flmbox/snippet/wire"
 )
 
@@ -296,7 +297,7 @@ func TestRunInterpreter(t *testing.T) {
 	python := hostPython(t)
 	// Another Python: a wrapper of the host's that says it ran.
 	wrapper := "#!/bin/sh\nFLMBOX_VIA=python3.99 exec " + python + " \"$@\"\n"
-	writeExecutable(t, filepath.Join(bin, "python3.99"), []byte(wrapper))
+	testprog.Write(t, filepath.Join(bin, "python3.99"), []byte(wrapper))
 	a := &Agent{Python: python, Dir: t.TempDir(), Env: []string{"PATH=" + bin + ":/usr/bin:/bin"}, Spares: withSpares(t)}
 	t.Cleanup(func() { a.Close() })
 	for _, tc := range []struct{ name, lang, interp, code, want string }{

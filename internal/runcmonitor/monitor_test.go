@@ -15,6 +15,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	runc "github.com/containerd/go-runc"
+	"github.com/flmbox/flmbox/internal/testrig/testprog"
 )
 
 // fakeRunsc writes a runsc that prints its environment's tag variable (if
@@ -25,9 +26,7 @@ func fakeRunsc(t *testing.T) string {
 	p := filepath.Join(t.TempDir(), "runsc")
 	script := "#!/bin/sh\nprintf '%s' \"${" + tagEnv + "-untagged}\"\necho 'W1 a warning' >&2\n" +
 		"for a; do [ \"$a\" = fail ] && { echo 'it failed' >&2; exit 3; }; done\nexit 0\n"
-	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testprog.Write(t, p, []byte(script))
 	return p
 }
 
@@ -57,9 +56,7 @@ func TestCallKillsTheProcessGroup(t *testing.T) {
 	p, pids := filepath.Join(dir, "runsc"), filepath.Join(dir, "pids")
 	// The child sleep holds runsc's stdout open: only a group kill ends it.
 	script := "#!/bin/sh\nsleep 1000 &\necho $! > " + pids + "\nwait\n"
-	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testprog.Write(t, p, []byte(script))
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -135,9 +132,7 @@ func TestGoRuncAloneLosesWhatRunscSaid(t *testing.T) {
 	p := filepath.Join(dir, "runsc")
 	script := "#!/bin/sh\necho 'W1 a warning' >&2\ncase \"$1\" in state) echo '{\"status\":\"running\"}'; exit 0 ;; esac\n" +
 		"echo 'loading container: not found' >&2\nexit 1\n"
-	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testprog.Write(t, p, []byte(script))
 	rc := &runc.Runc{Command: p, Setpgid: true}
 	err := rc.Kill(context.Background(), "id", 9, nil)
 	var ee *exec.ExitError
@@ -164,9 +159,7 @@ func TestDetachedChildKeepsItsFiles(t *testing.T) {
 	dir := t.TempDir()
 	p, pids := filepath.Join(dir, "runsc"), filepath.Join(dir, "pids")
 	script := "#!/bin/sh\nsetsid sleep 1000 &\necho $! > " + pids + "\necho started\n"
-	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testprog.Write(t, p, []byte(script))
 	t.Cleanup(func() {
 		b, _ := os.ReadFile(pids)
 		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {

@@ -6,6 +6,8 @@ import (
 	"runtime/debug"
 	"strings"
 	"testing"
+
+	"github.com/flmbox/flmbox/internal/testrig/testprog"
 )
 
 // TestBuildDiff: two binaries of one build agree; any difference in the
@@ -49,7 +51,7 @@ func TestSameBuild(t *testing.T) {
 		t.Fatalf("SameBuild of this binary: %v", err)
 	}
 	plain := filepath.Join(t.TempDir(), "plain")
-	os.WriteFile(plain, []byte("#!/bin/sh\n"), 0o755)
+	testprog.Write(t, plain, []byte("#!/bin/sh\n"))
 	if err := SameBuild(plain); err == nil {
 		t.Fatal("a file without build information passed")
 	}
