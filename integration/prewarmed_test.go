@@ -125,7 +125,7 @@ func prewarmInto(root string) error {
 
 // copyRoot makes dst, an empty directory, a copy of the state root src:
 // every directory, symlink and file with its mode, owner and times, where
-// the cached trees (images/rootfs/HEX/rootfs) are src's, mounted read-only
+// the cached trees (isCachedTree) are src's, mounted read-only
 // (a sandbox mounts its tree read-only too); with linkTrees, the trees are
 // copies whose files are hard links to src's.
 // Every other file (records, locks, aliases) is a copy of its own, so that
@@ -217,10 +217,13 @@ func copyRoot(src, dst string, linkTrees bool) error {
 }
 
 // isCachedTree reports whether rel, a path in a state root, is the unpacked
-// tree of a cached image (images/rootfs/HEX/rootfs).
+// tree of a cached image (images/rootfs/HEX/rootfs) or the files of a
+// stored layer (images/layers/HEX/files), which the trees' files are hard
+// links to.
 func isCachedTree(rel string) bool {
 	parts := strings.Split(rel, string(filepath.Separator))
-	return len(parts) == 4 && parts[0] == "images" && parts[1] == "rootfs" && parts[3] == "rootfs"
+	return len(parts) == 4 && parts[0] == "images" &&
+		(parts[1] == "rootfs" && parts[3] == "rootfs" || parts[1] == "layers" && parts[3] == "files")
 }
 
 // inCachedTree reports whether rel, a path in a state root, is below the
@@ -332,7 +335,8 @@ func isPrewarmedTree(p string) bool {
 		return false
 	}
 	trees, _ := filepath.Glob(filepath.Join(prewarmed.root, "images", "rootfs", "*", "rootfs"))
-	for _, tree := range trees {
+	files, _ := filepath.Glob(filepath.Join(prewarmed.root, "images", "layers", "*", "files"))
+	for _, tree := range append(trees, files...) {
 		var tst unix.Stat_t
 		if unix.Stat(tree, &tst) == nil && tst.Dev == st.Dev && tst.Ino == st.Ino {
 			return true

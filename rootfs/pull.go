@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -314,6 +315,9 @@ func (s *Store) build(ctx context.Context, src source, named, md v1.Hash, m *v1.
 		if err := checkLayer(l); err != nil {
 			return nil, false, fmt.Errorf("layer %d (%s): %w", i+1, l.Digest, err)
 		}
+		if _, err := parseDigest(cfg.RootFS.DiffIDs[i].String()); err != nil {
+			return nil, false, fmt.Errorf("layer %d (%s): diff_id: %w", i+1, l.Digest, err)
+		}
 	}
 
 	staging, err := os.MkdirTemp(filepath.Join(s.dir, "tmp"), md.Hex+"-")
@@ -328,10 +332,17 @@ func (s *Store) build(ctx context.Context, src source, named, md v1.Hash, m *v1.
 	if err := os.Mkdir(filepath.Join(staging, "rootfs"), 0o755); err != nil {
 		return nil, false, err
 	}
-	size, err := fetchAndUnpack(ctx, src, m.Layers, cfg.RootFS.DiffIDs, staging, o)
+	size, release, err := s.fetchAndUnpack(ctx, src, m.Layers, cfg.RootFS.DiffIDs, staging, o)
 	if err != nil {
+		s.removeUnusedLayers(hexes(cfg.RootFS.DiffIDs))
 		return nil, false, err
 	}
+	defer func() {
+		release()
+		if err != nil {
+			s.removeUnusedLayers(hexes(cfg.RootFS.DiffIDs))
+		}
+	}()
 	// After the last layer, before the entry is published: the tree is
 	// never changed in place while sandboxes may use it.
 	mp, err := prepareMountPoints(filepath.Join(staging, "rootfs"), points)
@@ -340,8 +351,9 @@ func (s *Store) build(ctx context.Context, src source, named, md v1.Hash, m *v1.
 	}
 	img := &Image{ManifestDigest: md.String(), Platform: o.Platform.String(), ConfigDigest: m.Config.Digest.String(),
 		SizeBytes: size, Created: time.Now().UTC(), MountPoints: mp.done, Skipped: mp.skipped, Added: mp.added}
-	for _, l := range m.Layers {
+	for i, l := range m.Layers {
 		img.Layers = append(img.Layers, l.Digest.String())
+		img.DiffIDs = append(img.DiffIDs, cfg.RootFS.DiffIDs[i].String())
 	}
 	if err := os.WriteFile(filepath.Join(staging, "config.json"), cfgRaw, 0o600); err != nil {
 		return nil, false, err
@@ -357,6 +369,15 @@ func (s *Store) build(ctx context.Context, src source, named, md v1.Hash, m *v1.
 	}
 	img.Rootfs = filepath.Join(s.entryDir(md.Hex), "rootfs")
 	return img, false, s.writeAlias(named, o.Platform, img)
+}
+
+// hexes returns the hex parts of digests.
+func hexes(digests []v1.Hash) []string {
+	out := make([]string, len(digests))
+	for i, d := range digests {
+		out[i] = d.Hex
+	}
+	return out
 }
 
 func fetchConfig(ctx context.Context, src source, m *v1.Manifest) ([]byte, *v1.ConfigFile, error) {
@@ -404,33 +425,40 @@ func checkLayer(l v1.Descriptor) error {
 	return fmt.Errorf("unknown layer media type %q: %w", l.MediaType, errdefs.ErrNotImplemented)
 }
 
-// fetchAndUnpack fetches the layers in parallel (up to o.Jobs at once, bottom
-// layer first) into spool files in staging/blobs, verifying each blob's size
-// and digest as it streams, and meanwhile unpacks them in order into
-// staging/rootfs, each as soon as its first bytes arrive. A goroutine
-// decompresses and hashes ahead of the unpacker; each diff_id is checked once
-// the layer's stream has been read to its end, and a layer counts as applied
-// only once its fetch verified the blob. It returns the unpacked size.
-func fetchAndUnpack(ctx context.Context, src source, layers []v1.Descriptor, diffIDs []v1.Hash, staging string, o *PullOptions) (int64, error) {
-	blobs := filepath.Join(staging, "blobs")
-	if err := os.Mkdir(blobs, 0o700); err != nil {
-		return 0, err
-	}
-	spools := make([]*spool, len(layers))
-	for i := range layers {
-		sp, err := newSpool(filepath.Join(blobs, fmt.Sprint(i)))
-		if err != nil {
-			return 0, err
+// fetchAndUnpack makes the image's tree in staging/rootfs from its layers.
+// Each layer not stored yet is fetched and stored (storeLayer), up to
+// o.Jobs at once, as it streams: its blob's size and digest and its
+// diff_id are checked at its end, and its staging directory is published
+// only if all matched. Meanwhile the stored layers are applied to the tree
+// in order (ApplyStored), each once it and every layer below it are
+// stored. It returns the tree's size, and release, which lets go of the
+// layers' use locks: the caller calls it once an image naming them is
+// published, or the build failed.
+func (s *Store) fetchAndUnpack(ctx context.Context, src source, layers []v1.Descriptor, diffIDs []v1.Hash, staging string, o *PullOptions) (size int64, release func(), err error) {
+	var mu sync.Mutex
+	var releases []func()
+	releaseAll := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, r := range releases {
+			r()
 		}
-		defer sp.close()
-		spools[i] = sp
+		releases = nil
 	}
+	defer func() {
+		if err != nil {
+			releaseAll()
+		}
+	}()
 	status := func(i int, phase string, fetched int64) {
 		o.Progress.Layer(LayerStatus{Index: i + 1, Count: len(layers), Digest: layers[i].Digest.String(), Size: layers[i].Size, Fetched: fetched, Phase: phase})
 	}
+	stored := make([]chan struct{}, len(layers))
+	for i := range stored {
+		stored[i] = make(chan struct{})
+	}
 
 	g, gctx := errgroup.WithContext(ctx)
-	var size int64
 	g.Go(func() error {
 		u, err := NewUnpacker(filepath.Join(staging, "rootfs"), &o.Unpack)
 		if err != nil {
@@ -438,26 +466,15 @@ func fetchAndUnpack(ctx context.Context, src source, layers []v1.Descriptor, dif
 		}
 		defer u.Close()
 		for i, l := range layers {
-			what := fmt.Sprintf("layer %d (%s)", i+1, l.Digest)
-			status(i, "unpacking", 0)
-			err := applyLayer(gctx, u, spools[i], diffIDs[i], what)
-			// Refused content fails at once: the rest of the layer is not
-			// worth fetching. Other failures (corrupt compression, a cut
-			// stream) wait for the fetch, whose digest mismatch explains them
-			// better.
-			if refused(err) {
-				if done, ferr := spools[i].result(); done && ferr != nil {
-					return ferr
-				}
-				return err
+			select {
+			case <-stored[i]:
+			case <-gctx.Done():
+				return gctx.Err()
 			}
-			if ferr := spools[i].wait(); ferr != nil {
-				return ferr
+			status(i, "unpacking", l.Size)
+			if err := u.ApplyStored(gctx, s.layerDir(diffIDs[i].Hex)); err != nil {
+				return fmt.Errorf("layer %d (%s): %w", i+1, l.Digest, err)
 			}
-			if err != nil {
-				return err
-			}
-			spools[i].close()
 			status(i, "done", l.Size)
 		}
 		size = u.Size()
@@ -468,27 +485,38 @@ func fetchAndUnpack(ctx context.Context, src source, layers []v1.Descriptor, dif
 		select {
 		case sem <- struct{}{}:
 		case <-gctx.Done():
-			for _, sp := range spools[i:] {
-				sp.finish(gctx.Err())
-			}
-			return 0, g.Wait()
+			return 0, nil, g.Wait()
 		}
 		g.Go(func() error {
 			defer func() { <-sem }()
-			err := fetchBlob(gctx, src, l, spools[i], func(n int64) { status(i, "fetching", n) })
+			hex := diffIDs[i].Hex
+			rel, err := s.useLayer(gctx, hex)
 			if err != nil {
-				err = fmt.Errorf("fetch layer %d (%s): %w", i+1, l.Digest, err)
+				return err
+			}
+			mu.Lock()
+			releases = append(releases, rel)
+			mu.Unlock()
+			cached, err := s.storeLayerOnce(gctx, hex, func(dir string) (int64, error) {
+				return fetchLayer(gctx, src, l, diffIDs[i], dir, fmt.Sprintf("layer %d (%s)", i+1, l.Digest), &o.Unpack,
+					func(n int64) { status(i, "fetching", n) })
+			})
+			if err != nil {
+				return err
+			}
+			if cached {
+				status(i, "cached", 0)
 			} else {
 				status(i, "fetched", l.Size)
 			}
-			spools[i].finish(err)
-			return err
+			close(stored[i])
+			return nil
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	return size, nil
+	return size, releaseAll, nil
 }
 
 // refused reports whether an unpack error is a refusal of the layer's
@@ -497,28 +525,93 @@ func refused(err error) bool {
 	return errors.Is(err, errdefs.ErrInvalidArgument) || errors.Is(err, errdefs.ErrResourceExhausted)
 }
 
-// fetchBlob copies blob d into w, checking its size and digest.
-func fetchBlob(ctx context.Context, src source, d v1.Descriptor, w io.Writer, progress func(int64)) error {
-	rc, err := src.blob(ctx, d.Digest)
+// fetchLayer fetches layer l and stores it in dir (storeLayer) as it
+// streams, decompressing and hashing ahead of the store in a goroutine of
+// its own. It checks the blob's size and digest and the layer's diff_id
+// once the stream has been read to its end; what describes the layer in
+// errors. Refused content fails at once: the rest of the layer is not
+// worth fetching. Other failures (corrupt compression, a cut stream) read
+// the blob to its end first, so that a digest mismatch, which explains
+// them better, is what is reported.
+func fetchLayer(ctx context.Context, src source, l v1.Descriptor, diffID v1.Hash, dir, what string, opts *UnpackOptions, progress func(int64)) (int64, error) {
+	rc, err := src.blob(ctx, l.Digest)
 	if err != nil {
-		return err
+		return 0, fmt.Errorf("fetch %s: %w", what, err)
 	}
-	defer rc.Close()
-	h := sha256.New()
-	pw := &progressWriter{w: io.MultiWriter(w, h), report: progress}
-	n, err := io.Copy(pw, io.LimitReader(&ctxReader{ctx: ctx, r: rc}, d.Size+1))
-	if n == d.Size {
-		if got := hashOf(h); got != d.Digest.String() {
-			return &DigestMismatchError{What: "blob", Kind: "digest", Expected: d.Digest.String(), Actual: got}
+	stop := sync.OnceFunc(func() { rc.Close() })
+	defer stop()
+	bh := sha256.New()
+	blob := &progressReader{r: io.LimitReader(&ctxReader{ctx: ctx, r: rc}, l.Size+1), report: progress}
+	hashed := io.TeeReader(blob, bh)
+	size, err := storeStream(ctx, hashed, diffID, dir, what, opts, stop)
+	if err != nil && ctx.Err() != nil {
+		return 0, err
+	}
+	if refused(err) {
+		// The refused bytes are unverified: a corrupt download is better
+		// told by its digest, if the rest of it comes within refusalWait
+		// (storeStream stops the fetch then).
+		io.Copy(io.Discard, hashed)
+		if blob.n == l.Size {
+			if got := hashOf(bh); got != l.Digest.String() {
+				return 0, fmt.Errorf("fetch %s: %w", what, &DigestMismatchError{What: "blob", Kind: "digest", Expected: l.Digest.String(), Actual: got})
+			}
+		}
+		return 0, err
+	}
+	// What decompression left of the blob counts in its digest. A source
+	// that checks digests itself fails the read at the end: the mismatch,
+	// seen here, says more.
+	_, derr := io.Copy(io.Discard, hashed)
+	if blob.n == l.Size {
+		if got := hashOf(bh); got != l.Digest.String() {
+			return 0, fmt.Errorf("fetch %s: %w", what, &DigestMismatchError{What: "blob", Kind: "digest", Expected: l.Digest.String(), Actual: got})
 		}
 	}
+	if derr != nil {
+		return 0, fmt.Errorf("fetch %s: %w", what, derr)
+	}
+	if blob.n != l.Size {
+		return 0, fmt.Errorf("fetch %s: size mismatch: the manifest says %d bytes, the blob has %s: %w", what, l.Size, sizeSeen(blob.n, l.Size), errdefs.ErrFailedPrecondition)
+	}
+	return size, err
+}
+
+// refusalWait is how long a pull whose layer was refused waits for the
+// rest of the layer's blob, to check its digest.
+const refusalWait = time.Second
+
+// storeStream decompresses a layer blob's stream and stores it in dir,
+// checking its diff_id. Decompression and hashing run ahead of the store in
+// their own goroutine, which has ended when storeStream returns: abort
+// makes its read of r return. It is called when ctx is done, and
+// refusalWait after the store refused the layer's content.
+func storeStream(ctx context.Context, r io.Reader, diffID v1.Hash, dir, what string, opts *UnpackOptions, abort func()) (int64, error) {
+	dr, err := decompress(r)
 	if err != nil {
-		return err
+		return 0, fmt.Errorf("%s: %w", what, err)
 	}
-	if n != d.Size {
-		return fmt.Errorf("size mismatch: the manifest says %d bytes, the blob has %s: %w", d.Size, sizeSeen(n, d.Size), errdefs.ErrFailedPrecondition)
+	defer dr.Close()
+	h := sha256.New()
+	ra, err := readahead.NewReaderSize(io.TeeReader(dr, h), 4, 1<<20)
+	if err != nil {
+		return 0, err
 	}
-	return nil
+	size, err := storeLayer(ctx, ra, dir, opts)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		abort()
+	case refused(err):
+		time.AfterFunc(refusalWait, abort)
+	}
+	ra.Close()
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", what, err)
+	}
+	if got := hashOf(h); got != diffID.String() {
+		return 0, &DigestMismatchError{What: what, Kind: "diff_id", Expected: diffID.String(), Actual: got}
+	}
+	return size, nil
 }
 
 func sizeSeen(n, want int64) string {
@@ -528,47 +621,21 @@ func sizeSeen(n, want int64) string {
 	return fmt.Sprint(n)
 }
 
-// applyLayer decompresses and unpacks one layer as its spool fills, checking
-// its diff_id. Decompression and hashing run ahead in their own goroutine,
-// which is stopped (through its own context) before applyLayer returns, even
-// when the fetch is still waiting for bytes.
-func applyLayer(ctx context.Context, u *Unpacker, sp *spool, diffID v1.Hash, what string) error {
-	lctx, stop := context.WithCancel(ctx)
-	defer stop()
-	dr, err := decompress(sp.reader(lctx))
-	if err != nil {
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	defer dr.Close()
-	h := sha256.New()
-	ra, err := readahead.NewReaderSize(io.TeeReader(dr, h), 4, 1<<20)
-	if err != nil {
-		return err
-	}
-	defer ra.Close()
-	defer stop() // before ra.Close, which waits for the read ahead to end
-	if err := u.Apply(ctx, ra); err != nil {
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	if got := hashOf(h); got != diffID.String() {
-		return &DigestMismatchError{What: what, Kind: "diff_id", Expected: diffID.String(), Actual: got}
-	}
-	return nil
-}
-
 func hashOf(h hash.Hash) string { return "sha256:" + hex.EncodeToString(h.Sum(nil)) }
 
-// progressWriter reports the bytes written so far.
-type progressWriter struct {
-	w      io.Writer
+// progressReader reports the bytes read so far.
+type progressReader struct {
+	r      io.Reader
 	n      int64
 	report func(int64)
 }
 
-func (p *progressWriter) Write(b []byte) (int, error) {
-	n, err := p.w.Write(b)
+func (p *progressReader) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
 	p.n += int64(n)
-	p.report(p.n)
+	if n > 0 {
+		p.report(p.n)
+	}
 	return n, err
 }
 

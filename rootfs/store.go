@@ -18,6 +18,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/flmbox/flmbox/internal/atomicfile"
+	"github.com/flmbox/flmbox/internal/flock"
 	"github.com/flmbox/flmbox/internal/names"
 )
 
@@ -28,7 +29,10 @@ import (
 // Layout (all directories 0700, files 0600):
 //
 //	rootfs/HEX/          one published entry per platform manifest sha256:HEX
-//	    rootfs/          the unpacked tree, shared read-only by sandboxes
+//	    rootfs/          the unpacked tree, shared read-only by sandboxes:
+//	                     its files are hard links to its layers' (layers/)
+//	layers/HEX/          layer sha256:HEX (a diff_id), unpacked once and
+//	                     shared by every image that has it (layers.go)
 //	    image.json       Image metadata
 //	    config.json      the image config, as served
 //	    last-used        its mtime is the last time the entry was used
@@ -60,6 +64,10 @@ type Image struct {
 	ConfigDigest string `json:"config_digest"`
 	// Layers are the layers' compressed digests, bottom first.
 	Layers []string `json:"layers"`
+	// DiffIDs are the layers' diff_ids, bottom first: the stored layers
+	// whose files the tree shares (none for an entry cached by an earlier
+	// flmbox, whose tree has files of its own).
+	DiffIDs []string `json:"diff_ids,omitempty"`
 	// SizeBytes is the size of the regular files of the tree.
 	SizeBytes int64 `json:"size_bytes"`
 	// Created is when the tree was unpacked.
@@ -114,7 +122,7 @@ func OpenStore(dir string, opts ...StoreOption) (*Store, error) {
 	if s.mountPoints, err = checkMountPoints(s.mountPoints); err != nil {
 		return nil, fmt.Errorf("open image store: %w", err)
 	}
-	for _, d := range []string{"", "rootfs", "aliases", "refs", "leases", "locks", "tmp", "trash"} {
+	for _, d := range []string{"", "rootfs", "layers", "aliases", "refs", "leases", "locks", "tmp", "trash"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("open image store: %w", err)
 		}
@@ -559,12 +567,23 @@ func (s *Store) cleanLeftovers() []Removed {
 		ents, _ := os.ReadDir(filepath.Join(s.dir, sub))
 		for _, e := range ents {
 			p := filepath.Join(s.dir, sub, e.Name())
-			hex, _, _ := strings.Cut(e.Name(), "-")
+			name, layer := strings.CutPrefix(e.Name(), "layer-")
+			hex, _, _ := strings.Cut(name, "-")
 			if _, err := parseDigest("sha256:" + hex); err != nil {
 				_ = os.RemoveAll(p) // not ours to keep
 				continue
 			}
-			if unlock, ok := s.tryLock(hex); ok {
+			lock := func() (func(), bool) { return s.tryLock(hex) }
+			if layer {
+				lock = func() (func(), bool) {
+					l, err := flock.TryLockFile(s.layerLockPath(hex, "lock"), 0o600, flock.Exclusive)
+					if err != nil {
+						return nil, false
+					}
+					return l.Unlock, true
+				}
+			}
+			if unlock, ok := lock(); ok {
 				size := treeBytes(p)
 				if os.RemoveAll(p) == nil {
 					removed = append(removed, Removed{SizeBytes: size, Leftover: what})

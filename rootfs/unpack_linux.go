@@ -135,7 +135,7 @@ func (u *Unpacker) Apply(ctx context.Context, r io.Reader) error {
 		if u.entries > u.opts.MaxEntries {
 			return &LimitError{What: "entries", Limit: u.opts.MaxEntries}
 		}
-		if err := u.applyEntry(tr, hdr, ls); err != nil {
+		if err := u.applyEntry(tarContent{u, tr}, hdr, ls); err != nil {
 			return fmt.Errorf("unpack %q: %w", hdr.Name, err)
 		}
 	}
@@ -143,6 +143,11 @@ func (u *Unpacker) Apply(ctx context.Context, r io.Reader) error {
 	if _, err := io.CopyBuffer(io.Discard, lr, u.buf); err != nil {
 		return fmt.Errorf("read layer: %w", err)
 	}
+	return u.endLayer(ls)
+}
+
+// endLayer applies the metadata of the layer's directories.
+func (u *Unpacker) endLayer(ls *layerState) error {
 	u.dropDir()
 	for _, p := range ls.dirOrder {
 		if err := u.setDirMeta(p, ls.dirs[p]); err != nil {
@@ -152,7 +157,24 @@ func (u *Unpacker) Apply(ctx context.Context, r io.Reader) error {
 	return nil
 }
 
-func (u *Unpacker) applyEntry(tr *tar.Reader, hdr *tar.Header, ls *layerState) error {
+// content makes a regular file entry's file, base in the directory open
+// at pfd, with the entry's content and metadata.
+type content interface {
+	create(pfd int, base string, hdr *tar.Header) error
+}
+
+// tarContent writes the content that follows the entry's header in a
+// layer's tar stream.
+type tarContent struct {
+	u *Unpacker
+	r io.Reader
+}
+
+func (c tarContent) create(pfd int, base string, hdr *tar.Header) error {
+	return c.u.writeFile(pfd, base, c.r, hdr)
+}
+
+func (u *Unpacker) applyEntry(src content, hdr *tar.Header, ls *layerState) error {
 	switch hdr.Typeflag {
 	case tar.TypeXGlobalHeader:
 		return nil
@@ -219,7 +241,7 @@ func (u *Unpacker) applyEntry(tr *tar.Reader, hdr *tar.Header, ls *layerState) e
 		case tar.TypeLink:
 			return u.hardlink(pfd, base, linkTarget)
 		}
-		return u.writeFile(pfd, base, tr, hdr)
+		return src.create(pfd, base, hdr)
 	}
 	err = create()
 	if errors.Is(err, unix.EEXIST) {

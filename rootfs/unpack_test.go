@@ -181,6 +181,8 @@ type unpackEnv struct {
 	// ctimes of the sentinel file and directory: any change of content,
 	// mode, owner, times or link count moves them.
 	secretCtime, outsideCtime unix.Timespec
+	// stored applies layers from a layer store (storeLayer, ApplyStored).
+	stored bool
 }
 
 func newUnpackEnv(tb testing.TB) *unpackEnv {
@@ -275,6 +277,16 @@ func (e *unpackEnv) applyAll(tb testing.TB, opts *UnpackOptions, layers [][]byte
 	}
 	defer u.Close()
 	for i, l := range layers {
+		if e.stored {
+			dir := tb.TempDir()
+			if _, err := storeLayer(context.Background(), bytes.NewReader(l), dir, &o); err != nil {
+				return i, err
+			}
+			if err := u.ApplyStored(context.Background(), dir); err != nil {
+				return i, err
+			}
+			continue
+		}
 		if err := u.Apply(context.Background(), bytes.NewReader(l)); err != nil {
 			return i, err
 		}
@@ -481,35 +493,49 @@ type unpackCase struct {
 func runUnpackCases(t *testing.T, cases []unpackCase) {
 	t.Helper()
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			if c.rootOnly && os.Geteuid() != 0 {
-				t.Skip("needs root")
+		for _, stored := range []bool{false, true} {
+			name := c.name
+			if stored {
+				name += "/stored"
 			}
-			e := newUnpackEnv(t)
-			var layers [][]byte
-			for _, l := range c.layers {
-				if l == nil {
-					layers = append(layers, nil) // a stream of 0 bytes
-					continue
-				}
-				layers = append(layers, e.tar(t, l))
-			}
-			failed, err := e.applyAll(t, c.opts, layers)
-			e.checkSentinel(t)
-			checkUnpackErr(t, e, c, failed, err)
-			e.checkTree(t, c.want, !c.loose)
-			if len(e.warnings) != len(c.warns) {
-				t.Errorf("warnings %q, want one for each of %q", e.warnings, c.warns)
-			}
-			for _, w := range c.warns {
-				if !slices.ContainsFunc(e.warnings, func(s string) bool { return strings.Contains(s, w) }) {
-					t.Errorf("no warning mentions %q in %q", w, e.warnings)
-				}
-			}
-			if c.check != nil {
-				c.check(t, e)
-			}
-		})
+			t.Run(name, func(t *testing.T) {
+				runUnpackCase(t, c, stored)
+			})
+		}
+	}
+}
+
+// runUnpackCase runs c with its layers applied as tar streams, or stored
+// first (storeLayer) and applied from the store (ApplyStored): the same
+// tree, errors and warnings either way.
+func runUnpackCase(t *testing.T, c unpackCase, stored bool) {
+	if c.rootOnly && os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	e := newUnpackEnv(t)
+	e.stored = stored
+	var layers [][]byte
+	for _, l := range c.layers {
+		if l == nil {
+			layers = append(layers, nil) // a stream of 0 bytes
+			continue
+		}
+		layers = append(layers, e.tar(t, l))
+	}
+	failed, err := e.applyAll(t, c.opts, layers)
+	e.checkSentinel(t)
+	checkUnpackErr(t, e, c, failed, err)
+	e.checkTree(t, c.want, !c.loose)
+	if len(e.warnings) != len(c.warns) {
+		t.Errorf("warnings %q, want one for each of %q", e.warnings, c.warns)
+	}
+	for _, w := range c.warns {
+		if !slices.ContainsFunc(e.warnings, func(s string) bool { return strings.Contains(s, w) }) {
+			t.Errorf("no warning mentions %q in %q", w, e.warnings)
+		}
+	}
+	if c.check != nil {
+		c.check(t, e)
 	}
 }
 
