@@ -94,6 +94,12 @@ type Image struct {
 	Names []string `json:"names,omitempty"`
 	// Holders are the leases' holders, e.g. sandbox names (not stored).
 	Holders []string `json:"holders,omitempty"`
+	// SharedBytes and UniqueBytes are what the image's layers hold on the
+	// disk, as List found them: the layers other images have too, and
+	// those only it has, which its removal would free (for an entry
+	// cached by an earlier flmbox, SizeBytes). Not stored.
+	SharedBytes int64 `json:"shared_bytes"`
+	UniqueBytes int64 `json:"unique_bytes"`
 }
 
 // alias is the content of an alias file.
@@ -233,6 +239,7 @@ func (s *Store) List(ctx context.Context) ([]*Image, error) {
 		img.Holders, _ = s.holders(e.Name())
 		out = append(out, img)
 	}
+	s.layerBytes(out)
 	sort.Slice(out, func(i, j int) bool { return out[i].LastUsed.After(out[j].LastUsed) })
 	return out, nil
 }
@@ -352,7 +359,10 @@ func (s *Store) holders(hex string) ([]string, error) {
 // Removed describes an entry that Remove or GC deleted.
 type Removed struct {
 	ManifestDigest string `json:"manifest_digest"`
-	SizeBytes      int64  `json:"size_bytes"`
+	// SizeBytes is what the removal freed: the content of the layers no
+	// other image has, or of the tree of an entry cached by an earlier
+	// flmbox.
+	SizeBytes int64 `json:"size_bytes"`
 	// Leftover, from GC, says what was removed that was no image: "an
 	// interrupted pull" (its staging), "an interrupted removal".
 	// ManifestDigest is empty then.
@@ -429,8 +439,14 @@ func (s *Store) discard(hex string) (*Removed, error) {
 		return nil, nil // already gone
 	}
 	r := &Removed{ManifestDigest: "sha256:" + hex}
+	var layers []string
 	if img, err := s.get(hex); err == nil {
 		r.SizeBytes = img.SizeBytes
+		for _, d := range img.DiffIDs {
+			if h, err := parseDigest(d); err == nil {
+				layers = append(layers, h.Hex)
+			}
+		}
 	}
 	if h, _ := s.holders(hex); len(h) > 0 {
 		return nil, fmt.Errorf("image %s is used by %s: %w", r.ManifestDigest, strings.Join(h, ", "), ErrInUse)
@@ -451,6 +467,15 @@ func (s *Store) discard(hex string) (*Removed, error) {
 	})
 	if err := os.RemoveAll(trash); err != nil {
 		return nil, fmt.Errorf("remove image %s: delete its files: %w", r.ManifestDigest, err)
+	}
+	if layers != nil {
+		// Its tree's files were links: what is freed is the layers that no
+		// other image has.
+		freed, err := s.removeUnusedLayers(layers)
+		if err != nil {
+			return nil, fmt.Errorf("remove image %s: %w", r.ManifestDigest, err)
+		}
+		r.SizeBytes = freed
 	}
 	return r, nil
 }
@@ -499,16 +524,19 @@ func (s *Store) GC(ctx context.Context, o GCOptions) ([]Removed, error) {
 			unlock()
 		}
 	})
+	// Layers that no image has: a pull killed after storing them.
+	if freed, err := s.removeUnusedLayers(nil); err != nil {
+		return removed, err
+	} else if freed > 0 {
+		removed = append(removed, Removed{SizeBytes: freed, Leftover: "layers no image has"})
+	}
 	imgs, err := s.List(ctx)
 	if err != nil {
 		return nil, err
 	}
 	// Oldest use first.
 	sort.Slice(imgs, func(i, j int) bool { return imgs[i].LastUsed.Before(imgs[j].LastUsed) })
-	var total int64
-	for _, img := range imgs {
-		total += img.SizeBytes
-	}
+	total := s.diskBytes(imgs)
 	inUse := 0
 	for _, img := range imgs {
 		old := o.UnusedFor > 0 && time.Since(img.LastUsed) > o.UnusedFor
@@ -537,6 +565,59 @@ func (s *Store) GC(ctx context.Context, o GCOptions) ([]Removed, error) {
 		return removed, &BudgetError{Bytes: total, MaxBytes: *o.MaxBytes, InUse: inUse}
 	}
 	return removed, nil
+}
+
+// layerBytes fills the SharedBytes and UniqueBytes of imgs, every cached
+// image.
+func (s *Store) layerBytes(imgs []*Image) {
+	users := map[string]int{}
+	layers := make([]map[string]bool, len(imgs))
+	for i, img := range imgs {
+		layers[i] = map[string]bool{}
+		for _, d := range img.DiffIDs {
+			if h, err := parseDigest(d); err == nil && !layers[i][h.Hex] {
+				layers[i][h.Hex] = true
+				users[h.Hex]++
+			}
+		}
+	}
+	sizes := map[string]int64{}
+	for hex := range users {
+		if li, err := s.readLayer(hex); err == nil {
+			sizes[hex] = li.SizeBytes
+		}
+	}
+	for i, img := range imgs {
+		if len(img.DiffIDs) == 0 {
+			img.UniqueBytes = img.SizeBytes
+			continue
+		}
+		for hex := range layers[i] {
+			if users[hex] > 1 {
+				img.SharedBytes += sizes[hex]
+			} else {
+				img.UniqueBytes += sizes[hex]
+			}
+		}
+	}
+}
+
+// diskBytes is what the images imgs hold on the disk: the content of every
+// stored layer once, and the trees of entries cached by an earlier flmbox.
+func (s *Store) diskBytes(imgs []*Image) int64 {
+	var n int64
+	for _, img := range imgs {
+		if len(img.DiffIDs) == 0 {
+			n += img.SizeBytes
+		}
+	}
+	ents, _ := os.ReadDir(filepath.Join(s.dir, "layers"))
+	for _, e := range ents {
+		if li, err := s.readLayer(e.Name()); err == nil {
+			n += li.SizeBytes
+		}
+	}
+	return n
 }
 
 // BudgetError is GC's error when the cache holds more than GCOptions.MaxBytes

@@ -38,10 +38,11 @@ func imagesLsCommand() *cli.Command {
 				return json.NewEncoder(c.App.Writer).Encode(imgs)
 			}
 			tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "MANIFEST\tPLATFORM\tSIZE\tLAST USED\tIN USE BY\tNAMES")
+			fmt.Fprintln(tw, "MANIFEST\tPLATFORM\tSIZE\tSHARED\tUNIQUE\tLAST USED\tIN USE BY\tNAMES")
 			for _, img := range imgs {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", shortDigest(img.ManifestDigest), img.Platform,
-					humanSize(img.SizeBytes), units.HumanDuration(time.Since(img.LastUsed))+" ago",
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", shortDigest(img.ManifestDigest), img.Platform,
+					humanSize(img.SizeBytes), humanSize(img.SharedBytes), humanSize(img.UniqueBytes),
+					units.HumanDuration(time.Since(img.LastUsed))+" ago",
 					orDash(strings.Join(img.Holders, ",")), orDash(strings.Join(img.Names, ", ")))
 			}
 			return tw.Flush()
