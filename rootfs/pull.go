@@ -259,8 +259,8 @@ func checkDescriptor(d *v1.Descriptor) error {
 	return err
 }
 
-// maxLayers bounds the layers of an image (each is fetched into a file of
-// its own while the image is pulled).
+// maxLayers bounds the layers of an image (each is stored in a directory
+// of its own, and its use lock held while the image is pulled).
 const maxLayers = 512
 
 // build unpacks the image with manifest m into the cache unless it is there,

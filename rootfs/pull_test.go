@@ -157,7 +157,7 @@ var amd64 = Platform{OS: "linux", Architecture: "amd64"}
 // makes every directory it reads, so a missing one is a failure too.
 func assertClean(t *testing.T, s *Store) {
 	t.Helper()
-	for _, d := range []string{"rootfs", "tmp", "trash"} {
+	for _, d := range []string{"rootfs", "layers", "tmp", "trash"} {
 		ents, err := os.ReadDir(filepath.Join(s.dir, d))
 		if err != nil {
 			t.Errorf("%s/: %v", d, err)
@@ -701,4 +701,26 @@ func TestSecondLeaseByTheSameHolderFailsAndKeepsTheFirst(t *testing.T) {
 	if _, err := s.Remove(ctx, res.ManifestDigest); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("the first lease is gone: %v", err)
 	}
+}
+
+// TestRemoveByID removes an image by the ID `images ls` shows (the start of
+// its manifest digest's hex) and fails on an ID that names no image.
+func TestRemoveByID(t *testing.T) {
+	r := newTestRegistry(t)
+	ref, _ := pushIndex(t, r, "py")
+	s := newTestStore(t)
+	ctx := context.Background()
+	res, err := s.Prewarm(ctx, ref, &PullOptions{Platform: amd64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Remove(ctx, "0123456789ab"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("an ID of no image: %v, want not found", err)
+	}
+	id := strings.TrimPrefix(res.ManifestDigest, "sha256:")[:12]
+	removed, err := s.Remove(ctx, id)
+	if err != nil || len(removed) != 1 || removed[0].ManifestDigest != res.ManifestDigest || removed[0].SizeBytes == 0 {
+		t.Fatalf("remove by ID %s: %+v %v", id, removed, err)
+	}
+	assertClean(t, s)
 }

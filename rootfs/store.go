@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -42,7 +43,8 @@ import (
 //	leases/HEX/HOLDER    HOLDER (a sandbox) uses entry HEX: rm and gc keep it
 //	locks/HEX.lock       flock(2) lock of entry HEX
 //	tmp/HEX-RANDOM/      an entry being built; removed if its builder died
-//	trash/               entries being removed
+//	tmp/layer-HEX-RANDOM/ a layer being stored; likewise
+//	trash/               entries and layers being removed
 //
 // A tree is what its image's layers make, plus the mount points that the
 // Store was asked for (WithMountPoints, PullOptions.MountPoints), made after
@@ -369,16 +371,21 @@ type Removed struct {
 	Leftover string `json:"leftover,omitempty"`
 }
 
-// Remove deletes what IMAGE names: a manifest digest removes that entry; an
-// index digest, a digest reference or a tag removes every platform entry it
-// leads to, and its aliases. Nothing cached under that name is not an error
-// (Remove is idempotent). An entry leased by a sandbox is kept and the call
+// Remove deletes what IMAGE names: a manifest digest removes that entry, as
+// does an ID, the start of its hex as `images ls` shows it (an ID that
+// names no cached entry fails); an index digest, a digest reference or a
+// tag removes every platform entry it leads to, and its aliases. Nothing
+// cached under such a name is not an error (Remove is idempotent). An entry leased by a sandbox is kept and the call
 // fails with ErrInUse (errdefs.ErrFailedPrecondition).
 func (s *Store) Remove(ctx context.Context, image string) ([]Removed, error) {
 	var named v1.Hash
 	var tagPath string
 	if h, err := parseDigest(image); err == nil {
 		named = h
+	} else if shortID.MatchString(image) {
+		if named, err = s.byShortID(image); err != nil {
+			return nil, err
+		}
 	} else {
 		ref, err := ParseReference(image)
 		if err != nil {
@@ -421,6 +428,30 @@ func (s *Store) Remove(ctx context.Context, image string) ([]Removed, error) {
 	return removed, errors.Join(errs...)
 }
 
+// shortID is what `images ls` shows of a manifest digest, or any prefix of
+// its hex, as docker takes an image ID.
+var shortID = regexp.MustCompile(`^[0-9a-f]{1,64}$`)
+
+// byShortID returns the manifest digest of the one cached entry whose hex
+// starts with id; it fails with errdefs.ErrNotFound if none does, and
+// errdefs.ErrInvalidArgument if several do.
+func (s *Store) byShortID(id string) (v1.Hash, error) {
+	ents, _ := os.ReadDir(filepath.Join(s.dir, "rootfs"))
+	var found []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), id) {
+			found = append(found, e.Name())
+		}
+	}
+	switch len(found) {
+	case 0:
+		return v1.Hash{}, fmt.Errorf("no cached image has the ID %s: %w", id, errdefs.ErrNotFound)
+	case 1:
+		return parseDigest("sha256:" + found[0])
+	}
+	return v1.Hash{}, fmt.Errorf("the ID %s is the start of %d cached images' IDs: give more of it: %w", id, len(found), errdefs.ErrInvalidArgument)
+}
+
 // removeEntry deletes entry hex and every alias that leads to it, unless it
 // is leased. A damaged entry (unreadable image.json) is removed too.
 func (s *Store) removeEntry(ctx context.Context, hex string) (*Removed, error) {
@@ -439,9 +470,13 @@ func (s *Store) discard(hex string) (*Removed, error) {
 		return nil, nil // already gone
 	}
 	r := &Removed{ManifestDigest: "sha256:" + hex}
+	// The layers its removal may free: those it names, or any if its
+	// record is damaged.
 	var layers []string
-	if img, err := s.get(hex); err == nil {
+	img, err := s.get(hex)
+	if err == nil {
 		r.SizeBytes = img.SizeBytes
+		layers = []string{}
 		for _, d := range img.DiffIDs {
 			if h, err := parseDigest(d); err == nil {
 				layers = append(layers, h.Hex)
@@ -468,7 +503,7 @@ func (s *Store) discard(hex string) (*Removed, error) {
 	if err := os.RemoveAll(trash); err != nil {
 		return nil, fmt.Errorf("remove image %s: delete its files: %w", r.ManifestDigest, err)
 	}
-	if layers != nil {
+	if len(layers) > 0 || img == nil {
 		// Its tree's files were links: what is freed is the layers that no
 		// other image has.
 		freed, err := s.removeUnusedLayers(layers)

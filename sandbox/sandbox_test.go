@@ -57,6 +57,25 @@ func TestEnvironment(t *testing.T) {
 	if last["LANG"] != "en_US.UTF-8" || last["HOME"] != "/root" || last["PIP_BREAK_SYSTEM_PACKAGES"] != "1" || last["PIP_TARGET"] != "" || last["PATH"] != "/usr/bin:/bin" {
 		t.Fatalf("later settings must win over earlier ones: %q", env)
 	}
+	// An image that sets no PATH gets docker's; the caller's still wins.
+	for _, tc := range []struct {
+		image, extra []string
+		want         string
+	}{
+		{nil, nil, DefaultPath},
+		{[]string{"LANG=C"}, []string{"PATH=/opt/bin"}, "/opt/bin"},
+		{[]string{"PATH=/image/bin"}, nil, "/image/bin"},
+	} {
+		var paths []string
+		for _, kv := range Environment(tc.image, tc.extra) {
+			if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+				paths = append(paths, v)
+			}
+		}
+		if len(paths) == 0 || paths[len(paths)-1] != tc.want {
+			t.Errorf("image %q, extra %q: PATH settings %q, want the last %q", tc.image, tc.extra, paths, tc.want)
+		}
+	}
 }
 
 func TestSpecDefaults(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	goruntime "runtime"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -296,14 +297,22 @@ var flmboxEnv = []string{
 // (pip install --target /tmp/site-packages) imports in every call.
 const sitePackages = "/tmp/site-packages"
 
-// Environment is a sandbox's environment: the image's, then flmbox's, then
-// extra (pip's settings, the caller's); later entries win. PYTHONPATH is
+// DefaultPath is the PATH of a sandbox whose image sets none: docker's.
+const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// Environment is a sandbox's environment: the image's (with DefaultPath if
+// it sets no PATH, as docker does), then flmbox's, then extra (pip's
+// settings, the caller's); later entries win. PYTHONPATH is
 // /tmp/site-packages, followed by the last PYTHONPATH that the caller or
 // else the image sets, so that what pip installs always imports.
 func Environment(image, extra []string) []string {
 	pythonpath := withSitePackages("")
 	var env []string
-	for _, kv := range append(append([]string{}, image...), flmboxEnv...) {
+	base := append([]string{}, image...)
+	if !slices.ContainsFunc(image, func(kv string) bool { return strings.HasPrefix(kv, "PATH=") }) {
+		base = append([]string{"PATH=" + DefaultPath}, base...)
+	}
+	for _, kv := range append(base, flmboxEnv...) {
 		if v, ok := strings.CutPrefix(kv, "PYTHONPATH="); ok {
 			if v != "" {
 				pythonpath = withSitePackages(v)

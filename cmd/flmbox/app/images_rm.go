@@ -11,10 +11,10 @@ func imagesRmCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "rm",
 		Usage:     "remove cached images (removing what is not cached is not an error)",
-		ArgsUsage: "REF|DIGEST...",
+		ArgsUsage: "REF|DIGEST|ID...",
 		Action: func(c *cli.Context) error {
 			if c.NArg() == 0 {
-				return fmt.Errorf("images rm needs at least one REF or DIGEST")
+				return fmt.Errorf("images rm needs at least one REF, DIGEST or ID (as images ls shows it)")
 			}
 			store, err := openReconciledStore(c)
 			if err != nil {
