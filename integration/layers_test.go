@@ -26,9 +26,29 @@ import (
 )
 
 // pushDerived pushes the test image's linux/amd64 image with one more
-// layer holding files (path → content) to reg as repo:tag, and returns its
-// reference by digest and the new layer's diff_id.
+// layer holding files (path → content, mode 0644) to reg as repo:tag, and
+// returns its reference by digest and the new layer's diff_id.
 func pushDerived(t *testing.T, reg *testRegistry, tag string, files map[string][]byte) (string, v1.Hash) {
+	t.Helper()
+	var entries []layerEntry
+	for _, p := range slices.Sorted(maps.Keys(files)) {
+		entries = append(entries, layerEntry{hdr: tar.Header{Name: p, Mode: 0o644}, body: files[p]})
+	}
+	return pushImage(t, reg, tag, entries, nil)
+}
+
+// layerEntry is an entry of a layer pushImage makes: its header (Size,
+// Typeflag and ModTime filled in if zero) and a regular file's content.
+type layerEntry struct {
+	hdr  tar.Header
+	body []byte
+}
+
+// pushImage pushes the test image's linux/amd64 image with one more layer
+// of entries, its config changed by config (if not nil), to reg as
+// repo-derived:tag, and returns its reference by digest and the new
+// layer's diff_id.
+func pushImage(t *testing.T, reg *testRegistry, tag string, entries []layerEntry, config func(*v1.Config)) (string, v1.Hash) {
 	t.Helper()
 	base, err := img.Index.Image(img.AMD64Digest)
 	if err != nil {
@@ -36,12 +56,21 @@ func pushDerived(t *testing.T, reg *testRegistry, tag string, files map[string][
 	}
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
-	for _, p := range slices.Sorted(maps.Keys(files)) {
-		hdr := &tar.Header{Name: p, Mode: 0o644, Size: int64(len(files[p])), ModTime: time.Unix(1700000000, 0)}
-		if err := tw.WriteHeader(hdr); err != nil {
+	for _, e := range entries {
+		hdr := e.hdr
+		if hdr.Typeflag == 0 {
+			hdr.Typeflag = tar.TypeReg
+		}
+		if hdr.Typeflag == tar.TypeReg {
+			hdr.Size = int64(len(e.body))
+		}
+		if hdr.ModTime.IsZero() {
+			hdr.ModTime = time.Unix(1700000000, 0)
+		}
+		if err := tw.WriteHeader(&hdr); err != nil {
 			t.Fatal(err)
 		}
-		tw.Write(files[p])
+		tw.Write(e.body)
 	}
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
@@ -53,6 +82,17 @@ func pushDerived(t *testing.T, reg *testRegistry, tag string, files map[string][
 	derived, err := mutate.AppendLayers(base, layer)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if config != nil {
+		cf, err := derived.ConfigFile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := cf.Config.DeepCopy()
+		config(cfg)
+		if derived, err = mutate.Config(derived, *cfg); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ref, err := name.ParseReference(reg.host + "/" + repo + "-derived:" + tag)
 	if err != nil {

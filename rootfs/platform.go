@@ -103,3 +103,10 @@ func (p Platform) key() string {
 func (p Platform) matches(o v1.Platform) bool {
 	return Platform{OS: o.OS, Architecture: o.Architecture, Variant: o.Variant}.normalize() == p
 }
+
+// RunsOn reports whether an image of platform p runs on a worker of
+// platform host: the same OS and architecture (any variant).
+func (p Platform) RunsOn(host Platform) bool {
+	p, host = p.normalize(), host.normalize()
+	return p.OS == host.OS && p.Architecture == host.Architecture
+}

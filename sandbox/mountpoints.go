@@ -19,6 +19,9 @@ import (
 // them once, when it unpacks an image, and records them
 // (rootfs.WithMountPoints). The gofer then finds them and makes nothing.
 var mountPoints = append([]rootfs.MountPoint{
+	// The sandbox's tmpfs: an image whose /tmp is a file or a symlink is
+	// refused when it is prewarmed, not at every create.
+	{Path: "/tmp", Type: rootfs.MountPointDir},
 	{Path: agentBinary, Type: rootfs.MountPointFile},
 	{Path: agentRunDir, Type: rootfs.MountPointDir},
 	{Path: pipcacheMount, Type: rootfs.MountPointDir},

@@ -196,6 +196,12 @@ func (s Spec) normalize(root string) (Spec, error) {
 	if err := runtime.ValidatePlatform(s.Platform); err != nil {
 		return s, err
 	}
+	if s.Pull != nil && s.Pull.Platform != (rootfs.Platform{}) {
+		if host := rootfs.HostPlatform(); !s.Pull.Platform.RunsOn(host) {
+			return s, fmt.Errorf("this worker runs %s; the image asked for is %s, which it cannot run (a prewarm may fetch another platform's image, a sandbox cannot run it): %w",
+				host, s.Pull.Platform, errdefs.ErrInvalidArgument)
+		}
+	}
 	if s.Limits.MemoryBytes == 0 {
 		s.Limits.MemoryBytes = DefaultLimits.MemoryBytes
 	}

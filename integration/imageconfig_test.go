@@ -1,0 +1,59 @@
+//go:build integration
+
+package integration
+
+import (
+	"archive/tar"
+	"strings"
+	"testing"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+)
+
+// TestImagesRefusedEarly: an image whose /tmp cannot take the sandbox's
+// tmpfs (a file, a dangling symlink) is refused when it is prewarmed,
+// saying why, and nothing of it is left; a sandbox of another platform
+// than the worker's is refused before anything is fetched.
+func TestImagesRefusedEarly(t *testing.T) {
+	t.Parallel()
+	reg := startRegistry(t)
+	root := t.TempDir()
+	for _, tc := range []struct {
+		name    string
+		entries []layerEntry
+		says    string
+	}{
+		{"a file", []layerEntry{{hdr: tar.Header{Name: ".wh.tmp"}}, {hdr: tar.Header{Name: "tmp", Mode: 0o644}, body: []byte("x")}},
+			"the image has a regular file at /tmp, where it needs a directory"},
+		{"a dangling symlink", []layerEntry{{hdr: tar.Header{Name: ".wh.tmp"}}, {hdr: tar.Header{Name: "tmp", Typeflag: tar.TypeSymlink, Linkname: "/nowhere"}}},
+			"/tmp"},
+	} {
+		ref, _ := pushImage(t, reg, "tmp-"+strings.ReplaceAll(tc.name, " ", "-"), tc.entries, nil)
+		res := flmbox(t, root, "prewarm", ref)
+		if res.code != 125 || !strings.Contains(res.stderr, tc.says) || strings.Count(strings.TrimSpace(res.stderr), "\n") > 0 {
+			t.Errorf("/tmp %s: prewarm exit %d, stderr %q; want one line saying %q", tc.name, res.code, res.stderr, tc.says)
+		}
+	}
+	assertNoEntries(t, root)
+
+	res := flmbox(t, root, "sandbox", "create", "--image", reg.digestRef(), "--platform", "linux/arm64", "--name", "arm")
+	if res.code != 125 || !strings.Contains(res.stderr, "this worker runs linux/amd64; the image asked for is linux/arm64") {
+		t.Errorf("a sandbox of linux/arm64: exit %d, stderr %q", res.code, res.stderr)
+	}
+	if ents := readDirOrEmpty(t, root+"/images/rootfs"); len(ents) != 0 {
+		t.Errorf("the refused create fetched %v", ents)
+	}
+}
+
+// TestImageWithoutPath: an image whose config sets no environment gets
+// docker's PATH, so its Python is found as its shell's commands are.
+func TestImageWithoutPath(t *testing.T) {
+	t.Parallel()
+	reg := startRegistry(t)
+	root := t.TempDir()
+	ref, _ := pushImage(t, reg, "no-env", nil, func(c *v1.Config) { c.Env = nil })
+	res := flmbox(t, root, "run", "--image", ref, "-c", "import os; print(os.environ['PATH'])")
+	if res.code != 0 || res.stdout != "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n" {
+		t.Fatalf("python in an image without Env: exit %d, stdout %q, stderr %s", res.code, res.stdout, res.stderr)
+	}
+}
