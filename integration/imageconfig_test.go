@@ -57,3 +57,34 @@ func TestImageWithoutPath(t *testing.T) {
 		t.Fatalf("python in an image without Env: exit %d, stdout %q, stderr %s", res.code, res.stdout, res.stderr)
 	}
 }
+
+// TestMovedTag: a tag moved at the registry is followed as the pull policy
+// says: --pull missing (the default) keeps the image cached for it,
+// always takes the new one, and never keeps the last resolution.
+func TestMovedTag(t *testing.T) {
+	t.Parallel()
+	reg := ownRegistry(t)
+	root := t.TempDir()
+	tag := reg.host + "/" + repo + "-derived:moving"
+	first, _ := pushImage(t, reg, "moving", []layerEntry{{hdr: tar.Header{Name: "v.txt", Mode: 0o644}, body: []byte("1")}}, nil)
+	one := prewarmJSON(t, root, tag)
+	if !strings.HasSuffix(first, one.IndexDigest) {
+		t.Fatalf("the tag led to %s, want %s", one.IndexDigest, first)
+	}
+	second, _ := pushImage(t, reg, "moving", []layerEntry{{hdr: tar.Header{Name: "v.txt", Mode: 0o644}, body: []byte("2")}}, nil)
+	for _, tc := range []struct {
+		flags []string
+		want  string
+	}{
+		{nil, first},
+		{[]string{"--pull", "missing"}, first},
+		{[]string{"--pull", "always"}, second},
+		{[]string{"--pull", "never"}, second},
+		{nil, second},
+	} {
+		res := prewarmJSON(t, root, append(tc.flags, tag)...)
+		if !strings.HasSuffix(tc.want, res.IndexDigest) {
+			t.Errorf("prewarm %v of a moved tag: %s, want %s", tc.flags, res.IndexDigest, tc.want)
+		}
+	}
+}

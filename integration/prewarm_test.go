@@ -250,12 +250,23 @@ func TestPrewarmRegistryDownAfterPrewarm(t *testing.T) {
 	if res := prewarmJSON(t, root, reg.digestRef()); !res.Cached || res.Rootfs != first.Rootfs {
 		t.Fatalf("registry down, by digest: %+v", res)
 	}
-	// A tag needs the registry, unless --offline.
-	if res := flmbox(t, root, "prewarm", reg.tagRef()); res.code != 125 || !strings.Contains(res.stderr, "flmbox: ") {
+	// A cached tag needs no registry (--pull missing, the default; --debug
+	// says why); --pull always tries it, then falls back, warning in one
+	// line; --pull never and --offline never try.
+	if res := flmbox(t, root, "--debug", "prewarm", reg.tagRef()); res.code != 0 || !strings.Contains(res.stderr, "the registry was not asked") {
 		t.Fatalf("tag with the registry down: exit %d, %s", res.code, res.stderr)
 	}
-	if res := prewarmJSON(t, root, "--offline", reg.tagRef()); !res.Cached || res.Rootfs != first.Rootfs {
-		t.Fatalf("--offline tag: %+v", res)
+	if res := flmbox(t, root, "prewarm", "--pull", "always", reg.tagRef()); res.code != 0 ||
+		!strings.HasPrefix(res.stderr, "flmbox: warning: the registry of "+reg.tagRef()+" could not be reached") || strings.Count(res.stderr, "\n") != 1 {
+		t.Fatalf("--pull always, the registry down: exit %d, %q", res.code, res.stderr)
+	}
+	for _, flag := range []string{"--offline", "--pull=never"} {
+		if res := prewarmJSON(t, root, flag, reg.tagRef()); !res.Cached || res.Rootfs != first.Rootfs {
+			t.Fatalf("%s tag: %+v", flag, res)
+		}
+	}
+	if res := flmbox(t, root, "prewarm", "--offline", "--pull", "always", reg.tagRef()); res.code != 125 || !strings.Contains(res.stderr, "--offline is --pull never") {
+		t.Fatalf("--offline --pull always: exit %d, %s", res.code, res.stderr)
 	}
 	// A platform never prewarmed is an error offline, with what to do.
 	res := flmbox(t, root, "prewarm", "--offline", "--platform", "linux/arm64", reg.digestRef())

@@ -16,6 +16,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/klauspost/readahead"
 	"golang.org/x/sync/errgroup"
@@ -30,7 +31,18 @@ type PullOptions struct {
 	Platform Platform
 	// Offline resolves tags from their last resolution on this worker and
 	// never contacts a registry: what is not cached fails with ErrNotCached.
+	// It is Policy PullNever.
 	Offline bool
+	// Policy says when a tag is resolved at its registry, as Kubernetes'
+	// imagePullPolicy says it. Default PullMissing. A digest never asks the
+	// registry once its image is cached.
+	Policy PullPolicy
+	// Warnf receives warnings: a registry that could not be reached, whose
+	// tag's last resolution was used. Default: discard.
+	Warnf func(format string, args ...any)
+	// Debugf receives what the pull decided without the registry (a tag's
+	// last resolution used). Default: discard.
+	Debugf func(format string, args ...any)
 	// InsecureRegistries are registry hosts ("host:port") that may be
 	// reached over plain HTTP. Loopback registries always may; others fail
 	// with a *PlainHTTPError.
@@ -48,10 +60,46 @@ type PullOptions struct {
 	MountPoints []MountPoint
 }
 
+// PullPolicy says when Prewarm resolves a tag at its registry.
+type PullPolicy string
+
+// Pull policies, named as Kubernetes names them.
+const (
+	// PullMissing uses a tag's last resolution on this worker if its image
+	// is cached, and asks the registry otherwise.
+	PullMissing PullPolicy = "missing"
+	// PullAlways asks the registry every time; if the registry cannot be
+	// reached, a cached last resolution is used, with a warning.
+	PullAlways PullPolicy = "always"
+	// PullNever never contacts a registry (Offline).
+	PullNever PullPolicy = "never"
+)
+
+// ParsePullPolicy parses "missing", "always" or "never".
+func ParsePullPolicy(s string) (PullPolicy, error) {
+	switch p := PullPolicy(s); p {
+	case PullMissing, PullAlways, PullNever:
+		return p, nil
+	}
+	return "", fmt.Errorf("pull policy %q: want missing, always or never: %w", s, errdefs.ErrInvalidArgument)
+}
+
 func (o *PullOptions) withDefaults() *PullOptions {
 	var out PullOptions
 	if o != nil {
 		out = *o
+	}
+	if out.Offline {
+		out.Policy = PullNever
+	}
+	if out.Policy == "" {
+		out.Policy = PullMissing
+	}
+	if out.Warnf == nil {
+		out.Warnf = func(string, ...any) {}
+	}
+	if out.Debugf == nil {
+		out.Debugf = func(string, ...any) {}
 	}
 	if out.Platform == (Platform{}) {
 		out.Platform = HostPlatform()
@@ -127,7 +175,7 @@ func (s *Store) Prewarm(ctx context.Context, image string, opts *PullOptions) (*
 		return nil, err
 	}
 	named := ref.Digest
-	if named.Hex == "" && o.Offline {
+	if named.Hex == "" && o.Policy == PullNever {
 		if named, err = s.lastResolution(ref); err != nil {
 			return nil, err
 		}
@@ -136,8 +184,20 @@ func (s *Store) Prewarm(ctx context.Context, image string, opts *PullOptions) (*
 		if res, found, err := s.cached(ctx, named, o.Platform, points); found {
 			return res, err
 		}
-		if o.Offline {
+		if o.Policy == PullNever {
 			return nil, fmt.Errorf("image %s for %s is not cached, and an offline pull fetches nothing: %w", image, o.Platform, ErrNotCached)
+		}
+	}
+	// A tag: its last resolution, if cached, unless the policy asks the
+	// registry (a layout on the disk is always read: it costs no network).
+	last, lastErr := v1.Hash{}, error(nil)
+	if named.Hex == "" {
+		last, lastErr = s.lastResolution(ref)
+	}
+	if named.Hex == "" && lastErr == nil && o.Policy == PullMissing && ref.Layout == "" {
+		if res, found, err := s.cached(ctx, last, o.Platform, points); found {
+			o.Debugf("%s: its last resolution here, %s, is cached: the registry was not asked (pull policy always asks it)", image, last)
+			return res, err
 		}
 	}
 
@@ -147,6 +207,12 @@ func (s *Store) Prewarm(ctx context.Context, image string, opts *PullOptions) (*
 	}
 	raw, mt, err := src.top(ctx)
 	if err != nil {
+		if named.Hex == "" && lastErr == nil && unreachable(err) {
+			if res, found, cerr := s.cached(ctx, last, o.Platform, points); found {
+				o.Warnf("the registry of %s could not be reached (%v): using its last resolution here, %s", image, err, last)
+				return res, cerr
+			}
+		}
 		return nil, fmt.Errorf("resolve %s: %w", image, err)
 	}
 	topDigest := sha256Hash(raw)
@@ -200,6 +266,13 @@ func (s *Store) Prewarm(ctx context.Context, image string, opts *PullOptions) (*
 	}
 	return &Result{IndexDigest: topDigest.String(), Platform: o.Platform.String(), ManifestDigest: img.ManifestDigest,
 		Rootfs: img.Rootfs, SizeBytes: img.SizeBytes, Cached: cached, Skipped: img.Skipped}, nil
+}
+
+// unreachable reports whether err, a failure to resolve a reference, is
+// the registry's absence (no connection, no answer) rather than its answer.
+func unreachable(err error) bool {
+	var te *transport.Error
+	return !errors.As(err, &te) && !errors.Is(err, errdefs.ErrInvalidArgument) && !errors.Is(err, errdefs.ErrPermissionDenied)
 }
 
 // cached answers a Prewarm from the alias of (named, p), with no network,

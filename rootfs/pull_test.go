@@ -251,13 +251,40 @@ func TestPrewarmTagAndOffline(t *testing.T) {
 	if err != nil || res.Cached {
 		t.Fatalf("%+v %v", res, err)
 	}
-	r.Close()
-	if _, err := s.Prewarm(ctx, tag, &PullOptions{Platform: amd64}); err == nil {
-		t.Fatal("a tag must go to the registry without --offline")
+	// A tag moved: pull policy missing keeps the cached resolution and
+	// says so under --debug; always pulls the new one.
+	amd := testImage(t, "amd64", tarLayer(t, map[string]string{"moved.txt": "moved\n"}, "moved.txt"))
+	tagRef, _ := name.ParseReference(tag)
+	if err := remote.Write(tagRef, amd); err != nil {
+		t.Fatal(err)
 	}
-	res2, err := s.Prewarm(ctx, tag, &PullOptions{Platform: amd64, Offline: true})
-	if err != nil || !res2.Cached || res2.IndexDigest != res.IndexDigest {
-		t.Fatalf("offline: %+v %v", res2, err)
+	var debug, warned []string
+	logTo := func(to *[]string) func(string, ...any) {
+		return func(f string, a ...any) { *to = append(*to, fmt.Sprintf(f, a...)) }
+	}
+	gets := r.requests.Load()
+	kept, err := s.Prewarm(ctx, tag, &PullOptions{Platform: amd64, Debugf: logTo(&debug)})
+	if err != nil || !kept.Cached || kept.IndexDigest != res.IndexDigest || r.requests.Load() != gets || len(debug) != 1 {
+		t.Fatalf("pull policy missing: %+v %v, %d requests, debug %q; want the cached resolution, no request, a debug line", kept, err, r.requests.Load()-gets, debug)
+	}
+	moved, err := s.Prewarm(ctx, tag, &PullOptions{Platform: amd64, Policy: PullAlways})
+	if md, _ := amd.Digest(); err != nil || moved.Cached || moved.ManifestDigest != md.String() {
+		t.Fatalf("pull policy always after the tag moved: %+v %v; want %s", moved, err, md)
+	}
+	// The registry gone: always falls back to the last resolution, warning.
+	r.Close()
+	back, err := s.Prewarm(ctx, tag, &PullOptions{Platform: amd64, Policy: PullAlways, Warnf: logTo(&warned)})
+	if err != nil || !back.Cached || back.ManifestDigest != moved.ManifestDigest || len(warned) != 1 || !strings.Contains(warned[0], "could not be reached") {
+		t.Fatalf("pull policy always, registry gone: %+v %v, warnings %q", back, err, warned)
+	}
+	for _, o := range []*PullOptions{{Platform: amd64}, {Platform: amd64, Offline: true}, {Platform: amd64, Policy: PullNever}} {
+		res2, err := s.Prewarm(ctx, tag, o)
+		if err != nil || !res2.Cached || res2.ManifestDigest != moved.ManifestDigest {
+			t.Fatalf("%+v with the registry gone: %+v %v", o, res2, err)
+		}
+	}
+	if _, err := ParsePullPolicy("sometimes"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("a pull policy of sometimes: %v", err)
 	}
 }
 

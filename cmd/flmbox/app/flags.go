@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/docker/go-units"
 	"github.com/urfave/cli/v2"
 
@@ -57,7 +58,8 @@ func tableFlags(table []runcmd.Flag) []cli.Flag {
 func pullFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "platform", Usage: "platform to pull, os/arch[/variant] (default: this worker's)"},
-		&cli.BoolFlag{Name: "offline", Usage: "never contact a registry: resolve tags from their last resolution"},
+		&cli.StringFlag{Name: "pull", Value: "missing", Usage: "when a tag asks its registry: `missing` (only when the image of its last resolution here is not cached), always, never"},
+		&cli.BoolFlag{Name: "offline", Usage: "never contact a registry: resolve tags from their last resolution (--pull never)"},
 		&cli.StringSliceFlag{Name: "insecure-registry", Usage: "registry `HOST[:PORT]` that may be reached over plain HTTP (loopback always may)"},
 		&cli.StringFlag{Name: "max-unpacked-size", Value: "16GiB", Usage: "refuse images whose layers unpack to more than this"},
 	}
@@ -65,10 +67,24 @@ func pullFlags() []cli.Flag {
 
 // pullOptions reads pullFlags.
 func pullOptions(c *cli.Context) (*rootfs.PullOptions, error) {
+	policy, err := rootfs.ParsePullPolicy(c.String("pull"))
+	if err != nil {
+		return nil, fmt.Errorf("--pull: %w", err)
+	}
+	if c.Bool("offline") {
+		if c.IsSet("pull") && policy != rootfs.PullNever {
+			return nil, fmt.Errorf("--offline is --pull never, not --pull %s: %w", policy, errdefs.ErrInvalidArgument)
+		}
+		policy = rootfs.PullNever
+	}
 	o := &rootfs.PullOptions{
-		Offline:            c.Bool("offline"),
+		Policy:             policy,
 		InsecureRegistries: c.StringSlice("insecure-registry"),
 		Unpack:             rootfs.UnpackOptions{Warnf: func(f string, a ...any) { warnf(c, f, a...) }},
+		Warnf:              func(f string, a ...any) { warnf(c, f, a...) },
+	}
+	if c.Bool("debug") {
+		o.Debugf = func(f string, a ...any) { fmt.Fprintf(c.App.ErrWriter, "flmbox: debug: "+f+"\n", a...) }
 	}
 	if p := c.String("platform"); p != "" {
 		pl, err := rootfs.ParsePlatform(p)
