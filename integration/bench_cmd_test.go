@@ -32,7 +32,8 @@ func TestBenchQuickJSON(t *testing.T) {
 	// pairs and calls than --quick's: what is tested is the report's
 	// schema and that every figure is a measurement.
 	res := flmbox(t, root, "bench", "--quick", "--json", "--pause", "5ms", "--image", benchImageRef(),
-		"--pairs", fmt.Sprint(benchPairs), "--rounds", fmt.Sprint(benchWarmRounds), "--calls", fmt.Sprint(benchCalls), "--warmup", "1")
+		"--pairs", fmt.Sprint(benchPairs), "--rounds", fmt.Sprint(benchWarmRounds), "--calls", fmt.Sprint(benchCalls), "--warmup", "1",
+		"--prewarm-rounds", "1")
 	if res.code != 0 {
 		t.Fatalf("exit %d\nstderr: %s", res.code, res.stderr)
 	}
@@ -118,7 +119,7 @@ func checkBenchReport(t *testing.T, rep map[string]any) {
 			t.Errorf("%s = %v: runsc's sandbox and gofer at least", k, n)
 		}
 	}
-	j.stats(rep, "prewarm.cold_stats", 2)
+	j.stats(rep, "prewarm.cold_stats", 1)
 	crane := j.get(rep, "prewarm").(map[string]any)["crane_tar_ms"]
 	if _, err := exec.LookPath("crane"); err == nil {
 		j.positive(rep, "prewarm.crane_tar_ms")
@@ -232,7 +233,7 @@ func (j jsonWalker) stats(v any, path string, n float64) {
 func TestBenchInterrupted(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
-	cmd := exec.Command(flmboxBin, "--root", root, "--runsc", runscPath, "bench", "--quick", "--image", benchImageRef())
+	cmd := exec.Command(flmboxBin, "--root", root, "--runsc", runscPath, "bench", "--quick", "--prewarm-rounds", "1", "--image", benchImageRef())
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -48,6 +48,7 @@ in the same sandbox and in bare runsc of flmbox's spec.`,
 			&cli.IntFlag{Name: "warmup", Value: full.Warmup, Usage: "warm calls of each kind not measured"},
 			&cli.IntFlag{Name: "rounds", Value: full.Rounds, Usage: "rounds of measured warm calls"},
 			&cli.IntFlag{Name: "calls", Value: full.Calls, Usage: "measured warm calls per round"},
+			&cli.IntFlag{Name: "prewarm-rounds", Value: full.PrewarmRounds, Usage: "cold prewarms, each beside a crane export | tar -x"},
 			app.DurationOrZeroFlag("pause", 0, "pause before each warm call, for every method alike (default: back to back)"),
 			&cli.IntFlag{Name: "density", DefaultText: "none, nor with --quick",
 				Usage: "add the density section: `N` idle sandboxes made one after another, with default spares, then lazy spares"},
@@ -94,7 +95,7 @@ func benchOptionsFrom(c *cli.Context) (bench.Options, error) {
 	for _, f := range []struct {
 		name string
 		dst  *int
-	}{{"pairs", &o.Pairs}, {"warmup", &o.Warmup}, {"rounds", &o.Rounds}, {"calls", &o.Calls}} {
+	}{{"pairs", &o.Pairs}, {"warmup", &o.Warmup}, {"rounds", &o.Rounds}, {"calls", &o.Calls}, {"prewarm-rounds", &o.PrewarmRounds}} {
 		if c.IsSet(f.name) {
 			*f.dst = c.Int(f.name)
 		}
