@@ -4,6 +4,7 @@ package integration
 
 import (
 	"archive/tar"
+	"os"
 	"strings"
 	"testing"
 
@@ -86,5 +87,36 @@ func TestMovedTag(t *testing.T) {
 		if !strings.HasSuffix(tc.want, res.IndexDigest) {
 			t.Errorf("prewarm %v of a moved tag: %s, want %s", tc.flags, res.IndexDigest, tc.want)
 		}
+	}
+}
+
+// TestImageWorkdir: the image's WORKDIR is the snippets' working
+// directory where they may enter it, as a docker container starts there;
+// /tmp where they may not. A file snippet still runs from its own place.
+func TestImageWorkdir(t *testing.T) {
+	t.Parallel()
+	reg := startRegistry(t)
+	root := t.TempDir()
+	open, _ := pushImage(t, reg, "workdir", []layerEntry{
+		{hdr: tar.Header{Name: "app/", Typeflag: tar.TypeDir, Mode: 0o755}},
+		{hdr: tar.Header{Name: "app/data.txt", Mode: 0o644}, body: []byte("data\n")},
+	}, func(c *v1.Config) { c.WorkingDir = "/app" })
+	closed, _ := pushImage(t, reg, "workdir-closed", []layerEntry{
+		{hdr: tar.Header{Name: "secret/", Typeflag: tar.TypeDir, Mode: 0o700}},
+	}, func(c *v1.Config) { c.WorkingDir = "/secret" })
+	code := "import os; print(os.getcwd()); print(open('data.txt').read() if os.path.exists('data.txt') else '-')"
+	if res := flmbox(t, root, "run", "--image", open, "-c", code); res.code != 0 || res.stdout != "/app\ndata\n\n" {
+		t.Errorf("WORKDIR /app: exit %d, stdout %q, stderr %s", res.code, res.stdout, res.stderr)
+	}
+	if res := flmbox(t, root, "--debug", "run", "--image", closed, "-c", code); res.code != 0 || res.stdout != "/tmp\n-\n" ||
+		!strings.Contains(res.stderr, "WORKDIR /secret is not the snippets' working directory") {
+		t.Errorf("WORKDIR /secret, closed: exit %d, stdout %q, stderr %s", res.code, res.stdout, res.stderr)
+	}
+	file := t.TempDir() + "/main.py"
+	if err := os.WriteFile(file, []byte("import os, sys\nprint(os.getcwd(), os.path.basename(sys.argv[0]))\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if res := flmbox(t, root, "run", "--image", open, file); res.code != 0 || res.stdout != "/app main.py\n" {
+		t.Errorf("a file snippet with WORKDIR /app: exit %d, stdout %q, stderr %s", res.code, res.stdout, res.stderr)
 	}
 }

@@ -78,6 +78,18 @@ func GenerateSpec(opts ...SpecOpt) (*specs.Spec, error) {
 	return s, nil
 }
 
+// WithCwd sets the working directory of the container's first process
+// (and so of what it starts), an absolute path.
+func WithCwd(dir string) SpecOpt {
+	return func(s *specs.Spec) error {
+		if !strings.HasPrefix(dir, "/") {
+			return fmt.Errorf("working directory %q: want an absolute path: %w", dir, errdefs.ErrInvalidArgument)
+		}
+		s.Process.Cwd = dir
+		return nil
+	}
+}
+
 // WithRootfs sets the root file system, read-only.
 func WithRootfs(path string) SpecOpt {
 	return func(s *specs.Spec) error {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -157,6 +158,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err != nil {
 		return nil, err
 	}
+	opts = append(opts, runtime.WithCwd(m.workdir(img.Rootfs, cfg.Config.WorkingDir)))
 	if err := mountRunDir(rec); err != nil {
 		return nil, err
 	}
@@ -224,6 +226,20 @@ func (m *Manager) specOpts(spec Spec, rec *record.Record, img *rootfs.Result, im
 		opts = append(opts, runtime.WithNetNS(netnsPath(rec)))
 	}
 	return append(opts, boundOpts(spec)...), nil
+}
+
+// workdir is the working directory of a sandbox's snippets: the image's
+// WORKDIR where the snippets' user may enter and list it, as docker's
+// container starts there; else /tmp, said under --debug.
+func (m *Manager) workdir(tree, imageDir string) string {
+	if imageDir == "" {
+		return "/tmp"
+	}
+	if err := rootfs.Enterable(tree, imageDir, UID, GID); err != nil {
+		m.o.debugf("the image's WORKDIR %s is not the snippets' working directory, /tmp is: %v", imageDir, err)
+		return "/tmp"
+	}
+	return path.Clean(imageDir)
 }
 
 // rootOpts are what every container of spec starts from: the cached rootfs

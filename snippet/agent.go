@@ -60,8 +60,11 @@ type Agent struct {
 	// Shell is the shell that runs shell snippets with -c (default
 	// "/bin/sh").
 	Shell string
-	// Dir is the snippets' working directory (default "/tmp").
+	// Dir is the snippets' writable directory, where code files are
+	// written and copies land (default "/tmp").
 	Dir string
+	// WorkDir is the snippets' working directory (default Dir).
+	WorkDir string
 	// Env is the snippets' environment (default: the agent's own,
 	// os.Environ(); in a sandbox that is the sandbox's environment).
 	Env []string
@@ -138,6 +141,7 @@ type Agent struct {
 	shell       string
 	shellIsDash bool // small shell code runs as sh -s, and shell spares exist
 	dir         string
+	workDir     string
 	env         []string
 
 	calls  sync.RWMutex // held for reading by each Run, for writing by Reset
@@ -204,6 +208,7 @@ func (a *Agent) init() {
 			a.env = os.Environ()
 		}
 		a.dir = cmp.Or(a.Dir, "/tmp")
+		a.workDir = cmp.Or(a.WorkDir, a.dir)
 		a.shell = cmp.Or(a.Shell, "/bin/sh")
 		a.shellIsDash = isDash(a.shell)
 		a.python, a.pythonErr = lookPath(cmp.Or(a.Python, "python3"), a.env)

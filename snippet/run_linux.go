@@ -538,7 +538,7 @@ func (a *Agent) startExec(path string, c command, env []string, cred *syscall.Cr
 	cmd := &exec.Cmd{
 		Path:        path,
 		Args:        c.args,
-		Dir:         a.dir,
+		Dir:         a.workDir,
 		Env:         env,
 		Stdout:      pp.outW, // *os.File: the child gets the pipe itself, no copying goroutine
 		Stderr:      pp.errW,
@@ -557,7 +557,7 @@ func (a *Agent) startExec(path string, c command, env []string, cred *syscall.Cr
 	pp.closeChildEnds()
 	if startErr != nil {
 		pp.close()
-		return nil, fmt.Errorf("start %s in %s: %w", path, a.dir, startErr)
+		return nil, fmt.Errorf("start %s in %s: %w", path, a.workDir, startErr)
 	}
 	p := pp.proc(c, limits)
 	p.pid = pid

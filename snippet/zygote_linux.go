@@ -58,7 +58,7 @@ func (a *Agent) startZygote() (*zygote, error) {
 	// Its stderr is /dev/null: the zygote runs as the snippets' user, who
 	// could write to anything it holds open (the agent's own stderr is a
 	// file on the host's disk).
-	cmd := &exec.Cmd{Path: a.python, Args: c.args, Dir: a.dir, Env: a.pyEnv,
+	cmd := &exec.Cmd{Path: a.python, Args: c.args, Dir: a.workDir, Env: a.pyEnv,
 		ExtraFiles: []*os.File{theirs}} // fd 3
 	pid, startErr := startChild(cmd)
 	if startErr != nil {

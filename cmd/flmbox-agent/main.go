@@ -151,6 +151,11 @@ func parseArgs(args []string) (*snippet.Agent, string, error) {
 	}
 	a := &snippet.Agent{Spares: spares != sparesFalse, LazySpares: spares == sparesLazy, CleanDirs: clean, MemInfo: *meminfo,
 		MemoryBudget: *budget, InodeBytes: *inodeBytes, KillStrays: true, CallbackDir: *callbackDir, CPUs: *cpus}
+	// The snippets start where the agent was started: the sandbox's
+	// working directory (the image's WORKDIR, or /tmp).
+	if dir, err := os.Getwd(); err == nil {
+		a.WorkDir = dir
+	}
 	if *user != "" {
 		u, err := snippet.ParseUser(*user)
 		if err != nil {
