@@ -4,6 +4,7 @@ package integration
 
 import (
 	"archive/tar"
+	"encoding/json"
 	"os"
 	"strings"
 	"testing"
@@ -118,5 +119,26 @@ func TestImageWorkdir(t *testing.T) {
 	}
 	if res := flmbox(t, root, "run", "--image", open, file); res.code != 0 || res.stdout != "/app main.py\n" {
 		t.Errorf("a file snippet with WORKDIR /app: exit %d, stdout %q, stderr %s", res.code, res.stdout, res.stderr)
+	}
+}
+
+// TestImageUser: an image's USER is not honoured (the snippets run as
+// 65534:65534, as every sandbox's do), and prewarm says so.
+func TestImageUser(t *testing.T) {
+	t.Parallel()
+	reg := startRegistry(t)
+	root := t.TempDir()
+	ref, _ := pushImage(t, reg, "user", nil, func(c *v1.Config) { c.User = "1000:1000" })
+	var got struct {
+		ImageUser string `json:"image_user"`
+	}
+	if err := json.Unmarshal([]byte(mustFlmbox(t, root, "prewarm", "--json", ref)), &got); err != nil || got.ImageUser != "1000:1000" {
+		t.Errorf("prewarm --json: image_user %q, %v; want the image's 1000:1000", got.ImageUser, err)
+	}
+	if out := mustFlmbox(t, root, "prewarm", ref); !strings.Contains(out, "image user:      1000:1000 (not honoured: snippets run as 65534:65534)") {
+		t.Errorf("prewarm does not say the image's USER is not honoured:\n%s", out)
+	}
+	if res := flmbox(t, root, "run", "--image", ref, "--language", "shell", "-c", "id -u; id -g"); res.code != 0 || res.stdout != "65534\n65534\n" {
+		t.Errorf("a snippet of an image with USER 1000: exit %d, stdout %q, stderr %s", res.code, res.stdout, res.stderr)
 	}
 }

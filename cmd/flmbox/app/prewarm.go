@@ -9,6 +9,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/flmbox/flmbox/rootfs"
+	"github.com/flmbox/flmbox/sandbox"
 )
 
 func prewarmCommand() *cli.Command {
@@ -41,15 +42,27 @@ func prewarmCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			return printPrewarm(c, res)
+			var user string
+			if cfg, err := store.Config(res.ManifestDigest); err == nil {
+				user = cfg.Config.User
+			}
+			return printPrewarm(c, res, user)
 		},
 	}
 }
 
-func printPrewarm(c *cli.Context, res *rootfs.Result) error {
+// prewarmJSON is prewarm's JSON: the pull's result, and the USER the
+// image's config asks for, which flmbox does not honour (the snippets run
+// as 65534:65534).
+type prewarmJSON struct {
+	*rootfs.Result
+	ImageUser string `json:"image_user,omitempty"`
+}
+
+func printPrewarm(c *cli.Context, res *rootfs.Result, user string) error {
 	w := c.App.Writer
 	if c.Bool("json") {
-		return json.NewEncoder(w).Encode(res)
+		return json.NewEncoder(w).Encode(prewarmJSON{res, user})
 	}
 	fmt.Fprintf(w, "index digest:    %s\n", res.IndexDigest)
 	fmt.Fprintf(w, "platform:        %s\n", res.Platform)
@@ -57,5 +70,8 @@ func printPrewarm(c *cli.Context, res *rootfs.Result) error {
 	fmt.Fprintf(w, "rootfs:          %s\n", res.Rootfs)
 	fmt.Fprintf(w, "size:            %s (%d bytes)\n", humanSize(res.SizeBytes), res.SizeBytes)
 	fmt.Fprintf(w, "cached:          %t\n", res.Cached)
+	if user != "" {
+		fmt.Fprintf(w, "image user:      %s (not honoured: snippets run as %d:%d)\n", user, sandbox.UID, sandbox.GID)
+	}
 	return nil
 }
