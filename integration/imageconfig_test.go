@@ -142,3 +142,29 @@ func TestImageUser(t *testing.T) {
 		t.Errorf("a snippet of an image with USER 1000: exit %d, stdout %q, stderr %s", res.code, res.stdout, res.stderr)
 	}
 }
+
+// TestMissingProgramExits127: a snippet whose program is not in the image
+// (its shell, its Python) fails as a shell's "command not found" does,
+// with status 127 and one line naming what is missing; the other language
+// still runs.
+func TestMissingProgramExits127(t *testing.T) {
+	t.Parallel()
+	reg := startRegistry(t)
+	root := t.TempDir()
+	noShell, _ := pushImage(t, reg, "no-shell", []layerEntry{{hdr: tar.Header{Name: "usr/bin/.wh.sh"}}}, nil)
+	noPython, _ := pushImage(t, reg, "no-python", []layerEntry{{hdr: tar.Header{Name: "usr/bin/.wh.python3"}}}, nil)
+	for _, tc := range []struct {
+		image, language, says string
+	}{
+		{noShell, "shell", "the image has no /bin/sh"},
+		{noPython, "python", "the image has no Python"},
+	} {
+		res := flmbox(t, root, "run", "--image", tc.image, "--language", tc.language, "-c", "print(1)")
+		if res.code != 127 || !strings.Contains(res.stderr, tc.says) || strings.Count(res.stderr, "\n") != 1 {
+			t.Errorf("%s without its program: exit %d, stderr %q; want 127 and one line saying %q", tc.language, res.code, res.stderr, tc.says)
+		}
+	}
+	if res := flmbox(t, root, "run", "--image", noShell, "-c", "print(6*7)"); res.code != 0 || res.stdout != "42\n" {
+		t.Errorf("python in an image without /bin/sh: exit %d, stdout %q, stderr %s", res.code, res.stdout, res.stderr)
+	}
+}

@@ -65,15 +65,17 @@ type CallbackStats struct {
 
 // NotRunError is the error of a call whose snippet the sandbox's agent
 // could not start: nothing ran. It matches errdefs.ErrFailedPrecondition,
-// and ErrNoInterpreter when the request's Interpreter is not in the image.
+// and ErrNoInterpreter when the program that runs the snippet is not in the
+// image.
 type NotRunError struct {
 	// Sandbox is the sandbox's name.
 	Sandbox string
 	// Reason is the agent's: "interpreter 3.12: the sandbox has no
 	// python3.12 in its PATH; it has python3, python3.11".
 	Reason string
-	// NoInterpreter says that the request's Interpreter is not in the
-	// image.
+	// NoInterpreter says that the program that runs the snippet (the
+	// request's Interpreter, the image's Python, its /bin/sh) is not in
+	// the image.
 	NoInterpreter bool
 }
 
@@ -87,8 +89,9 @@ func (e *NotRunError) Is(target error) bool { return target == ErrNoInterpreter 
 // Unwrap makes a NotRunError match its kind.
 func (e *NotRunError) Unwrap() error { return errdefs.ErrFailedPrecondition }
 
-// ErrNoInterpreter is in the error of a call whose Request.Interpreter is
-// not in the sandbox's image (a *NotRunError); it is
+// ErrNoInterpreter is in the error of a call whose program (its
+// Request.Interpreter, the image's Python, its /bin/sh) is not in the
+// sandbox's image (a *NotRunError); it is
 // errdefs.ErrFailedPrecondition.
 var ErrNoInterpreter = errkind.New(errdefs.ErrFailedPrecondition, "no such interpreter in the image")
 
@@ -101,7 +104,7 @@ func publicResult(t target, req *wire.Request, res *wire.Result, err error) (*Re
 	}
 	if res.Error != "" && !res.Interrupted && err == nil {
 		return nil, &NotRunError{Sandbox: t.name, Reason: res.Error,
-			NoInterpreter: req.Interpreter != "" && strings.HasPrefix(res.Error, "interpreter "+req.Interpreter+": ")}
+			NoInterpreter: res.Missing || req.Interpreter != "" && strings.HasPrefix(res.Error, "interpreter "+req.Interpreter+": ")}
 	}
 	return fromWire(res), err
 }

@@ -213,7 +213,7 @@ func (a *Agent) init() {
 		a.shellIsDash = isDash(a.shell)
 		a.python, a.pythonErr = lookPath(cmp.Or(a.Python, "python3"), a.env)
 		if a.pythonErr != nil {
-			a.pythonErr = fmt.Errorf("%w (the image has no Python?)", a.pythonErr)
+			a.pythonErr = missing{fmt.Errorf("%w (the image has no Python?)", a.pythonErr)}
 		}
 		a.pyEnv = pythonEnv(a.env)
 		a.sweeps = a.KillStrays && reapsOrphans()
@@ -521,8 +521,14 @@ func readRequest(r io.Reader) (*wire.Request, []byte, error) {
 
 // errorResult is the answer to a request that could not be run.
 func errorResult(err error) *wire.Result {
-	return &wire.Result{Version: wire.ProtocolVersion, ExitCode: -1, Error: err.Error()}
+	return &wire.Result{Version: wire.ProtocolVersion, ExitCode: -1, Error: err.Error(), Missing: errors.As(err, new(missing))}
 }
+
+// missing is the error of a snippet whose program (interpreter, shell) is
+// not in the image (wire.Result.Missing).
+type missing struct{ error }
+
+func (m missing) Unwrap() error { return m.error }
 
 // staleResult refuses a request of a hand-out that is not the current one,
 // or returns nil. The caller holds calls (for reading or writing): a reset

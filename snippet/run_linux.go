@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -152,9 +153,9 @@ func (a *Agent) interpreter(req *wire.Request) (string, error) {
 	}
 	switch {
 	case err != nil && name != req.Interpreter:
-		return "", fmt.Errorf("interpreter %s: the sandbox has no %s in its PATH; %s", req.Interpreter, name, pythonsIn(env))
+		return "", missing{fmt.Errorf("interpreter %s: the sandbox has no %s in its PATH; %s", req.Interpreter, name, pythonsIn(env))}
 	case err != nil:
-		return "", fmt.Errorf("interpreter %s: the sandbox has none: %w", req.Interpreter, err)
+		return "", missing{fmt.Errorf("interpreter %s: the sandbox has none: %w", req.Interpreter, err)}
 	}
 	own := a.shell
 	if req.Language == wire.LanguagePython {
@@ -557,6 +558,9 @@ func (a *Agent) startExec(path string, c command, env []string, cred *syscall.Cr
 	pp.closeChildEnds()
 	if startErr != nil {
 		pp.close()
+		if errors.Is(startErr, fs.ErrNotExist) {
+			return nil, missing{fmt.Errorf("the image has no %s, which runs this snippet: %w", path, startErr)}
+		}
 		return nil, fmt.Errorf("start %s in %s: %w", path, a.workDir, startErr)
 	}
 	p := pp.proc(c, limits)

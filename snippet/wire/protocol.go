@@ -425,6 +425,10 @@ type Result struct {
 	// Error is set, with ExitCode -1, when the agent could not run the
 	// snippet: a bad request, a missing interpreter, a call cancelled.
 	Error string `json:"error,omitempty"`
+	// Missing, with Error, says that the program that runs the snippet
+	// (its interpreter, the shell) is not in the sandbox's image: a
+	// command line says so as a shell does, with status 127.
+	Missing bool `json:"missing,omitempty"`
 }
 
 // Validate checks a request before it is sent or run. Its errors match

@@ -106,7 +106,7 @@ func runInImage(c *cli.Context, m *sandbox.Manager, req sandbox.Request) error {
 // flmbox command's own calls print it.
 func cliResult(res *sandbox.Result, err error) (*runcmd.Result, error) {
 	if nr := (*sandbox.NotRunError)(nil); errors.As(err, &nr) {
-		return &runcmd.Result{ExitCode: -1, Error: nr.Reason}, nil
+		return &runcmd.Result{ExitCode: -1, Error: nr.Reason, Missing: nr.NoInterpreter}, nil
 	}
 	if res == nil {
 		return nil, err

@@ -17,6 +17,7 @@ import (
 const (
 	ExitTimeout      = 124 // the snippet timed out
 	ExitFlmboxFailed = 125 // flmbox itself failed
+	ExitNotFound     = 127 // the snippet's interpreter or shell is not in the image, as a shell's "command not found"
 )
 
 // JSON is `flmbox run --json`'s object. stdout and stderr are always an
@@ -66,6 +67,9 @@ type Result struct {
 	Callbacks                        *Callbacks
 	// Error is why flmbox could not run the snippet (ExitCode -1).
 	Error string
+	// Missing, with Error, says that the snippet's program (interpreter,
+	// shell) is not in the image: the command exits ExitNotFound.
+	Missing bool
 }
 
 // Output is what a snippet wrote to one stream: Data, an exact prefix of
@@ -83,7 +87,7 @@ func FromWire(res *wire.Result) *Result {
 	}
 	out := &Result{ExitCode: res.ExitCode, Stdout: Output(res.Stdout), Stderr: Output(res.Stderr),
 		TimedOut: res.TimedOut, OOMKilled: res.OOMKilled, Interrupted: res.Interrupted, Signal: res.Signal,
-		DurationMS: res.DurationMS, Error: res.Error}
+		DurationMS: res.DurationMS, Error: res.Error, Missing: res.Missing}
 	if cb := res.Callbacks; cb != nil {
 		out.Callbacks = &Callbacks{Connections: cb.Connections, Refused: cb.Refused, BytesIn: cb.BytesIn, BytesOut: cb.BytesOut}
 	}
@@ -175,6 +179,9 @@ func PrintResumed(stdout, stderr io.Writer, res *Result, asJSON bool, timeout ti
 	}
 	if res.Interrupted {
 		return ExitInterrupted, "", nil // as a shell says nothing of a Ctrl-C
+	}
+	if res.Error != "" && res.Missing {
+		return ExitNotFound, "run snippet: " + res.Error, nil
 	}
 	if res.Error != "" {
 		return ExitFlmboxFailed, "run snippet: " + res.Error, nil
