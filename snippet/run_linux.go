@@ -558,7 +558,7 @@ func (a *Agent) startExec(path string, c command, env []string, cred *syscall.Cr
 	pp.closeChildEnds()
 	if startErr != nil {
 		pp.close()
-		if errors.Is(startErr, fs.ErrNotExist) {
+		if _, err := os.Stat(path); errors.Is(startErr, fs.ErrNotExist) && errors.Is(err, fs.ErrNotExist) {
 			return nil, missing{fmt.Errorf("the image has no %s, which runs this snippet: %w", path, startErr)}
 		}
 		return nil, fmt.Errorf("start %s in %s: %w", path, a.workDir, startErr)

@@ -689,8 +689,8 @@ func TestRunBadRequests(t *testing.T) {
 		{"no timeout", a, request(wire.LanguageShell, "true", func(r *wire.Request) { r.TimeoutMS = 0 }), "timeout 0s"},
 		{"other version", a, request(wire.LanguageShell, "true", func(r *wire.Request) { r.Version = 7 }), fmt.Sprintf("request speaks protocol 7, this side speaks %d", wire.ProtocolVersion)},
 		{"no python", &Agent{Python: "no-such-python-flmbox", Dir: t.TempDir()}, request(wire.LanguagePython, "print(1)"), "find no-such-python-flmbox in PATH"},
-		{"bad python path", &Agent{Python: "/no/such/python3", Dir: t.TempDir()}, request(wire.LanguagePython, "print(1)"), "start /no/such/python3"},
-		{"bad shell", &Agent{Shell: "/no/such/sh", Dir: t.TempDir()}, request(wire.LanguageShell, "true"), "start /no/such/sh"},
+		{"bad python path", &Agent{Python: "/no/such/python3", Dir: t.TempDir()}, request(wire.LanguagePython, "print(1)"), "the image has no /no/such/python3"},
+		{"bad shell", &Agent{Shell: "/no/such/sh", Dir: t.TempDir()}, request(wire.LanguageShell, "true"), "the image has no /no/such/sh"},
 		{"no directory", &Agent{Dir: "/no/such/dir"}, request(wire.LanguageShell, "true"), "start /bin/sh in /no/such/dir"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
