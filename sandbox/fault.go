@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/containerd/errdefs"
 
@@ -128,17 +129,32 @@ func runscLine(err error) string {
 	return s
 }
 
-// firstLine is s's first non-empty line, at most 200 bytes.
+// firstLine is s's first non-empty line, at most about 200 bytes: a
+// longer one is cut after a word (shorten).
 func firstLine(s string) string {
 	for _, l := range strings.Split(s, "\n") {
 		if l = strings.TrimSpace(l); l != "" {
-			if len(l) > 200 {
-				l = l[:200] + "…"
-			}
-			return l
+			return shorten(l, 200)
 		}
 	}
 	return s
+}
+
+// shorten cuts s to at most n bytes and an ellipsis, after its last whole
+// word within them (never inside a word or a character, unless one word
+// fills the first half).
+func shorten(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	if i := strings.LastIndexAny(s[:cut], " \t"); i >= n/2 {
+		cut = i
+	}
+	return strings.TrimRight(s[:cut], " \t,:;") + " …"
 }
 
 // full says whether err is of a full disk or quota.

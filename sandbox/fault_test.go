@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/containerd/errdefs"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -393,5 +394,22 @@ func TestGetAndListRunNothing(t *testing.T) {
 		if sbs[i].State != StateRunning {
 			t.Errorf("Probe changed the caller's %s: %s", sbs[i].Name, sbs[i].State)
 		}
+	}
+}
+
+func TestShortenCutsAfterAWord(t *testing.T) {
+	long := `mount submount "/tmp": creating mount with source "tmpfs": ` + strings.Repeat("word ", 40)
+	got := shorten(long, 80)
+	if len(got) > 84 || !strings.HasSuffix(got, " …") || strings.HasSuffix(strings.TrimSuffix(got, " …"), "wor") {
+		t.Errorf("shorten: %q", got)
+	}
+	if !strings.HasPrefix(long, strings.TrimSuffix(got, " …")) {
+		t.Errorf("shorten changed the text: %q", got)
+	}
+	if got := shorten("short", 80); got != "short" {
+		t.Errorf("shorten of a short text: %q", got)
+	}
+	if got := shorten(strings.Repeat("é", 100), 51); !utf8.ValidString(got) {
+		t.Errorf("shorten cut a character: %q", got)
 	}
 }
