@@ -89,6 +89,10 @@ type Options struct {
 	// numpy gets the SVD figure too. The other sections' figures are left
 	// zero.
 	LongOnly bool
+	// BigImage, if not 0, adds the big image's prewarm section: an image
+	// of about this many bytes that the bench builds (CLI: --big-image
+	// SIZE; see BigPrewarm).
+	BigImage int64
 	// Progress gets a line per stage ("bench:   12s  allocation: pair 2
 	// of 12"). Default: none (the CLI passes its stderr, but none with
 	// --json).

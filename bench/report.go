@@ -294,6 +294,8 @@ type Prewarm struct {
 	Cold     Stats   `json:"cold_stats"`
 	CraneTar *Stats  `json:"crane_tar_stats"`
 	Hit      Stats   `json:"hit_stats"`
+	// Big is the big image's section (Options.BigImage); nil without it.
+	Big *BigPrewarm `json:"big,omitempty"`
 }
 
 // Memory is host memory of all the host processes of one idle sandbox:

@@ -53,6 +53,11 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	if rep.Prewarm, err = r.measurePrewarm(ctx); err != nil {
 		return nil, err
 	}
+	if o.BigImage > 0 {
+		if rep.Prewarm.Big, err = r.measureBigPrewarm(ctx); err != nil {
+			return nil, err
+		}
+	}
 	rep.Image = Image{Ref: r.image, IndexDigest: r.img.IndexDigest, ManifestDigest: r.img.ManifestDigest,
 		Platform: r.img.Platform, SizeBytes: r.img.SizeBytes}
 

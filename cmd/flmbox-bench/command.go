@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/containerd/errdefs"
+	"github.com/docker/go-units"
 	"github.com/urfave/cli/v2"
 
 	"github.com/flmbox/flmbox/bench"
@@ -49,6 +51,7 @@ in the same sandbox and in bare runsc of flmbox's spec.`,
 			&cli.IntFlag{Name: "rounds", Value: full.Rounds, Usage: "rounds of measured warm calls"},
 			&cli.IntFlag{Name: "calls", Value: full.Calls, Usage: "measured warm calls per round"},
 			&cli.IntFlag{Name: "prewarm-rounds", Value: full.PrewarmRounds, Usage: "cold prewarms, each beside a crane export | tar -x"},
+			&cli.StringFlag{Name: "big-image", Usage: "add a section: an image of `SIZE` (1GiB, say) that the bench builds, prewarmed cold beside crane export | tar -x (up to 3 rounds)"},
 			app.DurationOrZeroFlag("pause", 0, "pause before each warm call, for every method alike (default: back to back)"),
 			&cli.IntFlag{Name: "density", DefaultText: "none, nor with --quick",
 				Usage: "add the density section: `N` idle sandboxes made one after another, with default spares, then lazy spares"},
@@ -103,6 +106,13 @@ func benchOptionsFrom(c *cli.Context) (bench.Options, error) {
 	o.Image, o.Pause, o.Root, o.Runsc = c.String("image"), c.Duration("pause"), c.String("root"), c.String("runsc")
 	o.Density, o.DensitySuspended, o.DensityOnly = c.Int("density"), c.Int("density-suspended"), c.Bool("density-only")
 	o.LongOnly = c.Bool("long-only")
+	if s := c.String("big-image"); s != "" {
+		n, err := units.RAMInBytes(s)
+		if err != nil || n <= 0 {
+			return o, fmt.Errorf("--big-image %q: want a size, as 1GiB: %w", s, errdefs.ErrInvalidArgument)
+		}
+		o.BigImage = n
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return o, fmt.Errorf("find the flmbox binary to measure: %w", err)
