@@ -161,8 +161,11 @@ func TestImagesShareTheirBase(t *testing.T) {
 	if ia.SharedBytes != ibase.SharedBytes || ibase.SharedBytes < 100<<20 {
 		t.Errorf("shared bytes: a %d, base %d; want the base's content in both", ia.SharedBytes, ibase.SharedBytes)
 	}
-	if out := mustFlmbox(t, root, "images", "ls"); !strings.Contains(out, "SHARED") || !strings.Contains(out, "UNIQUE") {
-		t.Errorf("images ls shows no shared and unique sizes:\n%s", out)
+	if out := mustFlmbox(t, root, "images", "ls"); !strings.Contains(out, "SHARED") || !strings.Contains(out, "UNIQUE") || !strings.Contains(out, refA) {
+		t.Errorf("images ls shows no shared and unique sizes, or not the reference image a was prewarmed by (%s):\n%s", refA, out)
+	}
+	if !slices.Contains(ia.Names, refA) {
+		t.Errorf("image a's names %q lack the reference it was prewarmed by, %s", ia.Names, refA)
 	}
 
 	// A sandbox runs on a derived image's tree.

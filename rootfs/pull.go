@@ -260,7 +260,7 @@ func (s *Store) Prewarm(ctx context.Context, image string, opts *PullOptions) (*
 	if err != nil {
 		return nil, fmt.Errorf("parse manifest %s: %w: %w", manifestDigest, err, errdefs.ErrInvalidArgument)
 	}
-	img, cached, err := s.build(ctx, src, topDigest, manifestDigest, m, o, points)
+	img, cached, err := s.build(ctx, src, ref.at(topDigest), topDigest, manifestDigest, m, o, points)
 	if err != nil {
 		return nil, err
 	}
@@ -340,7 +340,7 @@ const maxLayers = 512
 // gives it the mount points, and records the alias (named, platform) -> m,
 // all under the entry's lock. It reports whether the entry was already
 // cached.
-func (s *Store) build(ctx context.Context, src source, named, md v1.Hash, m *v1.Manifest, o *PullOptions, points []MountPoint) (_ *Image, cached bool, err error) {
+func (s *Store) build(ctx context.Context, src source, refName string, named, md v1.Hash, m *v1.Manifest, o *PullOptions, points []MountPoint) (_ *Image, cached bool, err error) {
 	unlock, err := s.lock(ctx, md.Hex)
 	if err != nil {
 		return nil, false, err
@@ -354,7 +354,7 @@ func (s *Store) build(ctx context.Context, src source, named, md v1.Hash, m *v1.
 			return nil, false, err
 		}
 		s.touch(md.Hex)
-		return img, true, s.writeAlias(named, o.Platform, img)
+		return img, true, s.writeAlias(named, refName, o.Platform, img)
 	}
 	if exists(s.entryDir(md.Hex)) {
 		// Published but unreadable (damaged by a power loss): rebuild it.
@@ -441,7 +441,7 @@ func (s *Store) build(ctx context.Context, src source, named, md v1.Hash, m *v1.
 		return nil, false, fmt.Errorf("publish image %s: %w", md, err)
 	}
 	img.Rootfs = filepath.Join(s.entryDir(md.Hex), "rootfs")
-	return img, false, s.writeAlias(named, o.Platform, img)
+	return img, false, s.writeAlias(named, refName, o.Platform, img)
 }
 
 // hexes returns the hex parts of digests.

@@ -88,6 +88,15 @@ func (r Reference) String() string {
 	return r.Registry.Name()
 }
 
+// at is the reference's repository (or layout) with digest d: what
+// `images ls` shows for an image prewarmed through it.
+func (r Reference) at(d v1.Hash) string {
+	if r.Layout != "" {
+		return LayoutPrefix + r.Layout + "@" + d.String()
+	}
+	return r.Registry.Context().Name() + "@" + d.String()
+}
+
 // tagKey names what a tag-like reference resolves through: the fully
 // qualified "registry/repo:tag", or the layout path.
 func (r Reference) tagKey() string {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -110,6 +111,10 @@ type alias struct {
 	Platform       string `json:"platform"`
 	// Name is the digest the alias is keyed by (index or manifest).
 	Name string `json:"name"`
+	// Ref is the repository (or layout) it was last pulled from, with
+	// Name: "registry/repo@sha256:…" (none in an alias of an earlier
+	// flmbox).
+	Ref string `json:"ref,omitempty"`
 }
 
 // refRecord is the content of a refs file: a tag's last resolution.
@@ -170,8 +175,8 @@ func (s *Store) touch(hex string) {
 }
 
 // writeAlias records that (named, p) leads to img. Callers hold img's lock.
-func (s *Store) writeAlias(named v1.Hash, p Platform, img *Image) error {
-	a := alias{ManifestDigest: img.ManifestDigest, Platform: p.String(), Name: named.String()}
+func (s *Store) writeAlias(named v1.Hash, ref string, p Platform, img *Image) error {
+	a := alias{ManifestDigest: img.ManifestDigest, Platform: p.String(), Name: named.String(), Ref: ref}
 	if err := writeJSONAtomic(s.aliasPath(named.Hex, p), a); err != nil {
 		return fmt.Errorf("record alias %s (%s): %w", named, p, err)
 	}
@@ -259,11 +264,18 @@ func (s *Store) names() map[string][]string {
 		}
 	}
 	s.walkAliases(func(_ string, a alias) {
-		if a.Name != a.ManifestDigest {
+		switch {
+		case a.Ref != "":
+			out[a.ManifestDigest] = append(out[a.ManifestDigest], a.Ref)
+		case a.Name != a.ManifestDigest:
 			out[a.ManifestDigest] = append(out[a.ManifestDigest], a.Name)
 		}
 		out[a.ManifestDigest] = append(out[a.ManifestDigest], byDigest[a.Name]...)
 	})
+	for d, names := range out {
+		slices.Sort(names)
+		out[d] = slices.Compact(names)
+	}
 	return out
 }
 
