@@ -575,7 +575,7 @@ func (s *Store) GC(ctx context.Context, o GCOptions) ([]Removed, error) {
 	if freed, err := s.removeUnusedLayers(nil); err != nil {
 		return removed, err
 	} else if freed > 0 {
-		removed = append(removed, Removed{SizeBytes: freed, Leftover: "layers no image has"})
+		removed = append(removed, Removed{SizeBytes: freed, Leftover: "an interrupted pull"}) // its layers, stored
 	}
 	imgs, err := s.List(ctx)
 	if err != nil {
