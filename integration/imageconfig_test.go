@@ -168,3 +168,24 @@ func TestMissingProgramExits127(t *testing.T) {
 		t.Errorf("python in an image without /bin/sh: exit %d, stdout %q, stderr %s", res.code, res.stdout, res.stderr)
 	}
 }
+
+// TestResolvConfSymlink: an image whose /etc/resolv.conf is a symlink
+// (systemd's stub) gets the sandbox's resolver configuration through its
+// link, not none: with --network host, the host's.
+func TestResolvConfSymlink(t *testing.T) {
+	t.Parallel()
+	host, err := os.ReadFile("/etc/resolv.conf")
+	if err != nil {
+		t.Skipf("the host has no /etc/resolv.conf: %v", err)
+	}
+	reg := startRegistry(t)
+	root := t.TempDir()
+	ref, _ := pushImage(t, reg, "resolv-link", []layerEntry{
+		{hdr: tar.Header{Name: "etc/.wh.resolv.conf"}},
+		{hdr: tar.Header{Name: "etc/resolv.conf", Typeflag: tar.TypeSymlink, Linkname: "../run/systemd/resolve/stub-resolv.conf"}},
+	}, nil)
+	res := flmbox(t, root, "run", "--image", ref, "--network", "host", "--language", "shell", "-c", "readlink /etc/resolv.conf; cat /etc/resolv.conf")
+	if want := "../run/systemd/resolve/stub-resolv.conf\n" + string(host); res.code != 0 || res.stdout != want {
+		t.Errorf("--network host with a symlinked /etc/resolv.conf: exit %d, stdout %q, stderr %s; want %q", res.code, res.stdout, res.stderr, want)
+	}
+}

@@ -46,6 +46,20 @@ type MountPoint struct {
 	Optional bool `json:"optional,omitempty"`
 }
 
+// Moved is an optional mount point that the image has as a symlink to a
+// file or directory in its own tree (a systemd-style /etc/resolv.conf): the
+// mount point is made, or found, at the link's target, To, where a runtime
+// mounts what it would mount at the point's path, so that the image's own
+// link leads to it.
+type Moved struct {
+	MountPoint MountPoint `json:"mount_point"`
+	To         string     `json:"to"`
+}
+
+// runtimeDirs are where a runtime mounts file systems of its own over the
+// tree: a point moved below one would be hidden.
+var runtimeDirs = []string{"/dev", "/proc", "/sys", "/tmp"}
+
 func (mp MountPoint) String() string {
 	if mp.Optional {
 		return fmt.Sprintf("%s (%s, optional)", mp.Path, mp.Type)
@@ -130,7 +144,8 @@ func (s *Store) requiredMountPoints(o *PullOptions) ([]MountPoint, error) {
 func (img *Image) missingMountPoints(points []MountPoint) []MountPoint {
 	var out []MountPoint
 	for _, mp := range points {
-		if !slices.Contains(img.MountPoints, mp) && !slices.Contains(img.Skipped, mp) {
+		if !slices.Contains(img.MountPoints, mp) && !slices.Contains(img.Skipped, mp) &&
+			!slices.ContainsFunc(img.Moved, func(m Moved) bool { return m.MountPoint == mp }) {
 			out = append(out, mp)
 		}
 	}
@@ -170,6 +185,7 @@ func (s *Store) addMountPoints(hex string, img *Image, points []MountPoint) (*Im
 		rec := *img
 		rec.MountPoints = slices.Concat(img.MountPoints, p.done)
 		rec.Skipped = slices.Concat(img.Skipped, p.skipped)
+		rec.Moved = slices.Concat(img.Moved, p.moved)
 		rec.Added = slices.Concat(img.Added, p.added)
 		if werr := writeJSONAtomic(filepath.Join(s.entryDir(hex), "image.json"), rec.stored()); werr != nil {
 			return nil, fmt.Errorf("record the mount points of image %s: %w", img.ManifestDigest, werr)

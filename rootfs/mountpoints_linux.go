@@ -16,6 +16,7 @@ import (
 type preparedPoints struct {
 	done    []MountPoint // made or found with their type
 	skipped []MountPoint // optional, found with another type
+	moved   []Moved      // optional, found as a symlink, made at its target
 	added   []string     // paths created, resolved in the tree, parents first
 }
 
@@ -42,6 +43,11 @@ func prepareMountPoints(tree string, points []MountPoint) (p preparedPoints, err
 	for _, mp := range points {
 		if _, err := walkMountPoint(root, mp, false); err != nil {
 			if mp.Optional && errors.Is(err, errdefs.ErrFailedPrecondition) {
+				if to, ok := linkTarget(root, mp); ok {
+					p.moved = append(p.moved, Moved{MountPoint: mp, To: to})
+					todo = append(todo, MountPoint{Path: to, Type: mp.Type})
+					continue
+				}
 				p.skipped = append(p.skipped, mp)
 				continue
 			}
@@ -130,6 +136,48 @@ func walkMountPoint(root int, mp MountPoint, create bool) (added []string, err e
 		dir = next
 	}
 	return added, nil
+}
+
+// linkTarget returns where the image's symlink at mp's path leads, an
+// absolute path of the tree, if mp can be made there instead: the link's
+// parent resolves in the tree, its target (relative to the link's
+// directory as resolved, or absolute) is a valid mount point path outside
+// the runtime's own mounts (runtimeDirs), and mp's type or nothing is
+// there, nor a symlink on the way that leads out of the tree's
+// directories.
+func linkTarget(root int, mp MountPoint) (string, bool) {
+	dir, base := path.Split(mp.Path)
+	pfd, err := openDirIn(root, strings.Trim(dir, "/"), unix.O_PATH)
+	if err != nil {
+		return "", false
+	}
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	if unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || st.Mode&unix.S_IFMT != unix.S_IFLNK {
+		return "", false
+	}
+	buf := make([]byte, maxPathLen)
+	n, err := unix.Readlinkat(pfd, base, buf)
+	if err != nil || n == 0 || n >= len(buf) {
+		return "", false
+	}
+	target := string(buf[:n])
+	if !path.IsAbs(target) {
+		target = path.Join(path.Dir(resolvedPath(root, pfd, base, mp.Path)), target)
+	}
+	to := MountPoint{Path: path.Clean("/" + target), Type: mp.Type}
+	if checkMountPoint(to) != nil || to.Path == mp.Path {
+		return "", false
+	}
+	for _, d := range runtimeDirs {
+		if to.Path == d || strings.HasPrefix(to.Path, d+"/") {
+			return "", false
+		}
+	}
+	if _, err := walkMountPoint(root, to, false); err != nil {
+		return "", false
+	}
+	return to.Path, true
 }
 
 // makeEntry makes an empty file or a directory name in dir (mode 0644 or

@@ -233,10 +233,11 @@ func TestMountPointsAgainstTheImage(t *testing.T) {
 		name    string
 		layer   []tarEntry
 		points  []MountPoint
-		added   []string // on success
-		made    []string // paths in the tree that must be of the points' types
-		skipped []string // optional points left alone
-		errText string   // on failure
+		added   []string          // on success
+		made    []string          // paths in the tree that must be of the points' types
+		skipped []string          // optional points left alone
+		moved   map[string]string // optional points made at their symlink's target
+		errText string            // on failure
 	}{{
 		name:   "existing directory and file are kept",
 		layer:  ents(dirEnt("dev/", 0o700), dirEnt("dev/run/", 0o700), fileEnt("dev/agent", "image's", 0o600)),
@@ -285,12 +286,18 @@ func TestMountPointsAgainstTheImage(t *testing.T) {
 		points:  []MountPoint{filePoint("/dev/agent")},
 		errText: "mount point /dev/agent: the image has a directory at /dev/agent, where it needs a regular file",
 	}, {
-		name:    "an optional file that the image has as a symlink is skipped",
-		layer:   ents(dirEnt("etc/", 0o755), symEnt("etc/resolv.conf", "../run/systemd/resolve/stub-resolv.conf"), fileEnt("etc/hosts", "image's", 0o644)),
-		points:  []MountPoint{optional(filePoint("/etc/resolv.conf")), optional(filePoint("/etc/hosts")), optional(filePoint("/etc/hostname")), dirPoint("/dev/run")},
-		added:   []string{"/dev", "/dev/run", "/etc/hostname"},
-		made:    []string{"etc/hostname", "dev/run"},
-		skipped: []string{"/etc/resolv.conf"},
+		name:   "an optional file that the image has as a symlink is made at its target",
+		layer:  ents(dirEnt("etc/", 0o755), symEnt("etc/resolv.conf", "../run/systemd/resolve/stub-resolv.conf"), fileEnt("etc/hosts", "image's", 0o644)),
+		points: []MountPoint{optional(filePoint("/etc/resolv.conf")), optional(filePoint("/etc/hosts")), optional(filePoint("/etc/hostname")), dirPoint("/dev/run")},
+		added:  []string{"/dev", "/dev/run", "/etc/hostname", "/run", "/run/systemd", "/run/systemd/resolve", "/run/systemd/resolve/stub-resolv.conf"},
+		made:   []string{"etc/hostname", "dev/run", "run/systemd/resolve/stub-resolv.conf"},
+		moved:  map[string]string{"/etc/resolv.conf": "/run/systemd/resolve/stub-resolv.conf"},
+	}, {
+		name: "an optional file whose symlink leads below a runtime's mount, or to a symlink, is skipped",
+		layer: ents(dirEnt("etc/", 0o755), symEnt("etc/resolv.conf", "/tmp/resolv.conf"), symEnt("etc/hosts", "hosts2"),
+			symEnt("etc/hosts2", "hosts3")),
+		points:  []MountPoint{optional(filePoint("/etc/resolv.conf")), optional(filePoint("/etc/hosts"))},
+		skipped: []string{"/etc/hosts", "/etc/resolv.conf"},
 	}, {
 		name:    "optional files below a file are skipped",
 		layer:   ents(fileEnt("etc", "x", 0o644)),
@@ -337,7 +344,17 @@ func TestMountPointsAgainstTheImage(t *testing.T) {
 				if slices.Contains(c.skipped, mp.Path) {
 					continue
 				}
+				if to, ok := c.moved[mp.Path]; ok {
+					mp = MountPoint{Path: to, Type: mp.Type}
+				}
 				wantDone = append(wantDone, mp)
+			}
+			moved := map[string]string{}
+			for _, m := range p.moved {
+				moved[m.MountPoint.Path] = m.To
+			}
+			if len(moved) != len(c.moved) || !maps.Equal(moved, c.moved) && len(c.moved) > 0 {
+				t.Errorf("moved %v, want %v", moved, c.moved)
 			}
 			for _, mp := range p.skipped {
 				skipped = append(skipped, mp.Path)

@@ -157,6 +157,9 @@ type Result struct {
 	// Skipped are the optional mount points the tree does not have: the
 	// image has their paths as another type (MountPoint.Optional).
 	Skipped []MountPoint `json:"-"`
+	// Moved are the optional mount points the tree has at the target of
+	// the image's symlink at their path (Moved).
+	Moved []Moved `json:"-"`
 }
 
 // Prewarm makes IMAGE available as an unpacked rootfs in the cache and
@@ -265,7 +268,7 @@ func (s *Store) Prewarm(ctx context.Context, image string, opts *PullOptions) (*
 		return nil, err
 	}
 	return &Result{IndexDigest: topDigest.String(), Platform: o.Platform.String(), ManifestDigest: img.ManifestDigest,
-		Rootfs: img.Rootfs, SizeBytes: img.SizeBytes, Cached: cached, Skipped: img.Skipped}, nil
+		Rootfs: img.Rootfs, SizeBytes: img.SizeBytes, Cached: cached, Skipped: img.Skipped, Moved: img.Moved}, nil
 }
 
 // unreachable reports whether err, a failure to resolve a reference, is
@@ -295,7 +298,7 @@ func (s *Store) cached(ctx context.Context, named v1.Hash, p Platform, points []
 	}
 	s.touch(m.Hex)
 	return &Result{IndexDigest: named.String(), Platform: p.String(), ManifestDigest: img.ManifestDigest,
-		Rootfs: img.Rootfs, SizeBytes: img.SizeBytes, Cached: true, Skipped: img.Skipped}, true, nil
+		Rootfs: img.Rootfs, SizeBytes: img.SizeBytes, Cached: true, Skipped: img.Skipped, Moved: img.Moved}, true, nil
 }
 
 // pickManifest returns the first image manifest of the index for p, as

@@ -83,6 +83,9 @@ type Image struct {
 	// Skipped are the optional mount points that the image has as another
 	// type (MountPoint.Optional): nothing is to be mounted there.
 	Skipped []MountPoint `json:"skipped_mount_points,omitempty"`
+	// Moved are the optional mount points that the image has as a symlink
+	// to a file or directory of its tree: made at the link's target (Moved).
+	Moved []Moved `json:"moved_mount_points,omitempty"`
 	// Added are the paths the Store created in the tree for MountPoints,
 	// resolved in the tree, parents first: the mount points the image
 	// lacked and their missing parents. They are all that the Store adds to

@@ -202,7 +202,7 @@ func (m *Manager) specOpts(spec Spec, rec *record.Record, img *rootfs.Result, im
 	if err != nil {
 		return nil, err
 	}
-	etc, err := writeEtc(rec, img.Skipped, spec.Mounts)
+	etc, err := writeEtc(rec, img, spec.Mounts)
 	if err != nil {
 		return nil, err
 	}

@@ -115,12 +115,13 @@ func hostsFile(host string) string {
 }
 
 // writeEtc writes the sandbox's files of /etc into etcDir and returns the
-// spec's read-only binds of those whose mount point the image has
-// (skipped: rootfs.Result.Skipped) and that none of the caller's mounts
-// covers. /etc/resolv.conf is the host's with the host's network, names
+// spec's read-only binds of those whose mount point the image has (not
+// img.Skipped; at the target of the image's symlink for img.Moved, so that
+// the link leads to the sandbox's file) and that none of the caller's
+// mounts covers. /etc/resolv.conf is the host's with the host's network, names
 // the sandbox's resolver with egress, and is none (the image's own)
 // without a network or when the host has none.
-func writeEtc(rec *record.Record, skipped []rootfs.MountPoint, mounts []Mount) ([]runtime.SpecOpt, error) {
+func writeEtc(rec *record.Record, img *rootfs.Result, mounts []Mount) ([]runtime.SpecOpt, error) {
 	dir := etcDir(rec)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("write sandbox %q's /etc files: %w", rec.Name, err)
@@ -145,14 +146,18 @@ func writeEtc(rec *record.Record, skipped []rootfs.MountPoint, mounts []Mount) (
 			d := path.Clean(mt.Destination)
 			return d == mp.Path || strings.HasPrefix(mp.Path, strings.TrimSuffix(d, "/")+"/")
 		})
-		if !ok || covered || slices.Contains(skipped, mp) {
+		if !ok || covered || slices.Contains(img.Skipped, mp) {
 			continue
 		}
 		src := filepath.Join(dir, filepath.Base(mp.Path)) // hosts, hostname, resolv.conf, cpuinfo, online
 		if err := os.WriteFile(src, data, 0o644); err != nil {
 			return nil, fmt.Errorf("write sandbox %q's %s: %w", rec.Name, mp.Path, err)
 		}
-		opts = append(opts, runtime.WithBind(src, mp.Path, true))
+		dst := mp.Path
+		if i := slices.IndexFunc(img.Moved, func(m rootfs.Moved) bool { return m.MountPoint == mp }); i >= 0 {
+			dst = img.Moved[i].To
+		}
+		opts = append(opts, runtime.WithBind(src, dst, true))
 	}
 	return append(opts, runtime.WithHostname(host)), nil
 }
