@@ -9,7 +9,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -61,32 +60,18 @@ func (r *runner) measureBigPrewarm(ctx context.Context) (*BigPrewarm, error) {
 	if err != nil {
 		return nil, err
 	}
-	crane, craneErr := exec.LookPath("crane")
 	var cold, crn []float64
 	rounds := min(r.opts.PrewarmRounds, 3)
 	for i := range rounds {
 		r.logf("big image: cold round %d of %d", i+1, rounds)
 		dir := filepath.Join(r.dir, "big", strconv.Itoa(i))
-		steps := []func() error{func() error {
+		err := alternate(ctx, i, ref, filepath.Join(r.dir, "big-crane", strconv.Itoa(i)), &crn, func() error {
 			d, peak, err := r.timeBigPrewarm(ctx, dir, ref)
 			cold, rep.PeakDiskBytes = append(cold, ms(d)), max(rep.PeakDiskBytes, peak)
 			return err
-		}}
-		if craneErr == nil {
-			steps = append(steps, func() error {
-				d, err := craneTar(ctx, crane, ref, filepath.Join(r.dir, "big-crane", strconv.Itoa(i)))
-				crn = append(crn, ms(d))
-				return err
-			})
-		}
-		if i%2 == 1 {
-			steps[0], steps[len(steps)-1] = steps[len(steps)-1], steps[0]
-		}
-		for _, step := range steps {
-			if err := step(); err != nil {
-				return nil, err
-			}
-			unix.Sync()
+		})
+		if err != nil {
+			return nil, err
 		}
 		for _, d := range []string{dir, filepath.Join(r.dir, "big-crane", strconv.Itoa(i))} {
 			if err := os.RemoveAll(d); err != nil {

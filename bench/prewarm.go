@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -54,32 +55,16 @@ func (r *runner) measurePrewarm(ctx context.Context) (Prewarm, error) {
 		return rep, err
 	}
 	r.ref = reg.ref(r.img.IndexDigest)
-	crane, craneErr := exec.LookPath("crane")
 	var cold, crn []float64
 	for i := range r.opts.PrewarmRounds {
 		r.logf("prewarm: cold round %d of %d", i+1, r.opts.PrewarmRounds)
-		steps := []func() error{
-			func() error {
-				d, err := r.timePrewarm(ctx, filepath.Join(r.dir, "cold", strconv.Itoa(i)), false)
-				cold = append(cold, ms(d))
-				return err
-			},
-		}
-		if craneErr == nil {
-			steps = append(steps, func() error {
-				d, err := craneTar(ctx, crane, reg.ref(r.img.ManifestDigest), filepath.Join(r.dir, "crane", strconv.Itoa(i)))
-				crn = append(crn, ms(d))
-				return err
-			})
-		}
-		if i%2 == 1 {
-			steps[0], steps[len(steps)-1] = steps[len(steps)-1], steps[0]
-		}
-		for _, step := range steps {
-			if err := step(); err != nil {
-				return rep, err
-			}
-			unix.Sync() // the next step does not pay for this one's writeback
+		err := alternate(ctx, i, reg.ref(r.img.ManifestDigest), filepath.Join(r.dir, "crane", strconv.Itoa(i)), &crn, func() error {
+			d, err := r.timePrewarm(ctx, filepath.Join(r.dir, "cold", strconv.Itoa(i)), false)
+			cold = append(cold, ms(d))
+			return err
+		})
+		if err != nil {
+			return rep, err
 		}
 	}
 	reg.close()
@@ -99,6 +84,31 @@ func (r *runner) measurePrewarm(ctx context.Context) (Prewarm, error) {
 		rep.CraneTar, rep.CraneTarMS = &s, &s.Median
 	}
 	return rep, nil
+}
+
+// alternate runs round i of a cold prewarm: prewarm, and crane export |
+// tar -x of ref into dir if crane is on PATH (its time appended to crn),
+// crane first in odd rounds, each followed by a sync so that the next
+// does not pay for its writeback.
+func alternate(ctx context.Context, i int, ref, dir string, crn *[]float64, prewarm func() error) error {
+	steps := []func() error{prewarm}
+	if crane, err := exec.LookPath("crane"); err == nil {
+		steps = append(steps, func() error {
+			d, err := craneTar(ctx, crane, ref, dir)
+			*crn = append(*crn, ms(d))
+			return err
+		})
+	}
+	if i%2 == 1 {
+		slices.Reverse(steps)
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return err
+		}
+		unix.Sync()
+	}
+	return nil
 }
 
 // timePrewarm times one `flmbox prewarm --json` process by index digest
