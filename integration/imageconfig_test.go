@@ -38,9 +38,11 @@ func TestImagesRefusedEarly(t *testing.T) {
 	}
 	assertNoEntries(t, root)
 
-	res := flmbox(t, root, "sandbox", "create", "--image", reg.digestRef(), "--platform", "linux/arm64", "--name", "arm")
-	if res.code != 125 || !strings.Contains(res.stderr, "this worker runs linux/amd64; the image asked for is linux/arm64") {
-		t.Errorf("a sandbox of linux/arm64: exit %d, stderr %q", res.code, res.stderr)
+	for _, p := range []string{"linux/arm64", "linux/arm/v7"} {
+		res := flmbox(t, root, "sandbox", "create", "--image", reg.digestRef(), "--platform", p, "--name", "arm")
+		if res.code != 125 || !strings.Contains(res.stderr, "this worker runs linux/amd64; the image asked for is "+p) {
+			t.Errorf("a sandbox of %s: exit %d, stderr %q", p, res.code, res.stderr)
+		}
 	}
 	if ents := readDirOrEmpty(t, root+"/images/rootfs"); len(ents) != 0 {
 		t.Errorf("the refused create fetched %v", ents)

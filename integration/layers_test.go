@@ -187,7 +187,15 @@ func TestImagesShareTheirBase(t *testing.T) {
 	if layers, _ := filepath.Glob(filepath.Join(root, "images", "layers", "*")); len(layers) != baseLayers+1 {
 		t.Errorf("%d layers after the base's removal, want image b's %d", len(layers), baseLayers+1)
 	}
-	mustFlmbox(t, root, "images", "rm", b.ManifestDigest)
+	// By the ID images ls shows.
+	id := strings.TrimPrefix(b.ManifestDigest, "sha256:")[:12]
+	if out := mustFlmbox(t, root, "images", "ls"); !strings.Contains(out, id) {
+		t.Errorf("images ls does not show image b's ID %s:\n%s", id, out)
+	}
+	mustFlmbox(t, root, "images", "rm", id)
+	if res := flmbox(t, root, "images", "rm", id); res.code != 125 || !strings.Contains(res.stderr, "no cached image has the ID "+id) {
+		t.Errorf("images rm of an ID no image has: exit %d, %s", res.code, res.stderr)
+	}
 	if layers, _ := filepath.Glob(filepath.Join(root, "images", "layers", "*")); len(layers) != 0 {
 		t.Errorf("layers left when no image is: %v", layers)
 	}
