@@ -122,10 +122,11 @@ func TestSandboxesLeaveTheCachedTreeUntouched(t *testing.T) {
 	// recorded them and what it made for them.
 	rec := readEntry(t, tree)
 	// The image has /etc/hostname and /etc/resolv.conf, not /etc/hosts;
-	// empty /proc and /sys (a one-CPU sandbox's CPU files are bound there).
+	// empty /proc and /sys (a one-CPU sandbox's CPU files are bound there);
+	// /tmp, where the sandbox's tmpfs goes.
 	if got := fmt.Sprint(rec.MountPoints); got != "[/dev/.flmbox/bin/flmbox-agent (file) /dev/.flmbox/fetch (dir) /dev/.flmbox/run (dir) /dev/.flmbox/wheels (dir) "+
 		"/etc/hostname (file, optional) /etc/hosts (file, optional) /etc/resolv.conf (file, optional) "+
-		"/proc/cpuinfo (file, optional) /sys/devices/system/cpu/online (file, optional)]" {
+		"/proc/cpuinfo (file, optional) /sys/devices/system/cpu/online (file, optional) /tmp (dir)]" {
 		t.Errorf("recorded mount points %s", got)
 	}
 	if got := strings.Join(rec.Added, " "); got != "/dev/.flmbox /dev/.flmbox/bin /dev/.flmbox/bin/flmbox-agent /dev/.flmbox/fetch /dev/.flmbox/run /dev/.flmbox/wheels /etc/hosts "+
