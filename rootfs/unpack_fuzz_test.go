@@ -20,9 +20,12 @@ import (
 // as a tar stream and written again with tmpPH in names and link targets
 // replaced by the real temporary directory, so that seeds can aim symlinks
 // and hardlinks at the host's sentinel; without it the bytes are applied as
-// they are, malformed headers and all.
+// they are, malformed headers and all. With fuzzStored set, each layer is
+// stored first (storeLayer) and applied from the layer store (ApplyStored),
+// as a pull does.
 const (
 	fuzzExpand     = 1 << 0
+	fuzzStored     = 1 << 1
 	fuzzHeaderSize = 3
 )
 
@@ -135,12 +138,16 @@ var fuzzMountPoints = append(slices.Clone(sandboxPoints),
 
 func FuzzUnpack(f *testing.F) {
 	for _, s := range fuzzSeeds() {
-		f.Add(encodeFuzzInput(f, s.layers))
+		in := encodeFuzzInput(f, s.layers)
+		f.Add(in)
+		stored := slices.Clone(in)
+		stored[0] |= fuzzStored
+		f.Add(stored)
 	}
 	// One tree serves input after input, emptied in between, while they
 	// pass: a fresh one per input costs more than most inputs do. An input
 	// that fails leaves its tree as it is and the next gets a new one.
-	base := f.TempDir()
+	base, stores := f.TempDir(), f.TempDir()
 	var e *unpackEnv
 	f.Cleanup(func() {
 		if e != nil {
@@ -170,13 +177,28 @@ func FuzzUnpack(f *testing.F) {
 			}
 			layers = append(layers, l)
 		}
-		u, err := NewUnpacker(e.root, &UnpackOptions{MaxBytes: 8 << 20, MaxEntries: 2000})
+		o := &UnpackOptions{MaxBytes: 8 << 20, MaxEntries: 2000}
+		u, err := NewUnpacker(e.root, o)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer u.Close()
 		for _, l := range layers {
-			if err := u.Apply(context.Background(), bytes.NewReader(l)); err != nil {
+			if flags&fuzzStored == 0 {
+				if err := u.Apply(context.Background(), bytes.NewReader(l)); err != nil {
+					break
+				}
+				continue
+			}
+			dir, err := os.MkdirTemp(stores, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer os.RemoveAll(dir)
+			if _, err := storeLayer(context.Background(), bytes.NewReader(l), dir, o); err != nil {
+				break
+			}
+			if err := u.ApplyStored(context.Background(), dir); err != nil {
 				break
 			}
 		}
