@@ -20,7 +20,7 @@ GOTAGS        := urfave_cli_no_docs
 STAMP         := $(shell find . -path ./bin -prune -o \( -name '*.go' -o -name go.mod -o -name go.sum \) -type f -print | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)
 LDFLAGS       := -X github.com/flmbox/flmbox/cmd/flmbox/internal/runcmd.Build=$(STAMP)
 
-.PHONY: all build deps runsc testimage demo test unit integration conformance fuzz bench vet clean proto
+.PHONY: all build deps runsc testimage demo test unit integration conformance fuzz bench vet clean proto mcpclient
 
 all: build
 
@@ -124,7 +124,18 @@ fuzz:
 # first. go test's output goes through slowest, which prints it as go test
 # would without -json and then the 15 slowest tests.
 TEST_PARALLEL ?= 4
-integration: deps runsc
+# The official MCP TypeScript client, which the tests of flmbox mcp drive
+# it with: Debian's nodejs and npm, the SDK pinned, in a cache of its own.
+MCP_CLIENT_DIR ?= /var/cache/flmbox/mcp-client
+MCP_SDK_VERSION ?= 1.32.2
+mcpclient:
+	@command -v npm >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }
+	@test -f $(MCP_CLIENT_DIR)/node_modules/@modelcontextprotocol/sdk/package.json || { \
+		mkdir -p $(MCP_CLIENT_DIR) && cd $(MCP_CLIENT_DIR) && \
+		{ test -f package.json || echo '{"name":"flmbox-mcp-client","private":true,"type":"module"}' > package.json; } && \
+		npm install --no-audit --no-fund --silent @modelcontextprotocol/sdk@$(MCP_SDK_VERSION); }
+
+integration: deps runsc mcpclient
 	$(GO) build -o bin/slowest ./internal/testrig/cmd/slowest
 	set -o pipefail; $(GO) test -json -count=1 -tags integration -timeout 40m -parallel $(TEST_PARALLEL) \
 		./integration/ ./internal/testrig/testimage/ ./sandbox/ | bin/slowest -n 15

@@ -103,6 +103,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 			pipcacheCommand(),
 			benchCommand(),
 			instanceCommand(),
+			mcpCommand(),
 		},
 	}
 	setUsageErrors(app.Commands)

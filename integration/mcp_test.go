@@ -1,0 +1,139 @@
+//go:build integration
+
+package integration
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// mcpClientDir is where make installs the official MCP TypeScript client
+// (Makefile: mcpclient).
+const mcpClientDir = "/var/cache/flmbox/mcp-client"
+
+// mcpResult is a tools/call result as the client returns it.
+type mcpResult struct {
+	Content []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	} `json:"content"`
+	Structured map[string]any `json:"structuredContent"`
+	IsError    bool           `json:"isError"`
+}
+
+func (r mcpResult) text() string {
+	var b strings.Builder
+	for _, c := range r.Content {
+		b.WriteString(c.Text)
+	}
+	return b.String()
+}
+
+// TestMCPWithTheOfficialClient drives `flmbox mcp` over stdio with the
+// official MCP TypeScript client: the tools and their schemas, a one-shot
+// Python and shell call, a session whose /tmp lives across calls, the
+// operator's bound on sessions, errors as tool errors an LLM can act on
+// (never a dropped connection), a timeout, and the client's sessions
+// removed when it goes.
+func TestMCPWithTheOfficialClient(t *testing.T) {
+	t.Parallel()
+	if _, err := os.Stat(filepath.Join(mcpClientDir, "node_modules", "@modelcontextprotocol", "sdk", "package.json")); err != nil {
+		t.Fatalf("the MCP TypeScript client is not installed (make mcpclient): %v", err)
+	}
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	// The script beside the client's node_modules, as a project has it.
+	dir := t.TempDir()
+	script, err := os.ReadFile("testdata/mcp/client.mjs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "client.mjs"), script, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(mcpClientDir, "node_modules"), filepath.Join(dir, "node_modules")); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("node", filepath.Join(dir, "client.mjs"), flmboxBin, "--root", root, "--runsc", runscPath,
+		"mcp", "--image", reg.digestRef(), "--max-sessions", "1", "--timeout", "1m")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	stdout, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("the MCP client: %v\nstderr: %s", err, stderr.String())
+	}
+	var out struct {
+		Tools []struct {
+			Name, Description string
+			Input, Output     map[string]any
+		}
+		Once, Shell, Session, Write, Read, Second, List, BadSession, BadLanguage, Timeout, End, ListAfter mcpResult
+		Left                                                                                              string
+	}
+	if err := json.Unmarshal(stdout, &out); err != nil {
+		t.Fatalf("the client printed %q: %v", stdout, err)
+	}
+	var names []string
+	for _, tool := range out.Tools {
+		names = append(names, tool.Name)
+		if tool.Description == "" || tool.Input["type"] != "object" || tool.Output["type"] != "object" {
+			t.Errorf("tool %s: description %q, input schema %v, output schema %v", tool.Name, tool.Description, tool.Input, tool.Output)
+		}
+	}
+	if slices.Sort(names); !slices.Equal(names, []string{"create_session", "end_session", "list_sessions", "run_code"}) {
+		t.Errorf("tools %v", names)
+	}
+	if r := out.Once; r.IsError || r.Structured["stdout"] != "42\n" || r.Structured["exit_code"] != 0.0 || r.Structured["ended"] != "exited" || !strings.HasPrefix(r.text(), "42\n") {
+		t.Errorf("run_code of Python: %+v", r)
+	}
+	if r := out.Shell; r.IsError || r.Structured["stderr"] != "hi\n" || r.Structured["exit_code"] != 3.0 || !strings.Contains(r.text(), "[exit code 3") {
+		t.Errorf("run_code of shell: %+v", r)
+	}
+	sid, _ := out.Session.Structured["session"].(string)
+	if out.Session.IsError || !strings.HasPrefix(sid, "mcp-") {
+		t.Fatalf("create_session: %+v", out.Session)
+	}
+	if r := out.Read; r.IsError || r.Structured["stdout"] != "kept\n" {
+		t.Errorf("a session's /tmp across calls: write %+v, read %+v", out.Write, r)
+	}
+	if r := out.Second; !r.IsError || !strings.Contains(r.text(), "the most it may have") {
+		t.Errorf("a session over --max-sessions 1: %+v", r)
+	}
+	if r := out.List; !slices.Equal(toStrings(r.Structured["sessions"]), []string{sid}) {
+		t.Errorf("list_sessions: %+v", r)
+	}
+	for name, r := range map[string]mcpResult{"an unknown session": out.BadSession, "an unknown language": out.BadLanguage} {
+		if !r.IsError || strings.Contains(r.text(), "\n") || r.text() == "" {
+			t.Errorf("%s: %+v; want a tool error of one line", name, r)
+		}
+	}
+	if r := out.Timeout; r.IsError || r.Structured["ended"] != "timeout" || r.Structured["exit_code"] != 137.0 {
+		t.Errorf("run_code with timeout_seconds 1: %+v", r)
+	}
+	if r := out.ListAfter; len(toStrings(r.Structured["sessions"])) != 0 || out.End.IsError {
+		t.Errorf("after end_session: %+v, %+v", out.End, r)
+	}
+	// The client went: its session went with it, and nothing else is left.
+	if !strings.HasPrefix(out.Left, "mcp-") {
+		t.Fatalf("the session left open: %q", out.Left)
+	}
+	if ls := mustFlmbox(t, root, "sandbox", "ls"); strings.Contains(ls, "mcp-") {
+		t.Errorf("sessions outlived their client:\n%s", ls)
+	}
+}
+
+// toStrings is a decoded JSON array of strings.
+func toStrings(v any) []string {
+	var out []string
+	xs, _ := v.([]any)
+	for _, x := range xs {
+		s, _ := x.(string)
+		out = append(out, s)
+	}
+	return out
+}

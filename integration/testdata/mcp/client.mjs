@@ -1,0 +1,31 @@
+// The official MCP TypeScript client, driving `flmbox mcp` over stdio as an
+// agent's config starts it: argv is the flmbox binary, then flmbox's
+// arguments. It prints what every step returned, as one JSON object.
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
+
+const [command, ...args] = process.argv.slice(2);
+const transport = new StdioClientTransport({ command, args, stderr: "inherit" });
+const client = new Client({ name: "flmbox-integration-test", version: "1.0.0" });
+await client.connect(transport);
+const call = (name, args) => client.callTool({ name, arguments: args });
+const out = {};
+out.tools = (await client.listTools()).tools.map((t) => ({ name: t.name, description: t.description, input: t.inputSchema, output: t.outputSchema }));
+out.once = await call("run_code", { code: "print(6*7)" });
+out.shell = await call("run_code", { language: "shell", code: "echo hi >&2; exit 3" });
+const s = await call("create_session", {});
+out.session = s;
+const sid = s.structuredContent?.session;
+out.write = await call("run_code", { session: sid, code: "open('/tmp/x', 'w').write('kept')" });
+out.read = await call("run_code", { session: sid, code: "print(open('/tmp/x').read())" });
+out.second = await call("create_session", {});
+out.list = await call("list_sessions", {});
+out.badSession = await call("run_code", { session: "mcp-000000000000", code: "1" });
+out.badLanguage = await call("run_code", { language: "ruby", code: "1" });
+out.timeout = await call("run_code", { code: "import time; time.sleep(30)", timeout_seconds: 1 });
+out.end = await call("end_session", { session: sid });
+out.listAfter = await call("list_sessions", {});
+// One left open: the server removes it when the client goes.
+out.left = (await call("create_session", {})).structuredContent?.session;
+await client.close();
+console.log(JSON.stringify(out));

@@ -1,0 +1,259 @@
+// Package mcpserver serves flmbox's sandboxes to agents over the Model
+// Context Protocol, with the official Go SDK: tools to run code in a fresh
+// sandbox or in a session (a sandbox whose /tmp lives across calls), whose
+// bounds the operator sets, not the model. Each client connection gets a
+// server of its own: its sessions are its own, and go when it goes.
+package mcpserver
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/flmbox/flmbox/sandbox"
+)
+
+// Options are the operator's bounds for every tool call.
+type Options struct {
+	// Spec is the sandboxes' shape: image, limits, network. No call asks
+	// for more.
+	Spec sandbox.Spec
+	// MaxTimeout bounds a call's timeout_seconds. Default
+	// sandbox.DefaultTimeout.
+	MaxTimeout time.Duration
+	// MaxSessions bounds one client's sessions. Default DefaultMaxSessions.
+	MaxSessions int
+	// Version is the server's, as the client is told.
+	Version string
+}
+
+// DefaultMaxSessions bounds one client's sessions unless Options say.
+const DefaultMaxSessions = 4
+
+// Conn is the server of one client connection and the sessions it made.
+type Conn struct {
+	m *sandbox.Manager
+	o Options
+
+	mu       sync.Mutex
+	sessions map[string]bool // sandbox names
+	closed   bool
+}
+
+// NewConn returns the server of one client connection. Close removes its
+// sessions.
+func NewConn(m *sandbox.Manager, o Options) *Conn {
+	if o.MaxTimeout <= 0 {
+		o.MaxTimeout = sandbox.DefaultTimeout
+	}
+	if o.MaxSessions <= 0 {
+		o.MaxSessions = DefaultMaxSessions
+	}
+	return &Conn{m: m, o: o, sessions: map[string]bool{}}
+}
+
+// Server returns the MCP server of c, with its tools.
+func (c *Conn) Server() *mcp.Server {
+	s := mcp.NewServer(&mcp.Implementation{Name: "flmbox", Version: c.o.Version}, nil)
+	mcp.AddTool(s, &mcp.Tool{Name: "run_code", Description: "Run Python or shell code in a gVisor sandbox and return its stdout, " +
+		"stderr and exit code. Without a session, the code runs in a fresh sandbox that is removed afterwards; with a session " +
+		"(create_session), files under /tmp stay between calls. Only /tmp is writable; pip installs into it."}, c.runCode)
+	mcp.AddTool(s, &mcp.Tool{Name: "create_session", Description: "Create a session: a sandbox of its own whose /tmp keeps " +
+		"its files between run_code calls that name it. End it with end_session when done."}, c.createSession)
+	mcp.AddTool(s, &mcp.Tool{Name: "list_sessions", Description: "List this client's sessions."}, c.listSessions)
+	mcp.AddTool(s, &mcp.Tool{Name: "end_session", Description: "End a session: its sandbox and files are removed."}, c.endSession)
+	return s
+}
+
+// Close removes c's sessions; a later tool call fails.
+func (c *Conn) Close(ctx context.Context) error {
+	c.mu.Lock()
+	c.closed = true
+	names := slices.Sorted(maps.Keys(c.sessions))
+	c.sessions = map[string]bool{}
+	c.mu.Unlock()
+	var errs []error
+	for _, n := range names {
+		if err := c.m.Remove(ctx, n); err != nil && !errdefs.IsNotFound(err) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// RunCodeIn is run_code's input.
+type RunCodeIn struct {
+	Language       string  `json:"language,omitempty" jsonschema:"python (the default) or shell"`
+	Code           string  `json:"code" jsonschema:"the code to run"`
+	TimeoutSeconds float64 `json:"timeout_seconds,omitempty" jsonschema:"how long the code may run before it is killed (default and most: the server's)"`
+	Session        string  `json:"session,omitempty" jsonschema:"a session from create_session, whose /tmp keeps its files; without one, a fresh sandbox"`
+}
+
+// RunCodeOut is run_code's structured result.
+type RunCodeOut struct {
+	ExitCode   int     `json:"exit_code" jsonschema:"the code's exit status (137 when killed)"`
+	Stdout     string  `json:"stdout"`
+	Stderr     string  `json:"stderr"`
+	Ended      string  `json:"ended" jsonschema:"how it ended: exited, timeout, oom or signaled"`
+	Truncated  bool    `json:"truncated,omitempty" jsonschema:"the middle of stdout or stderr was left out"`
+	DurationMS float64 `json:"duration_ms"`
+}
+
+func (c *Conn) runCode(ctx context.Context, _ *mcp.CallToolRequest, in RunCodeIn) (*mcp.CallToolResult, RunCodeOut, error) {
+	var out RunCodeOut
+	lang := in.Language
+	switch lang {
+	case "":
+		lang = "python"
+	case "python", "shell":
+	default:
+		return nil, out, fmt.Errorf("language %q: use python or shell", in.Language)
+	}
+	timeout := c.o.MaxTimeout
+	if in.TimeoutSeconds < 0 {
+		return nil, out, fmt.Errorf("timeout_seconds %v: use a positive number of seconds", in.TimeoutSeconds)
+	}
+	if in.TimeoutSeconds > 0 {
+		timeout = min(timeout, time.Duration(in.TimeoutSeconds*float64(time.Second)))
+	}
+	req := sandbox.Request{Language: lang, Code: in.Code, Timeout: timeout}
+	var res *sandbox.Result
+	var err error
+	if in.Session != "" {
+		name, ok := c.session(in.Session)
+		if !ok {
+			return nil, out, fmt.Errorf("no session %q: create_session makes one, list_sessions lists this client's", in.Session)
+		}
+		res, err = c.m.Call(ctx, name, req)
+	} else {
+		res, err = c.m.RunOnce(ctx, c.o.Spec, req)
+	}
+	if err != nil {
+		return nil, out, oneLine(err)
+	}
+	out = RunCodeOut{ExitCode: res.ExitCode, Stdout: text(res.Stdout), Stderr: text(res.Stderr), Ended: ended(res),
+		Truncated: res.Stdout.Truncated || res.Stderr.Truncated, DurationMS: float64(res.Duration.Microseconds()) / 1000}
+	var b strings.Builder
+	b.WriteString(out.Stdout)
+	if out.Stderr != "" {
+		fmt.Fprintf(&b, "\n[stderr]\n%s", out.Stderr)
+	}
+	fmt.Fprintf(&b, "\n[exit code %d, %s]", out.ExitCode, out.Ended)
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: b.String()}}}, out, nil
+}
+
+// text is what a stream held, as text: with the middle left out marked.
+func text(o sandbox.Output) string {
+	if !o.Truncated {
+		return string(o.Data)
+	}
+	return fmt.Sprintf("%s\n[… %d bytes left out …]\n%s", o.Data, o.Total-int64(len(o.Data))-int64(len(o.Tail)), o.Tail)
+}
+
+// ended says how a call ended.
+func ended(res *sandbox.Result) string {
+	switch {
+	case res.TimedOut:
+		return "timeout"
+	case res.OOMKilled:
+		return "oom"
+	case res.Signal != "":
+		return "signaled"
+	}
+	return "exited"
+}
+
+// SessionOut names a session.
+type SessionOut struct {
+	Session string `json:"session"`
+}
+
+// SessionIn names a session.
+type SessionIn struct {
+	Session string `json:"session" jsonschema:"the session, as create_session returned it"`
+}
+
+// SessionsOut lists sessions.
+type SessionsOut struct {
+	Sessions []string `json:"sessions"`
+}
+
+func (c *Conn) createSession(ctx context.Context, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, SessionOut, error) {
+	c.mu.Lock()
+	if c.closed || len(c.sessions) >= c.o.MaxSessions {
+		n := len(c.sessions)
+		c.mu.Unlock()
+		return nil, SessionOut{}, fmt.Errorf("this client has %d sessions, the most it may have: end one with end_session", n)
+	}
+	var id [6]byte
+	rand.Read(id[:])
+	name := "mcp-" + hex.EncodeToString(id[:])
+	c.sessions[name] = true // held while it is made, so that no other create passes the bound
+	c.mu.Unlock()
+	spec := c.o.Spec
+	spec.Name = name
+	if _, err := c.m.Create(ctx, spec); err != nil {
+		c.mu.Lock()
+		delete(c.sessions, name)
+		c.mu.Unlock()
+		return nil, SessionOut{}, oneLine(err)
+	}
+	return nil, SessionOut{Session: name}, nil
+}
+
+func (c *Conn) listSessions(_ context.Context, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, SessionsOut, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return nil, SessionsOut{Sessions: append([]string{}, slices.Sorted(maps.Keys(c.sessions))...)}, nil
+}
+
+func (c *Conn) endSession(ctx context.Context, _ *mcp.CallToolRequest, in SessionIn) (*mcp.CallToolResult, SessionOut, error) {
+	name, ok := c.session(in.Session)
+	if !ok {
+		return nil, SessionOut{}, fmt.Errorf("no session %q: list_sessions lists this client's", in.Session)
+	}
+	c.mu.Lock()
+	delete(c.sessions, name)
+	c.mu.Unlock()
+	if err := c.m.Remove(ctx, name); err != nil && !errdefs.IsNotFound(err) {
+		return nil, SessionOut{}, oneLine(err)
+	}
+	return nil, SessionOut{Session: name}, nil
+}
+
+// session returns the sandbox of c's session id.
+func (c *Conn) session(id string) (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return id, c.sessions[id] && !c.closed
+}
+
+// oneLine is err's first line, for a model to read.
+func oneLine(err error) error {
+	s, _, _ := strings.Cut(err.Error(), "\n")
+	return errors.New(s)
+}
+
+// ServeStdio serves one client over stdin and stdout until it goes or ctx
+// ends, then removes its sessions.
+func ServeStdio(ctx context.Context, m *sandbox.Manager, o Options) error {
+	c := NewConn(m, o)
+	err := c.Server().Run(ctx, &mcp.StdioTransport{})
+	if cerr := c.Close(context.WithoutCancel(ctx)); cerr != nil {
+		return errors.Join(err, cerr)
+	}
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
