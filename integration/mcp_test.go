@@ -4,6 +4,7 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,8 +20,10 @@ const mcpClientDir = "/var/cache/flmbox/mcp-client"
 // mcpResult is a tools/call result as the client returns it.
 type mcpResult struct {
 	Content []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
+		Type     string `json:"type"`
+		Text     string `json:"text"`
+		Data     string `json:"data"`
+		MIMEType string `json:"mimeType"`
 	} `json:"content"`
 	Structured map[string]any `json:"structuredContent"`
 	IsError    bool           `json:"isError"`
@@ -73,6 +76,7 @@ func TestMCPWithTheOfficialClient(t *testing.T) {
 			Input, Output     map[string]any
 		}
 		Once, Shell, Session, Write, Read, Second, List, BadSession, BadLanguage, Timeout, End, ListAfter mcpResult
+		WriteText, WriteBinary, ReadText, ReadBinary, Listed, Outside, Plot                               mcpResult
 		Left                                                                                              string
 	}
 	if err := json.Unmarshal(stdout, &out); err != nil {
@@ -85,7 +89,7 @@ func TestMCPWithTheOfficialClient(t *testing.T) {
 			t.Errorf("tool %s: description %q, input schema %v, output schema %v", tool.Name, tool.Description, tool.Input, tool.Output)
 		}
 	}
-	if slices.Sort(names); !slices.Equal(names, []string{"create_session", "end_session", "list_sessions", "run_code"}) {
+	if slices.Sort(names); !slices.Equal(names, []string{"create_session", "end_session", "list_files", "list_sessions", "read_file", "run_code", "write_file"}) {
 		t.Errorf("tools %v", names)
 	}
 	if r := out.Once; r.IsError || r.Structured["stdout"] != "42\n" || r.Structured["exit_code"] != 0.0 || r.Structured["ended"] != "exited" || !strings.HasPrefix(r.text(), "42\n") {
@@ -100,6 +104,42 @@ func TestMCPWithTheOfficialClient(t *testing.T) {
 	}
 	if r := out.Read; r.IsError || r.Structured["stdout"] != "kept\n" {
 		t.Errorf("a session's /tmp across calls: write %+v, read %+v", out.Write, r)
+	}
+	// Files: text and binary both ways, a listing, a path outside /tmp
+	// refused.
+	if out.WriteText.IsError || out.WriteBinary.IsError {
+		t.Errorf("write_file: %+v, %+v", out.WriteText, out.WriteBinary)
+	}
+	if r := out.ReadText; r.IsError || r.Structured["content"] != "héllo\n" || r.Structured["encoding"] != "text" {
+		t.Errorf("read_file of text: %+v", r)
+	}
+	if r := out.ReadBinary; r.IsError || r.Structured["content"] != "AP8B/g==" || r.Structured["encoding"] != "base64" {
+		t.Errorf("read_file of bytes: %+v", r)
+	}
+	var listed []string
+	entries, _ := out.Listed.Structured["entries"].([]any)
+	for _, e := range entries {
+		if m, ok := e.(map[string]any); ok {
+			listed = append(listed, fmt.Sprint(m["name"], " ", m["type"], " ", m["bytes"]))
+		}
+	}
+	for _, want := range []string{"notes.txt file 7", "blob.bin file 4", "x file 4"} {
+		if !slices.Contains(listed, want) {
+			t.Errorf("list_files of /tmp: %q, want %q among them", listed, want)
+		}
+	}
+	if r := out.Outside; !r.IsError || !strings.Contains(r.text(), "below /tmp") {
+		t.Errorf("write_file of /etc/passwd: %+v", r)
+	}
+	// The plot came back as an image.
+	var images []string
+	for _, c := range out.Plot.Content {
+		if c.Type == "image" {
+			images = append(images, c.MIMEType)
+		}
+	}
+	if out.Plot.IsError || !slices.Equal(images, []string{"image/png"}) || out.Plot.Structured["images"] != 1.0 || out.Plot.Structured["stdout"] != "drawn\n" {
+		t.Errorf("run_code with images_dir: %+v", out.Plot)
 	}
 	if r := out.Second; !r.IsError || !strings.Contains(r.text(), "the most it may have") {
 		t.Errorf("a session over --max-sessions 1: %+v", r)

@@ -46,7 +46,7 @@ type Conn struct {
 	o Options
 
 	mu       sync.Mutex
-	sessions map[string]bool // sandbox names
+	sessions map[string]*sandbox.Sandbox // by name; nil while it is made
 	closed   bool
 }
 
@@ -59,7 +59,7 @@ func NewConn(m *sandbox.Manager, o Options) *Conn {
 	if o.MaxSessions <= 0 {
 		o.MaxSessions = DefaultMaxSessions
 	}
-	return &Conn{m: m, o: o, sessions: map[string]bool{}}
+	return &Conn{m: m, o: o, sessions: map[string]*sandbox.Sandbox{}}
 }
 
 // Server returns the MCP server of c, with its tools.
@@ -72,6 +72,7 @@ func (c *Conn) Server() *mcp.Server {
 		"its files between run_code calls that name it. End it with end_session when done."}, c.createSession)
 	mcp.AddTool(s, &mcp.Tool{Name: "list_sessions", Description: "List this client's sessions."}, c.listSessions)
 	mcp.AddTool(s, &mcp.Tool{Name: "end_session", Description: "End a session: its sandbox and files are removed."}, c.endSession)
+	c.addFileTools(s)
 	return s
 }
 
@@ -79,12 +80,15 @@ func (c *Conn) Server() *mcp.Server {
 func (c *Conn) Close(ctx context.Context) error {
 	c.mu.Lock()
 	c.closed = true
-	names := slices.Sorted(maps.Keys(c.sessions))
-	c.sessions = map[string]bool{}
+	sessions := c.sessions
+	c.sessions = map[string]*sandbox.Sandbox{}
 	c.mu.Unlock()
 	var errs []error
-	for _, n := range names {
-		if err := c.m.Remove(ctx, n); err != nil && !errdefs.IsNotFound(err) {
+	for _, sb := range sessions {
+		if sb == nil {
+			continue // being made: its create removes it, finding c closed
+		}
+		if err := sb.Remove(ctx); err != nil && !errdefs.IsNotFound(err) {
 			errs = append(errs, err)
 		}
 	}
@@ -97,6 +101,7 @@ type RunCodeIn struct {
 	Code           string  `json:"code" jsonschema:"the code to run"`
 	TimeoutSeconds float64 `json:"timeout_seconds,omitempty" jsonschema:"how long the code may run before it is killed (default and most: the server's)"`
 	Session        string  `json:"session,omitempty" jsonschema:"a session from create_session, whose /tmp keeps its files; without one, a fresh sandbox"`
+	ImagesDir      string  `json:"images_dir,omitempty" jsonschema:"a directory under /tmp: the PNG, JPEG, GIF and SVG files the code writes there (matplotlib's savefig, say) come back as images"`
 }
 
 // RunCodeOut is run_code's structured result.
@@ -107,6 +112,7 @@ type RunCodeOut struct {
 	Ended      string  `json:"ended" jsonschema:"how it ended: exited, timeout, oom or signaled"`
 	Truncated  bool    `json:"truncated,omitempty" jsonschema:"the middle of stdout or stderr was left out"`
 	DurationMS float64 `json:"duration_ms"`
+	Images     int     `json:"images,omitempty" jsonschema:"how many images of images_dir came back"`
 }
 
 func (c *Conn) runCode(ctx context.Context, _ *mcp.CallToolRequest, in RunCodeIn) (*mcp.CallToolResult, RunCodeOut, error) {
@@ -127,16 +133,38 @@ func (c *Conn) runCode(ctx context.Context, _ *mcp.CallToolRequest, in RunCodeIn
 		timeout = min(timeout, time.Duration(in.TimeoutSeconds*float64(time.Second)))
 	}
 	req := sandbox.Request{Language: lang, Code: in.Code, Timeout: timeout}
-	var res *sandbox.Result
-	var err error
+	if in.ImagesDir != "" {
+		if err := underTmp(in.ImagesDir); err != nil {
+			return nil, out, fmt.Errorf("images_dir: %w", err)
+		}
+	}
+	var sb *sandbox.Sandbox
 	if in.Session != "" {
-		name, ok := c.session(in.Session)
-		if !ok {
+		var ok bool
+		if sb, ok = c.session(in.Session); !ok {
 			return nil, out, fmt.Errorf("no session %q: create_session makes one, list_sessions lists this client's", in.Session)
 		}
-		res, err = c.m.Call(ctx, name, req)
-	} else {
+	}
+	var res *sandbox.Result
+	var err error
+	start := time.Now()
+	switch {
+	case in.ImagesDir == "" && sb == nil:
 		res, err = c.m.RunOnce(ctx, c.o.Spec, req)
+	case sb == nil:
+		// A sandbox of its own, to read the images from before it goes.
+		if sb, err = c.m.Acquire(ctx, c.o.Spec); err != nil {
+			return nil, out, oneLine(err)
+		}
+		defer sb.Release(context.WithoutCancel(ctx))
+		fallthrough
+	default:
+		if in.ImagesDir != "" {
+			if err := ensureDir(ctx, sb, in.ImagesDir); err != nil {
+				return nil, out, fmt.Errorf("images_dir %s: %w", in.ImagesDir, oneLine(err))
+			}
+		}
+		res, err = sb.Call(ctx, req)
 	}
 	if err != nil {
 		return nil, out, oneLine(err)
@@ -149,7 +177,16 @@ func (c *Conn) runCode(ctx context.Context, _ *mcp.CallToolRequest, in RunCodeIn
 		fmt.Fprintf(&b, "\n[stderr]\n%s", out.Stderr)
 	}
 	fmt.Fprintf(&b, "\n[exit code %d, %s]", out.ExitCode, out.Ended)
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: b.String()}}}, out, nil
+	content := []mcp.Content{&mcp.TextContent{Text: b.String()}}
+	if in.ImagesDir != "" {
+		images, note := readImages(ctx, sb, in.ImagesDir, start)
+		content = append(content, images...)
+		if note != "" {
+			content = append(content, &mcp.TextContent{Text: note})
+		}
+		out.Images = len(images)
+	}
+	return &mcp.CallToolResult{Content: content}, out, nil
 }
 
 // text is what a stream held, as text: with the middle left out marked.
@@ -198,15 +235,25 @@ func (c *Conn) createSession(ctx context.Context, _ *mcp.CallToolRequest, _ stru
 	var id [6]byte
 	rand.Read(id[:])
 	name := "mcp-" + hex.EncodeToString(id[:])
-	c.sessions[name] = true // held while it is made, so that no other create passes the bound
+	c.sessions[name] = nil // held while it is made, so that no other create passes the bound
 	c.mu.Unlock()
 	spec := c.o.Spec
 	spec.Name = name
-	if _, err := c.m.Create(ctx, spec); err != nil {
-		c.mu.Lock()
+	sb, err := c.m.Create(ctx, spec)
+	c.mu.Lock()
+	closed := c.closed
+	if err != nil || closed {
 		delete(c.sessions, name)
-		c.mu.Unlock()
+	} else {
+		c.sessions[name] = sb
+	}
+	c.mu.Unlock()
+	switch {
+	case err != nil:
 		return nil, SessionOut{}, oneLine(err)
+	case closed:
+		sb.Remove(context.WithoutCancel(ctx))
+		return nil, SessionOut{}, errors.New("the client went")
 	}
 	return nil, SessionOut{Session: name}, nil
 }
@@ -218,24 +265,25 @@ func (c *Conn) listSessions(_ context.Context, _ *mcp.CallToolRequest, _ struct{
 }
 
 func (c *Conn) endSession(ctx context.Context, _ *mcp.CallToolRequest, in SessionIn) (*mcp.CallToolResult, SessionOut, error) {
-	name, ok := c.session(in.Session)
+	sb, ok := c.session(in.Session)
 	if !ok {
 		return nil, SessionOut{}, fmt.Errorf("no session %q: list_sessions lists this client's", in.Session)
 	}
 	c.mu.Lock()
-	delete(c.sessions, name)
+	delete(c.sessions, in.Session)
 	c.mu.Unlock()
-	if err := c.m.Remove(ctx, name); err != nil && !errdefs.IsNotFound(err) {
+	if err := sb.Remove(ctx); err != nil && !errdefs.IsNotFound(err) {
 		return nil, SessionOut{}, oneLine(err)
 	}
-	return nil, SessionOut{Session: name}, nil
+	return nil, SessionOut{Session: in.Session}, nil
 }
 
 // session returns the sandbox of c's session id.
-func (c *Conn) session(id string) (string, bool) {
+func (c *Conn) session(id string) (*sandbox.Sandbox, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return id, c.sessions[id] && !c.closed
+	sb := c.sessions[id]
+	return sb, sb != nil && !c.closed
 }
 
 // oneLine is err's first line, for a model to read.

@@ -18,6 +18,19 @@ out.session = s;
 const sid = s.structuredContent?.session;
 out.write = await call("run_code", { session: sid, code: "open('/tmp/x', 'w').write('kept')" });
 out.read = await call("run_code", { session: sid, code: "print(open('/tmp/x').read())" });
+out.writeText = await call("write_file", { session: sid, path: "/tmp/notes.txt", content: "héllo\n" });
+out.writeBinary = await call("write_file", { session: sid, path: "/tmp/blob.bin", content: Buffer.from([0, 255, 1, 254]).toString("base64"), encoding: "base64" });
+out.readText = await call("read_file", { session: sid, path: "/tmp/notes.txt" });
+out.readBinary = await call("read_file", { session: sid, path: "/tmp/blob.bin" });
+out.listed = await call("list_files", { session: sid });
+out.outside = await call("write_file", { session: sid, path: "/etc/passwd", content: "x" });
+// A call that draws: the PNG it writes in images_dir comes back as an image.
+out.plot = await call("run_code", { session: sid, images_dir: "/tmp/plots", code: [
+  "import base64",
+  "png = base64.b64decode('iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==')",
+  "open('/tmp/plots/dot.png', 'wb').write(png)",
+  "print('drawn')",
+].join("\n") });
 out.second = await call("create_session", {});
 out.list = await call("list_sessions", {});
 out.badSession = await call("run_code", { session: "mcp-000000000000", code: "1" });
