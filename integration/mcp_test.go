@@ -3,14 +3,19 @@
 package integration
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // mcpClientDir is where make installs the official MCP TypeScript client
@@ -176,4 +181,109 @@ func toStrings(v any) []string {
 		out = append(out, s)
 	}
 	return out
+}
+
+// TestMCPOverHTTP serves `flmbox mcp --listen` to the official TypeScript
+// client over streamable HTTP: a client without the bearer token is
+// refused, one with it runs code and a session, and the session's sandbox
+// goes when the client ends its MCP session; a request that names another
+// host on the loopback address is refused (DNS rebinding); SIGTERM stops
+// the server.
+func TestMCPOverHTTP(t *testing.T) {
+	t.Parallel()
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	dir := t.TempDir()
+	for _, f := range []string{"client_http.mjs"} {
+		b, err := os.ReadFile(filepath.Join("testdata/mcp", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(filepath.Join(mcpClientDir, "node_modules"), filepath.Join(dir, "node_modules")); err != nil {
+		t.Fatal(err)
+	}
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte("s3cret-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := exec.Command(flmboxBin, "--root", root, "--runsc", runscPath, "mcp", "--image", reg.digestRef(),
+		"--listen", "127.0.0.1:0", "--token-file", tokenFile)
+	stderr, err := srv.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	sc := bufio.NewScanner(stderr)
+	var addr string
+	for sc.Scan() {
+		if a, ok := strings.CutPrefix(sc.Text(), "flmbox mcp: serving MCP over HTTP on "); ok {
+			addr = a
+			break
+		}
+	}
+	if addr == "" {
+		t.Fatal("flmbox mcp --listen did not say where it serves")
+	}
+	var rest strings.Builder
+	go io.Copy(&rest, stderr)
+
+	cmd := exec.Command("node", filepath.Join(dir, "client_http.mjs"), "http://"+addr+"/mcp", "s3cret-token")
+	var cerr strings.Builder
+	cmd.Stderr = &cerr
+	stdout, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("the MCP client: %v\nstderr: %s", err, cerr.String())
+	}
+	var out struct {
+		NoToken         string
+		Once, InSession mcpResult
+		Session         string
+	}
+	if err := json.Unmarshal(stdout, &out); err != nil {
+		t.Fatalf("the client printed %q: %v", stdout, err)
+	}
+	if !strings.Contains(out.NoToken, "a bearer token is needed") {
+		t.Errorf("a client without the token: %q, want refused", out.NoToken)
+	}
+	if resp, err := http.Post("http://"+addr+"/mcp", "application/json", strings.NewReader(`{}`)); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("a request without the token: %v %v, want 401", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	if out.Once.IsError || out.Once.Structured["stdout"] != "42\n" {
+		t.Errorf("run_code over HTTP: %+v", out.Once)
+	}
+	if out.InSession.IsError || out.InSession.Structured["stdout"] != "/tmp\n" || !strings.HasPrefix(out.Session, "mcp-") {
+		t.Errorf("run_code in session %q over HTTP: %+v", out.Session, out.InSession)
+	}
+	// The ended MCP session's sandbox goes (in the background: poll).
+	deadline := time.Now().Add(time.Minute)
+	for strings.Contains(mustFlmbox(t, root, "sandbox", "ls"), out.Session) {
+		if time.Now().After(deadline) {
+			t.Fatalf("session %s outlived its client's MCP session", out.Session)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// DNS rebinding: the loopback address, another host's name.
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+	req.Host = "attacker.example:80"
+	req.Header.Set("Authorization", "Bearer s3cret-token")
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Errorf("a request naming another host: %v %v, want 403", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	srv.Process.Signal(syscall.SIGTERM)
+	if err := srv.Wait(); err != nil {
+		t.Errorf("flmbox mcp after SIGTERM: %v\n%s", err, rest.String())
+	}
 }

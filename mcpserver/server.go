@@ -63,8 +63,11 @@ func NewConn(m *sandbox.Manager, o Options) *Conn {
 }
 
 // Server returns the MCP server of c, with its tools.
-func (c *Conn) Server() *mcp.Server {
-	s := mcp.NewServer(&mcp.Implementation{Name: "flmbox", Version: c.o.Version}, nil)
+func (c *Conn) Server() *mcp.Server { return c.server(nil) }
+
+// server is Server with opts.
+func (c *Conn) server(opts *mcp.ServerOptions) *mcp.Server {
+	s := mcp.NewServer(&mcp.Implementation{Name: "flmbox", Version: c.o.Version}, opts)
 	mcp.AddTool(s, &mcp.Tool{Name: "run_code", Description: "Run Python or shell code in a gVisor sandbox and return its stdout, " +
 		"stderr and exit code. Without a session, the code runs in a fresh sandbox that is removed afterwards; with a session " +
 		"(create_session), files under /tmp stay between calls. Only /tmp is writable; pip installs into it."}, c.runCode)

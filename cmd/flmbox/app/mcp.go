@@ -2,6 +2,10 @@ package app
 
 import (
 	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -19,6 +23,9 @@ func mcpCommand() *cli.Command {
 			&cli.StringFlag{Name: "image", Usage: "image every sandbox runs"},
 			durationFlag("timeout", sandbox.DefaultTimeout, "the longest a call may run (timeout_seconds asks for less)"),
 			&cli.IntFlag{Name: "max-sessions", Value: mcpserver.DefaultMaxSessions, Usage: "sessions one client may have at once"},
+			&cli.StringFlag{Name: "listen", Usage: "serve MCP's streamable HTTP on `ADDR` (host:port) instead of stdio"},
+			&cli.StringFlag{Name: "token-file", Usage: "with --listen, a file holding the bearer token every request must carry (needed unless ADDR is a loopback address)"},
+			durationFlag("session-idle", 30*time.Minute, "with --listen, end a client's MCP session, and remove its sessions, after this long without a request"),
 		),
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 0 {
@@ -37,12 +44,43 @@ func mcpCommand() *cli.Command {
 			if c.Int("max-sessions") < 1 {
 				return fmt.Errorf("--max-sessions %d: want 1 or more", c.Int("max-sessions"))
 			}
-			m, err := openManager(c)
+			o := mcpserver.Options{Spec: spec, MaxTimeout: c.Duration("timeout"), MaxSessions: c.Int("max-sessions"), Version: c.App.Version}
+			if c.String("listen") == "" {
+				m, err := openManager(c)
+				if err != nil {
+					return err
+				}
+				return mcpserver.ServeStdio(c.Context, m, o)
+			}
+			h := mcpserver.HTTPOptions{SessionIdle: c.Duration("session-idle")}
+			if f := c.String("token-file"); f != "" {
+				b, err := os.ReadFile(f)
+				if err != nil {
+					return fmt.Errorf("--token-file: %w", err)
+				}
+				if h.Token = strings.TrimSpace(string(b)); h.Token == "" || strings.ContainsAny(h.Token, " \t\n") {
+					return fmt.Errorf("--token-file %s: want one token, with no spaces", f)
+				}
+			}
+			host, _, err := net.SplitHostPort(c.String("listen"))
+			if err != nil {
+				return fmt.Errorf("--listen %q: want host:port: %w", c.String("listen"), err)
+			}
+			if ip := net.ParseIP(host); h.Token == "" && (ip == nil || !ip.IsLoopback()) {
+				return advise(fmt.Errorf("--listen %s without a token: any host could run code here", c.String("listen")),
+					"give --token-file FILE, or listen on 127.0.0.1")
+			}
+			ln, err := net.Listen("tcp", c.String("listen"))
 			if err != nil {
 				return err
 			}
-			return mcpserver.ServeStdio(c.Context, m, mcpserver.Options{Spec: spec, MaxTimeout: c.Duration("timeout"),
-				MaxSessions: c.Int("max-sessions"), Version: c.App.Version})
+			m, err := openManager(c)
+			if err != nil {
+				ln.Close()
+				return err
+			}
+			fmt.Fprintf(c.App.ErrWriter, "flmbox mcp: serving MCP over HTTP on %s\n", ln.Addr())
+			return mcpserver.ServeHTTP(c.Context, m, o, h, ln)
 		},
 	}
 }
