@@ -81,8 +81,14 @@ func TestMCPWithTheOfficialClient(t *testing.T) {
 			Input, Output     map[string]any
 		}
 		Once, Shell, Session, Write, Read, Second, List, BadSession, BadLanguage, Timeout, End, ListAfter mcpResult
-		WriteText, WriteBinary, ReadText, ReadBinary, Listed, Outside, Plot                               mcpResult
-		Left                                                                                              string
+		WriteText, WriteBinary, ReadText, ReadBinary, Listed, Outside, Plot, AfterCancel                  mcpResult
+		Cancelled                                                                                         string
+		CancelledAfterMS                                                                                  float64
+		Progress                                                                                          []struct {
+			Progress float64
+			Message  string
+		}
+		Left string
 	}
 	if err := json.Unmarshal(stdout, &out); err != nil {
 		t.Fatalf("the client printed %q: %v", stdout, err)
@@ -159,6 +165,16 @@ func TestMCPWithTheOfficialClient(t *testing.T) {
 	}
 	if r := out.Timeout; r.IsError || r.Structured["ended"] != "timeout" || r.Structured["exit_code"] != 137.0 {
 		t.Errorf("run_code with timeout_seconds 1: %+v", r)
+	}
+	// Progress and cancellation.
+	if len(out.Progress) != 2 || out.Progress[1].Progress <= out.Progress[0].Progress || !strings.HasPrefix(out.Progress[0].Message, "running for") {
+		t.Errorf("progress of a long call: %+v", out.Progress)
+	}
+	if !strings.Contains(out.Cancelled, "bort") || out.CancelledAfterMS > 30000 {
+		t.Errorf("a cancelled call: %q after %.0f ms", out.Cancelled, out.CancelledAfterMS)
+	}
+	if r := out.AfterCancel; r.IsError || r.Structured["stdout"] != "True False\n" {
+		t.Errorf("the session after a cancelled call: %+v; want the code started and stopped", r)
 	}
 	if r := out.ListAfter; len(toStrings(r.Structured["sessions"])) != 0 || out.End.IsError {
 		t.Errorf("after end_session: %+v, %+v", out.End, r)

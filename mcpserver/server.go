@@ -118,7 +118,7 @@ type RunCodeOut struct {
 	Images     int     `json:"images,omitempty" jsonschema:"how many images of images_dir came back"`
 }
 
-func (c *Conn) runCode(ctx context.Context, _ *mcp.CallToolRequest, in RunCodeIn) (*mcp.CallToolResult, RunCodeOut, error) {
+func (c *Conn) runCode(ctx context.Context, treq *mcp.CallToolRequest, in RunCodeIn) (*mcp.CallToolResult, RunCodeOut, error) {
 	var out RunCodeOut
 	lang := in.Language
 	switch lang {
@@ -151,6 +151,15 @@ func (c *Conn) runCode(ctx context.Context, _ *mcp.CallToolRequest, in RunCodeIn
 	var res *sandbox.Result
 	var err error
 	start := time.Now()
+	// A client that asked for progress hears how long the call has run,
+	// every progressEvery; one that cancels the request (MCP's
+	// notifications/cancelled ends ctx) stops the code, as Ctrl-C does.
+	if treq != nil && treq.Params != nil && treq.Session != nil {
+		if token := treq.Params.GetProgressToken(); token != nil {
+			stop := progress(ctx, treq.Session, token, start)
+			defer stop()
+		}
+	}
 	switch {
 	case in.ImagesDir == "" && sb == nil:
 		res, err = c.m.RunOnce(ctx, c.o.Spec, req)
@@ -190,6 +199,34 @@ func (c *Conn) runCode(ctx context.Context, _ *mcp.CallToolRequest, in RunCodeIn
 		out.Images = len(images)
 	}
 	return &mcp.CallToolResult{Content: content}, out, nil
+}
+
+// progressEvery is how often a call tells a client that asked how long it
+// has run.
+const progressEvery = time.Second
+
+// progress notifies session of the call's elapsed time every
+// progressEvery, until stop is called.
+func progress(ctx context.Context, session *mcp.ServerSession, token any, start time.Time) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(progressEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				s := time.Since(start).Seconds()
+				session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: token, Progress: s,
+					Message: fmt.Sprintf("running for %.0f s", s)})
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }
 }
 
 // text is what a stream held, as text: with the middle left out marked.
