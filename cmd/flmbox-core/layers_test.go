@@ -30,7 +30,7 @@ func goList(t *testing.T, what string, patterns ...string) map[string][]string {
 // call sandbox, rootfs and pipcache, never what sandbox is made of.
 func TestFrontsStayAboveSandbox(t *testing.T) {
 	below := []string{"runtime", "snippet", "snippet/wire", "sandbox/record", "egress"}
-	for pkg, imports := range goList(t, "Imports", "../flmbox/app", "../../instance", "../../bench", "../flmbox-bench") {
+	for pkg, imports := range goList(t, "Imports", "../flmbox/app", "../../instance", "../../mcpserver", "../../bench", "../flmbox-bench") {
 		for _, imp := range imports {
 			if name, ok := strings.CutPrefix(imp, module); ok && slices.Contains(below, name) {
 				t.Errorf("%s imports %s: a front uses package sandbox's vocabulary instead", pkg, imp)
