@@ -258,9 +258,9 @@ func TestMCPOverHTTP(t *testing.T) {
 		t.Fatalf("the MCP client: %v\nstderr: %s", err, cerr.String())
 	}
 	var out struct {
-		NoToken         string
-		Once, InSession mcpResult
-		Session         string
+		NoToken                                        string
+		Once, InSession, OtherList, OtherRun, OtherEnd mcpResult
+		Session                                        string
 	}
 	if err := json.Unmarshal(stdout, &out); err != nil {
 		t.Fatalf("the client printed %q: %v", stdout, err)
@@ -278,6 +278,9 @@ func TestMCPOverHTTP(t *testing.T) {
 	}
 	if out.InSession.IsError || out.InSession.Structured["stdout"] != "/tmp\n" || !strings.HasPrefix(out.Session, "mcp-") {
 		t.Errorf("run_code in session %q over HTTP: %+v", out.Session, out.InSession)
+	}
+	if s := toStrings(out.OtherList.Structured["sessions"]); len(s) != 0 || !out.OtherRun.IsError || !out.OtherEnd.IsError {
+		t.Errorf("another client saw or reached the first one's session: list %v, run %+v, end %+v", s, out.OtherRun, out.OtherEnd)
 	}
 	// The ended MCP session's sandbox goes (in the background: poll).
 	deadline := time.Now().Add(time.Minute)
