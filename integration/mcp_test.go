@@ -50,31 +50,10 @@ func (r mcpResult) text() string {
 // removed when it goes.
 func TestMCPWithTheOfficialClient(t *testing.T) {
 	t.Parallel()
-	if _, err := os.Stat(filepath.Join(mcpClientDir, "node_modules", "@modelcontextprotocol", "sdk", "package.json")); err != nil {
-		t.Fatalf("the MCP TypeScript client is not installed (make mcpclient): %v", err)
-	}
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
-	// The script beside the client's node_modules, as a project has it.
-	dir := t.TempDir()
-	script, err := os.ReadFile("testdata/mcp/client.mjs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "client.mjs"), script, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(filepath.Join(mcpClientDir, "node_modules"), filepath.Join(dir, "node_modules")); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("node", filepath.Join(dir, "client.mjs"), flmboxBin, "--root", root, "--runsc", runscPath,
+	stdout := runMCPClient(t, "client.mjs", flmboxBin, "--root", root, "--runsc", runscPath,
 		"mcp", "--image", reg.digestRef(), "--max-sessions", "1", "--timeout", "1m")
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	stdout, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("the MCP client: %v\nstderr: %s", err, stderr.String())
-	}
 	var out struct {
 		Tools []struct {
 			Name, Description string
@@ -188,6 +167,35 @@ func TestMCPWithTheOfficialClient(t *testing.T) {
 	}
 }
 
+// runMCPClient runs the client script testdata/mcp/NAME with args under
+// node, beside the official TypeScript client's node_modules as a project
+// has them, and returns what it printed.
+func runMCPClient(t *testing.T, name string, args ...string) []byte {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(mcpClientDir, "node_modules", "@modelcontextprotocol", "sdk", "package.json")); err != nil {
+		t.Fatalf("the MCP TypeScript client is not installed (make mcpclient): %v", err)
+	}
+	dir := t.TempDir()
+	script, err := os.ReadFile(filepath.Join("testdata/mcp", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name), script, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(mcpClientDir, "node_modules"), filepath.Join(dir, "node_modules")); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("node", append([]string{filepath.Join(dir, name)}, args...)...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("the MCP client %s: %v\nstderr: %s", name, err, stderr.String())
+	}
+	return out
+}
+
 // toStrings is a decoded JSON array of strings.
 func toStrings(v any) []string {
 	var out []string
@@ -210,18 +218,6 @@ func TestMCPOverHTTP(t *testing.T) {
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
 	dir := t.TempDir()
-	for _, f := range []string{"client_http.mjs"} {
-		b, err := os.ReadFile(filepath.Join("testdata/mcp", f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.Symlink(filepath.Join(mcpClientDir, "node_modules"), filepath.Join(dir, "node_modules")); err != nil {
-		t.Fatal(err)
-	}
 	tokenFile := filepath.Join(dir, "token")
 	if err := os.WriteFile(tokenFile, []byte("s3cret-token\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -250,13 +246,7 @@ func TestMCPOverHTTP(t *testing.T) {
 	var rest strings.Builder
 	go io.Copy(&rest, stderr)
 
-	cmd := exec.Command("node", filepath.Join(dir, "client_http.mjs"), "http://"+addr+"/mcp", "s3cret-token")
-	var cerr strings.Builder
-	cmd.Stderr = &cerr
-	stdout, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("the MCP client: %v\nstderr: %s", err, cerr.String())
-	}
+	stdout := runMCPClient(t, "client_http.mjs", "http://"+addr+"/mcp", "s3cret-token")
 	var out struct {
 		NoToken                                        string
 		Once, InSession, OtherList, OtherRun, OtherEnd mcpResult
