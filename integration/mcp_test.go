@@ -52,6 +52,7 @@ func TestMCPWithTheOfficialClient(t *testing.T) {
 	t.Parallel()
 	reg := startRegistry(t)
 	root := sandboxRoot(t, reg)
+	mustFlmbox(t, root, "pipcache", "add", writeTestWheel(t, t.TempDir(), "flmbox-mcp-wheel", "1.0"))
 	stdout := runMCPClient(t, "client.mjs", flmboxBin, "--root", root, "--runsc", runscPath,
 		"mcp", "--image", reg.digestRef(), "--max-sessions", "1", "--timeout", "1m")
 	var out struct {
@@ -61,6 +62,7 @@ func TestMCPWithTheOfficialClient(t *testing.T) {
 		}
 		Once, Shell, Session, Write, Read, Second, List, BadSession, BadLanguage, Timeout, End, ListAfter mcpResult
 		WriteText, WriteBinary, ReadText, ReadBinary, Listed, Outside, Plot, AfterCancel                  mcpResult
+		Install, Imported, InstallMissing, InstallBad                                                     mcpResult
 		Cancelled                                                                                         string
 		CancelledAfterMS                                                                                  float64
 		Progress                                                                                          []struct {
@@ -79,7 +81,7 @@ func TestMCPWithTheOfficialClient(t *testing.T) {
 			t.Errorf("tool %s: description %q, input schema %v, output schema %v", tool.Name, tool.Description, tool.Input, tool.Output)
 		}
 	}
-	if slices.Sort(names); !slices.Equal(names, []string{"create_session", "end_session", "list_files", "list_sessions", "read_file", "run_code", "write_file"}) {
+	if slices.Sort(names); !slices.Equal(names, []string{"create_session", "end_session", "install_packages", "list_files", "list_sessions", "read_file", "run_code", "write_file"}) {
 		t.Errorf("tools %v", names)
 	}
 	if r := out.Once; r.IsError || r.Structured["stdout"] != "42\n" || r.Structured["exit_code"] != 0.0 || r.Structured["ended"] != "exited" || !strings.HasPrefix(r.text(), "42\n") {
@@ -120,6 +122,16 @@ func TestMCPWithTheOfficialClient(t *testing.T) {
 	}
 	if r := out.Outside; !r.IsError || !strings.Contains(r.text(), "below /tmp") {
 		t.Errorf("write_file of /etc/passwd: %+v", r)
+	}
+	// Packages from the host's wheel cache.
+	if r := out.Imported; out.Install.IsError || out.Install.Structured["exit_code"] != 0.0 || r.Structured["stdout"] != "hello from flmbox-mcp-wheel 1.0\n" {
+		t.Errorf("install_packages, then import: %+v, %+v", out.Install, r)
+	}
+	if r := out.InstallMissing; r.IsError || r.Structured["exit_code"] == 0.0 || !strings.Contains(fmt.Sprint(r.Structured["stderr"]), "no-such-package") {
+		t.Errorf("install_packages of a package the host has no wheel for: %+v", r)
+	}
+	if r := out.InstallBad; !r.IsError || !strings.Contains(r.text(), "pip requirement") {
+		t.Errorf("install_packages of an option: %+v", r)
 	}
 	// The plot came back as an image.
 	var images []string

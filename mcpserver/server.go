@@ -75,6 +75,9 @@ func (c *Conn) server(opts *mcp.ServerOptions) *mcp.Server {
 		"its files between run_code calls that name it. End it with end_session when done."}, c.createSession)
 	mcp.AddTool(s, &mcp.Tool{Name: "list_sessions", Description: "List this client's sessions."}, c.listSessions)
 	mcp.AddTool(s, &mcp.Tool{Name: "end_session", Description: "End a session: its sandbox and files are removed."}, c.endSession)
+	mcp.AddTool(s, &mcp.Tool{Name: "install_packages", Description: "Install Python packages into a session with pip, " +
+		"from the wheels this host keeps (no package index is reached): they import in the session's later calls. " +
+		"Returns pip's output; a package the host has no wheel for fails, saying so."}, c.installPackages)
 	c.addFileTools(s)
 	return s
 }
@@ -248,6 +251,31 @@ func ended(res *sandbox.Result) string {
 		return "signaled"
 	}
 	return "exited"
+}
+
+// InstallIn is install_packages's input.
+type InstallIn struct {
+	Session  string   `json:"session" jsonschema:"the session, as create_session returned it"`
+	Packages []string `json:"packages" jsonschema:"pip requirements, such as pandas or numpy>=2"`
+}
+
+func (c *Conn) installPackages(ctx context.Context, _ *mcp.CallToolRequest, in InstallIn) (*mcp.CallToolResult, RunCodeOut, error) {
+	sb, ok := c.session(in.Session)
+	if !ok {
+		return nil, RunCodeOut{}, fmt.Errorf("no session %q: create_session makes one", in.Session)
+	}
+	req, err := sandbox.PipInstall(in.Packages)
+	if err != nil {
+		return nil, RunCodeOut{}, oneLine(err)
+	}
+	req.Timeout = min(req.Timeout, c.o.MaxTimeout)
+	res, err := sb.Call(ctx, req)
+	if err != nil {
+		return nil, RunCodeOut{}, oneLine(err)
+	}
+	out := RunCodeOut{ExitCode: res.ExitCode, Stdout: text(res.Stdout), Stderr: text(res.Stderr), Ended: ended(res),
+		DurationMS: float64(res.Duration.Microseconds()) / 1000}
+	return nil, out, nil
 }
 
 // SessionOut names a session.

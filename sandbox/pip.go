@@ -44,12 +44,7 @@ func (m *Manager) preinstall(ctx context.Context, rec *record.Record, reqs []str
 // started before pip made its directories, so that the next Python
 // call, in a process started after pip, imports what pip installed.
 func runPip(ctx context.Context, rec *record.Record, timeout time.Duration, args ...string) error {
-	list, err := json.Marshal(args) // a JSON array of strings is a Python list literal
-	if err != nil {
-		return err
-	}
-	code := "import subprocess, sys\nsys.exit(subprocess.call([sys.executable, '-m', 'pip'] + " + string(list) + "))\n"
-	req := &wire.Request{Version: wire.ProtocolVersion, Language: Python, Code: code,
+	req := &wire.Request{Version: wire.ProtocolVersion, Language: Python, Code: pipCode(args),
 		TimeoutMS: timeout.Milliseconds(), MaxOutput: 256 << 10}
 	res, err := rec.Call(ctx, req)
 	switch {
@@ -67,6 +62,27 @@ func runPip(ctx context.Context, rec *record.Record, timeout time.Duration, args
 		return fmt.Errorf("pip %s exited with status %d: %s: %w", args[0], res.ExitCode, lastLines(out, 20), ErrPip)
 	}
 	return nil
+}
+
+// pipCode is Python code that runs python3 -m pip with args and exits with
+// its status.
+func pipCode(args []string) string {
+	list, _ := json.Marshal(args) // a JSON array of strings is a Python list literal
+	return "import subprocess, sys\nsys.exit(subprocess.call([sys.executable, '-m', 'pip'] + " + string(list) + "))\n"
+}
+
+// PipInstall is the call that installs reqs into a sandbox's user site
+// from the host's wheel cache alone (pip install --no-index), as Spec.Pip
+// does when a sandbox is created; its result is pip's. Requirements are
+// checked as Spec.Pip's are (errdefs.ErrInvalidArgument).
+func PipInstall(reqs []string) (Request, error) {
+	if len(reqs) == 0 {
+		return Request{}, fmt.Errorf("no requirement to install: %w", errdefs.ErrInvalidArgument)
+	}
+	if err := checkRequirements(reqs); err != nil {
+		return Request{}, err
+	}
+	return Request{Language: Python, Code: pipCode(append([]string{"install", "--no-index", "--"}, reqs...)), Timeout: preinstallTimeout}, nil
 }
 
 // FetchOptions are how FetchWheels downloads.

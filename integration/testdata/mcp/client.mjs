@@ -31,6 +31,10 @@ out.plot = await call("run_code", { session: sid, images_dir: "/tmp/plots", code
   "open('/tmp/plots/dot.png', 'wb').write(png)",
   "print('drawn')",
 ].join("\n") });
+out.install = await call("install_packages", { session: sid, packages: ["flmbox-mcp-wheel==1.0"] });
+out.imported = await call("run_code", { session: sid, code: "import flmbox_mcp_wheel; print(flmbox_mcp_wheel.GREETING)" });
+out.installMissing = await call("install_packages", { session: sid, packages: ["no-such-package"] });
+out.installBad = await call("install_packages", { session: sid, packages: ["--index-url=http://evil.example/"] });
 out.second = await call("create_session", {});
 out.list = await call("list_sessions", {});
 out.badSession = await call("run_code", { session: "mcp-000000000000", code: "1" });
