@@ -308,3 +308,27 @@ func TestMCPOverHTTP(t *testing.T) {
 		t.Errorf("flmbox mcp after SIGTERM: %v\n%s", err, rest.String())
 	}
 }
+
+// TestMCPSessionIdle: a session no call uses for --session-idle is removed,
+// and a call naming it then fails as for any unknown session.
+func TestMCPSessionIdle(t *testing.T) {
+	t.Parallel()
+	reg := startRegistry(t)
+	root := sandboxRoot(t, reg)
+	stdout := runMCPClient(t, "client_idle.mjs", flmboxBin, "--root", root, "--runsc", runscPath,
+		"mcp", "--image", reg.digestRef(), "--session-idle", "2s")
+	var out struct {
+		Session string
+		Gone    bool
+		After   mcpResult
+	}
+	if err := json.Unmarshal(stdout, &out); err != nil {
+		t.Fatalf("the client printed %q: %v", stdout, err)
+	}
+	if !strings.HasPrefix(out.Session, "mcp-") || !out.Gone || !out.After.IsError || !strings.Contains(out.After.text(), "no session") {
+		t.Errorf("an idle session: %+v", out)
+	}
+	if ls := mustFlmbox(t, root, "sandbox", "ls"); strings.Contains(ls, out.Session) {
+		t.Errorf("the idle session's sandbox is left:\n%s", ls)
+	}
+}

@@ -61,10 +61,11 @@ type FileOut struct {
 }
 
 func (c *Conn) writeFile(ctx context.Context, _ *mcp.CallToolRequest, in WriteFileIn) (*mcp.CallToolResult, FileOut, error) {
-	sb, ok := c.session(in.Session)
+	sb, done, ok := c.session(in.Session)
 	if !ok {
 		return nil, FileOut{}, fmt.Errorf("no session %q: create_session makes one", in.Session)
 	}
+	defer done()
 	if err := underTmp(in.Path); err != nil {
 		return nil, FileOut{}, fmt.Errorf("path: %w", err)
 	}
@@ -97,10 +98,11 @@ type PathIn struct {
 }
 
 func (c *Conn) readFile(ctx context.Context, _ *mcp.CallToolRequest, in PathIn) (*mcp.CallToolResult, FileOut, error) {
-	sb, ok := c.session(in.Session)
+	sb, done, ok := c.session(in.Session)
 	if !ok {
 		return nil, FileOut{}, fmt.Errorf("no session %q: create_session makes one", in.Session)
 	}
+	defer done()
 	if !path.IsAbs(in.Path) {
 		return nil, FileOut{}, fmt.Errorf("path %q: use an absolute path", in.Path)
 	}
@@ -154,10 +156,11 @@ type ListOut struct {
 }
 
 func (c *Conn) listFiles(ctx context.Context, _ *mcp.CallToolRequest, in PathIn) (*mcp.CallToolResult, ListOut, error) {
-	sb, ok := c.session(in.Session)
+	sb, done, ok := c.session(in.Session)
 	if !ok {
 		return nil, ListOut{}, fmt.Errorf("no session %q: create_session makes one", in.Session)
 	}
+	defer done()
 	p := "/tmp"
 	if in.Path != "" {
 		if !path.IsAbs(in.Path) {

@@ -35,6 +35,9 @@ type Options struct {
 	MaxSessions int
 	// Version is the server's, as the client is told.
 	Version string
+	// SessionIdle removes a session that no tool call has used for this
+	// long (0: never), checked every SessionIdle/4 (at least a second).
+	SessionIdle time.Duration
 }
 
 // DefaultMaxSessions bounds one client's sessions unless Options say.
@@ -47,7 +50,10 @@ type Conn struct {
 
 	mu       sync.Mutex
 	sessions map[string]*sandbox.Sandbox // by name; nil while it is made
+	used     map[string]time.Time        // when each session was last used
+	busy     map[string]int              // calls using each session now
 	closed   bool
+	stop     chan struct{} // closed by Close: the idle sweep ends
 }
 
 // NewConn returns the server of one client connection. Close removes its
@@ -59,7 +65,37 @@ func NewConn(m *sandbox.Manager, o Options) *Conn {
 	if o.MaxSessions <= 0 {
 		o.MaxSessions = DefaultMaxSessions
 	}
-	return &Conn{m: m, o: o, sessions: map[string]*sandbox.Sandbox{}}
+	c := &Conn{m: m, o: o, sessions: map[string]*sandbox.Sandbox{}, used: map[string]time.Time{}, busy: map[string]int{}, stop: make(chan struct{})}
+	if o.SessionIdle > 0 {
+		go c.sweepIdle()
+	}
+	return c
+}
+
+// sweepIdle removes the sessions idle for Options.SessionIdle, until Close.
+func (c *Conn) sweepIdle() {
+	t := time.NewTicker(max(c.o.SessionIdle/4, time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		var idle []*sandbox.Sandbox
+		for name, sb := range c.sessions {
+			if sb != nil && c.busy[name] == 0 && time.Since(c.used[name]) > c.o.SessionIdle {
+				idle = append(idle, sb)
+				delete(c.sessions, name)
+				delete(c.used, name)
+			}
+		}
+		c.mu.Unlock()
+		for _, sb := range idle {
+			sb.Remove(context.Background())
+		}
+	}
 }
 
 // Server returns the MCP server of c, with its tools.
@@ -85,6 +121,9 @@ func (c *Conn) server(opts *mcp.ServerOptions) *mcp.Server {
 // Close removes c's sessions; a later tool call fails.
 func (c *Conn) Close(ctx context.Context) error {
 	c.mu.Lock()
+	if !c.closed {
+		close(c.stop)
+	}
 	c.closed = true
 	sessions := c.sessions
 	c.sessions = map[string]*sandbox.Sandbox{}
@@ -146,10 +185,12 @@ func (c *Conn) runCode(ctx context.Context, treq *mcp.CallToolRequest, in RunCod
 	}
 	var sb *sandbox.Sandbox
 	if in.Session != "" {
-		var ok bool
-		if sb, ok = c.session(in.Session); !ok {
+		s, done, ok := c.session(in.Session)
+		if !ok {
 			return nil, out, fmt.Errorf("no session %q: create_session makes one, list_sessions lists this client's", in.Session)
 		}
+		defer done()
+		sb = s
 	}
 	var res *sandbox.Result
 	var err error
@@ -260,10 +301,11 @@ type InstallIn struct {
 }
 
 func (c *Conn) installPackages(ctx context.Context, _ *mcp.CallToolRequest, in InstallIn) (*mcp.CallToolResult, RunCodeOut, error) {
-	sb, ok := c.session(in.Session)
+	sb, done, ok := c.session(in.Session)
 	if !ok {
 		return nil, RunCodeOut{}, fmt.Errorf("no session %q: create_session makes one", in.Session)
 	}
+	defer done()
 	req, err := sandbox.PipInstall(in.Packages)
 	if err != nil {
 		return nil, RunCodeOut{}, oneLine(err)
@@ -313,7 +355,7 @@ func (c *Conn) createSession(ctx context.Context, _ *mcp.CallToolRequest, _ stru
 	if err != nil || closed {
 		delete(c.sessions, name)
 	} else {
-		c.sessions[name] = sb
+		c.sessions[name], c.used[name] = sb, time.Now()
 	}
 	c.mu.Unlock()
 	switch {
@@ -333,12 +375,15 @@ func (c *Conn) listSessions(_ context.Context, _ *mcp.CallToolRequest, _ struct{
 }
 
 func (c *Conn) endSession(ctx context.Context, _ *mcp.CallToolRequest, in SessionIn) (*mcp.CallToolResult, SessionOut, error) {
-	sb, ok := c.session(in.Session)
+	sb, done, ok := c.session(in.Session)
 	if !ok {
 		return nil, SessionOut{}, fmt.Errorf("no session %q: list_sessions lists this client's", in.Session)
 	}
+	done()
 	c.mu.Lock()
 	delete(c.sessions, in.Session)
+	delete(c.used, in.Session)
+	delete(c.busy, in.Session)
 	c.mu.Unlock()
 	if err := sb.Remove(ctx); err != nil && !errdefs.IsNotFound(err) {
 		return nil, SessionOut{}, oneLine(err)
@@ -346,12 +391,23 @@ func (c *Conn) endSession(ctx context.Context, _ *mcp.CallToolRequest, in Sessio
 	return nil, SessionOut{Session: in.Session}, nil
 }
 
-// session returns the sandbox of c's session id.
-func (c *Conn) session(id string) (*sandbox.Sandbox, bool) {
+// session returns the sandbox of c's session id, used until done is
+// called: no idle sweep removes it meanwhile.
+func (c *Conn) session(id string) (sb *sandbox.Sandbox, done func(), ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	sb := c.sessions[id]
-	return sb, sb != nil && !c.closed
+	sb = c.sessions[id]
+	if sb == nil || c.closed {
+		return nil, nil, false
+	}
+	c.used[id] = time.Now()
+	c.busy[id]++
+	return sb, func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.busy[id]--
+		c.used[id] = time.Now()
+	}, true
 }
 
 // oneLine is err's first line, for a model to read.

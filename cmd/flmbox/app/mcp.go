@@ -25,7 +25,7 @@ func mcpCommand() *cli.Command {
 			&cli.IntFlag{Name: "max-sessions", Value: mcpserver.DefaultMaxSessions, Usage: "sessions one client may have at once"},
 			&cli.StringFlag{Name: "listen", Usage: "serve MCP's streamable HTTP on `ADDR` (host:port) instead of stdio"},
 			&cli.StringFlag{Name: "token-file", Usage: "with --listen, a file holding the bearer token every request must carry (needed unless ADDR is a loopback address)"},
-			durationFlag("session-idle", 30*time.Minute, "with --listen, end a client's MCP session, and remove its sessions, after this long without a request"),
+			durationFlag("session-idle", 30*time.Minute, "remove a session no call used for this long; with --listen, also end a client's MCP session (and its sessions) after this long without a request"),
 		),
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 0 {
@@ -44,7 +44,8 @@ func mcpCommand() *cli.Command {
 			if c.Int("max-sessions") < 1 {
 				return fmt.Errorf("--max-sessions %d: want 1 or more", c.Int("max-sessions"))
 			}
-			o := mcpserver.Options{Spec: spec, MaxTimeout: c.Duration("timeout"), MaxSessions: c.Int("max-sessions"), Version: c.App.Version}
+			o := mcpserver.Options{Spec: spec, MaxTimeout: c.Duration("timeout"), MaxSessions: c.Int("max-sessions"), Version: c.App.Version,
+				SessionIdle: c.Duration("session-idle")}
 			if c.String("listen") == "" {
 				m, err := openManager(c)
 				if err != nil {
