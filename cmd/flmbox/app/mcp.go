@@ -53,35 +53,41 @@ func mcpCommand() *cli.Command {
 				}
 				return mcpserver.ServeStdio(c.Context, m, o)
 			}
-			h := mcpserver.HTTPOptions{SessionIdle: c.Duration("session-idle")}
-			if f := c.String("token-file"); f != "" {
-				b, err := os.ReadFile(f)
-				if err != nil {
-					return fmt.Errorf("--token-file: %w", err)
-				}
-				if h.Token = strings.TrimSpace(string(b)); h.Token == "" || strings.ContainsAny(h.Token, " \t\n") {
-					return fmt.Errorf("--token-file %s: want one token, with no spaces", f)
-				}
-			}
-			host, _, err := net.SplitHostPort(c.String("listen"))
-			if err != nil {
-				return fmt.Errorf("--listen %q: want host:port: %w", c.String("listen"), err)
-			}
-			if ip := net.ParseIP(host); h.Token == "" && (ip == nil || !ip.IsLoopback()) {
-				return advise(fmt.Errorf("--listen %s without a token: any host could run code here", c.String("listen")),
-					"give --token-file FILE, or listen on 127.0.0.1")
-			}
-			ln, err := net.Listen("tcp", c.String("listen"))
-			if err != nil {
-				return err
-			}
-			m, err := openManager(c)
-			if err != nil {
-				ln.Close()
-				return err
-			}
-			fmt.Fprintf(c.App.ErrWriter, "flmbox mcp: serving MCP over HTTP on %s\n", ln.Addr())
-			return mcpserver.ServeHTTP(c.Context, m, o, h, ln)
+			return serveMCPHTTP(c, o)
 		},
 	}
+}
+
+// serveMCPHTTP serves flmbox mcp --listen: the token read and required
+// off loopback before anything listens.
+func serveMCPHTTP(c *cli.Context, o mcpserver.Options) error {
+	h := mcpserver.HTTPOptions{SessionIdle: c.Duration("session-idle")}
+	if f := c.String("token-file"); f != "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return fmt.Errorf("--token-file: %w", err)
+		}
+		if h.Token = strings.TrimSpace(string(b)); h.Token == "" || strings.ContainsAny(h.Token, " \t\n") {
+			return fmt.Errorf("--token-file %s: want one token, with no spaces", f)
+		}
+	}
+	host, _, err := net.SplitHostPort(c.String("listen"))
+	if err != nil {
+		return fmt.Errorf("--listen %q: want host:port: %w", c.String("listen"), err)
+	}
+	if ip := net.ParseIP(host); h.Token == "" && (ip == nil || !ip.IsLoopback()) {
+		return advise(fmt.Errorf("--listen %s without a token: any host could run code here", c.String("listen")),
+			"give --token-file FILE, or listen on 127.0.0.1")
+	}
+	ln, err := net.Listen("tcp", c.String("listen"))
+	if err != nil {
+		return err
+	}
+	m, err := openManager(c)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	fmt.Fprintf(c.App.ErrWriter, "flmbox mcp: serving MCP over HTTP on %s\n", ln.Addr())
+	return mcpserver.ServeHTTP(c.Context, m, o, h, ln)
 }
