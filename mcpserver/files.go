@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -123,9 +124,9 @@ func (c *Conn) readFile(ctx context.Context, _ *mcp.CallToolRequest, in PathIn) 
 	return res, out, nil
 }
 
-// readOne reads the regular file p of sb, at most max bytes.
-func readOne(ctx context.Context, sb *sandbox.Sandbox, p string, max int64) ([]byte, error) {
-	rc, err := sb.CopyOut(ctx, p, sandbox.CopyOptions{MaxBytes: max})
+// readOne reads the regular file p of sb, at most limit bytes.
+func readOne(ctx context.Context, sb *sandbox.Sandbox, p string, limit int64) ([]byte, error) {
+	rc, err := sb.CopyOut(ctx, p, sandbox.CopyOptions{MaxBytes: limit})
 	if err != nil {
 		return nil, err
 	}
@@ -138,7 +139,7 @@ func readOne(ctx context.Context, sb *sandbox.Sandbox, p string, max int64) ([]b
 	if hdr.Typeflag != tar.TypeReg {
 		return nil, fmt.Errorf("%s is not a regular file: %w", p, errdefs.ErrInvalidArgument)
 	}
-	return io.ReadAll(io.LimitReader(tr, max))
+	return io.ReadAll(io.LimitReader(tr, limit))
 }
 
 // Entry is a directory entry list_files returns.
@@ -168,28 +169,50 @@ func (c *Conn) listFiles(ctx context.Context, _ *mcp.CallToolRequest, in PathIn)
 		}
 		p = path.Clean(in.Path)
 	}
-	out := ListOut{Path: p, Entries: []Entry{}}
-	err := walkDir(ctx, sb, p, func(hdr *tar.Header) bool {
-		if len(out.Entries) == MaxListed {
-			out.Truncated = true
-			return false
-		}
-		e := Entry{Name: path.Base(hdr.Name), Bytes: hdr.Size, Type: "other"}
-		switch hdr.Typeflag {
-		case tar.TypeReg:
-			e.Type = "file"
-		case tar.TypeDir:
-			e.Type = "dir"
-		case tar.TypeSymlink:
-			e.Type = "link"
-		}
-		out.Entries = append(out.Entries, e)
-		return true
-	})
+	// A scan by the sandbox's Python, as its user: a copy out of the
+	// directory would carry every file's content, its subdirectories' too.
+	dir, _ := json.Marshal(p) // a JSON string is a Python string literal
+	res, err := sb.Call(ctx, sandbox.Request{Language: "python", Timeout: time.Minute, Code: fmt.Sprintf(listCode, dir, MaxListed)})
 	if err != nil {
 		return nil, ListOut{}, oneLine(err)
 	}
+	if res.ExitCode != 0 {
+		return nil, ListOut{}, fmt.Errorf("list %s: %s", p, lastLine(string(res.Stderr.Data)))
+	}
+	var rows [][3]any
+	if err := json.Unmarshal(res.Stdout.Data, &rows); err != nil {
+		return nil, ListOut{}, fmt.Errorf("list %s: %w", p, err)
+	}
+	out := ListOut{Path: p, Entries: []Entry{}, Truncated: len(rows) > MaxListed}
+	for _, r := range rows[:min(len(rows), MaxListed)] {
+		name, _ := r[0].(string)
+		typ, _ := r[1].(string)
+		size, _ := r[2].(float64)
+		out.Entries = append(out.Entries, Entry{Name: name, Type: typ, Bytes: int64(size)})
+	}
 	return nil, out, nil
+}
+
+// listCode lists directory %s (a Python string literal), at most %d
+// entries and one more to say there are more, as JSON rows [name, type,
+// bytes], never following a link.
+const listCode = `import json, os, stat
+out = []
+with os.scandir(%s) as it:
+    for e in it:
+        st = e.stat(follow_symlinks=False)
+        m = st.st_mode
+        t = 'dir' if stat.S_ISDIR(m) else 'file' if stat.S_ISREG(m) else 'link' if stat.S_ISLNK(m) else 'other'
+        out.append([e.name, t, st.st_size])
+        if len(out) > %d:
+            break
+print(json.dumps(out))
+`
+
+// lastLine is s's last non-empty line.
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
 }
 
 // walkDir calls fn with the header of each entry directly in directory p

@@ -6,6 +6,7 @@
 package mcpserver
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -160,28 +161,30 @@ type RunCodeOut struct {
 	Images     int     `json:"images,omitempty" jsonschema:"how many images of images_dir came back"`
 }
 
-func (c *Conn) runCode(ctx context.Context, treq *mcp.CallToolRequest, in RunCodeIn) (*mcp.CallToolResult, RunCodeOut, error) {
-	var out RunCodeOut
-	lang := in.Language
-	switch lang {
-	case "":
-		lang = "python"
-	case "python", "shell":
-	default:
-		return nil, out, fmt.Errorf("language %q: use python or shell", in.Language)
+// request is in's call, its timeout at most limit.
+func (in RunCodeIn) request(limit time.Duration) (sandbox.Request, error) {
+	req := sandbox.Request{Language: cmp.Or(in.Language, "python"), Code: in.Code, Timeout: limit}
+	switch {
+	case req.Language != "python" && req.Language != "shell":
+		return req, fmt.Errorf("language %q: use python or shell", in.Language)
+	case in.TimeoutSeconds < 0:
+		return req, fmt.Errorf("timeout_seconds %v: use a positive number of seconds", in.TimeoutSeconds)
+	case in.TimeoutSeconds > 0:
+		req.Timeout = min(limit, time.Duration(in.TimeoutSeconds*float64(time.Second)))
 	}
-	timeout := c.o.MaxTimeout
-	if in.TimeoutSeconds < 0 {
-		return nil, out, fmt.Errorf("timeout_seconds %v: use a positive number of seconds", in.TimeoutSeconds)
-	}
-	if in.TimeoutSeconds > 0 {
-		timeout = min(timeout, time.Duration(in.TimeoutSeconds*float64(time.Second)))
-	}
-	req := sandbox.Request{Language: lang, Code: in.Code, Timeout: timeout}
 	if in.ImagesDir != "" {
 		if err := underTmp(in.ImagesDir); err != nil {
-			return nil, out, fmt.Errorf("images_dir: %w", err)
+			return req, fmt.Errorf("images_dir: %w", err)
 		}
+	}
+	return req, nil
+}
+
+func (c *Conn) runCode(ctx context.Context, treq *mcp.CallToolRequest, in RunCodeIn) (*mcp.CallToolResult, RunCodeOut, error) {
+	var out RunCodeOut
+	req, err := in.request(c.o.MaxTimeout)
+	if err != nil {
+		return nil, out, err
 	}
 	var sb *sandbox.Sandbox
 	if in.Session != "" {
@@ -192,8 +195,6 @@ func (c *Conn) runCode(ctx context.Context, treq *mcp.CallToolRequest, in RunCod
 		defer done()
 		sb = s
 	}
-	var res *sandbox.Result
-	var err error
 	start := time.Now()
 	// A client that asked for progress hears how long the call has run,
 	// every progressEvery; one that cancels the request (MCP's
@@ -204,29 +205,28 @@ func (c *Conn) runCode(ctx context.Context, treq *mcp.CallToolRequest, in RunCod
 			defer stop()
 		}
 	}
-	switch {
-	case in.ImagesDir == "" && sb == nil:
-		res, err = c.m.RunOnce(ctx, c.o.Spec, req)
-	case sb == nil:
+	if sb == nil && in.ImagesDir != "" {
 		// A sandbox of its own, to read the images from before it goes.
 		if sb, err = c.m.Acquire(ctx, c.o.Spec); err != nil {
 			return nil, out, oneLine(err)
 		}
 		defer sb.Release(context.WithoutCancel(ctx))
-		fallthrough
-	default:
-		if in.ImagesDir != "" {
-			if err := ensureDir(ctx, sb, in.ImagesDir); err != nil {
-				return nil, out, fmt.Errorf("images_dir %s: %w", in.ImagesDir, oneLine(err))
-			}
+	}
+	if in.ImagesDir != "" {
+		if err := ensureDir(ctx, sb, in.ImagesDir); err != nil {
+			return nil, out, fmt.Errorf("images_dir %s: %w", in.ImagesDir, oneLine(err))
 		}
+	}
+	var res *sandbox.Result
+	if sb == nil {
+		res, err = c.m.RunOnce(ctx, c.o.Spec, req)
+	} else {
 		res, err = sb.Call(ctx, req)
 	}
 	if err != nil {
 		return nil, out, oneLine(err)
 	}
-	out = RunCodeOut{ExitCode: res.ExitCode, Stdout: text(res.Stdout), Stderr: text(res.Stderr), Ended: ended(res),
-		Truncated: res.Stdout.Truncated || res.Stderr.Truncated, DurationMS: float64(res.Duration.Microseconds()) / 1000}
+	out = outOf(res)
 	var b strings.Builder
 	b.WriteString(out.Stdout)
 	if out.Stderr != "" {
@@ -273,6 +273,12 @@ func progress(ctx context.Context, session *mcp.ServerSession, token any, start 
 	return func() { close(done); wg.Wait() }
 }
 
+// outOf is a call's result as a tool returns it.
+func outOf(res *sandbox.Result) RunCodeOut {
+	return RunCodeOut{ExitCode: res.ExitCode, Stdout: text(res.Stdout), Stderr: text(res.Stderr), Ended: ended(res),
+		Truncated: res.Stdout.Truncated || res.Stderr.Truncated, DurationMS: float64(res.Duration.Microseconds()) / 1000}
+}
+
 // text is what a stream held, as text: with the middle left out marked.
 func text(o sandbox.Output) string {
 	if !o.Truncated {
@@ -315,9 +321,7 @@ func (c *Conn) installPackages(ctx context.Context, _ *mcp.CallToolRequest, in I
 	if err != nil {
 		return nil, RunCodeOut{}, oneLine(err)
 	}
-	out := RunCodeOut{ExitCode: res.ExitCode, Stdout: text(res.Stdout), Stderr: text(res.Stderr), Ended: ended(res),
-		DurationMS: float64(res.Duration.Microseconds()) / 1000}
-	return nil, out, nil
+	return nil, outOf(res), nil
 }
 
 // SessionOut names a session.

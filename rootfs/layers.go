@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -143,13 +144,22 @@ func (s *Store) layerUsers() map[string]int {
 		if err != nil {
 			continue
 		}
-		for _, d := range img.DiffIDs {
-			if h, err := parseDigest(d); err == nil {
-				users[h.Hex]++
-			}
+		for _, hex := range img.layers() {
+			users[hex]++
 		}
 	}
 	return users
+}
+
+// layers returns the hex of each of img's stored layers, once each.
+func (img *Image) layers() []string {
+	var out []string
+	for _, d := range img.DiffIDs {
+		if h, err := parseDigest(d); err == nil && !slices.Contains(out, h.Hex) {
+			out = append(out, h.Hex)
+		}
+	}
+	return out
 }
 
 // removeUnusedLayers removes the stored layers among hexes (every stored
@@ -162,32 +172,44 @@ func (s *Store) removeUnusedLayers(hexes []string) (int64, error) {
 			hexes = append(hexes, e.Name())
 		}
 	}
-	var freed int64
-	var errs []error
+	// Each candidate's use lock first, then the images' records, read once:
+	// a pull publishes an image naming a layer before it lets go of the
+	// layer's use lock.
+	locked := map[string]*flock.Lock{}
+	defer func() {
+		for _, l := range locked {
+			l.Unlock()
+		}
+	}()
 	for _, hex := range hexes {
-		if _, err := parseDigest("sha256:" + hex); err != nil || !exists(s.layerDir(hex)) {
+		if _, err := parseDigest("sha256:" + hex); err != nil || !exists(s.layerDir(hex)) || locked[hex] != nil {
 			continue
 		}
-		l, err := flock.TryLockFile(s.layerLockPath(hex, "use"), 0o600, flock.Exclusive)
-		if err != nil {
-			continue // a pull is applying it
+		if l, err := flock.TryLockFile(s.layerLockPath(hex, "use"), 0o600, flock.Exclusive); err == nil {
+			locked[hex] = l
+		} // else a pull is applying it
+	}
+	if len(locked) == 0 {
+		return 0, nil
+	}
+	users := s.layerUsers()
+	var freed int64
+	var errs []error
+	for hex := range locked {
+		if users[hex] > 0 {
+			continue
 		}
-		// Checked under the lock: a pull publishes an image naming the
-		// layer before it lets go of its use lock.
-		if s.layerUsers()[hex] == 0 {
-			var size int64
-			if li, err := s.readLayer(hex); err == nil {
-				size = li.SizeBytes
-			} else {
-				size = treeBytes(s.layerDir(hex))
-			}
-			if err := s.trashDir(s.layerDir(hex), "layer-"+hex); err != nil {
-				errs = append(errs, fmt.Errorf("remove layer sha256:%s: %w", hex, err))
-			} else {
-				freed += size
-			}
+		var size int64
+		if li, err := s.readLayer(hex); err == nil {
+			size = li.SizeBytes
+		} else {
+			size = treeBytes(s.layerDir(hex))
 		}
-		l.Unlock()
+		if err := s.trashDir(s.layerDir(hex), "layer-"+hex); err != nil {
+			errs = append(errs, fmt.Errorf("remove layer sha256:%s: %w", hex, err))
+		} else {
+			freed += size
+		}
 	}
 	return freed, errors.Join(errs...)
 }

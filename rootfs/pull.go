@@ -193,11 +193,14 @@ func (s *Store) Prewarm(ctx context.Context, image string, opts *PullOptions) (*
 	}
 	// A tag: its last resolution, if cached, unless the policy asks the
 	// registry (a layout on the disk is always read: it costs no network).
-	last, lastErr := v1.Hash{}, error(nil)
+	var last v1.Hash
+	hasLast := false
 	if named.Hex == "" {
-		last, lastErr = s.lastResolution(ref)
+		var err error
+		last, err = s.lastResolution(ref)
+		hasLast = err == nil
 	}
-	if named.Hex == "" && lastErr == nil && o.Policy == PullMissing && ref.Layout == "" {
+	if hasLast && o.Policy == PullMissing && ref.Layout == "" {
 		if res, found, err := s.cached(ctx, last, o.Platform, points); found {
 			o.Debugf("%s: its last resolution here, %s, is cached: the registry was not asked (pull policy always asks it)", image, last)
 			return res, err
@@ -210,7 +213,7 @@ func (s *Store) Prewarm(ctx context.Context, image string, opts *PullOptions) (*
 	}
 	raw, mt, err := src.top(ctx)
 	if err != nil {
-		if named.Hex == "" && lastErr == nil && unreachable(err) {
+		if hasLast && unreachable(err) {
 			if res, found, cerr := s.cached(ctx, last, o.Platform, points); found {
 				o.Warnf("the registry of %s could not be reached (%v): using its last resolution here, %s", image, err, last)
 				return res, cerr

@@ -491,12 +491,7 @@ func (s *Store) discard(hex string) (*Removed, error) {
 	img, err := s.get(hex)
 	if err == nil {
 		r.SizeBytes = img.SizeBytes
-		layers = []string{}
-		for _, d := range img.DiffIDs {
-			if h, err := parseDigest(d); err == nil {
-				layers = append(layers, h.Hex)
-			}
-		}
+		layers = img.layers()
 	}
 	if h, _ := s.holders(hex); len(h) > 0 {
 		return nil, fmt.Errorf("image %s is used by %s: %w", r.ManifestDigest, strings.Join(h, ", "), ErrInUse)
@@ -518,7 +513,7 @@ func (s *Store) discard(hex string) (*Removed, error) {
 	if err := os.RemoveAll(trash); err != nil {
 		return nil, fmt.Errorf("remove image %s: delete its files: %w", r.ManifestDigest, err)
 	}
-	if len(layers) > 0 || img == nil {
+	if img == nil || len(layers) > 0 {
 		// Its tree's files were links: what is freed is the layers that no
 		// other image has.
 		freed, err := s.removeUnusedLayers(layers)
@@ -621,14 +616,11 @@ func (s *Store) GC(ctx context.Context, o GCOptions) ([]Removed, error) {
 // image.
 func (s *Store) layerBytes(imgs []*Image) {
 	users := map[string]int{}
-	layers := make([]map[string]bool, len(imgs))
+	layers := make([][]string, len(imgs))
 	for i, img := range imgs {
-		layers[i] = map[string]bool{}
-		for _, d := range img.DiffIDs {
-			if h, err := parseDigest(d); err == nil && !layers[i][h.Hex] {
-				layers[i][h.Hex] = true
-				users[h.Hex]++
-			}
+		layers[i] = img.layers()
+		for _, hex := range layers[i] {
+			users[hex]++
 		}
 	}
 	sizes := map[string]int64{}
@@ -642,7 +634,7 @@ func (s *Store) layerBytes(imgs []*Image) {
 			img.UniqueBytes = img.SizeBytes
 			continue
 		}
-		for hex := range layers[i] {
+		for _, hex := range layers[i] {
 			if users[hex] > 1 {
 				img.SharedBytes += sizes[hex]
 			} else {
