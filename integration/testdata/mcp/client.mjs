@@ -41,14 +41,14 @@ out.badSession = await call("run_code", { session: "mcp-000000000000", code: "1"
 out.badLanguage = await call("run_code", { language: "ruby", code: "1" });
 out.timeout = await call("run_code", { code: "import time; time.sleep(30)", timeout_seconds: 1 });
 // Progress, then cancellation: the client aborts after two progress
-// notifications (about 2 s in); the code, which would have written
-// /tmp/finished 8 s in, stops; the session serves the next call, which
-// looks 10 s in.
+// notifications; the code's process goes (the next call in the session
+// polls for it for 30 s, half the server's --timeout), and the session
+// serves that call.
 const progress = [];
 const ac = new AbortController();
 const t0 = Date.now();
 try {
-  await client.callTool({ name: "run_code", arguments: { session: sid, code: "import time\nopen('/tmp/started', 'w').write('1')\ntime.sleep(8)\nopen('/tmp/finished', 'w').write('1')" } },
+  await client.callTool({ name: "run_code", arguments: { session: sid, code: "import os, time\nopen('/tmp/pid', 'w').write(str(os.getpid()))\ntime.sleep(600)" } },
     undefined, { signal: ac.signal, timeout: 120000, onprogress: (p) => { progress.push(p); if (progress.length === 2) ac.abort(); } });
   out.cancelled = "the call finished";
 } catch (e) {
@@ -56,7 +56,19 @@ try {
 }
 out.cancelledAfterMS = Date.now() - t0;
 out.progress = progress;
-out.afterCancel = await call("run_code", { session: sid, code: `import os, time; time.sleep(max(0, 10 - ${Date.now() - t0} / 1000)); print(os.path.exists('/tmp/started'), os.path.exists('/tmp/finished'))` });
+out.afterCancel = await call("run_code", { session: sid, code: [
+  "import os, time",
+  "pid = int(open('/tmp/pid').read())",
+  "for _ in range(300):",
+  "    try:",
+  "        os.kill(pid, 0)",
+  "    except ProcessLookupError:",
+  "        print('stopped')",
+  "        break",
+  "    time.sleep(0.1)",
+  "else:",
+  "    print('still running')",
+].join("\n") });
 out.end = await call("end_session", { session: sid });
 out.listAfter = await call("list_sessions", {});
 // One left open: the server removes it when the client goes.
