@@ -33,7 +33,7 @@ func TestBenchQuickJSON(t *testing.T) {
 	// schema and that every figure is a measurement.
 	res := flmbox(t, root, "bench", "--quick", "--json", "--pause", "5ms", "--image", benchImageRef(),
 		"--pairs", fmt.Sprint(benchPairs), "--rounds", fmt.Sprint(benchWarmRounds), "--calls", fmt.Sprint(benchCalls), "--warmup", "1",
-		"--prewarm-rounds", "1")
+		"--prewarm-rounds", "1", "--big-image", "16MiB")
 	if res.code != 0 {
 		t.Fatalf("exit %d\nstderr: %s", res.code, res.stderr)
 	}
@@ -120,6 +120,11 @@ func checkBenchReport(t *testing.T, rep map[string]any) {
 		}
 	}
 	j.stats(rep, "prewarm.cold_stats", 1)
+	// The big image's section, at 16 MiB: one round.
+	j.stats(rep, "prewarm.big.cold_stats", 1)
+	if b, d := j.num(rep, "prewarm.big.bytes"), j.num(rep, "prewarm.big.peak_disk_bytes"); b != 16<<20 || d <= 0 || j.num(rep, "prewarm.big.layers") != 4 {
+		t.Errorf("prewarm.big: %v bytes, %v layers, disk grew %v", b, j.num(rep, "prewarm.big.layers"), d)
+	}
 	crane := j.get(rep, "prewarm").(map[string]any)["crane_tar_ms"]
 	if _, err := exec.LookPath("crane"); err == nil {
 		j.positive(rep, "prewarm.crane_tar_ms")

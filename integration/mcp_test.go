@@ -234,6 +234,25 @@ func TestMCPOverHTTP(t *testing.T) {
 	if err := os.WriteFile(tokenFile, []byte("s3cret-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// Refused before anything listens: no image, no token off loopback, an
+	// empty token.
+	empty := filepath.Join(dir, "empty")
+	if err := os.WriteFile(empty, []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"mcp", "--listen", "127.0.0.1:0"}, "needs --image"},
+		{[]string{"mcp", "--image", reg.digestRef(), "--listen", "0.0.0.0:0"}, "without a token"},
+		{[]string{"mcp", "--image", reg.digestRef(), "--listen", "127.0.0.1:0", "--token-file", empty}, "want one token"},
+		{[]string{"mcp", "--image", reg.digestRef(), "--listen", "nowhere"}, "want host:port"},
+	} {
+		if res := flmbox(t, root, tc.args...); res.code != 125 || !strings.Contains(res.stderr, tc.says) {
+			t.Errorf("flmbox %v: exit %d, stderr %q; want 125 saying %q", tc.args, res.code, res.stderr, tc.says)
+		}
+	}
 	srv := exec.Command(flmboxBin, "--root", root, "--runsc", runscPath, "mcp", "--image", reg.digestRef(),
 		"--listen", "127.0.0.1:0", "--token-file", tokenFile)
 	stderr, err := srv.StderrPipe()
