@@ -120,9 +120,11 @@ func checkBenchReport(t *testing.T, rep map[string]any) {
 		}
 	}
 	j.stats(rep, "prewarm.cold_stats", 1)
-	// The big image's section, at 16 MiB: one round.
+	// The big image's section, at 16 MiB: one round. The disk's growth is
+	// a figure of the whole file system, which the suite's other tests
+	// shrink as they remove their roots: present, not asserted.
 	j.stats(rep, "prewarm.big.cold_stats", 1)
-	if b, d := j.num(rep, "prewarm.big.bytes"), j.num(rep, "prewarm.big.peak_disk_bytes"); b != 16<<20 || d <= 0 || j.num(rep, "prewarm.big.layers") != 4 {
+	if b, d := j.num(rep, "prewarm.big.bytes"), j.num(rep, "prewarm.big.peak_disk_bytes"); b != 16<<20 || d < 0 || j.num(rep, "prewarm.big.layers") != 4 {
 		t.Errorf("prewarm.big: %v bytes, %v layers, disk grew %v", b, j.num(rep, "prewarm.big.layers"), d)
 	}
 	crane := j.get(rep, "prewarm").(map[string]any)["crane_tar_ms"]
